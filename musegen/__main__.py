@@ -1,0 +1,5 @@
+"""`python -m musegen ...` (and `torchrun -m musegen train ...`)."""
+
+from .cli import main
+
+main()

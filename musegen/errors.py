@@ -1,0 +1,30 @@
+"""The project's own error types.
+
+Every failure caused by the user's input (a file, a path, an option) is raised as a
+`MusegenError` subclass with a one-line, human-readable message. The CLI prints that line
+and exits non-zero; anything else is a bug in musegen.
+"""
+
+
+class MusegenError(Exception):
+    """Base class: a problem with the user's input, reported as one line."""
+
+
+class MidiError(MusegenError):
+    """A MIDI file that cannot be read or holds nothing the tokenizer can use."""
+
+
+class TokenError(MusegenError):
+    """A token sequence that cannot be decoded, or a token the grammar forbids."""
+
+
+class CheckpointError(MusegenError):
+    """A checkpoint folder that is missing, incomplete, tampered with or incompatible."""
+
+
+class ConfigError(MusegenError):
+    """An unknown preset, an unknown setting, or a value of the wrong type."""
+
+
+class DataError(MusegenError):
+    """A dataset folder that is missing, empty or malformed."""

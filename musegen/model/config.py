@@ -1,0 +1,93 @@
+"""Model configuration: one dataclass and the named presets."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ConfigError
+
+PE_CHOICES = ("ape", "sine", "conv", "none")
+ATTENTION_CHOICES = ("performer", "relu", "elu", "softmax")
+KERNEL_CHOICES = ("torch", "fast-transformers")
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int = 333
+    n_layers: int = 24
+    d_model: int = 512
+    n_heads: int = 8
+    d_ff: int = 2048
+    dropout: float = 0.1
+    activation: str = "relu"  # "relu" | "gelu"
+    norm: str = "post"  # "post" (reference code) | "pre"
+    # Positional encoding: APE adds sinusoids to the embedding; SPE variants replace it.
+    pe: str = "sine"  # one of PE_CHOICES
+    gated: bool = True
+    spe_sines: int = 5  # K for sineSPE
+    spe_kernel: int = 128  # filter length P for convSPE
+    spe_realizations: int = 64  # R
+    # Attention: FAVOR+ ("performer"), plain feature maps ("relu", "elu"), or exact softmax.
+    attention: str = "performer"
+    n_features: int = 128  # FAVOR+ features: n_features // 2 projections x [exp(+wx), exp(-wx)]
+    redraw: str = "prob:0.05"  # "fixed" | "prob:P" | "every:N"
+    kernel: str = "torch"  # causal linear attention kernel, one of KERNEL_CHOICES
+
+    def __post_init__(self):
+        checks = [
+            (self.pe in PE_CHOICES, f"pe must be one of {PE_CHOICES}, got {self.pe!r}"),
+            (self.attention in ATTENTION_CHOICES, f"attention must be one of {ATTENTION_CHOICES}, got {self.attention!r}"),
+            (self.kernel in KERNEL_CHOICES, f"kernel must be one of {KERNEL_CHOICES}, got {self.kernel!r}"),
+            (self.norm in ("post", "pre"), f"norm must be 'post' or 'pre', got {self.norm!r}"),
+            (self.activation in ("relu", "gelu"), f"activation must be 'relu' or 'gelu', got {self.activation!r}"),
+            (self.d_model % self.n_heads == 0, "d_model must be divisible by n_heads"),
+            (self.n_features % 2 == 0, "n_features must be even"),
+            (min(self.vocab_size, self.n_layers, self.d_model, self.n_heads, self.d_ff) > 0, "sizes must be positive"),
+            (0.0 <= self.dropout < 1.0, "dropout must be in [0, 1)"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(message)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
+        return replace_checked(cls(), data)
+
+
+def replace_checked(obj, overrides: dict[str, Any]):
+    """`dataclasses.replace` that rejects unknown fields and values of the wrong type."""
+    fields = {f.name: f for f in dataclasses.fields(obj)}
+    clean = {}
+    for key, value in overrides.items():
+        if key not in fields:
+            raise ConfigError(f"unknown setting {key!r} for {type(obj).__name__}")
+        expected = type(getattr(obj, key))
+        if expected is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+            raise ConfigError(f"setting {key!r} expects {expected.__name__}, got {value!r}")
+        clean[key] = value
+    return dataclasses.replace(obj, **clean)
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # The paper's pop-piano model: ~80M parameters, REMI vocabulary (332 + PAD).
+    "paper-pop": dict(vocab_size=333, pe="sine", gated=True, spe_sines=5, redraw="prob:0.05"),
+    # The paper's groove model: 794 tokens (+ PAD), sineSPE K=8, features redrawn every 40 steps.
+    "paper-groove": dict(vocab_size=795, pe="sine", gated=True, spe_sines=8, redraw="every:40"),
+    # Small models that train on a laptop CPU in minutes.
+    "small": dict(n_layers=4, d_model=256, n_heads=4, d_ff=1024, n_features=64, spe_realizations=32),
+    "tiny": dict(n_layers=2, d_model=64, n_heads=2, d_ff=128, n_features=16, spe_realizations=16, spe_kernel=16),
+}
+
+
+def preset(name: str, **overrides: Any) -> ModelConfig:
+    """The named preset with `overrides` applied; a ConfigError names the valid presets."""
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+    return replace_checked(ModelConfig(), {**PRESETS[name], **overrides})

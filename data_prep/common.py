@@ -1,0 +1,136 @@
+"""The shared preparation driver: encode many files in parallel, skip and count bad ones,
+split by group (song or style), and write shards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing as mp
+import os
+import signal
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+from tqdm import tqdm
+
+from musegen.errors import MusegenError
+from musegen.shards import write_shards
+from musegen.tokenizers.base import Tokenizer, tokenizer_from_dict
+
+FILE_TIME_LIMIT_S = 60  # a pathological file is skipped, never allowed to stall the batch
+
+
+@dataclass
+class Item:
+    """One input file: `name` is unique in the corpus, `group` decides its split (song, style)."""
+
+    name: str
+    path: Path
+    group: str
+
+
+def group_split(group: str, fractions: dict[str, float], salt: str = "musegen") -> str:
+    """Deterministic split of a group by hashing its name: stable across runs and machines.
+
+    `fractions` gives the share of each held-out split; the rest goes to "train".
+    """
+    h = int.from_bytes(hashlib.sha256(f"{salt}:{group}".encode()).digest()[:8], "big") / 2**64
+    edge = 0.0
+    for split, share in fractions.items():
+        edge += share
+        if h < edge:
+            return split
+    return "train"
+
+
+_worker_tokenizer: Tokenizer | None = None
+
+
+def _init_worker(tokenizer_dict: dict[str, Any]) -> None:
+    global _worker_tokenizer
+    _worker_tokenizer = tokenizer_from_dict(tokenizer_dict)
+
+
+def _timeout(signum, frame):
+    raise TimeoutError
+
+
+def _encode_one(item: Item):
+    assert _worker_tokenizer is not None
+    signal.signal(signal.SIGALRM, _timeout)
+    signal.alarm(FILE_TIME_LIMIT_S)
+    try:
+        enc = _worker_tokenizer.encode(item.path)
+        return item, enc.ids, enc.report, None
+    except MusegenError as exc:
+        return item, None, None, str(exc).splitlines()[0]
+    except TimeoutError:
+        return item, None, None, f"{item.path}: took longer than {FILE_TIME_LIMIT_S}s, skipped"
+    except Exception as exc:  # a tokenizer bug must not take the batch down; it is reported
+        return item, None, None, f"{item.path}: internal error {type(exc).__name__}: {exc}"
+    finally:
+        signal.alarm(0)
+
+
+def encode_items(tokenizer: Tokenizer, items: list[Item], workers: int | None = None,
+                 desc: str = "encoding") -> tuple[list[tuple[Item, Any, dict]], list[tuple[str, str]]]:
+    """Encode `items` on `workers` processes. Returns (encoded, skipped) in input order."""
+    workers = max(1, workers or os.cpu_count() or 1)
+    encoded, skipped = {}, {}
+    ctx = mp.get_context("fork") if hasattr(os, "fork") else mp.get_context()
+    with ctx.Pool(workers, initializer=_init_worker, initargs=(tokenizer.to_dict(),)) as pool:
+        results = pool.imap_unordered(_encode_one, items, chunksize=4)
+        for item, ids, report, error in tqdm(results, total=len(items), desc=desc, unit="file"):
+            if error is None:
+                encoded[item.name] = (item, ids, report)
+            else:
+                skipped[item.name] = error
+    order = [it.name for it in items]
+    return ([encoded[n] for n in order if n in encoded],
+            [(n, skipped[n]) for n in order if n in skipped])
+
+
+def merge_reports(reports: Iterable[dict]) -> dict[str, int]:
+    """Sum the numeric counters of per-file encode reports."""
+    total: Counter = Counter()
+    for report in reports:
+        total.update({k: v for k, v in report.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
+    return dict(total)
+
+
+def prepare(tokenizer: Tokenizer, items: list[Item], out: str | os.PathLike,
+            fractions: dict[str, float], workers: int | None = None,
+            extra_report: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Encode, split by group, write shards; return the summary that is also stored in the index."""
+    encoded, skipped = encode_items(tokenizer, items, workers)
+    splits: dict[str, list] = {"train": [], **{s: [] for s in fractions}}
+    for item, ids, _ in encoded:
+        splits[group_split(item.group, fractions)].append((item.name, ids))
+    report = {
+        "files": len(items),
+        "encoded": len(encoded),
+        "skipped": len(skipped),
+        "skipped_files": [{"name": n, "reason": r} for n, r in skipped],
+        "tokens": {s: int(sum(len(ids) for _, ids in pieces)) for s, pieces in splits.items()},
+        "pieces": {s: len(pieces) for s, pieces in splits.items()},
+        "encode_counts": merge_reports(r for _, _, r in encoded),
+        **(extra_report or {}),
+    }
+    write_shards(out, tokenizer, splits, report)
+    return report
+
+
+def summary_lines(report: dict[str, Any], max_reasons: int = 10) -> list[str]:
+    """A short human summary of a preparation report."""
+    lines = [f"files: {report['files']}  encoded: {report['encoded']}  skipped: {report['skipped']}"]
+    for split, n in report["pieces"].items():
+        lines.append(f"  {split}: {n} pieces, {report['tokens'][split]:,} tokens")
+    for key, value in report.get("encode_counts", {}).items():
+        lines.append(f"  {key}: {value}")
+    for entry in report["skipped_files"][:max_reasons]:
+        lines.append(f"  skipped {entry['reason']}")
+    if report["skipped"] > max_reasons:
+        lines.append(f"  ... and {report['skipped'] - max_reasons} more (see index.json)")
+    return lines

@@ -1,0 +1,96 @@
+"""Token shards: the prepared-corpus format shared by data preparation and training.
+
+A prepared folder holds:
+- `tokenizer.json`: the tokenizer that made the tokens;
+- `<split>.npy`: all pieces of a split, concatenated (int16 when the vocabulary fits);
+- `index.json`: {"format", "version", "tokenizer": kind, "splits": {split: {"names",
+  "offsets", "lengths"}}, "report": preparation summary}. It is written last, so a folder
+  without it is not complete.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import DataError, MusegenError
+from .io import atomic_path, read_json, write_json
+from .tokenizers.base import Tokenizer, load_tokenizer
+
+FORMAT, VERSION = "musegen-shards", 1
+INDEX, TOKENIZER = "index.json", "tokenizer.json"
+
+
+def write_shards(folder: str | os.PathLike, tokenizer: Tokenizer,
+                 splits: dict[str, list[tuple[str, np.ndarray]]], report: dict[str, Any]) -> Path:
+    """Write every split's pieces (name, ids) and then the index that makes the folder complete."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / INDEX).unlink(missing_ok=True)  # the folder is incomplete until the new index lands
+    dtype = np.int16 if tokenizer.vocab_size < 2**15 else np.int32
+    index: dict[str, Any] = {"format": FORMAT, "version": VERSION, "tokenizer": tokenizer.kind,
+                             "splits": {}, "report": report}
+    for split, pieces in splits.items():
+        lengths = [int(len(ids)) for _, ids in pieces]
+        offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(int).tolist() if pieces else []
+        tokens = np.concatenate([ids for _, ids in pieces]).astype(dtype) if pieces else np.zeros(0, dtype)
+        with atomic_path(folder / f"{split}.npy") as tmp:
+            with open(tmp, "wb") as f:
+                np.save(f, tokens)
+        index["splits"][split] = {"names": [name for name, _ in pieces], "offsets": offsets,
+                                  "lengths": lengths}
+    tokenizer.save(folder / TOKENIZER)
+    write_json(folder / INDEX, index)
+    return folder
+
+
+class Shards:
+    """Read access to a prepared folder: `Shards(dir).pieces("train")` -> list of id arrays."""
+
+    def __init__(self, folder: str | os.PathLike):
+        self.folder = Path(folder)
+        if not self.folder.is_dir():
+            raise DataError(f"{self.folder}: data folder not found")
+        if not (self.folder / INDEX).is_file():
+            raise DataError(f"{self.folder}: no {INDEX}; prepare it with `musegen data prepare`")
+        try:
+            self.index = read_json(self.folder / INDEX)
+        except (ValueError, UnicodeDecodeError):
+            raise DataError(f"{self.folder / INDEX}: not valid JSON") from None
+        if not isinstance(self.index, dict) or self.index.get("format") != FORMAT:
+            raise DataError(f"{self.folder / INDEX}: not a musegen shard index")
+        try:
+            self.tokenizer = load_tokenizer(self.folder / TOKENIZER)
+        except MusegenError as exc:
+            raise DataError(f"{self.folder}: {exc}") from None
+        self._cache: dict[str, np.ndarray] = {}
+
+    @property
+    def splits(self) -> list[str]:
+        return list(self.index["splits"])
+
+    def names(self, split: str) -> list[str]:
+        return list(self._split(split)["names"])
+
+    def pieces(self, split: str) -> list[np.ndarray]:
+        """Each piece of `split` as an int64 array (views into one memory-mapped file)."""
+        entry = self._split(split)
+        if split not in self._cache:
+            path = self.folder / f"{split}.npy"
+            try:
+                self._cache[split] = np.load(path, mmap_mode="r", allow_pickle=False)
+            except (OSError, ValueError) as exc:
+                raise DataError(f"{path}: unreadable shard ({exc})") from None
+        tokens = self._cache[split]
+        total = sum(entry["lengths"])
+        if len(tokens) != total:
+            raise DataError(f"{self.folder / split}.npy holds {len(tokens)} tokens, the index says {total}")
+        return [np.asarray(tokens[o:o + n], dtype=np.int64) for o, n in zip(entry["offsets"], entry["lengths"])]
+
+    def _split(self, split: str) -> dict[str, Any]:
+        if split not in self.index["splits"]:
+            raise DataError(f"{self.folder}: no split {split!r} (has {', '.join(self.splits) or 'none'})")
+        return self.index["splits"][split]

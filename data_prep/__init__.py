@@ -1,1 +1,34 @@
-"""Turn raw corpora (POP909, Bach chorales, MMA grooves, Pop1K7, Groove2Groove) into token shards."""
+"""Turn raw corpora into token shards (see musegen/shards.py for the format).
+
+Each corpus is a module here with one entry point:
+
+    prepare(out: Path, source: Path | None, download: bool, workers: int | None,
+            limit: int | None, tokenizer: str | None) -> dict   # the report stored in index.json
+
+`source` is a local copy of the raw corpus (None: the corpus' default location), `download`
+allows fetching it when it is missing, `limit` caps the number of pieces (for quick trials),
+`tokenizer` overrides the corpus' default representation where that makes sense.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable
+
+# name -> (module, one-line description); modules are imported only when used.
+CORPORA: dict[str, tuple[str, str]] = {
+    "pop909": ("data_prep.pop909", "POP909 pop piano songs -> REMI (local copy, or GitHub download)"),
+    "chorales": ("data_prep.chorales", "Bach chorales from music21's bundled corpus -> REMI (no network)"),
+    "mma-groove": ("data_prep.mma_groove", "Groove corpus synthesised with MMA, split by style -> groove"),
+    "pop1k7": ("data_prep.pop1k7", "Pop1K7 from Zenodo 4782721 -> REMI"),
+    "groove2groove": ("data_prep.groove2groove", "Groove2Groove MIDI from Zenodo 3958000 -> groove"),
+    "midi": ("data_prep.folder", "Any folder of MIDI files (--source), with --tokenizer remi|groove"),
+}
+
+
+def corpus_prepare(name: str) -> Callable[..., dict[str, Any]]:
+    from musegen.errors import DataError
+
+    if name not in CORPORA:
+        raise DataError(f"unknown corpus {name!r}; choose one of {', '.join(CORPORA)}")
+    return importlib.import_module(CORPORA[name][0]).prepare

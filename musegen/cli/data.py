@@ -1,0 +1,57 @@
+"""`musegen data ...`: prepare corpora into token shards, and look at how a MIDI file tokenises."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+data_app = typer.Typer(help="Prepare corpora into token shards; inspect tokenisations.", no_args_is_help=True)
+
+
+@data_app.command("prepare")
+def prepare(
+    corpus: str = typer.Argument(..., help="pop909 | chorales | mma-groove | pop1k7 | groove2groove | midi"),
+    out: Path = typer.Option(..., "--out", "-o", help="Folder to write the shards to."),
+    source: Optional[Path] = typer.Option(None, help="Local copy of the raw corpus (default: the corpus' usual place)."),
+    download: bool = typer.Option(False, help="Download the corpus when no local copy is found."),
+    workers: Optional[int] = typer.Option(None, min=1, help="Processes to encode with (default: all cores)."),
+    limit: Optional[int] = typer.Option(None, min=1, help="Use at most this many pieces (quick trials)."),
+    tokenizer: Optional[str] = typer.Option(None, help="remi | groove (only for corpora that allow both)."),
+):
+    """Encode a corpus into train/validation(/test) token shards, skipping and counting bad files."""
+    from data_prep import corpus_prepare
+    from data_prep.common import summary_lines
+
+    report = corpus_prepare(corpus)(out=out, source=source, download=download, workers=workers,
+                                    limit=limit, tokenizer=tokenizer)
+    for line in summary_lines(report):
+        typer.echo(line)
+    typer.echo(f"shards written to {out}")
+
+
+@data_app.command("show")
+def show(
+    midi: Path = typer.Argument(..., help="A MIDI file."),
+    tokenizer: str = typer.Option("remi", help="remi | groove, or a tokenizer.json file."),
+    max_tokens: int = typer.Option(64, min=1, help="How many tokens to print."),
+):
+    """Print how a MIDI file tokenises: the first tokens and the encoding report."""
+    from musegen.tokenizers import load_tokenizer
+
+    if tokenizer.endswith(".json"):
+        tok = load_tokenizer(tokenizer)
+    else:
+        from musegen.tokenizers import tokenizer_from_dict
+
+        tok = tokenizer_from_dict({"kind": tokenizer})
+    enc = tok.encode(midi)
+    typer.echo(f"{midi}: {len(enc.ids)} {tok.kind} tokens")
+    typer.echo(" ".join(tok.vocab[i] for i in enc.ids[:max_tokens]) + (" ..." if len(enc.ids) > max_tokens else ""))
+    for key, value in enc.report.items():
+        typer.echo(f"  {key}: {value}")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(data_app, name="data")

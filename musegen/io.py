@@ -13,6 +13,9 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
@@ -22,6 +25,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     tmp_path = Path(tmp)
+    os.chmod(tmp_path, 0o666 & ~_UMASK)  # mkstemp makes 0600 files; give the usual permissions
     try:
         yield tmp_path
         with open(tmp_path, "rb") as f:  # make the bytes durable before they get the real name

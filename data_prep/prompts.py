@@ -1,0 +1,107 @@
+"""Make the example prompts shipped in checkpoints/prompts/, from code and music21's corpus.
+
+    python -m data_prep.prompts [--out checkpoints/prompts]
+
+Nothing is copied from any dataset: the pop and groove prompts are written note by note here,
+and the chorale comes from the Bach corpus bundled in the music21 wheel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+import miditoolkit
+
+from musegen.io import atomic_path
+
+TPQ = 480
+BAR = 4 * TPQ
+
+# I - V - vi - IV in C major: (bass root, chord pitches) per bar.
+POP_PROGRESSION = [(48, [60, 64, 67]), (43, [59, 62, 67]), (45, [60, 64, 69]), (41, [60, 65, 69])]
+# One melody line over the four bars: (beat offset from the start, pitch, length in beats).
+POP_MELODY = [(0, 76, 1), (1, 74, 0.5), (1.5, 72, 0.5), (2, 74, 2), (4, 74, 1), (5, 71, 1), (6, 67, 2),
+              (8, 72, 1), (9, 71, 0.5), (9.5, 69, 0.5), (10, 72, 2), (12, 69, 1), (13, 72, 1), (14, 77, 2)]
+
+
+def _midi(tempo: float) -> miditoolkit.MidiFile:
+    midi = miditoolkit.MidiFile(ticks_per_beat=TPQ)
+    midi.tempo_changes = [miditoolkit.TempoChange(tempo, 0)]
+    midi.time_signature_changes = [miditoolkit.TimeSignature(4, 4, 0)]
+    return midi
+
+
+def _note(pitch: int, beat: float, beats: float, velocity: int = 80) -> miditoolkit.Note:
+    start = int(round(beat * TPQ))
+    return miditoolkit.Note(velocity, pitch, start, start + int(round(beats * TPQ)))
+
+
+def pop_prompt() -> miditoolkit.MidiFile:
+    """Four bars of piano: a I-V-vi-IV progression with a simple melody, 96 bpm."""
+    midi = _midi(96)
+    piano = miditoolkit.Instrument(0, name="PIANO")
+    for bar, (bass, chord) in enumerate(POP_PROGRESSION):
+        piano.notes.append(_note(bass, 4 * bar, 4, 70))
+        for beat in (0, 2):  # the chord struck on beats 1 and 3
+            piano.notes += [_note(p, 4 * bar + beat, 2, 64) for p in chord]
+    piano.notes += [_note(p, b, d, 84) for b, p, d in POP_MELODY]
+    midi.instruments = [piano]
+    return midi
+
+
+def groove_prompt() -> miditoolkit.MidiFile:
+    """Two bars of a straight rock groove: bass, drums and piano comping, 110 bpm."""
+    midi = _midi(110)
+    bass = miditoolkit.Instrument(33, name="Bass")
+    drums = miditoolkit.Instrument(0, is_drum=True, name="Drums")
+    piano = miditoolkit.Instrument(0, name="Piano")
+    for bar, (root, chord) in enumerate(POP_PROGRESSION[:2]):
+        start = 4 * bar
+        bass.notes += [_note(root - 12, start + b, 0.5, 90) for b in (0, 1.5, 2, 3)]
+        piano.notes += [_note(p, start + b, 0.5, 70) for b in (0.5, 1.5, 2.5, 3.5) for p in chord]
+        drums.notes += [_note(36, start + b, 0.25, 100) for b in (0, 2, 2.5)]  # kick
+        drums.notes += [_note(38, start + b, 0.25, 100) for b in (1, 3)]  # snare
+        drums.notes += [_note(42, start + b / 2, 0.25, 70) for b in range(8)]  # closed hi-hat
+    midi.instruments = [bass, drums, piano]
+    return midi
+
+
+def chorale_prompt(work: str = "bach/bwv66.6") -> miditoolkit.MidiFile:
+    """A 4/4 Bach chorale from music21's bundled corpus, its four voices merged onto one piano."""
+    import music21
+
+    score = music21.corpus.parse(work)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "chorale.mid"
+        score.write("midi", fp=str(path))
+        source = miditoolkit.MidiFile(str(path))
+    midi = _midi(source.tempo_changes[0].tempo if source.tempo_changes else 80)
+    scale = TPQ / source.ticks_per_beat
+    piano = miditoolkit.Instrument(0, name="PIANO")
+    for inst in source.instruments:
+        piano.notes += [miditoolkit.Note(n.velocity, n.pitch, int(n.start * scale), int(n.end * scale))
+                        for n in inst.notes]
+    piano.notes.sort(key=lambda n: (n.start, n.pitch))
+    midi.instruments = [piano]
+    return midi
+
+
+PROMPTS = {"pop_progression.mid": pop_prompt, "groove_rock.mid": groove_prompt, "bach_chorale.mid": chorale_prompt}
+
+
+def write_prompts(out: Path) -> list[Path]:
+    written = []
+    for name, make in PROMPTS.items():
+        with atomic_path(out / name) as tmp:
+            make().dump(str(tmp))
+        written.append(out / name)
+    return written
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "checkpoints" / "prompts")
+    for path in write_prompts(parser.parse_args().out):
+        print(path)

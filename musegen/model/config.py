@@ -46,10 +46,12 @@ class ModelConfig:
             (self.n_features % 2 == 0, "n_features must be even"),
             (min(self.vocab_size, self.n_layers, self.d_model, self.n_heads, self.d_ff) > 0, "sizes must be positive"),
             (0.0 <= self.dropout < 1.0, "dropout must be in [0, 1)"),
+            (min(self.spe_sines, self.spe_kernel, self.spe_realizations) > 0, "SPE sizes must be positive"),
         ]
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
+        parse_redraw(self.redraw)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -57,6 +59,21 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
         return replace_checked(cls(), data)
+
+
+def parse_redraw(policy: str) -> tuple[str, float]:
+    """"fixed" -> ("fixed", 0); "prob:P" -> ("prob", P) with 0 <= P <= 1; "every:N" -> ("every", N >= 1)."""
+    kind, _, value = policy.partition(":")
+    try:
+        if kind == "fixed" and not value:
+            return "fixed", 0
+        if kind == "prob" and 0.0 <= float(value) <= 1.0:
+            return "prob", float(value)
+        if kind == "every" and int(value) >= 1:
+            return "every", int(value)
+    except ValueError:
+        pass
+    raise ConfigError(f"redraw must be 'fixed', 'prob:P' (0 <= P <= 1) or 'every:N' (N >= 1), got {policy!r}")
 
 
 def replace_checked(obj, overrides: dict[str, Any]):

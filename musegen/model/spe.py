@@ -1,0 +1,198 @@
+"""Stochastic Positional Encoding (Liutkus et al., ICML 2021), PAPER_NOTES §1.
+
+An SPE module turns one draw of noise into *codes* (Qbar, Kbar), each shaped
+[heads, positions, head_dim, R]. A per-layer `SPEFilter` (optionally gated) mixes a layer's
+queries and keys with those codes into R-wide qhat, khat such that
+
+    E[qhat_m . khat_n] = sqrt(R / D) * sum_d q_md k_nd P_d(m - n),
+
+where P_d is the module's positional kernel (`kernel()`), because every code carries the
+reference scale (R * D) ** -1/4. Codes for any window [t0, t1) come from the same noise, so
+generation can stream past the training length: sineSPE in closed form, convSPE from a
+lazily drawn, reproducible noise stream.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+def _new_seed(generator: torch.Generator | None) -> int:
+    return int(torch.randint(0, 2**62, (), generator=generator))
+
+
+class SineSPE(nn.Module):
+    """Periodic relative kernel P_d(tau) = 1/(2K) sum_k lambda_dk^2 cos(2 pi f_dk tau + theta_dk).
+
+    The 1/(2K) is the variance of the shared noise Z_d (2K x R) of the reference code; it keeps
+    P_d(0) of order 1 whatever K is.
+    """
+
+    def __init__(self, n_heads: int, head_dim: int, realizations: int, n_sines: int):
+        super().__init__()
+        self.n_heads, self.head_dim, self.realizations, self.n_sines = n_heads, head_dim, realizations, n_sines
+        shape = (n_heads, head_dim, n_sines)
+        # Initialisation as in the reference code: low frequencies (sigmoid(-4)/2 ~ 0.01 cycles
+        # per token) so the kernel starts long-ranged, and gains of moderate size.
+        self.freqs = nn.Parameter(torch.randn(shape) - 4.0)
+        self.offsets = nn.Parameter(torch.randn(shape))
+        gains = torch.randn(shape)
+        self.gains = nn.Parameter(gains / (gains.norm(dim=-1, keepdim=True).sqrt() / 2))
+
+    @property
+    def code_scale(self) -> float:
+        return (self.realizations * self.head_dim) ** -0.25
+
+    def draw_noise(self, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Z: [H, D, 2K, R], entries N(0, 1/(2K)); one draw serves every position."""
+        shape = (self.n_heads, self.head_dim, 2 * self.n_sines, self.realizations)
+        z = torch.randn(shape, generator=generator, device=self.freqs.device)
+        return z / math.sqrt(2 * self.n_sines)
+
+    def _phases(self, t0: int, t1: int) -> torch.Tensor:
+        """2 pi f t for t in [t0, t1): [H, T, D, K]. The product is reduced modulo one cycle in
+        float64 so that positions far past the training length keep full precision."""
+        freqs = torch.sigmoid(self.freqs).double() / 2
+        positions = torch.arange(t0, t1, device=freqs.device, dtype=torch.float64)
+        cycles = torch.remainder(freqs[:, None] * positions[None, :, None, None], 1.0)
+        return (2 * math.pi * cycles).to(self.freqs.dtype)
+
+    @staticmethod
+    def _basis(phases: torch.Tensor) -> torch.Tensor:
+        return torch.stack([phases.cos(), phases.sin()], dim=-1).flatten(-2)  # [H, T, D, 2K]
+
+    def codes(self, noise: torch.Tensor, t0: int, t1: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(Qbar, Kbar) for positions [t0, t1), each [H, T, D, R], computed in closed form."""
+        phases = self._phases(t0, t1)
+        gains = F.softplus(self.gains).repeat_interleave(2, dim=-1)  # [H, D, 2K]: (cos, sin) share a gain
+        weighted = noise * gains[..., None] * self.code_scale
+        qbar = torch.einsum("htdj,hdjr->htdr", self._basis(phases + self.offsets[:, None]), weighted)
+        kbar = torch.einsum("htdj,hdjr->htdr", self._basis(phases), weighted)
+        return qbar, kbar
+
+    def kernel(self, lags: torch.Tensor) -> torch.Tensor:
+        """P_d(tau) for the given lags tau = m - n: [H, D, len(lags)] (the unscaled target)."""
+        freqs = torch.sigmoid(self.freqs) / 2
+        angle = 2 * math.pi * freqs[..., None, :] * lags.to(freqs)[:, None] + self.offsets[..., None, :]
+        lam2 = F.softplus(self.gains)[..., None, :] ** 2
+        return (lam2 * angle.cos()).sum(-1) / (2 * self.n_sines)
+
+
+class ConvNoise:
+    """White noise z[:, :, i] for i = 0, 1, 2, ..., drawn lazily in chunks of `chunk` positions.
+
+    Chunk c is drawn from its own generator seeded by (seed, c), so any window is reproducible
+    whatever order windows are asked for in. Chunks before the last window's start are
+    dropped, which keeps streaming generation at constant memory.
+    """
+
+    def __init__(self, channels: tuple[int, int], seed: int, device: torch.device, chunk: int = 256):
+        self.channels, self.seed, self.device, self.chunk = channels, seed, device, chunk
+        self._chunks: dict[int, torch.Tensor] = {}
+
+    def _draw(self, c: int) -> torch.Tensor:
+        generator = torch.Generator(device=self.device)
+        generator.manual_seed((self.seed * 1_000_003 + c) % 2**63)
+        return torch.randn(*self.channels, self.chunk, generator=generator, device=self.device)
+
+    def window(self, start: int, stop: int) -> torch.Tensor:
+        """Noise for positions [start, stop): [R, H*D, stop - start]."""
+        first, last = start // self.chunk, (stop - 1) // self.chunk
+        self._chunks = {c: z for c, z in self._chunks.items() if c >= first}
+        for c in range(first, last + 1):
+            if c not in self._chunks:
+                self._chunks[c] = self._draw(c)
+        joined = torch.cat([self._chunks[c] for c in range(first, last + 1)], dim=-1)
+        offset = first * self.chunk
+        return joined[..., start - offset:stop - offset]
+
+
+class ConvSPE(nn.Module):
+    """Vanishing relative kernel: white noise filtered by two learned length-P filters per
+    (head, feature). Qbar(t) = sum_j phi_Q[j] z[t + j], Kbar likewise with phi_K, so
+    P_d(tau) = sum_j phi_Q[j] phi_K[j + tau], which is 0 for |tau| >= P."""
+
+    def __init__(self, n_heads: int, head_dim: int, realizations: int, kernel_size: int):
+        super().__init__()
+        self.n_heads, self.head_dim, self.realizations, self.kernel_size = n_heads, head_dim, realizations, kernel_size
+        scale = math.sqrt(kernel_size / 2)  # reference init: uniform filters of unit-order energy
+        self.filter_q = nn.Parameter(torch.rand(n_heads * head_dim, 1, kernel_size) / scale)
+        self.filter_k = nn.Parameter(torch.rand(n_heads * head_dim, 1, kernel_size) / scale)
+
+    @property
+    def code_scale(self) -> float:
+        return (self.realizations * self.head_dim) ** -0.25
+
+    def draw_noise(self, generator: torch.Generator | None = None) -> ConvNoise:
+        return ConvNoise((self.realizations, self.n_heads * self.head_dim), _new_seed(generator),
+                         self.filter_q.device)
+
+    def codes(self, noise: ConvNoise, t0: int, t1: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(Qbar, Kbar) for positions [t0, t1), each [H, T, D, R]."""
+        z = noise.window(t0, t1 + self.kernel_size - 1).to(self.filter_q.dtype)
+        groups = self.n_heads * self.head_dim
+
+        def filtered(weight):  # [R, H*D, T] -> [H, T, D, R]
+            out = F.conv1d(z, weight, groups=groups) * self.code_scale
+            return out.view(self.realizations, self.n_heads, self.head_dim, t1 - t0).permute(1, 3, 2, 0)
+
+        return filtered(self.filter_q), filtered(self.filter_k)
+
+    def kernel(self, lags: torch.Tensor) -> torch.Tensor:
+        """P_d(tau) for the given integer lags: [H, D, len(lags)] (the unscaled target)."""
+        fq, fk = self.filter_q[:, 0], self.filter_k[:, 0]  # [H*D, P]
+        P = self.kernel_size
+        # Cross-correlation for every lag in (-P, P): full[:, P - 1 + tau] = sum_j fq[j] fk[j + tau].
+        full = F.conv1d(F.pad(fk, (P - 1, P - 1))[None], fq[:, None], groups=fq.shape[0])[0]
+        index = lags.long() + P - 1
+        inside = (index >= 0) & (index < 2 * P - 1)
+        values = full[:, index.clamp(0, 2 * P - 2)] * inside
+        return values.view(self.n_heads, self.head_dim, -1)
+
+
+class SPEFilter(nn.Module):
+    """One per layer: applies the shared codes to this layer's queries and keys.
+
+    Gated (PAPER_NOTES §1): Qbar_d <- sqrt(1 - g_d) Qbar_d + sqrt(g_d) eps_d and likewise for Kbar,
+    with eps_d one R-vector per layer shared by all positions, giving the kernel
+    (1 - g_d) P_d + g_d. The gated codes are never built: the gate scales q and k instead,
+    so all layers share one copy of the codes (and of their autograd buffers).
+    """
+
+    def __init__(self, n_heads: int, head_dim: int, realizations: int, gated: bool):
+        super().__init__()
+        self.n_heads, self.head_dim, self.realizations = n_heads, head_dim, realizations
+        self.gate = nn.Parameter(torch.randn(n_heads, head_dim)) if gated else None
+
+    def draw_noise(self, generator: torch.Generator | None = None) -> torch.Tensor | None:
+        """eps: [H, D, R] with the codes' scale, or None when ungated."""
+        if self.gate is None:
+            return None
+        eps = torch.randn(self.n_heads, self.head_dim, self.realizations, generator=generator,
+                          device=self.gate.device)
+        return eps * (self.realizations * self.head_dim) ** -0.25
+
+    def gated_codes(self, codes, eps):
+        """The effective codes this layer uses (for inspection and tests)."""
+        qbar, kbar = codes
+        if self.gate is None:
+            return qbar, kbar
+        g = torch.sigmoid(self.gate)[:, None, :, None]
+        return (1 - g).sqrt() * qbar + g.sqrt() * eps[:, None], (1 - g).sqrt() * kbar + g.sqrt() * eps[:, None]
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, codes, eps) -> tuple[torch.Tensor, torch.Tensor]:
+        """q, k: [B, H, T, D] -> qhat, khat: [B, H, T, R]."""
+        qbar, kbar = codes
+        if self.gate is None:
+            return torch.einsum("bhtd,htdr->bhtr", q, qbar), torch.einsum("bhtd,htdr->bhtr", k, kbar)
+        g = torch.sigmoid(self.gate)[:, None, :]  # [H, 1, D]
+        dry, wet = g.sqrt(), (1 - g).sqrt()
+
+        def mix(x, bar):
+            return torch.einsum("bhtd,htdr->bhtr", x * wet, bar) + torch.einsum("bhtd,hdr->bhtr", x * dry, eps)
+
+        return mix(q, qbar), mix(k, kbar)

@@ -23,7 +23,7 @@ if ! dpkg -s "${apt_packages[@]}" >/dev/null 2>&1; then
 fi
 
 py=$("${PYTHON:-python3}" -c 'import sys; print(sys.executable)')
-pip=("$py" -m pip install -q --disable-pip-version-check)
+pip=("$py" -m pip install -q --disable-pip-version-check --root-user-action=ignore)
 
 # torch first: a CPU build unless the machine has an NVIDIA GPU (an unpinned torch pulls CUDA).
 if ! "$py" -c "import torch" 2>/dev/null; then

@@ -56,7 +56,7 @@ class SineSPE(nn.Module):
     def _phases(self, t0: int, t1: int) -> torch.Tensor:
         """2 pi f t for t in [t0, t1): [H, T, D, K]. The product is reduced modulo one cycle in
         float64 so that positions far past the training length keep full precision."""
-        freqs = torch.sigmoid(self.freqs).double() / 2
+        freqs = torch.sigmoid(self.freqs.double()) / 2
         positions = torch.arange(t0, t1, device=freqs.device, dtype=torch.float64)
         cycles = torch.remainder(freqs[:, None] * positions[None, :, None, None], 1.0)
         return (2 * math.pi * cycles).to(self.freqs.dtype)

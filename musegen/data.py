@@ -1,0 +1,176 @@
+"""Training data: random crops of token shards, augmentation per tokenizer, batches by step.
+
+Every random choice is a pure function of (seed, sample position) or (seed, epoch), never of
+a running generator. Step s trains on the global sample positions [s*B, (s+1)*B): the same
+samples whatever the number of processes or data workers, and a resumed run continues exactly
+where it stopped without any sampler state.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Sequence
+
+import numpy as np
+import torch
+
+from .errors import ConfigError, DataError
+from .tokenizers.base import Tokenizer
+
+SAMPLING_CHOICES = ("piece", "length")
+CROP_CHOICES = ("random", "start")
+
+
+def derive_seed(*parts: int) -> int:
+    """A 63-bit seed mixing all `parts` (non-negative ints): independent streams per purpose."""
+    return int(np.random.SeedSequence(list(parts)).generate_state(2, np.uint64)[0] >> np.uint64(1))
+
+
+class Augmenter:
+    """Random rewrites of token ids that keep a piece musical, per tokenizer kind (PAPER_NOTES §3-4).
+
+    - REMI: transposition by a shift in -6..+6 (chord roots too), redrawn until in range.
+    - groove: skip 0..`max_skip_bars` bars at the start; drop each track with probability
+      `track_dropout` while keeping at least one; transposition in -5..+5, drums untouched
+      (the tokenizer leaves them alone).
+    Piece-level rewrites (bar skip, track dropout) run before cropping, transposition after it,
+    so the shift only has to fit the pitches of the window.
+    """
+
+    DEFAULTS = {"remi": dict(max_shift=6), "groove": dict(max_shift=5, max_skip_bars=4, track_dropout=0.2)}
+
+    def __init__(self, tokenizer: Tokenizer, max_shift: int = 0, max_skip_bars: int = 0,
+                 track_dropout: float = 0.0):
+        self.tokenizer = tokenizer
+        self.max_shift, self.max_skip_bars, self.track_dropout = max_shift, max_skip_bars, track_dropout
+
+    @classmethod
+    def for_tokenizer(cls, tokenizer: Tokenizer) -> "Augmenter":
+        return cls(tokenizer, **cls.DEFAULTS.get(tokenizer.kind, {}))
+
+    def before_crop(self, ids: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        if self.max_skip_bars > 0:
+            n = int(rng.integers(0, self.max_skip_bars + 1))
+            skipped = self.tokenizer.skip_bars(ids, n) if n else None
+            ids = ids if skipped is None else skipped  # None: the piece is too short to skip n bars
+        if self.track_dropout > 0:
+            present = np.unique(self.tokenizer.notes(ids)[:, 0]).tolist()
+            dropped = [t for t in present if rng.random() < self.track_dropout]
+            if dropped and len(dropped) == len(present):
+                dropped.pop(int(rng.integers(len(dropped))))  # keep one track
+            if dropped:
+                ids = self.tokenizer.drop_tracks(ids, dropped)
+        return ids
+
+    def after_crop(self, ids: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        if self.max_shift <= 0:
+            return ids
+        # Trying the shifts in a random order until one fits is the same as redrawing uniformly
+        # until in range, with a bounded cost; shift 0 always fits.
+        for shift in rng.permutation(np.arange(-self.max_shift, self.max_shift + 1)):
+            out = self.tokenizer.transpose(ids, int(shift))
+            if out is not None:
+                return out
+        raise DataError("no transposition fits the window, not even 0 (tokenizer bug)")
+
+
+class CropDataset(torch.utils.data.Dataset):
+    """Keys are (sample position, piece index); an item is `length + 1` ids, PAD-filled at the end.
+
+    The extra id makes inputs `x[:-1]` and next-token targets `x[1:]` of `length` each.
+    """
+
+    def __init__(self, pieces: Sequence[np.ndarray], length: int, pad_id: int, seed: int = 0,
+                 augmenter: Augmenter | None = None, crop: str = "random"):
+        if crop not in CROP_CHOICES:
+            raise ConfigError(f"crop must be one of {CROP_CHOICES}, got {crop!r}")
+        self.pieces, self.length, self.pad_id = pieces, length, pad_id
+        self.seed, self.augmenter, self.crop = seed, augmenter, crop
+
+    def __len__(self) -> int:
+        return len(self.pieces)
+
+    def __getitem__(self, key: tuple[int, int]) -> torch.Tensor:
+        position, piece = key
+        rng = np.random.default_rng(derive_seed(self.seed, 1, position))
+        ids = np.asarray(self.pieces[piece])
+        if self.augmenter is not None:
+            ids = self.augmenter.before_crop(ids, rng)
+        span = self.length + 1
+        start = int(rng.integers(0, len(ids) - span + 1)) if self.crop == "random" and len(ids) > span else 0
+        window = ids[start:start + span]
+        if self.augmenter is not None:
+            window = self.augmenter.after_crop(window, rng)
+        out = np.full(span, self.pad_id, dtype=np.int64)
+        out[:len(window)] = window
+        return torch.from_numpy(out)
+
+
+class StepBatches(torch.utils.data.Sampler):
+    """The micro-batches one process trains on, from `start_step` on, forever.
+
+    Step s owns global positions [s*B, (s+1)*B) with B = micro * accumulation * world. Rank r's
+    a-th micro-batch of a step is the chunk (a * world + r) of that range, so the union over
+    ranks is the same global batch for any world size. Position p lies in epoch p // epoch_size:
+    "piece" sampling visits every piece once per epoch in a shuffled order; "length" sampling
+    draws pieces in proportion to their length, total_tokens // length draws per epoch.
+    """
+
+    def __init__(self, lengths: Sequence[int], crop_length: int, micro: int, accumulation: int,
+                 rank: int = 0, world: int = 1, seed: int = 0, sampling: str = "piece",
+                 start_step: int = 0):
+        if sampling not in SAMPLING_CHOICES:
+            raise ConfigError(f"sampling must be one of {SAMPLING_CHOICES}, got {sampling!r}")
+        if not len(lengths):
+            raise DataError("no pieces to train on")
+        self.lengths = np.asarray(lengths, dtype=np.float64)
+        self.micro, self.accumulation, self.rank, self.world = micro, accumulation, rank, world
+        self.seed, self.sampling, self.start_step = seed, sampling, start_step
+        self.epoch_size = (len(lengths) if sampling == "piece"
+                           else max(1, int(self.lengths.sum()) // crop_length))
+        self._epoch, self._order = -1, np.zeros(0, dtype=np.int64)
+
+    @property
+    def global_batch(self) -> int:
+        return self.micro * self.accumulation * self.world
+
+    def order(self, epoch: int) -> np.ndarray:
+        """Piece indices of one epoch's positions."""
+        rng = np.random.default_rng(derive_seed(self.seed, 2, epoch))
+        if self.sampling == "piece":
+            return rng.permutation(len(self.lengths))
+        return rng.choice(len(self.lengths), size=self.epoch_size, p=self.lengths / self.lengths.sum())
+
+    def piece_at(self, position: int) -> int:
+        epoch, offset = divmod(position, self.epoch_size)
+        if epoch != self._epoch:
+            self._epoch, self._order = epoch, self.order(epoch)
+        return int(self._order[offset])
+
+    def step_batches(self, step: int) -> list[list[tuple[int, int]]]:
+        """This rank's micro-batches of `step`, as lists of (position, piece) keys."""
+        batches = []
+        for a in range(self.accumulation):
+            first = step * self.global_batch + (a * self.world + self.rank) * self.micro
+            batches.append([(p, self.piece_at(p)) for p in range(first, first + self.micro)])
+        return batches
+
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        step = self.start_step
+        while True:
+            yield from self.step_batches(step)
+            step += 1
+
+    def __len__(self) -> int:  # infinite; DataLoader only needs this for len(loader)
+        raise TypeError("StepBatches is endless")
+
+
+VALIDATION_NAMES = ("valid", "validation")  # corpora name their held-out split either way
+
+
+def resolve_split(available: Sequence[str], split: str) -> str | None:
+    """`split` if the data has it; for a validation split, whichever spelling the data uses."""
+    if split in available:
+        return split
+    if split in VALIDATION_NAMES:
+        return next((name for name in VALIDATION_NAMES if name in available), None)
+    return None

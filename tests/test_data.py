@@ -1,0 +1,188 @@
+"""The training data pipeline: crops, padding, step-keyed sampling, augmentation."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import miditoolkit
+import numpy as np
+import pytest
+
+from musegen.data import Augmenter, CropDataset, StepBatches, derive_seed, resolve_split
+from musegen.errors import ConfigError, DataError
+from musegen.tokenizers.groove import GrooveTokenizer
+from musegen.tokenizers.remi import RemiTokenizer
+
+
+def _pieces(lengths, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 300, n) for n in lengths]
+
+
+def test_crop_is_a_contiguous_window_and_padding_fills_short_pieces():
+    pieces = _pieces([500, 10])
+    data = CropDataset(pieces, length=64, pad_id=332, seed=1)
+    for position in range(20):
+        item = data[(position, 0)].numpy()
+        assert item.shape == (65,)
+        starts = [s for s in range(500 - 64) if np.array_equal(pieces[0][s:s + 65], item)]
+        assert starts, "the crop must be a window of the piece"
+    short = data[(0, 1)].numpy()
+    assert np.array_equal(short[:10], pieces[1]) and np.all(short[10:] == 332)
+
+
+def test_crops_depend_on_the_position_only():
+    pieces = _pieces([1000])
+    a = CropDataset(pieces, 32, 332, seed=5)
+    b = CropDataset(pieces, 32, 332, seed=5)
+    assert all(np.array_equal(a[(p, 0)], b[(p, 0)]) for p in range(10))
+    starts = {int(np.flatnonzero(np.all(np.lib.stride_tricks.sliding_window_view(pieces[0], 33) == a[(p, 0)].numpy(),
+                                        axis=1))[0]) for p in range(30)}
+    assert len(starts) > 20  # different positions crop different places
+    assert CropDataset(pieces, 32, 332, crop="start")[(7, 0)].numpy().tolist() == pieces[0][:33].tolist()
+
+
+def test_piece_sampling_visits_every_piece_once_per_epoch():
+    batches = StepBatches([100] * 10, 16, micro=2, accumulation=1, seed=3)
+    for epoch in range(3):
+        seen = [batches.piece_at(epoch * 10 + i) for i in range(10)]
+        assert sorted(seen) == list(range(10))
+    assert [batches.piece_at(i) for i in range(10)] != [batches.piece_at(10 + i) for i in range(10)]
+
+
+def test_length_sampling_follows_piece_lengths():
+    lengths = [1000, 3000, 6000]
+    batches = StepBatches(lengths, 10, micro=1, accumulation=1, sampling="length", seed=0)
+    assert batches.epoch_size == 1000
+    counts = Counter(batches.piece_at(p) for p in range(6000))
+    shares = np.array([counts[i] for i in range(3)]) / 6000
+    assert np.allclose(shares, [0.1, 0.3, 0.6], atol=0.02)
+
+
+@pytest.mark.parametrize("world,micro", [(2, 2), (4, 1), (2, 1)])
+def test_global_batch_is_the_same_for_any_number_of_processes(world, micro):
+    lengths = [50 + i for i in range(13)]
+    single = StepBatches(lengths, 8, micro=4, accumulation=1, seed=9)
+    accumulation = 4 // (world * micro)
+    ranks = [StepBatches(lengths, 8, micro=micro, accumulation=accumulation, rank=r, world=world, seed=9)
+             for r in range(world)]
+    for step in range(8):
+        expected = sorted(k for mb in single.step_batches(step) for k in mb)
+        got = sorted(k for r in ranks for mb in r.step_batches(step) for k in mb)
+        assert got == expected
+
+
+def test_resumed_sampler_continues_the_stream():
+    lengths = [40] * 7
+    from_start = iter(StepBatches(lengths, 8, micro=2, accumulation=3, seed=1))
+    stream = [next(from_start) for _ in range(3 * 10)]
+    resumed = iter(StepBatches(lengths, 8, micro=2, accumulation=3, seed=1, start_step=4))
+    assert [next(resumed) for _ in range(3 * 6)] == stream[3 * 4:]
+
+
+def test_bad_sampler_settings():
+    with pytest.raises(DataError):
+        StepBatches([], 8, 1, 1)
+    with pytest.raises(ConfigError):
+        StepBatches([10], 8, 1, 1, sampling="bogus")
+    with pytest.raises(ConfigError):
+        CropDataset([np.arange(5)], 4, 0, crop="middle")
+
+
+def test_seeds_are_independent_streams():
+    assert derive_seed(0, 1, 2) != derive_seed(0, 2, 1)
+    assert derive_seed(0, 1, 2) == derive_seed(0, 1, 2)
+    assert 0 <= derive_seed(2**40, 5) < 2**63
+
+
+def test_validation_split_spellings():
+    assert resolve_split(["train", "validation"], "valid") == "validation"
+    assert resolve_split(["train", "valid"], "validation") == "valid"
+    assert resolve_split(["train", "test"], "valid") is None
+    assert resolve_split(["train", "test"], "test") == "test"
+
+
+# ---- augmentation on real music -------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def remi_songs(pop909_songs):
+    tok = RemiTokenizer()
+    return tok, [tok.encode(p).ids.astype(np.int64) for p in pop909_songs[:4]]
+
+
+def _remi_pitches(tok, ids):
+    return np.array([tok.pitch_of[i] for i in ids if tok.pitch_of[i] >= 0])
+
+
+def test_remi_transposition_is_an_exact_shift_within_range(remi_songs):
+    tok, songs = remi_songs
+    aug = Augmenter.for_tokenizer(tok)
+    shifts = Counter()
+    for k, song in enumerate(songs):
+        for position in range(25):
+            rng = np.random.default_rng(derive_seed(k, position))
+            window = song[position * 50:position * 50 + 400]
+            out = aug.after_crop(window, rng)
+            matches = [s for s in range(-6, 7) if np.array_equal(tok.transpose(window, s), out)]
+            assert matches, "augmentation must be one of the tokenizer's transpositions"
+            shift = matches[0]
+            shifts[shift] += 1
+            assert np.array_equal(tok.transpose(out, -shift), window)  # +k then -k is the identity
+            assert np.array_equal(_remi_pitches(tok, out), _remi_pitches(tok, window) + shift)
+    assert len(shifts) >= 10 and min(shifts) < 0 < max(shifts)
+
+
+def test_remi_transposition_redraws_shifts_that_leave_the_range(remi_songs):
+    tok, songs = remi_songs
+    aug = Augmenter.for_tokenizer(tok)
+    top = int(tok.vocab.index("Note_Pitch_105"))  # 2 semitones below the top of the range
+    window = songs[0][:300].copy()
+    window[np.flatnonzero(tok.pitch_of[window] >= 0)[0]] = top
+    for seed in range(40):
+        out = aug.after_crop(window, np.random.default_rng(seed))
+        shift = int(_remi_pitches(tok, out)[0]) - 105
+        assert shift <= 2 and tok.transpose(window, shift) is not None
+
+
+def _groove_midi(bars=8):
+    """Bass, drums and piano, one note per beat each, built in the test."""
+    midi = miditoolkit.MidiFile(ticks_per_beat=480)
+    bass = miditoolkit.Instrument(33, name="bass")
+    drums = miditoolkit.Instrument(0, is_drum=True, name="drums")
+    piano = miditoolkit.Instrument(0, name="piano")
+    for beat in range(bars * 4):
+        t = beat * 480
+        bass.notes.append(miditoolkit.Note(90, 36 + beat % 5, t, t + 240))
+        drums.notes.append(miditoolkit.Note(90, 36 if beat % 2 else 42, t, t + 60))
+        piano.notes.append(miditoolkit.Note(80, 60 + beat % 7, t, t + 400))
+    midi.instruments = [bass, drums, piano]
+    return midi
+
+
+@pytest.fixture(scope="module")
+def groove_piece(tmp_path_factory):
+    path = tmp_path_factory.mktemp("groove") / "trio.mid"
+    _groove_midi().dump(str(path))
+    tok = GrooveTokenizer()
+    return tok, tok.encode(path).ids.astype(np.int64)
+
+
+def test_groove_augmentation_keeps_drums_keeps_a_track_and_stays_grammatical(groove_piece):
+    tok, ids = groove_piece
+    aug = Augmenter.for_tokenizer(tok)
+    original = tok.notes(ids)
+    grammar = tok.grammar()
+    dropped_some, skipped_some = False, False
+    for seed in range(40):
+        rng = np.random.default_rng(seed)
+        out = aug.after_crop(aug.before_crop(ids, rng), rng)
+        assert grammar.first_violation(out) is None
+        notes = tok.notes(out)
+        tracks = set(notes[:, 0].tolist())
+        assert tracks, "at least one track survives"
+        dropped_some |= len(tracks) < 3
+        skipped_some |= notes[:, 3].max() < original[:, 3].max()
+        if 2 in tracks:  # drums are never transposed
+            drum_pitches = set(notes[notes[:, 0] == 2, 1].tolist())
+            assert drum_pitches <= {36, 42}
+    assert dropped_some and skipped_some

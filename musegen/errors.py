@@ -28,3 +28,7 @@ class ConfigError(MusegenError):
 
 class DataError(MusegenError):
     """A dataset folder that is missing, empty or malformed."""
+
+
+class TrainingError(MusegenError):
+    """A run that cannot go on, e.g. its loss kept coming out non-finite."""

@@ -11,7 +11,7 @@ import signal
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from tqdm import tqdm
 
@@ -102,12 +102,16 @@ def merge_reports(reports: Iterable[dict]) -> dict[str, int]:
 
 def prepare(tokenizer: Tokenizer, items: list[Item], out: str | os.PathLike,
             fractions: dict[str, float], workers: int | None = None,
-            extra_report: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Encode, split by group, write shards; return the summary that is also stored in the index."""
+            extra_report: dict[str, Any] | None = None,
+            split_of: Callable[[str], str] | None = None) -> dict[str, Any]:
+    """Encode, split by group, write shards; return the summary that is also stored in the index.
+
+    `split_of(group)` overrides the hashed split (for corpora that assign groups explicitly)."""
+    split_of = split_of or (lambda group: group_split(group, fractions))
     encoded, skipped = encode_items(tokenizer, items, workers)
     splits: dict[str, list] = {"train": [], **{s: [] for s in fractions}}
     for item, ids, _ in encoded:
-        splits[group_split(item.group, fractions)].append((item.name, ids))
+        splits[split_of(item.group)].append((item.name, ids))
     report = {
         "files": len(items),
         "encoded": len(encoded),

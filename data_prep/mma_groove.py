@@ -1,0 +1,366 @@
+"""A groove corpus synthesised with MMA (Musical MIDI Accompaniment), split by style.
+
+The open counterpart of Groove2Groove's Band-in-a-Box corpus: real chord progressions (from
+POP909's chord annotations) are rendered by `mma` in hundreds of its library grooves, each
+rendering is reduced to the bass/drums/other trio by the groove tokenizer, and the styles
+are split into train/validation/test so that test styles are never seen in training.
+
+- A *style* is one MMA groove (e.g. `stdlib/bossanova/BossaNovaSus`): 4/4, with drums and at
+  least two melodic tracks, intros/endings/fills left out. The list, with one tempo per style
+  chosen from its name, is `mma_styles.json`, made by `python -m data_prep.mma_groove --catalogue`.
+- The split is by style *family* (the library file), so variants of a test groove (its
+  `Sus`/`Plus` versions) are not in training either: families in a fixed pseudo-random order
+  (by hash) fill the test split up to HELD_OUT_STYLES styles, then validation, and the rest
+  is training. `styles.json` in the output lists the three disjoint style sets.
+- Each style renders PIECES_PER_STYLE pieces of BARS_PER_PIECE bars, each on a different
+  POP909 song's progression (chosen by hashing, so reruns are identical; MMA's random
+  humanisation is seeded too).
+- Output: token shards, `styles.json`, `rendered/` (the raw MMA MIDI, reused by reruns), and
+  `references/<style>/<n>.mid`: each test piece's trio as the tokens hold it (decoded with
+  the original programs and tempo), the style reference for evaluation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import multiprocessing as mp
+import os
+import re
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from data_prep.common import Item, prepare as prepare_shards
+from musegen.errors import DataError, MusegenError
+from musegen.io import atomic_path, read_json, write_bytes, write_json
+from musegen.tokenizers.base import tokenizer_from_dict
+
+LIBRARY = Path("/usr/share/mma/lib")  # where Debian's `mma` keeps its groove library
+STYLES_FILE = Path(__file__).with_name("mma_styles.json")
+POP909_DEFAULT = Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "pop909"
+PIECES_PER_STYLE = 4
+BARS_PER_PIECE = 32
+HELD_OUT_STYLES = 50  # at least this many styles each in test and validation, as in the paper
+SPLITS = ("test", "validation", "train")
+RENDER_TIME_LIMIT_S = 60
+LEFT_OUT = re.compile(r"intro|end|fill|break", re.IGNORECASE)  # not grooves one plays a song in
+
+
+@dataclass(frozen=True)
+class Style:
+    family: str  # library file without suffix, e.g. "stdlib/bossanova"
+    groove: str  # the groove's name inside it, e.g. "BossaNovaSus"
+    tempo: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.family}/{self.groove}"
+
+
+# ---- the style catalogue ----------------------------------------------------------------
+
+# First matching keyword of a groove's lower-cased name decides its tempo (quarter notes/min).
+TEMPO_KEYWORDS = [
+    ("fast", 190), ("slow", 72), ("ballad", 72), ("lullaby", 66), ("soft", 84), ("bebop", 210),
+    ("bluegrass", 180), ("dixie", 176), ("charleston", 200), ("quickstep", 200), ("jive", 170),
+    ("boogie", 160), ("boggie", 160), ("swing", 144), ("jazz", 132), ("samba", 104), ("bossa", 132),
+    ("salsa", 180), ("mambo", 180), ("merengue", 140), ("rhumba", 108), ("rumba", 108),
+    ("chacha", 120), ("beguine", 120), ("bolero", 96), ("tango", 120), ("calypso", 124),
+    ("reggae", 80), ("ska", 150), ("hiphop", 92), ("rap", 92), ("techno", 128), ("disco", 120),
+    ("house", 124), ("funk", 104), ("soul", 96), ("gospel", 84), ("blues", 96), ("shuffle", 116),
+    ("march", 116), ("polka", 120), ("country", 120), ("folk", 100), ("rock", 120), ("pop", 112),
+    ("latin", 118), ("hawaii", 100), ("love", 76), ("trance", 136),
+]
+DEFAULT_TEMPO = 112
+
+
+def tempo_for(groove: str) -> int:
+    lowered = groove.lower()
+    return next((bpm for word, bpm in TEMPO_KEYWORDS if word in lowered), DEFAULT_TEMPO)
+
+
+def library_grooves(library: Path = LIBRARY) -> list[tuple[str, str]]:
+    """(family, groove) for every DefGroove in MMA's library, intros/endings/fills left out."""
+    found = []
+    for path in sorted(library.rglob("*.mma")):
+        family = path.relative_to(library).with_suffix("").as_posix()
+        for line in path.read_text(errors="replace").splitlines():
+            words = line.split()
+            if len(words) >= 2 and words[0].lower() == "defgroove" and not LEFT_OUT.search(words[1]):
+                found.append((family, words[1]))
+    return found
+
+
+def _probe(entry: tuple[str, str]) -> dict[str, Any] | None:
+    """Render 4 bars of a groove; keep it when it is 4/4 with drums and two melodic tracks."""
+    import symusic
+
+    family, groove = entry
+    bars = [["C", "/", "Am", "/"], ["F", "/", "G7", "/"]] * 2
+    try:
+        data = render_mma(mma_text(Style(family, groove, 120), bars, seed=1))
+        score = symusic.Score.from_midi(data)
+    except Exception:
+        return None
+    onsets = [n.time for t in score.tracks for n in t.notes]
+    drums = sum(len(t.notes) for t in score.tracks if t.is_drum)
+    melodic = sum(1 for t in score.tracks if not t.is_drum and len(t.notes))
+    four_four = all((ts.numerator, ts.denominator) == (4, 4) for ts in score.time_signatures)
+    if not onsets or not four_four or drums == 0 or melodic < 2:
+        return None
+    if not 12 * score.tpq <= max(onsets) < 16 * score.tpq:  # 4 bars of 4 beats, not 3 or 6
+        return None
+    return {"family": family, "groove": groove, "tempo": tempo_for(groove)}
+
+
+def build_catalogue(workers: int | None = None) -> list[dict[str, Any]]:
+    """Probe every library groove (a few minutes) and write mma_styles.json."""
+    grooves = library_grooves()
+    seen, unique = set(), []
+    for family, groove in grooves:  # a name defined twice in one file: the first counts
+        if (family, groove.lower()) not in seen:
+            seen.add((family, groove.lower()))
+            unique.append((family, groove))
+    with mp.get_context("fork").Pool(workers or os.cpu_count()) as pool:
+        probed = list(tqdm(pool.imap(_probe, unique, chunksize=4), total=len(unique), desc="probing grooves"))
+    styles = [p for p in probed if p]
+    write_json(STYLES_FILE, {"mma_version": _mma_version(), "styles": styles})
+    return styles
+
+
+def load_styles() -> list[Style]:
+    try:
+        return [Style(s["family"], s["groove"], int(s["tempo"])) for s in read_json(STYLES_FILE)["styles"]]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise DataError(f"{STYLES_FILE}: unreadable style catalogue ({exc})") from None
+
+
+# ---- chord progressions from POP909 ------------------------------------------------------
+
+ROOTS = ["C", "C#", "D", "Eb", "E", "F", "F#", "G", "Ab", "A", "Bb", "B"]
+NATURAL = {"C": 0, "D": 2, "E": 4, "F": 5, "G": 7, "A": 9, "B": 11}
+QUALITIES = {  # POP909 (Harte) quality -> MMA chord suffix
+    "maj": "", "min": "m", "sus2": "sus2", "sus4": "sus4", "min7": "m7", "maj7": "M7", "7": "7",
+    "maj6": "6", "min6": "m6", "dim": "dim", "dim7": "dim7", "hdim7": "m7b5", "aug": "aug",
+    "minmaj7": "mM7", "sus4(b7)": "7sus4", "9": "9", "maj9": "M9", "min9": "m9",
+}
+INTERVALS = {"b2": 1, "2": 2, "b3": 3, "3": 4, "4": 5, "b5": 6, "5": 7, "#5": 8, "b6": 8, "6": 9,
+             "b7": 10, "7": 11, "9": 2}
+
+
+def mma_chord(label: str) -> str | None:
+    """A POP909 chord label (`Bb:min7/b7`) as an MMA chord name (`Bbm7/Ab`); None for N/unknown."""
+    root, _, rest = label.partition(":")
+    if root in ("N", "X", "") or root[0] not in NATURAL:
+        return None
+    pc = (NATURAL[root[0]] + root[1:].count("#") - root[1:].count("b")) % 12
+    quality, _, bass = rest.partition("/")
+    suffix = QUALITIES.get(quality, "m" if quality.startswith("min") else "")
+    name = ROOTS[pc] + suffix
+    if bass in INTERVALS:
+        name += "/" + ROOTS[(pc + INTERVALS[bass]) % 12]
+    return name
+
+
+def song_bars(song_dir: Path) -> list[list[str]]:
+    """A song's chords, one per beat, grouped in bars of 4 from its first downbeat; leading
+    no-chord beats dropped, later ones hold the previous chord."""
+    beats, downbeat = [], []
+    for line in (song_dir / "beat_midi.txt").read_text().splitlines():
+        cols = line.split()
+        if len(cols) >= 3:
+            beats.append(float(cols[0]))
+            downbeat.append(float(cols[2]) == 1.0)
+    segments = []
+    for line in (song_dir / "chord_midi.txt").read_text().splitlines():
+        cols = line.split()
+        if len(cols) >= 3:
+            segments.append((float(cols[0]), float(cols[1]), mma_chord(cols[2])))
+    if not beats or not segments or True not in downbeat:
+        return []
+    chords, k = [], 0
+    for t in beats[downbeat.index(True):]:
+        t += 0.05  # annotation boundaries sit on beats up to a few ms
+        while k < len(segments) - 1 and segments[k][1] <= t:
+            k += 1
+        chord = segments[k][2] if segments[k][0] <= t < segments[k][1] else None
+        if chord is None and chords:
+            chord = chords[-1]
+        if chord is not None or chords:
+            chords.append(chord)
+    return [chords[i:i + 4] for i in range(0, len(chords) - 3, 4)]
+
+
+def progressions(pop909: Path) -> list[tuple[str, list[list[str]]]]:
+    """(song, bars) for every POP909 song with at least BARS_PER_PIECE bars of chords."""
+    if not pop909.is_dir():
+        raise DataError(f"{pop909}: POP909 folder not found (its chord annotations drive the "
+                        f"MMA corpus); pass --source, or prepare pop909 with --download first")
+    found = []
+    for song_dir in sorted(p for p in pop909.iterdir() if (p / "chord_midi.txt").is_file()):
+        try:
+            bars = song_bars(song_dir)
+        except (OSError, ValueError):
+            continue
+        if len(bars) >= BARS_PER_PIECE:
+            found.append((song_dir.name, bars))
+    if not found:
+        raise DataError(f"{pop909}: no song with {BARS_PER_PIECE} bars of chord annotations")
+    return found
+
+
+def _hash(*parts: Any) -> int:
+    return int.from_bytes(hashlib.sha256(":".join(map(str, parts)).encode()).digest()[:8], "big")
+
+
+def piece_plan(style: Style, k: int, songs: list[tuple[str, list[list[str]]]]) -> tuple[str, int, list[list[str]]]:
+    """The progression of piece k of a style: (song, first bar, bars)."""
+    song, bars = songs[_hash(style.name, k) % len(songs)]
+    first = _hash(style.name, k, "bar") % (len(bars) - BARS_PER_PIECE + 1)
+    return song, first, bars[first:first + BARS_PER_PIECE]
+
+
+# ---- rendering ---------------------------------------------------------------------------
+
+def mma_text(style: Style, bars: list[list[str]], seed: int) -> str:
+    lines = [f"Use {style.family}", f"Groove {style.groove}", f"Tempo {style.tempo}", f"RndSeed {seed}"]
+    for bar in bars:
+        beats = [c if i == 0 or c != bar[i - 1] else "/" for i, c in enumerate(bar)]
+        lines.append(" ".join(beats))
+    return "\n".join(lines) + "\n"
+
+
+def render_mma(text: str) -> bytes:
+    """Run `mma` on a song file's text and return the MIDI bytes; DataError on failure."""
+    with tempfile.TemporaryDirectory(prefix="musegen-mma-") as tmp:
+        src, out = Path(tmp) / "song.mma", Path(tmp) / "song.mid"
+        src.write_text(text)
+        try:
+            proc = subprocess.run(["mma", "-w", "-f", str(out), str(src)], capture_output=True,
+                                  text=True, timeout=RENDER_TIME_LIMIT_S)
+        except FileNotFoundError:
+            raise DataError("`mma` not found; install the Debian package mma") from None
+        except subprocess.TimeoutExpired:
+            raise DataError(f"mma took longer than {RENDER_TIME_LIMIT_S}s") from None
+        if proc.returncode != 0 or not out.is_file():
+            errors = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "Error" in ln]
+            raise DataError(f"mma failed: {(errors or ['no output'])[0].strip()}")
+        return out.read_bytes()
+
+
+def _render_one(job: tuple[Style, int, list[list[str]], Path]) -> tuple[Path, str | None]:
+    style, k, bars, dest = job
+    try:
+        write_bytes(dest, render_mma(mma_text(style, bars, seed=_hash(style.name, k) % 100_000)))
+        return dest, None
+    except MusegenError as exc:
+        return dest, f"{style.name}/{k}: {exc}"
+
+
+# ---- the corpus --------------------------------------------------------------------------
+
+def family_splits(styles: list[Style]) -> dict[str, str]:
+    """family -> split, over the whole catalogue (so a trial subset splits the same way)."""
+    sizes: dict[str, int] = {}
+    for st in styles:
+        sizes[st.family] = sizes.get(st.family, 0) + 1
+    splits, filled = {}, dict.fromkeys(SPLITS, 0)
+    for family in sorted(sizes, key=lambda f: (_hash("split", f), f)):
+        split = next(s for s in SPLITS if s == "train" or filled[s] < HELD_OUT_STYLES)
+        splits[family] = split
+        filled[split] += sizes[family]
+    return splits
+
+
+def choose_styles(styles: list[Style], limit: int | None) -> list[Style]:
+    """All styles, or for `limit` pieces enough styles taken in turn from test, validation and
+    train, so a small trial still has every split."""
+    if limit is None:
+        return styles
+    split = family_splits(styles)
+    by_split = {s: [st for st in styles if split[st.family] == s] for s in SPLITS}
+    chosen, n = [], -(-limit // PIECES_PER_STYLE)
+    while len(chosen) < n and any(by_split.values()):
+        for split in by_split:
+            if by_split[split] and len(chosen) < n:
+                chosen.append(by_split[split].pop(0))
+    return chosen
+
+
+def prepare(out: Path, source: Path | None = None, download: bool = False, workers: int | None = None,
+            limit: int | None = None, tokenizer: str | None = None) -> dict[str, Any]:
+    if tokenizer not in (None, "groove"):
+        raise DataError(f"the mma-groove corpus is tokenised as groove, not {tokenizer!r}")
+    out = Path(out)
+    tok = tokenizer_from_dict({"kind": "groove"})
+    catalogue = load_styles()
+    family_split = family_splits(catalogue)
+    styles = choose_styles(catalogue, limit)
+    songs = progressions(Path(source) if source else POP909_DEFAULT)
+
+    items, jobs, plans = [], [], {}
+    for style in styles:
+        for k in range(PIECES_PER_STYLE):
+            if limit is not None and len(items) >= limit:
+                break
+            song, first, bars = piece_plan(style, k, songs)
+            path = out / "rendered" / style.name / f"{k}.mid"
+            items.append(Item(name=f"{style.name}/{k}", path=path, group=style.family))
+            plans[f"{style.name}/{k}"] = {"song": song, "first_bar": first}
+            if not path.is_file():
+                jobs.append((style, k, bars, path))
+
+    started = time.perf_counter()
+    render_failures = []
+    if jobs:
+        with mp.get_context("fork").Pool(max(1, workers or os.cpu_count() or 1)) as pool:
+            for _, error in tqdm(pool.imap_unordered(_render_one, jobs, chunksize=2), total=len(jobs),
+                                 desc="rendering with mma", unit="piece"):
+                if error:
+                    render_failures.append(error)
+    render_s = round(time.perf_counter() - started, 1)
+
+    style_sets = {s: sorted(st.name for st in styles if family_split[st.family] == s) for s in SPLITS}
+    write_json(out / "styles.json", {"split_by": "family", "styles": style_sets,
+                                     "tempo": {st.name: st.tempo for st in styles}, "pieces": plans})
+    report = prepare_shards(tok, items, out, {"validation": 0.0, "test": 0.0}, workers,
+                            split_of=family_split.__getitem__, extra_report={
+                                "styles": {s: len(v) for s, v in style_sets.items()}, "rendered": len(jobs),
+                                "render_seconds": render_s, "render_failures": render_failures})
+    _write_references(out, tok)
+    return report
+
+
+def _write_references(out: Path, tok) -> None:
+    """Each test piece's trio as MIDI, with its original programs and tempo."""
+    from musegen.shards import Shards
+
+    shards = Shards(out)
+    if "test" not in shards.splits:
+        return
+    for name in shards.names("test"):
+        enc = tok.encode(out / "rendered" / f"{name}.mid")
+        midi = tok.decode(enc.ids, enc.report["meta"], tempo=enc.report["meta"]["tempo"])
+        with atomic_path(out / "references" / f"{name}.mid") as tmp:
+            midi.dump(str(tmp))
+
+
+def _mma_version() -> str:
+    proc = subprocess.run(["mma", "-v"], capture_output=True, text=True)
+    return (proc.stdout.strip().splitlines() or ["unknown"])[-1]
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--catalogue", action="store_true", help="re-probe MMA's library into mma_styles.json")
+    parser.add_argument("--workers", type=int, default=None)
+    args = parser.parse_args()
+    if args.catalogue:
+        found = build_catalogue(args.workers)
+        print(f"{len(found)} styles written to {STYLES_FILE}")

@@ -1,0 +1,39 @@
+"""`musegen train`: train a preset on prepared token shards (also under torchrun)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+
+def train(
+    data: Path = typer.Option(..., "--data", help="Prepared shards folder (`musegen data prepare`)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Run folder: config, checkpoints, logs."),
+    preset: str = typer.Option("small", "--preset", help="Model preset: paper-pop, paper-groove, small, tiny."),
+    config: Optional[Path] = typer.Option(None, "--config", help="YAML file of settings (a `model:` mapping for the model)."),
+    set_: List[str] = typer.Option([], "--set", help="key=value (model.key=value for the model); repeatable."),
+    device: Optional[str] = typer.Option(None, "--device", help="auto | cpu | cuda | cuda:N (default: the config's, auto)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the run folder's latest valid checkpoint."),
+):
+    """Train a Performer on prepared data; Ctrl-C saves a checkpoint, --resume continues exactly."""
+    from musegen.train import build_config, train as run_training
+
+    cfg = build_config(preset, data, out, config, set_, device)
+    command = shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]])
+    result = run_training(cfg, resume=resume, command=command)
+    if os.environ.get("RANK", "0") != "0":
+        return  # under torchrun, the main process reports
+    valid = result["valid"]
+    line = f"step {result['step']}: loss {result['loss']:.4f}"
+    if valid and valid.get("within") is not None:
+        line += f", validation {valid['within']:.4f}"
+    typer.echo(f"{line}; checkpoint {result['checkpoint']}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("train")(train)

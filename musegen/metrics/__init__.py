@@ -1,0 +1,1 @@
+"""Measurements of models and music: per-position loss (`loss`), style similarity (`style`)."""

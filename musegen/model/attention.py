@@ -107,13 +107,11 @@ def causal_linear_attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.T
 def orthogonal_gaussian(rows: int, cols: int, device=None) -> torch.Tensor:
     """[rows, cols] whose columns are orthogonal in blocks of `rows`, with the norms of
     Gaussian vectors, so each column is marginally N(0, I) (Performer's ORF)."""
-    blocks = []
-    for start in range(0, cols, rows):
-        gaussian = torch.randn(rows, rows, device=device)
-        basis, _ = torch.linalg.qr(gaussian)
-        norms = torch.randn(rows, rows, device=device).norm(dim=0)
-        blocks.append((basis * norms)[:, :min(rows, cols - start)])
-    return torch.cat(blocks, dim=1)
+    n_blocks = -(-cols // rows)
+    basis, _ = torch.linalg.qr(torch.randn(n_blocks, rows, rows, device=device))
+    norms = torch.randn(n_blocks, rows, rows, device=device).norm(dim=1)  # [n_blocks, rows]
+    blocks = basis * norms[:, None, :]  # scale each orthonormal column
+    return blocks.permute(1, 0, 2).reshape(rows, n_blocks * rows)[:, :cols]
 
 
 class FeatureMap(nn.Module):

@@ -1,0 +1,136 @@
+"""Causal linear attention kernels, feature maps and the softmax baseline."""
+
+import pytest
+import torch
+
+from musegen.model.attention import (EPS, FeatureMap, causal_linear_attention, chunked_kernel,
+                                     fast_transformers_available, fast_transformers_kernel,
+                                     softmax_attention)
+
+B, H, M, DV = 2, 3, 8, 5
+
+
+def naive(q, k, v, state=None):
+    """O(T^2) reference: the full causal score matrix."""
+    scores = (q @ k.transpose(-1, -2)).tril()
+    num, den = scores @ v, scores.sum(-1)
+    if state is not None:
+        num, den = num + q @ state[0], den + (q * state[1][:, :, None]).sum(-1)
+    return num, den
+
+
+def features(T, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.rand(B, H, T, M, generator=g, dtype=torch.float64) + 0.1  # positive, like phi
+    k = torch.rand(B, H, T, M, generator=g, dtype=torch.float64) + 0.1
+    v = torch.randn(B, H, T, DV, generator=g, dtype=torch.float64)
+    return q, k, v
+
+
+def rel(a, b):
+    return ((a - b).abs().max() / b.abs().max()).item()
+
+
+@pytest.mark.parametrize("T", [1, 7, 16, 63, 129, 200])
+def test_chunked_equals_naive_forward_and_backward(T):
+    q64, k64, v64 = features(T)
+    ref = [x.clone().requires_grad_() for x in (q64, k64, v64)]
+    got = [x.float().requires_grad_() for x in (q64, k64, v64)]  # the kernel runs in fp32
+    w_num, w_den = torch.randn(B, H, T, DV, dtype=torch.float64), torch.randn(B, H, T, dtype=torch.float64)
+    num_r, den_r = naive(*ref)
+    num_g, den_g, _ = chunked_kernel(*got, chunk_size=16)
+    assert rel(num_g.double(), num_r) < 1e-5 and rel(den_g.double(), den_r) < 1e-5
+    ((num_r * w_num).sum() + (den_r * w_den).sum()).backward()
+    ((num_g * w_num.float()).sum() + (den_g * w_den.float()).sum()).backward()
+    for r, g in zip(ref, got):
+        assert rel(g.grad.double(), r.grad) < 1e-5
+
+
+def test_chunked_continues_from_state_like_one_pass():
+    q, k, v = (x.float() for x in features(150, seed=1))
+    whole, _, full_state = chunked_kernel(q, k, v, chunk_size=32)
+    first, _, state = chunked_kernel(q[:, :, :61], k[:, :, :61], v[:, :, :61], chunk_size=32)
+    pieces = [first]
+    for t in range(61, 150):  # token by token: the RNN form
+        out, _, state = chunked_kernel(q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1], state)
+        pieces.append(out)
+    assert rel(torch.cat(pieces, dim=2), whole) < 1e-5
+    assert rel(state[0], full_state[0]) < 1e-5 and rel(state[1], full_state[1]) < 1e-5
+
+
+@pytest.mark.skipif(not fast_transformers_available(), reason="fast-transformers not installed")
+@pytest.mark.parametrize("T", [1, 33, 256])
+def test_chunked_equals_fast_transformers(T):
+    q, k, v = (x.float() for x in features(T, seed=2))
+    state = (torch.randn(B, H, M, DV), torch.rand(B, H, M))
+    for ours, theirs in zip(chunked_kernel(q, k, v, state), fast_transformers_kernel(q, k, v, state)):
+        if isinstance(ours, tuple):
+            ours, theirs = torch.cat([ours[0], ours[1][..., None]], -1), torch.cat([theirs[0], theirs[1][..., None]], -1)
+        assert rel(ours, theirs) < 1e-5
+
+
+def test_performer_features_estimate_the_softmax_kernel():
+    """E[phi(x) . phi(y)] = exp(temperature x . y), with error shrinking like 1/sqrt(M)."""
+    torch.manual_seed(0)
+    x, y = torch.randn(20, 8) * 0.6, torch.randn(20, 8) * 0.6
+    errors = []
+    for n_features in (512, 8192):
+        fm = FeatureMap("performer", in_dim=8, n_features=n_features)
+        exact = torch.exp(fm.temperature * x @ y.T)
+        estimate = fm(x, is_query=False) @ fm(y, is_query=False).T
+        errors.append(((estimate - exact).abs() / exact).mean().item())
+    assert errors[1] < 0.03
+    assert 2.0 < errors[0] / errors[1] < 8.0  # sqrt(16) = 4 expected
+
+
+def test_performer_attention_approaches_softmax_attention():
+    torch.manual_seed(0)
+    T, width = 40, 16
+    q, k, v = torch.randn(1, 2, T, width) * 0.5, torch.randn(1, 2, T, width) * 0.5, torch.randn(1, 2, T, 4)
+    exact, _ = softmax_attention(q, k, v, scale=width ** -0.5)
+    fm = FeatureMap("performer", in_dim=width, n_features=16_384)
+    approx, _ = causal_linear_attention(fm(q, True), fm(k, False), v)
+    assert (approx - exact).abs().max() < 0.05
+
+
+def test_query_stabiliser_cancels_in_the_normalisation():
+    """Row-max shifting of query features must not change the attention output."""
+    torch.manual_seed(1)
+    fm = FeatureMap("performer", in_dim=8, n_features=32)
+    q, k, v = torch.randn(1, 1, 20, 8), torch.randn(1, 1, 20, 8), torch.randn(1, 1, 20, 3)
+    shifted, _ = causal_linear_attention(fm(q, True), fm(k, False), v)
+    plain, _ = causal_linear_attention(fm(q, False), fm(k, False), v)
+    assert torch.allclose(shifted, plain, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["relu", "elu"])
+def test_plain_feature_maps_are_nonnegative(kind):
+    phi = FeatureMap(kind, in_dim=8, n_features=8)(torch.randn(50, 8), is_query=True)
+    assert (phi >= 0).all() and (phi > 0).any()
+
+
+def test_redraw_changes_only_when_asked():
+    fm = FeatureMap("performer", in_dim=16, n_features=64)
+    before = fm.projection.clone()
+    x = torch.randn(3, 16)
+    assert torch.equal(fm(x, True), fm(x, True))
+    fm.redraw()
+    assert not torch.equal(before, fm.projection)
+    block = fm.projection[:, :16]
+    gram = block.T @ block  # orthogonal directions within a block
+    assert (gram - torch.diag(gram.diag())).abs().max() < 1e-3 * gram.diag().max()
+
+
+def test_softmax_cache_continues_exactly():
+    torch.manual_seed(2)
+    q, k, v = torch.randn(1, 2, 30, 8), torch.randn(1, 2, 30, 8), torch.randn(1, 2, 30, 8)
+    whole, _ = softmax_attention(q, k, v, 0.3)
+    first, cache = softmax_attention(q[:, :, :11], k[:, :, :11], v[:, :, :11], 0.3)
+    rest, _ = softmax_attention(q[:, :, 11:], k[:, :, 11:], v[:, :, 11:], 0.3, cache)
+    assert torch.allclose(torch.cat([first, rest], 2), whole, atol=1e-5)
+
+
+def test_normalisation_uses_eps_guard():
+    q = k = torch.zeros(1, 1, 3, 4)
+    out, _ = causal_linear_attention(q, k, torch.ones(1, 1, 3, 2))
+    assert torch.isfinite(out).all() and out.abs().max() == 0 and EPS > 0

@@ -1,0 +1,54 @@
+"""`musegen evaluate style` (Fig. 5 style similarity) and `musegen evaluate loss` (Fig. 3 NLL)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+evaluate_app = typer.Typer(help="Measure generated music and trained models.", no_args_is_help=True)
+
+
+@evaluate_app.command("style")
+def style(
+    generated: Path = typer.Option(..., help="Folder of generated MIDI (e.g. the output of musegen sample)."),
+    reference: Path = typer.Option(..., help="Folder of reference MIDI: song.mid for song_000.mid, ... "
+                                             "(a single file is the reference for everything)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Folder for style.csv and style.png "
+                                                                 "(default: the generated folder)."),
+    segments: int = typer.Option(4, min=1, help="Equal-duration segments the continuation is cut into."),
+):
+    """Time-pitch and onset-duration style similarity per track and segment (paper Fig. 5)."""
+    from musegen.metrics.style import evaluate_style
+
+    out = out or generated
+    result = evaluate_style(generated, reference, out / "style.csv", out / "style.png", segments)
+    typer.echo(f"{result['pieces']} pieces scored" + (f", {len(result['unmatched'])} without a reference: "
+                                                      f"{', '.join(result['unmatched'][:5])}" if result["unmatched"] else ""))
+    for metric, values in result["medians"].items():
+        typer.echo(f"  {metric:15s} median per segment: "
+                   + "  ".join("-" if math.isnan(v) else f"{v:.2f}" for v in values))
+    typer.echo(f"wrote {out / 'style.csv'} and {out / 'style.png'}")
+
+
+@evaluate_app.command("loss")
+def loss(
+    checkpoint: Path = typer.Option(..., "--checkpoint", "-c", help="Checkpoint folder."),
+    data: Path = typer.Option(..., help="Token shards folder (musegen data prepare)."),
+    max_len: int = typer.Option(..., min=1, help="Score positions 0..max_len-1 (e.g. 2x the training length)."),
+    split: str = typer.Option("valid", help="Which split of the shards to score."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Folder for the CSV and PNG."),
+):
+    """Teacher-forced NLL per token position, within and beyond the training length (paper Fig. 3)."""
+    from musegen.metrics.loss import evaluate_loss
+
+    result = evaluate_loss(checkpoint, data, max_len, split=split, out_dir=out)
+    for key, value in result.items():
+        if isinstance(value, (int, float, str)):
+            typer.echo(f"{key}: {value:.4f}" if isinstance(value, float) else f"{key}: {value}")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(evaluate_app, name="evaluate")

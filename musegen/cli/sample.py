@@ -1,0 +1,70 @@
+"""`musegen sample` (continue a MIDI prompt) and `musegen render` (MIDI -> WAV / piano roll)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def sample(
+    checkpoint: Path = typer.Option(..., "--checkpoint", "-c", help="Checkpoint folder (model, config, tokenizer)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Folder for the MIDI files, WAV/PNG and the settings JSON."),
+    prompt: Optional[Path] = typer.Option(None, help="MIDI file to continue (default: start from scratch)."),
+    prompt_bars: Optional[int] = typer.Option(None, help="Keep only the prompt's first N bars (groove protocol: 2)."),
+    length: Optional[int] = typer.Option(None, help="Tokens to generate after the prompt."),
+    bars: Optional[int] = typer.Option(None, help="Or: bars to generate after the prompt."),
+    temperature: Optional[float] = typer.Option(None, help="Default: the paper's (REMI 1.2, groove 0.6)."),
+    top_p: Optional[float] = typer.Option(None, help="Nucleus mass in (0, 1]. Default: REMI 0.9, groove 1.0."),
+    top_k: int = typer.Option(0, help="Keep only the k most likely tokens (0: off)."),
+    num_samples: int = typer.Option(1, "--num-samples", "-n", help="Samples generated together in one batch."),
+    seed: Optional[int] = typer.Option(None, help="Random seed (default: drawn and recorded in the JSON)."),
+    audio: bool = typer.Option(False, "--audio", help="Also render each sample to WAV with FluidSynth."),
+    pianoroll: bool = typer.Option(False, "--pianoroll", help="Also draw each sample as a piano-roll PNG."),
+    no_grammar: bool = typer.Option(False, "--no-grammar", help="Sample without the grammar mask (for comparison)."),
+    device: str = typer.Option("cpu", help="torch device, e.g. cpu or cuda."),
+):
+    """Continue a MIDI prompt (or start from scratch) with a trained checkpoint."""
+    from musegen.sample import SampleSettings, sample_to_folder
+
+    settings = SampleSettings(length=length, bars=bars, temperature=temperature, top_p=top_p, top_k=top_k,
+                              num_samples=num_samples, seed=seed, grammar=not no_grammar, prompt_bars=prompt_bars)
+    summary = sample_to_folder(checkpoint, out, settings, prompt, audio=audio, pianoroll=pianoroll, device=device)
+    if prompt is not None:
+        report = {k: v for k, v in summary["prompt_report"].items() if k != "meta"}
+        typer.echo(f"prompt: {summary['prompt_tokens']} tokens"
+                   + "".join(f", {k} {v}" for k, v in report.items()))
+    used, stats = summary["settings"], summary["stats"]
+    typer.echo(f"{len(summary['samples'])} samples, {stats['new_tokens']} tokens in {stats['seconds']} s "
+               f"({stats['tokens_per_second']} tokens/s); T={used['temperature']} top-p={used['top_p']} "
+               f"top-k={used['top_k']} seed={used['seed']}")
+    if stats["invalid"]:
+        typer.echo(f"invalid samples: {stats['invalid']} of {len(summary['samples'])} "
+                   f"({stats['grammar_violations']} break the grammar, {stats['unfinished']} not closed)")
+    else:
+        typer.echo("invalid samples: 0")
+    typer.echo(f"written to {out}")
+
+
+def render(
+    midi: Path = typer.Argument(..., help="A MIDI file."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="WAV file to write."),
+    pianoroll: Optional[Path] = typer.Option(None, help="Piano-roll PNG to write."),
+    soundfont: Optional[Path] = typer.Option(None, help="A General MIDI .sf2 (default: FluidR3_GM, else TimGM6mb)."),
+):
+    """Render a MIDI file to WAV (FluidSynth) and/or a piano-roll PNG."""
+    from musegen.errors import MusegenError
+    from musegen.render import pianoroll_png, render_wav
+
+    if out is None and pianoroll is None:
+        raise MusegenError("nothing to do: give --out file.wav and/or --pianoroll file.png")
+    if out is not None:
+        typer.echo(f"wrote {render_wav(midi, out, soundfont)}")
+    if pianoroll is not None:
+        typer.echo(f"wrote {pianoroll_png(midi, pianoroll)}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("sample")(sample)
+    app.command("render")(render)

@@ -101,10 +101,10 @@ class GrooveTokenizer(Tokenizer):
         in grid units, and facts about the choice (tracks, programs, tempo, dropped notes)."""
         score = load_score(source)
         name = "<bytes>" if isinstance(source, (bytes, bytearray)) else str(source)
-        for ts in score.time_signatures:
-            if (ts.numerator, ts.denominator) != (BEATS_PER_BAR, 4):
+        for ts in score.time_signatures:  # 2/4 and 2/2 pair up into 4-beat bars; 3/4, 6/8 do not
+            if BEATS_PER_BAR * ts.denominator % (4 * ts.numerator):
                 raise MidiError(f"{name}: time signature {ts.numerator}/{ts.denominator} at tick "
-                                f"{ts.time}; the groove tokenizer needs 4/4")
+                                f"{ts.time}; the groove tokenizer needs 4/4 (or 2/4, 2/2)")
         drums = [t for t in score.tracks if t.is_drum and len(t.notes)]
         melodic = [t for t in score.tracks if not t.is_drum and len(t.notes)]
         if not drums:

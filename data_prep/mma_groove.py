@@ -169,8 +169,9 @@ def mma_chord(label: str) -> str | None:
 
 
 def song_bars(song_dir: Path) -> list[list[str]]:
-    """A song's chords, one per beat, grouped in bars of 4 from its first downbeat; leading
-    no-chord beats dropped, later ones hold the previous chord."""
+    """A song's chords, one per beat, grouped in bars of 4 from its first downbeat. Bars with no
+    chord at the start are dropped; a no-chord beat holds the chord before it (or, at the very
+    start, the first chord)."""
     beats, downbeat = [], []
     for line in (song_dir / "beat_midi.txt").read_text().splitlines():
         cols = line.split()
@@ -189,12 +190,15 @@ def song_bars(song_dir: Path) -> list[list[str]]:
         t += 0.05  # annotation boundaries sit on beats up to a few ms
         while k < len(segments) - 1 and segments[k][1] <= t:
             k += 1
-        chord = segments[k][2] if segments[k][0] <= t < segments[k][1] else None
-        if chord is None and chords:
-            chord = chords[-1]
-        if chord is not None or chords:
-            chords.append(chord)
-    return [chords[i:i + 4] for i in range(0, len(chords) - 3, 4)]
+        chords.append(segments[k][2] if segments[k][0] <= t < segments[k][1] else None)
+    labelled = [i for i, c in enumerate(chords) if c is not None]
+    if not labelled:
+        return []
+    first_bar = labelled[0] // 4 * 4  # keep the bar lines where the annotation has them
+    held = chords[labelled[0]]
+    for i in range(first_bar, len(chords)):
+        held = chords[i] = chords[i] or held
+    return [chords[i:i + 4] for i in range(first_bar, len(chords) - 3, 4)]
 
 
 def progressions(pop909: Path) -> list[tuple[str, list[list[str]]]]:
@@ -242,7 +246,8 @@ def render_mma(text: str) -> bytes:
         src, out = Path(tmp) / "song.mma", Path(tmp) / "song.mid"
         src.write_text(text)
         try:
-            proc = subprocess.run(["mma", "-w", "-f", str(out), str(src)], capture_output=True,
+            # relative names: MMA writes the input's name into the file, keep it reproducible
+            proc = subprocess.run(["mma", "-w", "-f", out.name, src.name], cwd=tmp, capture_output=True,
                                   text=True, timeout=RENDER_TIME_LIMIT_S)
         except FileNotFoundError:
             raise DataError("`mma` not found; install the Debian package mma") from None

@@ -1,0 +1,162 @@
+"""The MMA groove corpus: style catalogue and split, chord conversion, rendering, and an exact
+round trip on every prepared piece of a 10-style trial corpus."""
+
+from __future__ import annotations
+
+import shutil
+from collections import Counter, defaultdict
+
+import miditoolkit
+import numpy as np
+import pytest
+
+from data_prep import mma_groove as mg
+from musegen.errors import DataError
+from musegen.io import read_json
+from musegen.shards import Shards
+from musegen.tokenizers.groove import GrooveTokenizer
+
+pytestmark = pytest.mark.skipif(shutil.which("mma") is None, reason="the Debian package mma is not installed")
+
+TOK = GrooveTokenizer()
+TRIAL_PIECES = 40  # 10 styles x 4 pieces
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, pop909_dir):
+    out = tmp_path_factory.mktemp("mma-groove")
+    report = mg.prepare(out=out, source=pop909_dir, limit=TRIAL_PIECES, workers=2)
+    return out, report
+
+
+# ---------------------------------------------------------------- catalogue and split
+
+def test_catalogue_has_over_300_styles_split_disjointly_by_family():
+    styles = mg.load_styles()
+    names = [s.name for s in styles]
+    assert len(set(names)) == len(names) >= 300
+    split = mg.family_splits(styles)
+    sets = {s: {st.name for st in styles if split[st.family] == s} for s in mg.SPLITS}
+    assert not (sets["train"] & sets["test"]) and not (sets["train"] & sets["validation"])
+    assert not (sets["validation"] & sets["test"])
+    assert len(sets["test"]) >= mg.HELD_OUT_STYLES and len(sets["validation"]) >= mg.HELD_OUT_STYLES
+    families = {s: {st.family for st in styles if split[st.family] == s} for s in mg.SPLITS}
+    assert not (families["train"] & (families["test"] | families["validation"]))
+    assert all(not mg.LEFT_OUT.search(st.groove) for st in styles)
+
+
+def test_tempo_follows_the_style_name():
+    assert mg.tempo_for("BossaNovaSus") == 132
+    assert mg.tempo_for("SlowJazz") < mg.tempo_for("Jazz") < mg.tempo_for("FastJazz")
+    assert len({s.tempo for s in mg.load_styles()}) >= 20
+
+
+# ---------------------------------------------------------------- chords from POP909
+
+@pytest.mark.parametrize("label, name", [
+    ("B:maj", "B"), ("Bb:min", "Bbm"), ("C#:maj7", "C#M7"), ("F#:maj7/5", "F#M7/C#"),
+    ("Eb:min7/b7", "Ebm7/C#"), ("A:hdim7", "Am7b5"), ("G:sus4(b7)", "G7sus4"), ("Db:maj/3", "C#/F"),
+    ("N", None), ("E:min(9)", "Em"),
+])
+def test_chord_labels_become_mma_chords(label, name):
+    assert mg.mma_chord(label) == name
+
+
+def test_song_bars_follow_the_annotation(pop909_dir):
+    bars = mg.song_bars(pop909_dir / "001")
+    assert len(bars) > 40 and all(len(b) == 4 and None not in b for b in bars)
+    # 001: downbeats at 0.055 s and 2.72 s; no chord in the first bar, then B major for two
+    # beats, C# major for two (chord_midi.txt: 2.72-4.06 B:maj, 4.06-5.39 C#:maj)
+    assert bars[0] == ["B", "B", "C#", "C#"] and bars[1] == ["Bbm", "Bbm", "Ebm", "Ebm"]
+
+
+def test_rendering_is_deterministic():
+    style = mg.load_styles()[0]
+    text = mg.mma_text(style, [["C", "/", "G", "/"], ["Am", "/", "F", "/"]], seed=7)
+    assert mg.render_mma(text) == mg.render_mma(text)
+    with pytest.raises(DataError, match="mma failed"):
+        mg.render_mma(text.replace("Am", "Hm"))
+
+
+# ---------------------------------------------------------------- the trial corpus
+
+def test_trial_corpus_has_every_split_and_references(corpus):
+    out, report = corpus
+    shards = Shards(out)
+    assert report["encoded"] == TRIAL_PIECES and report["skipped"] == 0 and not report["render_failures"]
+    assert all(report["styles"][s] > 0 for s in mg.SPLITS)
+    styles = read_json(out / "styles.json")["styles"]
+    assert not (set(styles["train"]) & set(styles["test"])) and not (set(styles["validation"]) & set(styles["test"]))
+    for split in mg.SPLITS:
+        piece_styles = {name.rsplit("/", 1)[0] for name in shards.names(split)}
+        assert piece_styles == set(styles[split])
+    for name, ids in zip(shards.names("test"), shards.pieces("test")):
+        assert np.array_equal(TOK.encode(out / "references" / f"{name}.mid").ids, ids)
+    assert not (out / "references" / shards.names("train")[0]).with_suffix(".mid").exists()
+
+
+def expected_trio(path, meta) -> set[tuple[int, int, int, int]]:
+    """The quantised notes of the chosen tracks, computed here with another MIDI parser."""
+    midi = miditoolkit.MidiFile(str(path))
+    tpq = midi.ticks_per_beat
+    grid = lambda tick: (24 * tick + tpq) // (2 * tpq)  # nearest 1/12 beat, halves up
+    by_slot = defaultdict(list)
+    for inst in midi.instruments:
+        track = 2 if inst.is_drum else {meta["bass_track"]: 1, meta["other_track"]: 3}.get(inst.name)
+        for n in inst.notes if track else []:
+            on = grid(n.start)
+            by_slot[(track, n.pitch)].append((on, max(grid(n.end), on + 1)))
+    notes = set()
+    for (track, pitch), spans in by_slot.items():
+        spans.sort(key=lambda s: (s[0], -s[1]))
+        kept = [s for i, s in enumerate(spans) if i == 0 or s[0] != spans[i - 1][0]]
+        for i, (on, off) in enumerate(kept):
+            if i + 1 < len(kept):
+                off = min(off, kept[i + 1][0])  # cut where the next note of that pitch begins
+            notes.add((track, pitch, on, off))
+    return notes
+
+
+def test_round_trip_on_every_prepared_piece(corpus):
+    out, _ = corpus
+    shards = Shards(out)
+    grammar = TOK.grammar()
+    mismatches, pieces, tracks = 0, 0, Counter()
+    for split in shards.splits:
+        for name, ids in zip(shards.names(split), shards.pieces(split)):
+            path = out / "rendered" / f"{name}.mid"
+            enc = TOK.encode(path)
+            assert np.array_equal(enc.ids, ids)
+            assert grammar.first_violation(ids) is None, name
+            decoded = TOK.decode(ids, enc.report["meta"])
+            unit = decoded.ticks_per_beat // 12
+            got = {(k, n.pitch, n.start // unit, n.end // unit)
+                   for k, inst in zip((1, 2, 3), decoded.instruments) for n in inst.notes}
+            mismatches += len(got ^ expected_trio(path, enc.report["meta"]))
+            tracks.update(k for k, inst in zip((1, 2, 3), decoded.instruments) if inst.notes)
+            pieces += 1
+    assert pieces == TRIAL_PIECES and mismatches == 0
+    assert tracks == Counter({1: pieces, 2: pieces, 3: pieces})  # every piece is a full trio
+
+
+def test_augmentations_stay_grammatical_on_real_pieces(corpus):
+    out, _ = corpus
+    grammar = TOK.grammar()
+    for ids in Shards(out).pieces("train")[:4]:
+        assert np.array_equal(TOK.transpose(TOK.transpose(ids, 5), -5), ids)
+        for variant in (TOK.skip_bars(ids, 3), TOK.drop_tracks(ids, [2]), TOK.drop_tracks(ids, [1, 3])):
+            assert grammar.first_violation(variant) is None
+        assert len(TOK.bar_starts(ids)) == mg.BARS_PER_PIECE
+
+
+def test_rerun_reuses_renderings(corpus, pop909_dir):
+    out, _ = corpus
+    again = mg.prepare(out=out, source=pop909_dir, limit=TRIAL_PIECES, workers=2)
+    assert again["rendered"] == 0 and again["tokens"] == corpus[1]["tokens"]
+
+
+def test_bad_sources_are_one_line_data_errors(tmp_path):
+    with pytest.raises(DataError, match="POP909 folder not found"):
+        mg.prepare(out=tmp_path / "x", source=tmp_path / "missing", limit=4)
+    with pytest.raises(DataError, match="tokenised as groove"):
+        mg.prepare(out=tmp_path / "x", tokenizer="remi", limit=4)

@@ -1,0 +1,96 @@
+"""Bach chorales from music21's bundled corpus -> REMI token shards. No network needed.
+
+Each chorale (`bwvN.M` in the corpus) is written to MIDI first (`<out>/midi/`), one track per
+voice, then encoded like any other MIDI. A pickup bar is padded so that bar lines fall on
+REMI's bars. Chorales in 3/4 are refused by REMI's meter check and counted as skipped.
+Split by cantata (BWV number), 5% validation.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import miditoolkit
+from tqdm import tqdm
+
+from musegen.errors import DataError
+from musegen.io import atomic_path
+
+from .common import Item, prepare as prepare_items
+from .pop909 import remi_tokenizer
+
+FRACTIONS = {"validation": 0.05}
+TPQ = 480
+VELOCITY = 80  # the scores carry no dynamics
+DEFAULT_BPM = 80  # for the few chorales without a metronome mark
+CHORALE_NAME = re.compile(r"bwv(\d+)\.\d+")
+
+
+def chorale_paths() -> list[Path]:
+    from music21 import corpus
+
+    return sorted((Path(p) for p in corpus.getComposer("bach") if CHORALE_NAME.fullmatch(Path(p).stem)),
+                  key=lambda p: p.stem)
+
+
+def to_midi(source: Path, dest: Path) -> None:
+    """Write one chorale as MIDI: a track per part, pickup padded to a full bar, ties merged."""
+    from music21 import corpus, meter, tempo
+
+    score = corpus.parse(str(source)).stripTies()
+    first_bar = score.parts[0].getElementsByClass("Measure")[0]
+    pad = float(first_bar.paddingLeft or 0.0)  # the silent part of a pickup bar, in quarters
+    ticks = lambda quarters: int(round((float(quarters) + pad) * TPQ))  # noqa: E731
+    midi = miditoolkit.MidiFile(ticks_per_beat=TPQ)
+    marks = list(score.flatten().getElementsByClass(tempo.MetronomeMark))
+    bpm = (marks[0].getQuarterBPM() if marks else None) or DEFAULT_BPM  # "playback only" marks count too
+    midi.tempo_changes.append(miditoolkit.TempoChange(float(bpm), 0))
+    previous = None  # one event per change; the first also covers the pickup's padding
+    for ts in score.parts[0].flatten().getElementsByClass(meter.TimeSignature):
+        if (ts.numerator, ts.denominator) != previous:
+            at = 0 if previous is None else ticks(ts.offset)
+            midi.time_signature_changes.append(miditoolkit.TimeSignature(ts.numerator, ts.denominator, at))
+            previous = (ts.numerator, ts.denominator)
+    for part in score.parts:
+        track = miditoolkit.Instrument(program=52, name=part.partName or "voice")  # GM 53: choir aahs
+        for element in part.flatten().notes:
+            start, end = ticks(element.offset), ticks(element.offset + element.quarterLength)
+            for p in element.pitches:
+                track.notes.append(miditoolkit.Note(VELOCITY, p.midi, start, end))
+        midi.instruments.append(track)
+    with atomic_path(dest) as tmp:
+        midi.dump(str(tmp))
+
+
+def _convert(job: tuple[Path, Path]) -> tuple[Path, str | None]:
+    source, dest = job
+    try:
+        if not dest.is_file():
+            to_midi(source, dest)
+        return dest, None
+    except Exception as exc:  # music21 raises many types on odd scores; the chorale is skipped and reported
+        return dest, f"{source.name}: could not convert ({type(exc).__name__}: {exc})".splitlines()[0]
+
+
+def prepare(out: Path, source: Path | None = None, download: bool = False, workers: int | None = None,
+            limit: int | None = None, tokenizer: str | None = None) -> dict[str, Any]:
+    tok = remi_tokenizer(tokenizer, "chorales")
+    if source is not None:
+        raise DataError("the chorales corpus comes from music21's bundled corpus; it takes no --source")
+    paths = chorale_paths()[:limit]
+    if not paths:
+        raise DataError("music21's corpus holds no Bach chorales (is music21 fully installed?)")
+    midi_dir = Path(out) / "midi"
+    jobs = [(p, midi_dir / f"{p.stem}.mid") for p in paths]
+    ctx = mp.get_context("fork") if hasattr(os, "fork") else mp.get_context()
+    with ctx.Pool(max(1, workers or os.cpu_count() or 1)) as pool:
+        results = list(tqdm(pool.imap(_convert, jobs), total=len(jobs), desc="music21 -> MIDI", unit="chorale"))
+    failed = [{"name": dest.stem, "reason": reason} for dest, reason in results if reason]
+    items = [Item(name=dest.stem, path=dest, group=CHORALE_NAME.fullmatch(dest.stem).group(1))
+             for dest, reason in results if not reason]
+    return prepare_items(tok, items, out, FRACTIONS, workers,
+                         extra_report={"corpus": "chorales", "not_converted": failed})

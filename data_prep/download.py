@@ -7,6 +7,7 @@ after the checksum matches, so an interrupted or corrupted transfer never looks 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import tarfile
 import urllib.error
@@ -21,6 +22,7 @@ from musegen.io import atomic_path
 
 CHUNK = 1 << 20
 TIMEOUT_S = 60
+ZENODO_API = "https://zenodo.org/api/records"
 
 
 def fetch(url: str, dest: str | os.PathLike, sha256: str | None = None, md5: str | None = None,
@@ -51,6 +53,25 @@ def fetch(url: str, dest: str | os.PathLike, sha256: str | None = None, md5: str
         reason = getattr(exc, "reason", None) or exc
         raise DataError(f"{url}: download failed ({reason})") from None
     return dest
+
+
+def zenodo_file(record: int | str, filename: str, api: str = ZENODO_API) -> tuple[str, str]:
+    """(download URL, md5) of one file of a Zenodo record, read from Zenodo's records API.
+
+    The checksum comes from the record itself, so a corrupted or substituted download is caught."""
+    try:
+        with urllib.request.urlopen(f"{api}/{record}", timeout=TIMEOUT_S) as response:
+            meta = json.load(response)
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise DataError(f"Zenodo record {record}: metadata unavailable ({getattr(exc, 'reason', None) or exc})") from None
+    for entry in meta.get("files", []) if isinstance(meta, dict) else []:
+        if entry.get("key", entry.get("filename")) == filename:
+            algorithm, _, digest = str(entry.get("checksum", "")).partition(":")
+            if algorithm != "md5" or not digest:
+                raise DataError(f"Zenodo record {record}: no md5 checksum for {filename}")
+            url = entry.get("links", {}).get("self") or f"https://zenodo.org/records/{record}/files/{filename}?download=1"
+            return url, digest
+    raise DataError(f"Zenodo record {record} has no file {filename!r}")
 
 
 def extract(archive: str | os.PathLike, dest: str | os.PathLike) -> Path:

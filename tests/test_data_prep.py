@@ -4,14 +4,23 @@ from __future__ import annotations
 
 import hashlib
 import io
+import shutil
+import subprocess
+import sys
 import tarfile
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from data_prep.download import extract, fetch
+from data_prep import chorales, pop1k7
+from data_prep.download import extract, fetch, zenodo_file
 from musegen.errors import DataError
+from musegen.shards import Shards
+from musegen.tokenizers.remi import RemiTokenizer
+
+from conftest import pop909_files
 
 
 # ---------------------------------------------------------------- download / extract
@@ -103,3 +112,148 @@ def test_extract_refuses_escaping_members(tmp_path):
     junk.write_bytes(b"not an archive")
     with pytest.raises(DataError, match="not a zip or tar"):
         extract(junk, tmp_path / "j")
+
+
+def test_zenodo_file_reads_url_and_md5_from_the_records_api(tmp_path):
+    import json
+
+    api = tmp_path / "api"
+    api.mkdir()
+    (api / "4782721").write_text(json.dumps({"files": [
+        {"key": "remi_dataset.tar.gz", "checksum": "md5:abc123",
+         "links": {"self": "https://zenodo.org/api/records/4782721/files/remi_dataset.tar.gz/content"}}]}))
+    url, md5 = zenodo_file(4782721, "remi_dataset.tar.gz", api=api.as_uri())
+    assert md5 == "abc123" and url.endswith("remi_dataset.tar.gz/content")
+    with pytest.raises(DataError, match="has no file"):
+        zenodo_file(4782721, "other.zip", api=api.as_uri())
+    with pytest.raises(DataError, match="metadata unavailable"):
+        zenodo_file(1, "x", api=api.as_uri())
+
+
+# ---------------------------------------------------------------- corpora
+
+def run_cli(*args, timeout=300):
+    proc = subprocess.run([sys.executable, "-m", "musegen", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def test_prepare_pop909_cli_writes_readable_shards(pop909_dir, tmp_path):
+    out = tmp_path / "pop909"
+    code, stdout, stderr = run_cli("data", "prepare", "pop909", "--limit", "40", "--out", out)
+    assert code == 0, stderr
+    shards = Shards(out)
+    names = shards.names("train") + shards.names("validation")
+    assert sorted(names) == [p.stem for p in pop909_files(40)]
+    assert 0 < len(shards.names("validation")) < 10  # about 5%, split by song
+    piece = shards.pieces("train")[0]
+    assert shards.tokenizer.kind == "remi" and shards.tokenizer.grammar().first_violation(piece) is None
+    expected = shards.tokenizer.encode(pop909_dir / names[0] / f"{names[0]}.mid").ids
+    assert np.array_equal(shards.pieces("train")[0], expected)
+    assert "files: 40  encoded: 40  skipped: 0" in stdout
+
+
+def test_prepare_midi_folder_skips_and_counts_bad_files(pop909_songs, tmp_path):
+    from test_remi import make_midi
+
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    for song in pop909_songs[:3]:
+        shutil.copy(song, folder / song.name)
+    (folder / "corrupt.mid").write_bytes(b"MThd\x00\x00\x00\x06garbage")
+    (folder / "empty.mid").write_bytes(b"")
+    make_midi(folder, [], name="noteless.mid")
+    make_midi(folder, [(0, 480, 60, 64)], time_signatures=((3, 4, 0),), name="waltz.mid")
+    make_midi(folder, [(0, 480, 36, 100)], drum=True, name="drums.mid")
+    out = tmp_path / "out"
+    code, stdout, stderr = run_cli("data", "prepare", "midi", "--source", folder, "--out", out, "--workers", "2")
+    assert code == 0, stderr
+    assert "files: 8  encoded: 3  skipped: 5" in stdout
+    report = Shards(out).index["report"]
+    reasons = {Path(e["name"]).stem: e["reason"] for e in report["skipped_files"]}
+    assert set(reasons) == {"corrupt", "empty", "noteless", "waltz", "drums"}
+    assert "corrupt MIDI" in reasons["corrupt"] and "time signature 3/4" in reasons["waltz"]
+    assert all("\n" not in r for r in reasons.values())
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--source", "{empty}"], "no MIDI files found"),
+    (["--source", "{missing}"], "no such folder"),
+    ([], "needs --source"),
+    (["--source", "{empty}", "--tokenizer", "abc"], "unknown tokenizer"),
+])
+def test_prepare_midi_bad_sources_fail_in_one_line(tmp_path, args, message):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "notes.txt").write_text("not MIDI")
+    args = [a.format(empty=tmp_path / "empty", missing=tmp_path / "missing") for a in args]
+    code, stdout, stderr = run_cli("data", "prepare", "midi", *args, "--out", tmp_path / "out")
+    lines = stderr.strip().splitlines()
+    assert code != 0 and len(lines) == 1 and message in lines[0], stderr
+    assert not (tmp_path / "out" / "index.json").exists()
+
+
+def test_prepare_chorales_from_music21(tmp_path):
+    from music21 import corpus
+
+    report = chorales.prepare(tmp_path / "ch", limit=4, workers=2)
+    shards = Shards(tmp_path / "ch")
+    assert report["files"] == 4 and report["encoded"] + report["skipped"] == 4 and report["encoded"] >= 3
+    tok = shards.tokenizer
+    name = shards.names("train")[0]
+    ids = shards.pieces("train")[0]
+    score = corpus.parse(str(next(p for p in chorales.chorale_paths() if p.stem == name))).stripTies()
+    n_notes = sum(len(n.pitches) for part in score.parts for n in part.flatten().notes)
+    assert sum(1 for i in ids if tok.pitch_of[i] >= 0) == n_notes
+    # the pickup is padded so the first full bar starts on a REMI Bar
+    pickup = float(score.parts[0].getElementsByClass("Measure")[0].paddingLeft or 0)
+    midi = tok.decode(ids)
+    assert min(n.start for n in midi.instruments[0].notes) == round(pickup * midi.ticks_per_beat)
+
+
+def _events_of(tok, ids):
+    """Pop1K7-style event dicts for ids (`Note_Pitch_60` -> name Note_Pitch, value 60)."""
+    events = []
+    for i in ids:
+        name = tok.vocab[i]
+        for family in ("Note_Pitch", "Note_Velocity", "Note_Duration", "Bar", "Beat", "Chord", "Tempo", "EOS"):
+            if name.startswith(family + "_"):
+                value = name[len(family) + 1:]
+                events.append({"name": family, "value": None if value == "None" else
+                               (int(value) if value.isdigit() else value)})
+                break
+    return events
+
+
+def test_prepare_pop1k7_converts_a_local_archive(pop909_songs, tmp_path):
+    import pickle
+
+    tok = RemiTokenizer()
+    pieces = tmp_path / "build" / "remi_dataset"
+    pieces.mkdir(parents=True)
+    originals = {}
+    for k, song in enumerate(pop909_songs[:4]):
+        ids = tok.encode(song).ids
+        originals[f"{k:04d}"] = ids
+        (pieces / f"{k:04d}.pkl").write_bytes(pickle.dumps((tok.bar_starts(ids), _events_of(tok, ids))))
+    (pieces / "9000.pkl").write_bytes(pickle.dumps(([0], [{"name": "Bar", "value": None},
+                                                          {"name": "Whistle", "value": 3}])))
+    (pieces / "9001.pkl").write_bytes(pickle.dumps(([0], _events_of(tok, originals["0000"][::-1]))))
+    marker = tmp_path / "pwned"
+    evil = b"cos\nsystem\n(S'touch " + str(marker).encode() + b"'\ntR."  # a pickle that runs a command
+    (pieces / "9002.pkl").write_bytes(evil)
+    archive = tmp_path / "remi_dataset.tar.gz"
+    with tarfile.open(archive, "w:gz") as tf:
+        tf.add(pieces, arcname="remi_dataset")
+
+    report = pop1k7.prepare(tmp_path / "out", source=archive)
+    assert not marker.exists()
+    assert report["encoded"] == 4 and report["skipped"] == 3
+    reasons = {e["name"]: e["reason"] for e in report["skipped_files"]}
+    assert "unknown event 'Whistle_3'" in reasons["9000"]
+    assert "may not follow" in reasons["9001"] and "refusing to load" in reasons["9002"]
+    shards = Shards(tmp_path / "out")
+    got = dict(zip(shards.names("train") + shards.names("validation"),
+                   shards.pieces("train") + shards.pieces("validation")))
+    assert set(got) == set(originals) and all(np.array_equal(got[k], originals[k]) for k in originals)
+    with pytest.raises(DataError, match="needs --source"):
+        pop1k7.prepare(tmp_path / "o2")

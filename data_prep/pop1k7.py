@@ -1,0 +1,109 @@
+"""Pop1K7 (1,747 transcribed pop piano songs, REMI events) from Zenodo record 4782721 -> shards.
+
+The record's `remi_dataset.tar.gz` holds one pickle per song: `(bar_positions, events)` with
+events `{"name": "Note_Pitch", "value": 60}`, whose `name_value` strings are exactly musegen's
+default REMI vocabulary. The pickles are read with an unpickler that builds only plain values
+(lists, dicts, numbers, strings): a tampered file cannot run code. Each piece must pass the
+REMI grammar; pieces that do not, or that use unknown events, are skipped and counted.
+`--source` may name the extracted folder or the archive. Split by song, 5% validation.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from musegen.errors import DataError, MusegenError, TokenError
+from musegen.shards import write_shards
+from musegen.tokenizers.remi import RemiTokenizer
+
+from .common import group_split
+from .download import extract, fetch, zenodo_file
+from .pop909 import remi_tokenizer
+
+RECORD, ARCHIVE = 4782721, "remi_dataset.tar.gz"
+FRACTIONS = {"validation": 0.05}
+# numpy scalars are the only non-builtin objects a plain event list may hold
+SAFE_GLOBALS = {("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"), ("numpy", "dtype")}
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        if (module, name) in SAFE_GLOBALS:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
+
+
+def load_piece(path: Path, tok: RemiTokenizer) -> np.ndarray:
+    """Token ids of one Pop1K7 pickle, checked against the vocabulary and the grammar."""
+    try:
+        data = _PlainUnpickler(io.BytesIO(path.read_bytes())).load()
+        _, events = data
+        names = [f"{e['name']}_{e['value']}" for e in events]
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, AttributeError,
+            IndexError, ImportError) as exc:
+        raise DataError(f"{path.name}: not a Pop1K7 event pickle ({exc})") from None
+    index = {name: i for i, name in enumerate(tok.vocab)}
+    unknown = next((n for n in names if n not in index or n == "PAD_None"), None)
+    if unknown is not None:
+        raise DataError(f"{path.name}: unknown event {unknown!r}")
+    ids = np.array([index[n] for n in names], dtype=np.int32)
+    where = tok.grammar().first_violation(ids)
+    if where is not None:
+        before = tok.vocab[ids[where - 1]] if where else "the start"
+        raise TokenError(f"{path.name}: event {where} ({names[where]}) may not follow {before}")
+    return ids
+
+
+def locate(source: Path | None, download: bool, out: Path) -> Path:
+    """The folder of pickles: `source` (folder or archive), or the Zenodo download."""
+    raw = Path(out) / "raw"
+    if source is not None:
+        source = Path(source)
+        if source.is_file():
+            extract(source, raw)
+        elif not source.is_dir():
+            raise DataError(f"{source}: Pop1K7 folder or archive not found")
+        else:
+            raw = source
+    elif download:
+        url, md5 = zenodo_file(RECORD, ARCHIVE)
+        extract(fetch(url, raw / ARCHIVE, md5=md5), raw)
+    else:
+        raise DataError("Pop1K7 needs --source (the extracted remi_dataset folder or its archive) or --download")
+    folders = sorted({p.parent for p in raw.rglob("*.pkl")})
+    if not folders:
+        raise DataError(f"{raw}: no Pop1K7 .pkl pieces found")
+    return folders[0]
+
+
+def prepare(out: Path, source: Path | None = None, download: bool = False, workers: int | None = None,
+            limit: int | None = None, tokenizer: str | None = None) -> dict[str, Any]:
+    tok = remi_tokenizer(tokenizer, "pop1k7")
+    if tok.settings() != RemiTokenizer().settings():
+        raise DataError("Pop1K7 is stored in the default REMI vocabulary only")
+    folder = locate(source, download, Path(out))
+    files = sorted(folder.glob("*.pkl"))[:limit]
+    splits: dict[str, list] = {"train": [], **{s: [] for s in FRACTIONS}}
+    skipped = []
+    for path in tqdm(files, desc="Pop1K7", unit="piece"):  # plain unpickling: fast, one process is enough
+        try:
+            ids = load_piece(path, tok)
+        except MusegenError as exc:
+            skipped.append({"name": path.stem, "reason": str(exc)})
+            continue
+        splits[group_split(path.stem, FRACTIONS)].append((path.stem, ids))
+    report = {
+        "files": len(files), "encoded": len(files) - len(skipped), "skipped": len(skipped),
+        "skipped_files": skipped,
+        "tokens": {s: int(sum(len(ids) for _, ids in pieces)) for s, pieces in splits.items()},
+        "pieces": {s: len(pieces) for s, pieces in splits.items()},
+        "corpus": "pop1k7", "source": str(folder),
+    }
+    write_shards(out, tok, splits, report)
+    return report

@@ -169,7 +169,10 @@ class MusicPerformer(nn.Module):
         if self.config.pe == "ape":
             x = x + sinusoids(t0, t1, self.config.d_model, ids.device).to(x.dtype)
         x = self.dropout(x)
-        codes = self.spe.codes(noise.spe, t0, t1) if self.spe is not None else None
+        codes = None
+        if self.spe is not None:
+            with torch.autocast(ids.device.type, enabled=False):  # codes stay fp32, like the attention core
+                codes = self.spe.codes(noise.spe, t0, t1)
         new_states = []
         for layer, gate_noise, state in zip(self.layers, noise.gates, states):
             x, state = layer(x, codes, gate_noise, state)

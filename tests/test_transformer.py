@@ -1,0 +1,172 @@
+"""The decoder: recurrent generation equals the parallel pass, presets, devices, autocast."""
+
+import pytest
+import torch
+from torch import nn
+
+from musegen.errors import ConfigError
+from musegen.model import MusicPerformer, preset
+from musegen.model.attention import fast_transformers_available
+
+TRAIN_LEN = 16  # "training length" of the tiny models; streaming runs 3x past it
+
+
+def tiny(**overrides):
+    torch.manual_seed(0)
+    model = MusicPerformer(preset("tiny", dropout=0.0, **overrides)).eval()
+    # The default init gives near-constant logits; a wider head makes the comparison meaningful.
+    nn.init.normal_(model.head.weight, std=0.5)
+    return model
+
+
+def ids(batch=2, length=3 * TRAIN_LEN, seed=1):
+    return torch.randint(0, 333, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+VARIANTS = [dict(pe="ape"), dict(pe="none"), dict(pe="sine", gated=True), dict(pe="sine", gated=False),
+            dict(pe="conv", gated=True), dict(pe="conv", gated=False),
+            dict(pe="sine", attention="elu"), dict(pe="conv", attention="relu", norm="pre", activation="gelu")]
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(str(x) for x in v.values()))
+def test_recurrent_steps_equal_parallel_pass(variant):
+    model, tokens = tiny(**variant), ids()
+    with model.streaming(2, seed=7):
+        parallel = model.step(tokens)
+    with model.streaming(2, seed=7):
+        recurrent = torch.stack([model.step(tokens[:, t]) for t in range(tokens.shape[1])], dim=1)
+    with model.streaming(2, seed=7):  # prompt in one parallel block, then token by token
+        mixed = torch.cat([model.step(tokens[:, :21])] + [model.step(tokens[:, t])[:, None]
+                                                            for t in range(21, tokens.shape[1])], dim=1)
+    assert parallel.std(dim=1).mean() > 0.1  # logits really vary along the sequence
+    assert (recurrent - parallel).abs().max() <= 1e-4
+    assert (mixed - parallel).abs().max() <= 1e-4
+
+
+@pytest.mark.parametrize("pe", ["sine", "conv"])
+def test_session_noise_is_what_step_uses(pe):
+    model, tokens = tiny(pe=pe), ids()
+    with model.streaming(2, seed=7):
+        a = model.step(tokens)
+    with model.streaming(2, seed=8):
+        b = model.step(tokens)
+    assert (a - b).abs().max() > 1e-3
+
+
+def test_softmax_baseline_streams_with_a_cache():
+    model, tokens = tiny(attention="softmax", pe="sine"), ids()
+    with model.streaming(2, seed=3):
+        parallel = model.step(tokens)
+    with model.streaming(2, seed=3):
+        recurrent = torch.stack([model.step(tokens[:, t]) for t in range(tokens.shape[1])], dim=1)
+    assert (recurrent - parallel).abs().max() <= 1e-4
+
+
+@pytest.mark.parametrize("pe", ["ape", "sine", "conv"])
+def test_forward_is_causal(pe):
+    model, tokens = tiny(pe=pe), ids(length=30)
+    changed = tokens.clone()
+    changed[:, 20] = (changed[:, 20] + 1) % 333
+    # Same noise for both passes so only the token differs.
+    with model.streaming(2, seed=1):
+        a = model.step(tokens)
+    with model.streaming(2, seed=1):
+        b = model.step(changed)
+    assert torch.allclose(a[:, :20], b[:, :20], atol=1e-5)
+    assert not torch.allclose(a[:, 20:], b[:, 20:], atol=1e-3)
+
+
+def test_recurrent_state_does_not_grow():
+    model = tiny(pe="conv")
+    with model.streaming(1, seed=0):
+        model.step(ids(1, 10))
+        sizes = [sum(t.numel() for t in state) for state in model._session.states]
+        for t in range(40):
+            model.step(torch.tensor([t]))
+        assert [sum(t.numel() for t in state) for state in model._session.states] == sizes
+        assert model.position == 50
+
+
+def test_step_needs_a_session_and_the_right_batch():
+    model = tiny()
+    with pytest.raises(RuntimeError):
+        model.step(torch.tensor([1, 2]))
+    with model.streaming(2):
+        with pytest.raises(ValueError):
+            model.step(torch.tensor([1, 2, 3]))
+
+
+def test_training_forward_draws_fresh_noise_and_backpropagates():
+    model = tiny(pe="sine")
+    model.train()
+    tokens = ids()
+    logits = model(tokens)
+    assert logits.shape == (2, 3 * TRAIN_LEN, 333)
+    loss = nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 333), tokens[:, 1:].reshape(-1))
+    loss.backward()
+    spe_grads = [p.grad for p in model.spe.parameters()]
+    assert all(g is not None and g.abs().sum() > 0 for g in spe_grads)
+    assert model.layers[0].attention.spe_filter.gate.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("policy,steps,expected", [("fixed", range(1, 10), 0), ("every:3", range(1, 10), 3),
+                                                   ("prob:1.0", range(1, 4), 3), ("prob:0.0", range(1, 9), 0)])
+def test_redraw_policy(policy, steps, expected):
+    model = tiny(redraw=policy)
+    features = model.layers[0].attention.features
+    redraws, last = 0, features.projection.clone()
+    for step in steps:
+        model.on_train_step(step)
+        if not torch.equal(last, features.projection):
+            redraws, last = redraws + 1, features.projection.clone()
+    assert redraws == expected
+
+
+@pytest.mark.parametrize("bad", ["sometimes", "prob:2", "every:0", "every:x", "fixed:3"])
+def test_bad_redraw_policy_is_a_config_error(bad):
+    with pytest.raises(ConfigError):
+        preset("tiny", redraw=bad)
+
+
+def test_bf16_autocast_forward_and_backward():
+    model, tokens = tiny(pe="conv"), ids()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(tokens)
+    assert logits.dtype == torch.bfloat16 and torch.isfinite(logits.float()).all()
+    logits.float().sum().backward()
+    with torch.autocast("cpu", dtype=torch.bfloat16), model.streaming(2, seed=0):
+        assert torch.isfinite(model.step(tokens[:, 0]).float()).all()
+
+
+@pytest.mark.skipif(not fast_transformers_available(), reason="fast-transformers not installed")
+def test_fast_transformers_kernel_gives_the_same_model_output():
+    tokens = ids()
+    outputs = []
+    for kernel in ("torch", "fast-transformers"):
+        model = tiny(pe="sine", kernel=kernel)
+        with model.streaming(2, seed=4):
+            outputs.append(model.step(tokens))
+    assert (outputs[0] - outputs[1]).abs().max() <= 1e-4
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("pe", ["sine", "conv"])
+def test_cuda_recurrent_equals_parallel(pe):
+    model, tokens = tiny(pe=pe).to("cuda"), ids().to("cuda")
+    with model.streaming(2, seed=7):
+        parallel = model.step(tokens)
+    with model.streaming(2, seed=7):
+        recurrent = torch.stack([model.step(tokens[:, t]) for t in range(tokens.shape[1])], dim=1)
+    assert (recurrent - parallel).abs().max() <= 1e-4
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        model(tokens).float().sum().backward()
+
+
+def test_paper_pop_preset_size_and_training_pass():
+    torch.manual_seed(0)
+    model = MusicPerformer(preset("paper-pop"))
+    assert abs(model.num_parameters() - 80e6) <= 0.05 * 80e6
+    tokens = ids(1, 24)
+    logits = model(tokens)
+    nn.functional.cross_entropy(logits[0, :-1], tokens[0, 1:]).backward()
+    assert model.head.weight.grad.abs().sum() > 0

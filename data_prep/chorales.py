@@ -89,8 +89,7 @@ def prepare(out: Path, source: Path | None = None, download: bool = False, worke
     ctx = mp.get_context("fork") if hasattr(os, "fork") else mp.get_context()
     with ctx.Pool(max(1, workers or os.cpu_count() or 1)) as pool:
         results = list(tqdm(pool.imap(_convert, jobs), total=len(jobs), desc="music21 -> MIDI", unit="chorale"))
-    failed = [{"name": dest.stem, "reason": reason} for dest, reason in results if reason]
     items = [Item(name=dest.stem, path=dest, group=CHORALE_NAME.fullmatch(dest.stem).group(1))
              for dest, reason in results if not reason]
-    return prepare_items(tok, items, out, FRACTIONS, workers,
-                         extra_report={"corpus": "chorales", "not_converted": failed})
+    return prepare_items(tok, items, out, FRACTIONS, workers, extra_report={"corpus": "chorales"},
+                         skipped_before=[(dest.stem, reason) for dest, reason in results if reason])

@@ -103,17 +103,21 @@ def merge_reports(reports: Iterable[dict]) -> dict[str, int]:
 def prepare(tokenizer: Tokenizer, items: list[Item], out: str | os.PathLike,
             fractions: dict[str, float], workers: int | None = None,
             extra_report: dict[str, Any] | None = None,
-            split_of: Callable[[str], str] | None = None) -> dict[str, Any]:
+            split_of: Callable[[str], str] | None = None,
+            skipped_before: Iterable[tuple[str, str]] = ()) -> dict[str, Any]:
     """Encode, split by group, write shards; return the summary that is also stored in the index.
 
-    `split_of(group)` overrides the hashed split (for corpora that assign groups explicitly)."""
+    `split_of(group)` overrides the hashed split (for corpora that assign groups explicitly).
+    `skipped_before`: (name, reason) of inputs a corpus rejected before encoding; counted as skipped."""
     split_of = split_of or (lambda group: group_split(group, fractions))
+    skipped_before = list(skipped_before)
     encoded, skipped = encode_items(tokenizer, items, workers)
+    skipped = skipped_before + skipped
     splits: dict[str, list] = {"train": [], **{s: [] for s in fractions}}
     for item, ids, _ in encoded:
         splits[split_of(item.group)].append((item.name, ids))
     report = {
-        "files": len(items),
+        "files": len(items) + len(skipped_before),
         "encoded": len(encoded),
         "skipped": len(skipped),
         "skipped_files": [{"name": n, "reason": r} for n, r in skipped],

@@ -2,6 +2,11 @@
 
 Each song folder `NNN/` holds `NNN.mid` with MELODY, BRIDGE and PIANO tracks; REMI merges them
 into one stream. Songs are split by song id, 5% validation (hashed, so stable across runs).
+
+The MIDI time signatures of POP909 say little (most songs carry 1/4 at tick 0), but its beat
+annotations (`beat_midi.txt`, columns: time, downbeat, hyper-downbeat) do: 831 songs mark a
+downbeat every 2 beats and 28 every 3. The triple-meter songs cannot be written in 4/4 bars,
+so they are skipped (and counted), as Pop1K7 holds only 4/4.
 The source is, in order: `--source`, the project's shared copy (`<repo>/../shared/datasets/pop909`),
 or, with `--download`, the GitHub archive of music-x-lab/POP909-Dataset.
 """
@@ -10,6 +15,8 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from musegen.errors import DataError
 from musegen.tokenizers.base import Tokenizer, tokenizer_from_dict
@@ -33,6 +40,15 @@ def remi_tokenizer(option: str | None, corpus: str) -> Tokenizer:
 def song_files(folder: Path) -> list[Path]:
     """`NNN/NNN.mid` for every song folder (alternative versions in `NNN/versions/` are left out)."""
     return sorted(p for p in folder.glob("*/*.mid") if p.stem == p.parent.name)
+
+
+def in_triple_meter(song: Path) -> bool:
+    """True when the song's beat annotations put a downbeat every 3 beats (False without annotations)."""
+    try:
+        beats = np.loadtxt(song.parent / "beat_midi.txt", ndmin=2)
+        return round(len(beats) / max(beats[:, 1].sum(), 1)) == 3
+    except (OSError, ValueError, IndexError):
+        return False
 
 
 def locate(source: Path | None, download: bool, out: Path) -> Path:
@@ -60,6 +76,9 @@ def prepare(out: Path, source: Path | None = None, download: bool = False, worke
     files = song_files(folder)
     if not files:
         raise DataError(f"{folder}: no POP909 songs (NNN/NNN.mid) found")
-    items = [Item(name=p.stem, path=p, group=p.stem) for p in files[:limit]]
+    triple = [p for p in files[:limit] if in_triple_meter(p)]
+    items = [Item(name=p.stem, path=p, group=p.stem) for p in files[:limit] if p not in triple]
     return prepare_items(tok, items, out, FRACTIONS, workers,
-                         extra_report={"corpus": "pop909", "source": str(folder)})
+                         extra_report={"corpus": "pop909", "source": str(folder)},
+                         skipped_before=[(p.stem, f"{p}: triple meter in POP909's beat annotations; REMI bars are 4/4")
+                                         for p in triple])

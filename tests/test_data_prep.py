@@ -144,13 +144,23 @@ def test_prepare_pop909_cli_writes_readable_shards(pop909_dir, tmp_path):
     assert code == 0, stderr
     shards = Shards(out)
     names = shards.names("train") + shards.names("validation")
-    assert sorted(names) == [p.stem for p in pop909_files(40)]
+    triple = [p.stem for p in pop909_files(40) if _downbeat_every(p.parent / "beat_midi.txt") == 3]
+    assert triple  # song 034 is in 3/4 (its MIDI says 1/4)
+    assert sorted(names + triple) == [p.stem for p in pop909_files(40)]
+    reasons = [e["reason"] for e in shards.index["report"]["skipped_files"]]
+    assert len(reasons) == len(triple) and all("triple meter" in r for r in reasons)
     assert 0 < len(shards.names("validation")) < 10  # about 5%, split by song
     piece = shards.pieces("train")[0]
     assert shards.tokenizer.kind == "remi" and shards.tokenizer.grammar().first_violation(piece) is None
     expected = shards.tokenizer.encode(pop909_dir / names[0] / f"{names[0]}.mid").ids
     assert np.array_equal(shards.pieces("train")[0], expected)
-    assert "files: 40  encoded: 40  skipped: 0" in stdout
+    assert f"files: 40  encoded: {40 - len(triple)}  skipped: {len(triple)}" in stdout
+
+
+def _downbeat_every(beat_file: Path) -> int:
+    """Beats per downbeat in a POP909 beat annotation (second column flags downbeats)."""
+    rows = [line.split() for line in beat_file.read_text().splitlines() if line.strip()]
+    return round(len(rows) / sum(float(r[1]) for r in rows))
 
 
 def test_prepare_midi_folder_skips_and_counts_bad_files(pop909_songs, tmp_path):

@@ -31,12 +31,36 @@ def _empty_state(q: torch.Tensor, v: torch.Tensor) -> State:
     return q.new_zeros(B, H, M, v.shape[-1]), q.new_zeros(B, H, M)
 
 
+class _ExclusivePrefixSum(torch.autograd.Function):
+    """out[:, :, c] = first + sum_{j < c} steps[:, :, j], as an in-place loop over the chunk axis:
+    several times faster on CPU than `cumsum` along a middle dimension, forward and backward."""
+
+    @staticmethod
+    def forward(ctx, first: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(steps)
+        out[:, :, 0] = first
+        for c in range(1, steps.shape[2]):
+            torch.add(out[:, :, c - 1], steps[:, :, c - 1], out=out[:, :, c])
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        # Suffix sums: grad_first = sum_c grad[c]; grad_steps[j] = sum_{c > j} grad[c].
+        suffix = grad.clone()
+        for c in range(grad.shape[2] - 2, -1, -1):
+            suffix[:, :, c] += suffix[:, :, c + 1]
+        grad_steps = torch.zeros_like(grad)
+        grad_steps[:, :, :-1] = suffix[:, :, 1:]
+        return suffix[:, :, 0], grad_steps
+
+
 def chunked_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Optional[State] = None,
                    chunk_size: int = CHUNK) -> tuple[torch.Tensor, torch.Tensor, State]:
     """Pure-PyTorch causal linear attention: (numerator [B,H,T,Dv], denominator [B,H,T], state).
 
     Positions are cut into chunks of C. Inside a chunk, a masked C x C product (dense matmuls);
-    across chunks, an exclusive prefix sum of the per-chunk states phi(k)^T v. Work is
+    across chunks, an exclusive prefix sum of the per-chunk states phi(k)^T v. Values carry an
+    extra column of ones so the same products yield the denominator. Work is
     O(T C (M + Dv) + T M Dv) in large matmuls and memory O(T (C + M Dv / C)), linear in T.
     """
     B, H, T, M = q.shape
@@ -47,24 +71,15 @@ def chunked_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Opt
     if pad:  # zero keys add nothing; the padded queries' outputs are cut off below
         q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
     n = (T + pad) // C
-    qc, kc, vc = q.view(B, H, n, C, M), k.view(B, H, n, C, M), v.view(B, H, n, C, Dv)
+    v1 = torch.cat([v, v.new_ones(B, H, T + pad, 1)], dim=-1)
+    qc, kc, vc = q.view(B, H, n, C, M), k.view(B, H, n, C, M), v1.view(B, H, n, C, Dv + 1)
 
-    scores = (qc @ kc.transpose(-1, -2)).tril()  # [B, H, n, C, C]
-    num = scores @ vc
-    den = scores.sum(-1)
-
-    kv = kc.transpose(-1, -2) @ vc  # per-chunk states [B, H, n, M, Dv]
-    ksum = kc.sum(-2)  # [B, H, n, M]
-    # States before each chunk: the given state plus all earlier chunks (exclusive prefix sum).
-    S_before = torch.cat([S0[:, :, None], kv[:, :, :-1]], dim=2).cumsum(2)
-    z_before = torch.cat([z0[:, :, None], ksum[:, :, :-1]], dim=2).cumsum(2)
-    num = num + qc @ S_before
-    den = den + (qc @ z_before[..., None])[..., 0]
-
-    new_state = (S_before[:, :, -1] + kv[:, :, -1], z_before[:, :, -1] + ksum[:, :, -1])
-    num = num.reshape(B, H, n * C, Dv)[:, :, :T]
-    den = den.reshape(B, H, n * C)[:, :, :T]
-    return num, den, new_state
+    out = (qc @ kc.transpose(-1, -2)).tril() @ vc  # within each chunk
+    kv = kc.transpose(-1, -2) @ vc  # each chunk's contribution to the state: [B, H, n, M, Dv + 1]
+    before = _ExclusivePrefixSum.apply(torch.cat([S0, z0[..., None]], dim=-1), kv)
+    out = (out + qc @ before).reshape(B, H, n * C, Dv + 1)[:, :, :T]
+    after = before[:, :, -1] + kv[:, :, -1]
+    return out[..., :Dv], out[..., Dv], (after[..., :Dv], after[..., Dv])
 
 
 def fast_transformers_available() -> bool:

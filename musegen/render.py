@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import wave
 from pathlib import Path
 
 import numpy as np
@@ -61,7 +62,22 @@ def render_wav(midi_path: str | os.PathLike, wav_path: str | os.PathLike,
         if done.returncode != 0 or tmp.stat().st_size <= 44:
             detail = (done.stderr or done.stdout).strip().splitlines()
             raise MusegenError(f"fluidsynth failed on {midi_path}: {detail[-1] if detail else 'no audio written'}")
+        _trim_silent_tail(tmp, load_score(midi_path).to("second").end())
     return wav_path
+
+
+def _trim_silent_tail(path: Path, music_end: float, threshold: int = 32, margin: float = 0.1) -> None:
+    """Cut the seconds of near-silence FluidSynth appends after the last release dies out, so the
+    WAV lasts as long as the music (plus what is still audibly ringing); never before `music_end`."""
+    with wave.open(str(path)) as w:
+        params = w.getparams()
+        frames = np.frombuffer(w.readframes(params.nframes), dtype=np.int16).reshape(-1, params.nchannels)
+    loud = np.flatnonzero(np.abs(frames).max(axis=1) > threshold)
+    keep_until = max(music_end, (loud[-1] + 1) / params.framerate if len(loud) else 0.0) + margin
+    keep = min(len(frames), int(round(keep_until * params.framerate)))
+    with wave.open(str(path), "wb") as w:
+        w.setparams(params)
+        w.writeframes(frames[:keep].tobytes())
 
 
 def prompt_end_seconds(score) -> float | None:

@@ -53,16 +53,6 @@ class BeatChords:
     def __len__(self) -> int:
         return len(self.root)
 
-    def label(self, beat: int) -> tuple[int, int] | None:
-        """(root, quality) of a complete chord (chorder's `is_complete`), else None."""
-        if self.root[beat] < 0 or self.bass[beat] < 0:
-            return None
-        return int(self.root[beat]), int(self.quality[beat])
-
-
-def chord_name(root: int, quality: int) -> str:
-    return f"{ROOT_NAMES[root]}{QUALITIES[quality]}"
-
 
 def detect_chords(start, end, pitch, ticks_per_beat: int, max_tick: int | None = None) -> BeatChords:
     """Chorder's `Dechorder.dechord` labels for notes given as tick arrays (drums excluded).

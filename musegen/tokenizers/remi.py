@@ -148,10 +148,9 @@ class RemiTokenizer(Tokenizer):
         tempos = score.tempos.numpy()
         valid = tempos["mspq"] > 0
         times, mspq = tempos["time"][valid].astype(np.int64), tempos["mspq"][valid].astype(np.float64)
-        pos = (2 * times * self.beat_resolution + score.tpq) // (2 * score.tpq)
-        bins = _nearest(np.array(self.tempos, dtype=np.float64), 60e6 / mspq)
-        pos = np.concatenate([[0], pos])
-        bins = np.concatenate([_nearest(np.array(self.tempos, dtype=np.float64), np.array([DEFAULT_TEMPO_BPM])), bins])
+        # MIDI's default tempo holds until the first tempo event
+        pos = np.r_[0, (2 * times * self.beat_resolution + score.tpq) // (2 * score.tpq)]
+        bins = _nearest(np.array(self.tempos, dtype=np.float64), np.r_[DEFAULT_TEMPO_BPM, 60e6 / mspq])
         last_at_pos = np.r_[pos[1:] != pos[:-1], True]  # several events in one grid cell: the last wins
         pos, bins = pos[last_at_pos], bins[last_at_pos]
         change = np.r_[True, bins[1:] != bins[:-1]]

@@ -134,3 +134,17 @@ def test_normalisation_uses_eps_guard():
     q = k = torch.zeros(1, 1, 3, 4)
     out, _ = causal_linear_attention(q, k, torch.ones(1, 1, 3, 2))
     assert torch.isfinite(out).all() and out.abs().max() == 0 and EPS > 0
+
+
+def test_chunked_kernel_gradients_including_state_pass_gradcheck():
+    g = torch.Generator().manual_seed(4)
+    args = [torch.rand(1, 2, 11, 3, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(2)]
+    args.append(torch.randn(1, 2, 11, 2, generator=g, dtype=torch.float64, requires_grad=True))
+    S0 = torch.randn(1, 2, 3, 2, generator=g, dtype=torch.float64, requires_grad=True)
+    z0 = torch.rand(1, 2, 3, generator=g, dtype=torch.float64, requires_grad=True)
+
+    def flat(q, k, v, S, z):
+        num, den, (S1, z1) = chunked_kernel(q, k, v, (S, z), chunk_size=4)
+        return num, den, S1, z1
+
+    assert torch.autograd.gradcheck(flat, (*args, S0, z0))

@@ -1,0 +1,72 @@
+"""Causal attention forward+backward: musegen's chunked kernel vs fast-transformers vs SDPA.
+
+B = 1, 8 heads, 128 random features (FAVOR+ widths), head width 64, fp32.
+    python -m bench.attention            # N = 512, 2048, 8192 (run from the repository root)
+    python -m bench.attention --quick    # N = 512, 2048, fewer repeats
+Ratios are measured in the same run, so machine load affects all columns alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from torch.nn import functional as F
+
+from bench.common import describe, median_seconds, peak_memory_mib
+from musegen.model.attention import causal_linear_attention, fast_transformers_available
+
+HEADS, FEATURES, WIDTH = 8, 128, 64
+
+
+def make_case(method: str, n: int, device: torch.device):
+    """A closure running one forward+backward of `method` at length n."""
+    g = torch.Generator(device=device).manual_seed(0)
+    feature_width = WIDTH if method == "sdpa" else FEATURES
+    # Positive inputs stand in for phi(q), phi(k); SDPA gets raw q, k of the head width.
+    q = torch.rand(1, HEADS, n, feature_width, generator=g, device=device).requires_grad_()
+    k = torch.rand(1, HEADS, n, feature_width, generator=g, device=device).requires_grad_()
+    v = torch.randn(1, HEADS, n, WIDTH, generator=g, device=device).requires_grad_()
+
+    def run():
+        if method == "sdpa":
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            out, _ = causal_linear_attention(q, k, v, kernel=method)
+        out.sum().backward()
+        q.grad = k.grad = v.grad = None
+
+    return run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="N = 512, 2048 only, fewer repeats")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (default 1: steadier on a shared machine)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    lengths = (512, 2048) if args.quick else (512, 2048, 8192)
+    repeats = 3 if args.quick else 5
+    methods = ["torch"] + (["fast-transformers"] if fast_transformers_available() else []) + ["sdpa"]
+    print(f"# causal attention fwd+bwd, B=1 H={HEADS} M={FEATURES} D={WIDTH}, {describe(device)}")
+    print(f"{'N':>6} {'method':>18} {'time ms':>10} {'peak MiB':>10} {'time vs torch':>14}")
+    for n in lengths:
+        results = {}
+        for method in methods:
+            run = make_case(method, n, device)
+            reps = 1 if (method == "sdpa" and n > 2048 and device.type == "cpu") else repeats
+            seconds = median_seconds(run, device, reps)
+            results[method] = (seconds, peak_memory_mib(run, device))
+        for method, (seconds, mib) in results.items():
+            ratio = seconds / results["torch"][0]
+            print(f"{n:>6} {method:>18} {seconds * 1e3:>10.1f} {mib:>10.1f} {ratio:>13.2f}x")
+        if "fast-transformers" in results:
+            print(f"{'':>6} musegen is {results['fast-transformers'][0] / results['torch'][0]:.2f}x faster "
+                  f"than fast-transformers at N={n}")
+
+
+if __name__ == "__main__":
+    main()

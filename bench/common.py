@@ -1,0 +1,63 @@
+"""Timing and peak-memory helpers shared by the benchmarks (Linux).
+
+Peak memory on CPU: PyTorch keeps no CPU allocator statistics, so we measure the process's
+resident set. Before a phase we return freed heap to the OS (malloc_trim) and reset the
+kernel's high-water mark (/proc/self/clear_refs, "5"); the phase's peak is then
+VmHWM - VmRSS(before). Large tensors are mmap-allocated and released on free, so this tracks
+live tensor memory closely. On CUDA we use torch.cuda's own peak counters.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+
+def _status_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def peak_memory_mib(fn, device: torch.device) -> float:
+    """Extra memory (MiB) at the peak of one call of `fn`, above what was live before it."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        fn()
+        torch.cuda.synchronize()
+        return (torch.cuda.max_memory_allocated() - before) / 2**20
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    Path("/proc/self/clear_refs").write_text("5")
+    before = _status_kib("VmRSS")
+    fn()
+    return (_status_kib("VmHWM") - before) / 1024
+
+
+def median_seconds(fn, device: torch.device, repeats: int, warmup: int = 1) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def describe(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"CPU, torch {torch.__version__}, {torch.get_num_threads()} thread(s)"

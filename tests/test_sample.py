@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import io
 import json
-import math
+import shutil
+import wave
 from collections import Counter
 
 import miditoolkit
 import numpy as np
 import pytest
+import symusic
 import torch
 
 from musegen.checkpoint import save_checkpoint
@@ -180,11 +182,12 @@ def test_sampling_frequencies_follow_the_nucleus():
 
 # ---------------------------------------------------------------- the command line
 
-def test_cli_sample_with_prompt_writes_midi_json_and_pianoroll(checkpoints, pop909_songs, tmp_path, capsys):
+@pytest.mark.skipif(shutil.which("fluidsynth") is None, reason="fluidsynth not installed")
+def test_cli_sample_with_prompt_writes_midi_wav_json_and_pianoroll(checkpoints, pop909_songs, tmp_path, capsys):
     out = tmp_path / "out"
     code, stdout, err = run_cli(["sample", "--checkpoint", checkpoints["remi"], "--prompt", pop909_songs[0],
                                  "--prompt-bars", 2, "--length", 64, "-n", 2, "--seed", 5, "--out", out,
-                                 "--pianoroll"], capsys)
+                                 "--pianoroll", "--audio"], capsys)
     assert code == 0, err
     assert "tokens/s" in stdout and "invalid samples: 0" in stdout
     summary = json.loads((out / f"{pop909_songs[0].stem}.json").read_text())
@@ -202,6 +205,11 @@ def test_cli_sample_with_prompt_writes_midi_json_and_pianoroll(checkpoints, pop9
         head = Counter({k: v for k, v in notes.items() if k[0] < markers[0].time})
         assert head & prompt_notes == head  # and everything before the marker is prompt
         assert (out / record["pianoroll"]).read_bytes()[:4] == b"\x89PNG"
+        music_end = symusic.Score(str(out / record["midi"])).to("second").end()
+        with wave.open(str(out / record["wav"])) as w:
+            seconds = w.getnframes() / w.getframerate()
+            loud = np.abs(np.frombuffer(w.readframes(w.getnframes()), dtype=np.int16)).max()
+        assert music_end <= seconds <= music_end + 1.5 and loud > 1000
 
 
 def test_cli_no_grammar_reports_invalid_count(checkpoints, tmp_path, capsys):

@@ -6,9 +6,9 @@ from __future__ import annotations
 import shutil
 from collections import Counter, defaultdict
 
-import miditoolkit
 import numpy as np
 import pytest
+import symusic
 
 from data_prep import mma_groove as mg
 from musegen.errors import DataError
@@ -96,16 +96,17 @@ def test_trial_corpus_has_every_split_and_references(corpus):
 
 
 def expected_trio(path, meta) -> set[tuple[int, int, int, int]]:
-    """The quantised notes of the chosen tracks, computed here with another MIDI parser."""
-    midi = miditoolkit.MidiFile(str(path))
-    tpq = midi.ticks_per_beat
+    """The quantised notes of the tracks the tokenizer chose, computed here in plain Python."""
+    score = symusic.Score(str(path))
+    tpq = score.tpq
     grid = lambda tick: (24 * tick + tpq) // (2 * tpq)  # nearest 1/12 beat, halves up
+    roles = {meta["bass_index"]: 1, meta["other_index"]: 3}  # by index: track names repeat
     by_slot = defaultdict(list)
-    for inst in midi.instruments:
-        track = 2 if inst.is_drum else {meta["bass_track"]: 1, meta["other_track"]: 3}.get(inst.name)
-        for n in inst.notes if track else []:
-            on = grid(n.start)
-            by_slot[(track, n.pitch)].append((on, max(grid(n.end), on + 1)))
+    for i, part in enumerate(score.tracks):
+        track = 2 if part.is_drum else roles.get(i)
+        for n in part.notes if track else []:
+            on = grid(n.time)
+            by_slot[(track, n.pitch)].append((on, max(grid(n.time + n.duration), on + 1)))
     notes = set()
     for (track, pitch), spans in by_slot.items():
         spans.sort(key=lambda s: (s[0], -s[1]))

@@ -105,8 +105,9 @@ class GrooveTokenizer(Tokenizer):
             if BEATS_PER_BAR * ts.denominator % (4 * ts.numerator):
                 raise MidiError(f"{name}: time signature {ts.numerator}/{ts.denominator} at tick "
                                 f"{ts.time}; the groove tokenizer needs 4/4 (or 2/4, 2/2)")
-        drums = [t for t in score.tracks if t.is_drum and len(t.notes)]
-        melodic = [t for t in score.tracks if not t.is_drum and len(t.notes)]
+        tracks = list(score.tracks)  # one wrapper per track, so `is` and index() hold
+        drums = [t for t in tracks if t.is_drum and len(t.notes)]
+        melodic = [t for t in tracks if not t.is_drum and len(t.notes)]
         if not drums:
             raise MidiError(f"{name}: no drum track (channel 10); the groove tokenizer needs drums")
         if not melodic:
@@ -126,9 +127,11 @@ class GrooveTokenizer(Tokenizer):
             rows.append(np.stack([np.full_like(on, track), arr["pitch"].astype(np.int64), on, off], 1))
         notes, merged = _resolve_overlaps(np.concatenate(rows))
         tempos = score.tempos
+        index = lambda track: next(i for i, t in enumerate(tracks) if t is track)  # names may repeat
         meta = {
-            "bass_track": bass.name, "bass_program": int(bass.program),
+            "bass_track": bass.name, "bass_index": index(bass), "bass_program": int(bass.program),
             "other_track": other.name if other else None,
+            "other_index": index(other) if other else None,
             "other_program": int(other.program) if other else None,
             "tempo": round(float(tempos[0].qpm), 2) if len(tempos) else 120.0,
         }

@@ -35,6 +35,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .checkpoint import load_checkpoint, read_checkpoint_config, save_checkpoint
+from .device import resolve_device
 from .data import CROP_CHOICES, SAMPLING_CHOICES, Augmenter, CropDataset, StepBatches, derive_seed, resolve_split
 from .errors import CheckpointError, ConfigError, DataError, TrainingError
 from .io import read_json, write_json, write_text
@@ -293,12 +294,8 @@ def _setup_processes(device_setting: str) -> tuple[Processes, torch.device]:
     """torchrun sets WORLD_SIZE/RANK/LOCAL_RANK; NCCL on GPUs, gloo on CPU."""
     procs = Processes(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)),
                       int(os.environ.get("LOCAL_RANK", 0)))
-    if device_setting == "auto":
-        device_setting = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(device_setting)
+    device = resolve_device(device_setting)
     if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError(f"device {device_setting!r} asked for, but CUDA is not available")
         if procs.world > 1:
             device = torch.device("cuda", procs.local_rank)
         torch.cuda.set_device(device)

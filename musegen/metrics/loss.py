@@ -15,6 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..device import resolve_device
 from ..errors import CheckpointError, DataError
 from ..io import atomic_path, write_text
 
@@ -113,7 +114,7 @@ def evaluate_loss(checkpoint_dir: str | os.PathLike, data_dir: str | os.PathLike
 
     if max_len < 1:
         raise DataError(f"max_len must be positive, got {max_len}")
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = resolve_device(device)
     model, tokenizer, _, meta = load_checkpoint(checkpoint_dir, device=device)
     shards = Shards(data_dir)
     if shards.tokenizer.to_dict() != tokenizer.to_dict():

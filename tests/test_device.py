@@ -1,0 +1,30 @@
+"""Device names: auto picks what exists, nonsense and missing CUDA are one-line ConfigErrors."""
+
+import pytest
+import torch
+
+from musegen.device import resolve_device
+from musegen.errors import ConfigError
+
+
+def test_auto_picks_cuda_only_when_present():
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert resolve_device("auto").type == expected
+    assert resolve_device(None).type == expected
+    assert resolve_device("cpu") == torch.device("cpu")
+
+
+def test_nonsense_device_is_a_config_error():
+    with pytest.raises(ConfigError, match="unknown device"):
+        resolve_device("gpu-please")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on machines without CUDA")
+def test_cuda_without_gpu_is_a_config_error():
+    with pytest.raises(ConfigError, match="CUDA is not available"):
+        resolve_device("cuda")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_device_resolves():
+    assert resolve_device("cuda:0").type == "cuda"

@@ -102,7 +102,7 @@ class GrooveTokenizer(Tokenizer):
         score = load_score(source)
         name = "<bytes>" if isinstance(source, (bytes, bytearray)) else str(source)
         for ts in score.time_signatures:  # 2/4 and 2/2 pair up into 4-beat bars; 3/4, 6/8 do not
-            if BEATS_PER_BAR * ts.denominator % (4 * ts.numerator):
+            if ts.numerator <= 0 or BEATS_PER_BAR * ts.denominator % (4 * ts.numerator):  # 0/x: fuzzed files
                 raise MidiError(f"{name}: time signature {ts.numerator}/{ts.denominator} at tick "
                                 f"{ts.time}; the groove tokenizer needs 4/4 (or 2/4, 2/2)")
         tracks = list(score.tracks)  # one wrapper per track, so `is` and index() hold

@@ -1,0 +1,405 @@
+"""`musegen inspect`: what a checkpoint's positional encoding and attention do, as PNGs and a CSV.
+
+One call writes into the output folder:
+- `templates.png` (SPE only): learned positional templates P_d(m, n) estimated from layer 1's
+  codes for the strongest features of each head, and the kernel against lag: the module's
+  analytic P_d, the estimate from the codes, and every layer's gated kernel (1 - g) P_d + g;
+- `gates.png` (gated SPE): g per layer, head and feature;
+- `attention_maps.png`: layers 1, 3, middle and last on a sequence the model generated to 1.5x its
+  training length (row-normalised causal attention, log colour scale);
+- `probes.png`: the first layer's un-normalised attention against distance on identical tokens;
+- `sparsity.png`: S per layer and head on real validation pieces (or the generated sequence);
+- `summary.csv` (section, quantity, layer, head, detail, value) and `inspect.json` (arguments).
+Layers and heads are numbered from 1 in every output.
+
+Also here: the figures that compare several models' evaluation CSVs, used by the notebooks.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .errors import CheckpointError, ConfigError, DataError
+from .io import atomic_path, write_json, write_text
+from .metrics import attention as att
+
+COLUMNS = ("section", "quantity", "layer", "head", "detail", "value")
+MAX_TEMPLATE_SPAN = 256  # positions shown in a template image
+MAX_PROBE_WINDOW = 64  # keys (distances 0..window-1) per probed query
+PROBE_TOKENS = 3  # identical-token sequences probed, spread over the vocabulary
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: Path) -> Path:
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
+    _pyplot().close(fig)
+    return path
+
+
+def shown_layers(n_layers: int) -> list[int]:
+    """0-based indices of layers 1, 3, middle and last (duplicates dropped)."""
+    return sorted({i for i in (0, 2, n_layers // 2, n_layers - 1) if i < n_layers})
+
+
+def _row(section: str, quantity: str, value: float, layer: int | None = None, head: int | None = None,
+         detail: str = "") -> dict[str, Any]:
+    return {"section": section, "quantity": quantity, "layer": "" if layer is None else layer + 1,
+            "head": "" if head is None else head + 1, "detail": detail, "value": float(value)}
+
+
+# --- sections ------------------------------------------------------------------------------
+
+
+def template_section(model, train_len: int, out: Path, seed: int) -> list[dict]:
+    spe, gates = model.spe, att.gate_values(model)
+    span = min(MAX_TEMPLATE_SPAN, train_len)
+    with torch.no_grad():
+        kernel = spe.kernel(torch.arange(span, dtype=torch.float32)).cpu()  # [H, D, span]
+        pairs = att.strongest_features(kernel[..., 0], per_head=max(1, 8 // spe.n_heads))
+        generator = torch.Generator(device=model.device).manual_seed(seed)
+        codes = spe.codes(spe.draw_noise(generator), 0, span)
+        first = model.layers[0].attention.spe_filter
+        if gates is not None:
+            codes = first.gated_codes(codes, first.draw_noise(generator))
+        templates = att.code_templates(spe.code_scale, codes, pairs).cpu()
+    estimated = att.diagonal_means(templates, span)
+    heads, feats = [h for h, _ in pairs], [d for _, d in pairs]
+    target = kernel[heads, feats]  # [P, span]
+    per_layer = target[None] if gates is None else (1 - gates[:, heads, feats, None].cpu()) * target + gates[:, heads, feats, None].cpu()
+
+    rows = []
+    for p, (h, d) in enumerate(pairs):
+        error = (estimated[p] - per_layer[0, p]).pow(2).mean().sqrt() / per_layer[0, p].pow(2).mean().sqrt().clamp_min(1e-12)
+        rows.append(_row("template", "relative_rms_error_codes_vs_kernel", error, 0, h, f"feature {d + 1}"))
+
+    plt = _pyplot()
+    fig, axes = plt.subplots(2, len(pairs), figsize=(2.6 * len(pairs), 5.4), squeeze=False)
+    lags = np.arange(span)
+    for p, (h, d) in enumerate(pairs):
+        top, bottom = axes[0][p], axes[1][p]
+        image = templates[p].numpy()
+        limit = float(np.abs(image).max()) or 1.0
+        top.imshow(image, cmap="RdBu_r", vmin=-limit, vmax=limit)
+        top.set_title(f"head {h + 1}, feature {d + 1}", fontsize=8)
+        top.set_xlabel("key n", fontsize=7)
+        top.set_ylabel("query m", fontsize=7)
+        for layer in range(1, per_layer.shape[0]):
+            bottom.plot(lags, per_layer[layer, p].numpy(), color="0.75", lw=0.6)
+        bottom.plot(lags, target[p].numpy(), "k--", lw=1, label="kernel P_d")
+        bottom.plot(lags, estimated[p].numpy(), color="C1", lw=1, label="from layer-1 codes")
+        if gates is not None:
+            bottom.plot(lags, per_layer[0, p].numpy(), color="C0", lw=1, label="layer 1 gated")
+        bottom.set_xlabel("lag m - n", fontsize=7)
+        bottom.tick_params(labelsize=6)
+        top.tick_params(labelsize=6)
+    axes[1][0].legend(fontsize=6, loc="upper right")
+    fig.suptitle(f"positional templates ({model.config.pe}SPE; grey: gated kernels of layers 2..)", fontsize=9)
+    fig.tight_layout()
+    _save(fig, out / "templates.png")
+
+    if gates is not None:
+        L, H, D = gates.shape
+        for layer in range(L):
+            for h in range(H):
+                rows.append(_row("gate", "mean_gate", gates[layer, h].mean(), layer, h))
+        fig, ax = plt.subplots(figsize=(min(14, 2 + H * D / 16), 1 + 0.3 * L))
+        shown = ax.imshow(gates.reshape(L, H * D).cpu().numpy(), aspect="auto", vmin=0, vmax=1, cmap="viridis")
+        for h in range(1, H):
+            ax.axvline(h * D - 0.5, color="w", lw=0.8)
+        ax.set_yticks(range(L), [str(i + 1) for i in range(L)], fontsize=6)
+        ax.set_ylabel("layer")
+        ax.set_xlabel("head x feature (white lines between heads)")
+        ax.set_title("gate g: 0 keeps the positional kernel, 1 switches it off", fontsize=9)
+        fig.colorbar(shown, ax=ax)
+        fig.tight_layout()
+        _save(fig, out / "gates.png")
+    return rows
+
+
+def generated_sequence(model, tokenizer, length: int, seed: int, progress: bool) -> torch.Tensor:
+    from .sample import Prompt, SampleSettings, generate
+
+    samples, _ = generate(model, tokenizer, Prompt(np.zeros(0, dtype=np.int64)),
+                          SampleSettings(length=length, seed=seed), model.device, progress)
+    return torch.as_tensor(samples[0].ids[:length], dtype=torch.long, device=model.device)
+
+
+def map_section(model, ids: torch.Tensor, train_len: int, out: Path, seed: int) -> list[dict]:
+    layers = shown_layers(len(model.layers))
+    got = att.capture_scored(model, ids[None], layers, seed)
+    attentions = [layer.attention for layer in model.layers]
+    T, H = len(ids), model.config.n_heads
+    plt = _pyplot()
+    fig, axes = plt.subplots(len(layers), H, figsize=(2.4 * H, 2.4 * len(layers)), squeeze=False)
+    rows = []
+    for r, layer in enumerate(layers):
+        logits = att.attention_logits(attentions[layer], got[layer]["q"], got[layer]["k"])[0]
+        maps = att.causal_attention_map(logits)
+        row_sparsity = att.causal_row_sparsity(logits)  # query t = index + 1
+        for h in range(H):
+            ax = axes[r][h]
+            ax.imshow(maps[h].clamp_min(1e-5).log10().cpu().numpy(), vmin=-5, vmax=0, cmap="magma",
+                      interpolation="nearest")
+            if train_len < T:
+                ax.axvline(train_len, color="c", lw=0.6)
+                ax.axhline(train_len, color="c", lw=0.6)
+            ax.set_title(f"layer {layer + 1}, head {h + 1}", fontsize=8)
+            ax.tick_params(labelsize=6)
+            inside, beyond = row_sparsity[h, :train_len - 1], row_sparsity[h, train_len - 1:]
+            rows.append(_row("maps", "sparsity", inside.mean(), layer, h, "within"))
+            if len(beyond):
+                rows.append(_row("maps", "sparsity", beyond.mean(), layer, h, "beyond"))
+    fig.suptitle(f"attention on a generated sequence of {T} tokens (log10; cyan: training length {train_len})",
+                 fontsize=9)
+    fig.tight_layout()
+    _save(fig, out / "attention_maps.png")
+    return rows
+
+
+def probe_tokens(tokenizer) -> list[int]:
+    usable = [t for t in range(tokenizer.vocab_size) if t != tokenizer.pad_id]
+    picks = np.linspace(0, len(usable) - 1, PROBE_TOKENS).round().astype(int)
+    return sorted({usable[i] for i in picks})
+
+
+def probe_section(model, tokenizer, train_len: int, length: int, out: Path, seed: int) -> list[dict]:
+    window = min(MAX_PROBE_WINDOW, train_len // 2)
+    if window < 2:
+        raise ConfigError(f"training length {train_len} is too short to probe (needs at least 4)")
+    regions = {"within": range(train_len - window, train_len)}
+    if length > train_len:
+        start = max(train_len, length - window)
+        regions["beyond"] = range(start, length)
+    results = [att.probe_first_layer(model, token, max(length, train_len), regions, window, seed)
+               for token in probe_tokens(tokenizer)]
+    rows = []
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(regions), figsize=(4.2 * len(regions), 3.2), squeeze=False)
+    for ax, region in zip(axes[0], regions):
+        scores = {q: torch.stack([r[region][q] for r in results]).nanmean(0)
+                  for q in ("translation_invariance", "monotonicity")}
+        for quantity, per_head in scores.items():
+            for h, value in enumerate(per_head):
+                rows.append(_row("probe", quantity, value, 0, h, region))
+            finite = torch.nan_to_num(per_head, nan=-math.inf)
+            best = int(finite.argmax())
+            rows.append(_row("probe", f"best_head_{quantity}", per_head[best], 0, best, region))
+        profile = torch.stack([r[region]["profile"] for r in results]).mean(0)  # [H, window]
+        for h, curve in enumerate(profile):
+            ax.plot(np.arange(window), (curve / curve.max()).cpu().numpy(), lw=1,
+                    label=f"head {h + 1}: TI {scores['translation_invariance'][h]:.2f}, "
+                          f"mono {scores['monotonicity'][h]:.2f}")
+        ax.set_title(f"queries {regions[region].start}..{regions[region].stop - 1} ({region})", fontsize=9)
+        ax.set_xlabel("distance to the key")
+        ax.set_ylabel("un-normalised attention (/ max)")
+        ax.legend(fontsize=6)
+    fig.suptitle("layer 1 on identical-token sequences", fontsize=9)
+    fig.tight_layout()
+    _save(fig, out / "probes.png")
+    return rows
+
+
+def sparsity_pieces(data: Path | None, split: str, tokenizer, count: int, train_len: int) -> tuple[list[np.ndarray], str]:
+    from .data import resolve_split
+    from .shards import Shards
+
+    shards = Shards(data)
+    if shards.tokenizer.to_dict() != tokenizer.to_dict():
+        raise CheckpointError(f"the checkpoint was trained with another tokenizer than the one of {data} "
+                              f"({tokenizer.kind} vs {shards.tokenizer.kind})")
+    found = resolve_split(shards.splits, split)
+    if found is None:
+        raise DataError(f"{data}: no split {split!r} (has {', '.join(shards.splits) or 'none'})")
+    pieces = [np.asarray(p[:train_len]) for p in shards.pieces(found) if len(p) >= 2][:count]
+    if not pieces:
+        raise DataError(f"{data}: split {found!r} holds no piece of 2 tokens or more")
+    return pieces, f"{len(pieces)} {found} pieces"
+
+
+def sparsity_section(model, pieces: list[np.ndarray], source: str, out: Path, seed: int) -> list[dict]:
+    L, H = len(model.layers), model.config.n_heads
+    attentions = [layer.attention for layer in model.layers]
+    totals = torch.zeros(L, H, dtype=torch.float64)
+    rows_seen = 0
+    for piece in pieces:
+        ids = torch.as_tensor(piece, dtype=torch.long, device=model.device)[None]
+        got = att.capture_scored(model, ids, range(L), seed)
+        for layer in range(L):
+            logits = att.attention_logits(attentions[layer], got[layer]["q"], got[layer]["k"])[0]
+            totals[layer] += att.causal_row_sparsity(logits).sum(-1).cpu()
+        rows_seen += len(piece) - 1
+    mean = totals / rows_seen  # every query row of every piece weighs the same
+    rows = [_row("sparsity", "sparsity", mean[layer, h], layer, h, source) for layer in range(L) for h in range(H)]
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(1.2 + 0.6 * H, 1.2 + 0.3 * L))
+    shown = ax.imshow(mean.numpy(), aspect="auto", cmap="viridis_r", vmin=0, vmax=1)
+    if L * H <= 64:
+        for layer in range(L):
+            for h in range(H):
+                ax.text(h, layer, f"{mean[layer, h]:.2f}", ha="center", va="center", fontsize=6, color="w")
+    ax.set_xticks(range(H), [str(h + 1) for h in range(H)], fontsize=6)
+    ax.set_yticks(range(L), [str(i + 1) for i in range(L)], fontsize=6)
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.set_title(f"sparsity S (lower is sparser)\n{source}", fontsize=8)
+    fig.colorbar(shown, ax=ax)
+    fig.tight_layout()
+    _save(fig, out / "sparsity.png")
+    return rows
+
+
+# --- the job -------------------------------------------------------------------------------
+
+
+def write_rows(path: Path, rows: list[dict]) -> None:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow(row | {"value": f"{row['value']:.6g}"})
+    write_text(path, buffer.getvalue())
+
+
+def inspect_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, length: int | None = None,
+                       data: str | os.PathLike | None = None, split: str = "valid", pieces: int = 4,
+                       seed: int = 0, train_len: int | None = None, device: str = "cpu",
+                       progress: bool = False) -> dict[str, Any]:
+    """Write every figure and `summary.csv` for one checkpoint; returns the headline numbers."""
+    from .checkpoint import load_checkpoint
+
+    started = time.perf_counter()
+    model, tokenizer, config, meta = load_checkpoint(checkpoint, device=device)
+    train_len = int(train_len or meta.get("train_len") or 0)
+    if train_len < 4:
+        raise ConfigError(f"{checkpoint}: no training length in its metadata; give --train-len (at least 4)")
+    length = int(length or (3 * train_len) // 2)
+    if length < 2:
+        raise ConfigError(f"--length must be at least 2, got {length}")
+    if pieces < 1:
+        raise ConfigError(f"--pieces must be at least 1, got {pieces}")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if data is not None:  # fail on bad data before the slow parts
+        valid, source = sparsity_pieces(Path(data), split, tokenizer, pieces, train_len)
+
+    torch.manual_seed(seed)
+    rows: list[dict] = []
+    if model.spe is not None:
+        rows += template_section(model, train_len, out, seed)
+    generated = generated_sequence(model, tokenizer, length, seed, progress)
+    rows += map_section(model, generated, train_len, out, seed)
+    rows += probe_section(model, tokenizer, train_len, length, out, seed)
+    if data is None:
+        valid, source = [generated[:train_len].cpu().numpy()], "the generated sequence"
+    rows += sparsity_section(model, valid, source, out, seed)
+    write_rows(out / "summary.csv", rows)
+
+    best = {f"{r['quantity'][len('best_head_'):]}_{r['detail']}": {"head": r["head"], "value": r["value"]}
+            for r in rows if r["quantity"].startswith("best_head_")}
+    result = {"checkpoint": str(checkpoint), "pe": config.pe, "train_len": train_len, "length": length,
+              "sparsity_source": source, "best_heads": best,
+              "seconds": round(time.perf_counter() - started, 2),
+              "files": sorted(p.name for p in out.iterdir() if p.suffix in (".png", ".csv"))}
+    write_json(out / "inspect.json", {"arguments": {"checkpoint": str(checkpoint), "length": length, "data":
+                                                    None if data is None else str(data), "split": split,
+                                                    "pieces": pieces, "seed": seed, "train_len": train_len},
+                                      "result": result})
+    return result
+
+
+# --- comparing models (the notebooks' figures) ---------------------------------------------
+
+
+def read_position_nll(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
+    """(positions, NLL) from a CSV written by `musegen evaluate loss`; empty positions dropped."""
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = [r for r in csv.DictReader(f) if r.get("nll")]
+    if not rows:
+        raise DataError(f"{path}: no per-position NLL rows (expected a `musegen evaluate loss` CSV)")
+    return np.array([int(r["position"]) for r in rows]), np.array([float(r["nll"]) for r in rows])
+
+
+def plot_position_nll(curves: dict[str, str | os.PathLike], train_len: int | None, path: str | os.PathLike,
+                      smooth: int = 32) -> dict[str, dict[str, float]]:
+    """Several models' NLL against position in one figure (paper Fig. 3), with a running mean of
+    `smooth` positions; returns each model's mean NLL within and beyond `train_len`."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    summary = {}
+    for label, csv_path in curves.items():
+        positions, nll = read_position_nll(csv_path)
+        window = max(1, min(smooth, len(nll)))
+        trend = np.convolve(nll, np.ones(window) / window, mode="valid")
+        ax.plot(positions[window - 1:], trend, lw=1.2, label=label)
+        split = train_len if train_len is not None else int(positions.max()) + 1
+        summary[label] = {"within": float(nll[positions < split].mean()) if (positions < split).any() else math.nan,
+                          "beyond": float(nll[positions >= split].mean()) if (positions >= split).any() else math.nan}
+    if train_len is not None:
+        ax.axvline(train_len, color="k", ls="--", lw=1, label="training length")
+    ax.set_xlabel("token position")
+    ax.set_ylabel(f"NLL (nats, running mean of {smooth})")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    _save(fig, Path(path))
+    return summary
+
+
+def read_style_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Rows of a CSV written by `musegen evaluate style`, with numbers parsed."""
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    if not rows or not {"metric", "segment", "similarity"} <= set(rows[0]):
+        raise DataError(f"{path}: not a `musegen evaluate style` CSV")
+    for row in rows:
+        row["segment"] = int(row["segment"])
+        row["similarity"] = float(row["similarity"]) if row["similarity"] not in ("", "nan") else math.nan
+    return rows
+
+
+def plot_style_comparison(tables: dict[str, str | os.PathLike], path: str | os.PathLike) -> dict[str, dict[str, list[float]]]:
+    """Box plots of style similarity per segment, one colour per model, one panel per metric
+    (paper Fig. 5); returns the medians per model, metric and segment."""
+    from .metrics.style import METRICS, medians
+
+    rows = {label: read_style_rows(p) for label, p in tables.items()}
+    segments = max(r["segment"] for table in rows.values() for r in table)
+    metrics = [m for m in METRICS if any(r["metric"] == m for table in rows.values() for r in table)]
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4.5 * len(metrics), 3.6), squeeze=False)
+    width = 0.8 / len(rows)
+    for ax, metric in zip(axes[0], metrics):
+        for i, (label, table) in enumerate(rows.items()):
+            data = [[r["similarity"] for r in table if r["metric"] == metric and r["segment"] == s
+                     and not math.isnan(r["similarity"])] or [math.nan] for s in range(1, segments + 1)]
+            positions = np.arange(1, segments + 1) - 0.4 + width * (i + 0.5)
+            box = ax.boxplot(data, positions=positions, widths=width * 0.9, showfliers=False, patch_artist=True)
+            for patch in box["boxes"]:
+                patch.set_facecolor(f"C{i}")
+            ax.plot([], [], color=f"C{i}", lw=6, label=label)
+        ax.set_xticks(range(1, segments + 1), [f"Q{s}" for s in range(1, segments + 1)])
+        ax.set_ylim(0, 1)
+        ax.set_title(metric)
+        ax.set_xlabel("segment of the continuation")
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("cosine similarity to reference")
+    fig.tight_layout()
+    _save(fig, Path(path))
+    return {label: medians(table, segments) for label, table in rows.items()}

@@ -175,10 +175,12 @@ def test_grammar_rules():
     assert np.flatnonzero(g.allowed(s)).tolist() == [START]
     s = g.step(s, START)
     mask = g.allowed(s)
-    assert mask[:384].all() and not mask[384:768].any() and mask[768:792].all() and mask[END]
+    assert mask[:384].all() and not mask[384:768].any() and mask[768:792].all()
+    assert not mask[END], "a piece holds at least one note"
     s = g.step(s, 128 + 36)  # drums note_on 36
     mask = g.allowed(s)
     assert not mask[128 + 36] and not mask[384 + 128 + 36], "no re-strike, no zero-length note"
+    assert not mask[:128 + 36].any() and mask[128 + 37:384].all(), "note_ons of one time step in id order"
     assert not mask[END], "End only when nothing sounds"
     s = g.step(s, 768)  # one unit later
     assert g.allowed(s)[384 + 128 + 36] and not g.allowed(s)[384 + 36]
@@ -188,6 +190,46 @@ def test_grammar_rules():
     assert not g.allowed(s).any()
     assert g.first_violation([START, 60, 384 + 60]) == 2
     assert g.first_violation([60]) == 0
+
+
+@pytest.mark.parametrize("ids, bad, why", [
+    ([START, 60, 40], 2, "note_ons of a time step rise"),
+    ([START, 40, 60, 768, 384 + 60, 384 + 40], 5, "note_offs of a time step rise"),
+    ([START, 40, 768, 60, 384 + 40], 4, "note_offs before note_ons"),
+    ([START, 40, 768 + 3, 768, 384 + 40], 3, "a short shift is not followed by another"),
+    ([START, 40, 768 + 19, 384 + 40, 768 + 23, 768 + 23], 5, "a shift does not cross the bar line"),
+    ([START, 40, 768 + 23, 384 + 40, 768, END], 5, "no trailing silence"),
+    ([START, END], 1, "no empty piece"),
+])
+def test_grammar_accepts_only_the_canonical_order(ids, bad, why):
+    assert TOK.grammar().first_violation(ids) == bad, why
+
+
+def test_shifts_follow_the_bar_lines():
+    g = TOK.grammar()
+    s = g.step(g.step(g.start(), START), 40)
+    s = g.step(s, 768 + 23)  # 24 units: half a bar; a full shift may be followed by another
+    assert np.flatnonzero(g.allowed(s)[768:792]).tolist() == list(range(24))
+    s = g.step(s, 768 + 19)  # 20 units: 4 before the bar line, which is as far as a shift may go next
+    assert not g.allowed(s)[768:792].any()
+    s = g.step(s, 384 + 40)
+    assert np.flatnonzero(g.allowed(s)[768:792]).tolist() == [0, 1, 2, 3], "four units left in the bar"
+    s = g.step(s, 768 + 3)  # on the bar line: a short shift may be followed by another
+    assert g.allowed(s)[768:792].all()
+    ids = serialize(np.array([(1, 40, 0, 44), (1, 41, 50, 120)]))
+    # Start On40 | 24 20 Off40 4 | 2 On41 24 22 | 24 Off41 End: shifts split at 48 and 96
+    assert ids[2:7].tolist() == [768 + 23, 768 + 19, 384 + 40, 768 + 3, 768 + 1]
+    assert TOK.bar_starts(ids) == [1, 6, 10] and g.first_violation(ids) is None
+
+
+def test_close_ends_with_the_canonical_order():
+    g = TOK.grammar()
+    state = lambda ids: [s := g.start()] and [s := g.step(s, t) for t in ids][-1]
+    assert g.close(state([START, 40, 60])) == [768, 384 + 40, 384 + 60, END]  # just begun: wait a unit
+    assert g.close(state([START, 40, 60, 768])) == [384 + 40, 384 + 60, END]
+    assert g.close(state([START, 40, 60, 768, 384 + 60])) == [768, 384 + 40, END]  # 40 may not follow 60
+    assert g.close(state([START, 40, 60, 768, 384 + 40])) == [384 + 60, END]
+    assert not g.can_close(state([START])) and not g.can_close(state([START, 40, 768, 384 + 40, 768]))
 
 
 def test_close_ends_any_prefix_cleanly():

@@ -8,10 +8,12 @@ Vocabulary (794 events + PAD = 795 ids):
 - `Start` 792, `End` 793, `PAD` 794.
 
 Encoding writes, at each grid time, the note_offs before the note_ons (so a re-struck note
-is released first), and splits time shifts at bar lines (4 beats) so every bar starts at a
-token boundary. There is no velocity and no program in the tokens: the programs and tempo
-found in the input are returned in the encoding report (`report["meta"]`) and can be given
-back to `decode`; otherwise the `programs` setting is used.
+is released first), each group in increasing id order, and splits time shifts at bar lines
+(4 beats) and at MAX_SHIFT, so every bar starts at a token boundary. The grammar accepts
+exactly this canonical form, so encode(decode(ids)) == ids for every sequence it accepts.
+There is no velocity and no program in the tokens: the programs and tempo found in the
+input are returned in the encoding report (`report["meta"]`) and can be given back to
+`decode`; otherwise the `programs` setting is used.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ BEATS_PER_BAR = 4
 BAR = BEATS_PER_BAR * UNITS_PER_BEAT
 TRACKS = {1: "bass", 2: "drums", 3: "other"}
 BASS, DRUMS, OTHER = 1, 2, 3
+ROLE_NAMES = {BASS: "Bass", DRUMS: "Drums", OTHER: "Other"}  # the track names `decode` writes
 BASS_PROGRAMS = range(32, 40)  # General MIDI: acoustic bass .. synth bass 2
 
 N_PITCH = 128
@@ -108,14 +111,18 @@ class GrooveTokenizer(Tokenizer):
         tracks = list(score.tracks)  # one wrapper per track, so `is` and index() hold
         drums = [t for t in tracks if t.is_drum and len(t.notes)]
         melodic = [t for t in tracks if not t.is_drum and len(t.notes)]
-        if not drums:
-            raise MidiError(f"{name}: no drum track (channel 10); the groove tokenizer needs drums")
-        if not melodic:
-            raise MidiError(f"{name}: no bass or accompaniment track, only drums")
-        bass = self._pick_bass(melodic)
-        rest = [t for t in melodic if t is not bass]
-        other = self._pick_other(rest) if rest else None
-        chosen = [(BASS, bass)] + [(DRUMS, t) for t in drums] + ([(OTHER, other)] if other else [])
+        own = _roles_by_name(drums + melodic)
+        if own is not None:  # a file `decode` wrote: roles by name, so a missing role stays missing
+            bass, drums, other = own
+        else:
+            if not drums:
+                raise MidiError(f"{name}: no drum track (channel 10); the groove tokenizer needs drums")
+            if not melodic:
+                raise MidiError(f"{name}: no bass or accompaniment track, only drums")
+            bass = self._pick_bass(melodic)
+            rest = [t for t in melodic if t is not bass]
+            other = self._pick_other(rest) if rest else None
+        chosen = ([(BASS, bass)] if bass else []) + [(DRUMS, t) for t in drums] + ([(OTHER, other)] if other else [])
 
         rows = []
         for track, part in chosen:
@@ -129,14 +136,15 @@ class GrooveTokenizer(Tokenizer):
         tempos = score.tempos
         index = lambda track: next(i for i, t in enumerate(tracks) if t is track)  # names may repeat
         meta = {
-            "bass_track": bass.name, "bass_index": index(bass), "bass_program": int(bass.program),
+            "bass_track": bass.name if bass else None, "bass_index": index(bass) if bass else None,
+            "bass_program": int(bass.program) if bass else None,
             "other_track": other.name if other else None,
             "other_index": index(other) if other else None,
             "other_program": int(other.program) if other else None,
             "tempo": round(float(tempos[0].qpm), 2) if len(tempos) else 120.0,
         }
         counts = {"notes": int(len(notes)), "notes_merged": merged,
-                  "tracks_left_out": len(melodic) - 1 - (other is not None)}
+                  "tracks_left_out": len(melodic) - (bass is not None) - (other is not None)}
         return notes, {"meta": meta, **counts}
 
     def encode(self, source: str | os.PathLike | bytes) -> Encoding:
@@ -202,9 +210,9 @@ class GrooveTokenizer(Tokenizer):
         midi = miditoolkit.MidiFile(ticks_per_beat=TICKS_PER_BEAT_OUT)
         midi.tempo_changes = [miditoolkit.TempoChange(float(tempo), 0)]
         midi.time_signature_changes = [miditoolkit.TimeSignature(BEATS_PER_BAR, 4, 0)]
-        parts = {BASS: miditoolkit.Instrument(prog["bass"], name="Bass"),
-                 DRUMS: miditoolkit.Instrument(0, is_drum=True, name="Drums"),
-                 OTHER: miditoolkit.Instrument(prog["other"], name="Other")}
+        parts = {BASS: miditoolkit.Instrument(prog["bass"], name=ROLE_NAMES[BASS]),
+                 DRUMS: miditoolkit.Instrument(0, is_drum=True, name=ROLE_NAMES[DRUMS]),
+                 OTHER: miditoolkit.Instrument(prog["other"], name=ROLE_NAMES[OTHER])}
         unit = TICKS_PER_BEAT_OUT // UNITS_PER_BEAT
         for track, pitch, on, off in self.notes(ids).tolist():
             parts[track].notes.append(miditoolkit.Note(DEFAULT_VELOCITY, pitch, on * unit, off * unit))
@@ -275,6 +283,19 @@ def serialize(notes: np.ndarray) -> np.ndarray:
     return np.array(out, dtype=np.int32)
 
 
+def _roles_by_name(tracks):
+    """(bass, drums, other) of a file whose tracks with notes all bear distinct role names as
+    `decode` writes them (drums on the drum channel); None for any other file. Roles missing
+    from the file are None (drums: an empty list)."""
+    names = [t.name for t in tracks]
+    by_name = {ROLE_NAMES[r]: r for r in TRACKS}
+    if len(set(names)) != len(names) or any(
+            n not in by_name or t.is_drum != (by_name[n] == DRUMS) for n, t in zip(names, tracks)):
+        return None
+    role = {by_name[t.name]: t for t in tracks}
+    return role.get(BASS), [role[DRUMS]] if DRUMS in role else [], role.get(OTHER)
+
+
 def _to_grid(ticks: np.ndarray, tpq: int) -> np.ndarray:
     """Nearest grid unit, halves rounded up: floor(ticks * 12 / tpq + 1/2) in integers."""
     return (2 * UNITS_PER_BEAT * ticks + tpq) // (2 * tpq)
@@ -314,54 +335,70 @@ def _content_end(ids: np.ndarray) -> int:
 
 
 class GrooveGrammar(Grammar):
-    """State: (phase, sounding, fresh) where sounding/fresh are boolean arrays over the 384
-    (track, pitch) slots; fresh = started at the current time (may not end before time moves).
-    phase 0: before Start, 1: in the piece, 2: ended."""
+    """The canonical token order `serialize` writes, and nothing else.
+
+    State: (phase, sounding, last, pos). phase 0: before Start, 1: in the piece, 2: ended;
+    sounding: boolean array over the 384 (track, pitch) slots; last: the previous token;
+    pos: the grid position within the bar. Within one time step the note_offs come first,
+    then the note_ons, each in increasing id order (so a note never ends where it began). A
+    shift stops at the next bar line and is at most MAX_SHIFT long; a second shift may only
+    follow a shift that went as far as it could. End follows a note_off and nothing sounds
+    (a piece holds at least one note, and trailing silence is no token the encoder writes).
+    """
 
     vocab_size = PAD + 1
 
     def start(self):
-        empty = np.zeros(N_NOTES, dtype=bool)
-        return (0, empty, empty)
+        return (0, np.zeros(N_NOTES, dtype=bool), -1, 0)
 
     def allowed(self, state) -> np.ndarray:
-        phase, sounding, fresh = state
+        phase, sounding, last, pos = state
         mask = np.zeros(self.vocab_size, dtype=bool)
         if phase == 0:
             mask[START] = True
-        elif phase == 1:
+        if phase != 1:
+            return mask
+        shift_fits = TIME_SHIFT + min(MAX_SHIFT, BAR - pos)  # one past the longest allowed shift
+        if last < NOTE_OFF:  # after a note_on: only higher note_ons at this time
+            mask[last + 1:NOTE_OFF] = ~sounding[last + 1:]
+            mask[TIME_SHIFT:shift_fits] = True
+        elif last < TIME_SHIFT:  # after a note_off: higher note_offs, any note_on
             mask[NOTE_ON:NOTE_OFF] = ~sounding
-            mask[NOTE_OFF:TIME_SHIFT] = sounding & ~fresh
-            mask[TIME_SHIFT:START] = True
+            mask[last + 1:TIME_SHIFT] = sounding[last + 1 - NOTE_OFF:]
+            mask[TIME_SHIFT:shift_fits] = True
             mask[END] = not sounding.any()
+        else:  # after Start or a shift: any note_off or note_on
+            mask[NOTE_ON:NOTE_OFF] = ~sounding
+            mask[NOTE_OFF:TIME_SHIFT] = sounding
+            if last == TIME_SHIFT + MAX_SHIFT - 1 or pos == 0:  # Start, or a shift that went all the way
+                mask[TIME_SHIFT:shift_fits] = True
         return mask
 
     def step(self, state, token: int):
-        phase, sounding, fresh = state
+        phase, sounding, last, pos = state
         if not self.allowed(state)[token]:
             raise TokenError(f"token {token} is not allowed here")
         if token == START:
-            return (1, sounding, fresh)
+            return (1, sounding, START, 0)
         if token == END:
-            return (2, sounding, fresh)
+            return (2, sounding, END, pos)
         if token >= TIME_SHIFT:
-            return (1, sounding, np.zeros(N_NOTES, dtype=bool))
-        sounding, fresh = sounding.copy(), fresh
-        if token < NOTE_OFF:
-            sounding[token] = True
-            fresh = fresh.copy()
-            fresh[token] = True
-        else:
-            sounding[token - NOTE_OFF] = False
-        return (1, sounding, fresh)
+            return (1, sounding, token, (pos + token - TIME_SHIFT + 1) % BAR)
+        sounding = sounding.copy()
+        sounding[token % N_NOTES] = token < NOTE_OFF
+        return (1, sounding, token, pos)
 
     def can_close(self, state) -> bool:
-        return state[0] == 1
+        """In the piece, with a note sounding or just ended (not after silence, not empty)."""
+        phase, sounding, last, _ = state
+        return phase == 1 and (last < TIME_SHIFT or bool(sounding.any()))
 
     def close(self, state) -> list[int]:
-        """Note_offs for every sounding note (after one unit when a note has just begun), End."""
+        """The note_offs of every sounding note, End. They come one unit later when the last
+        token was a note_on or a note_off above one of them (the order within a time step)."""
         if not self.can_close(state):
-            raise TokenError("the piece cannot be closed here (not started, or already ended)")
-        phase, sounding, fresh = state
-        wait = [TIME_SHIFT] if fresh.any() else []
-        return wait + [NOTE_OFF + int(s) for s in np.flatnonzero(sounding)] + [END]
+            raise TokenError("the piece cannot be closed here (not started, silent, or already ended)")
+        _, sounding, last, _ = state
+        offs = [NOTE_OFF + int(s) for s in np.flatnonzero(sounding)]
+        wait = last < NOTE_OFF or (last < TIME_SHIFT and offs and offs[0] < last)
+        return ([TIME_SHIFT] if wait else []) + offs + [END]

@@ -328,6 +328,16 @@ def inspect_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, le
 # --- comparing models (the notebooks' figures) ---------------------------------------------
 
 
+def labelled_paths(spec: str | None, default: dict[str, Path]) -> dict[str, Path]:
+    """The notebooks' inputs: "label=path" entries separated by os.pathsep (a bare path is labelled
+    by its folder's name), or `default` when there is no spec."""
+    if not spec:
+        return dict(default)
+    pairs = [entry.split("=", 1) if "=" in entry else (Path(entry).parent.name, entry)
+             for entry in spec.split(os.pathsep) if entry]
+    return {label: Path(path) for label, path in pairs}
+
+
 def read_position_nll(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
     """(positions, NLL) from a CSV written by `musegen evaluate loss`; empty positions dropped."""
     with open(path, newline="", encoding="utf-8") as f:

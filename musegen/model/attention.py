@@ -23,7 +23,7 @@ from ..errors import ConfigError
 
 State = tuple[torch.Tensor, torch.Tensor]  # S: [B, H, M, Dv], z: [B, H, M]
 EPS = 1e-6  # denominator guard, as in fast-transformers
-CHUNK = 64  # tuned with bench/attention.py (see docs/performance.md)
+CHUNK = 32  # tuned with bench/attention.py (see docs/performance.md)
 
 
 def _empty_state(q: torch.Tensor, v: torch.Tensor) -> State:
@@ -31,27 +31,79 @@ def _empty_state(q: torch.Tensor, v: torch.Tensor) -> State:
     return q.new_zeros(B, H, M, v.shape[-1]), q.new_zeros(B, H, M)
 
 
-class _ExclusivePrefixSum(torch.autograd.Function):
-    """out[:, :, c] = first + sum_{j < c} steps[:, :, j], as an in-place loop over the chunk axis:
-    several times faster on CPU than `cumsum` along a middle dimension, forward and backward."""
+def _exclusive_prefix_sum(first: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """out[:, :, c] = first + sum_{j < c} steps[:, :, j], as an in-place loop over the chunk axis
+    (dim 2): several times faster on CPU than `cumsum` along a middle dimension."""
+    out = torch.empty_like(steps)
+    out[:, :, 0] = first
+    for c in range(1, steps.shape[2]):
+        torch.add(out[:, :, c - 1], steps[:, :, c - 1], out=out[:, :, c])
+    return out
+
+
+def _exclusive_suffix_sum(last: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """out[:, :, c] = last + sum_{j > c} steps[:, :, j] (the backward pass's mirror image)."""
+    out = torch.empty_like(steps)
+    n = steps.shape[2]
+    out[:, :, n - 1] = last
+    for c in range(n - 2, -1, -1):
+        torch.add(out[:, :, c + 1], steps[:, :, c + 1], out=out[:, :, c])
+    return out
+
+
+class _ChunkedAttention(torch.autograd.Function):
+    """The chunked kernel over T = n * C positions, with a hand-derived backward.
+
+    Per chunk c (rows = its C positions): A_c = tril(Q_c K_c^T); the state before it is
+    S_c = S0 + sum_{j<c} K_j^T V_j, z_c = z0 + sum_{j<c} K_j^T 1; then
+        num_c = A_c V_c + Q_c S_c,   den_c = A_c 1 + Q_c z_c.
+    Backward, with gN, gD the output gradients and G_c = dS_out + sum_{j>c} Q_j^T gN_j
+    (g_c likewise from gD) the gradient reaching chunk c's keys through later states:
+        dA_c = tril(gN_c V_c^T + gD_c 1^T)
+        dQ_c = dA_c K_c + gN_c S_c^T + gD_c z_c^T
+        dK_c = dA_c^T Q_c + V_c G_c^T + 1 g_c^T
+        dV_c = A_c^T gN_c + K_c G_c
+    Autograd would store the same tensors, but this saves its copies and the running sums of
+    the backward; the denominator is kept apart from the values (a ones column would make
+    every matmul one column wider than the head: odd widths are slow in MKL).
+    """
 
     @staticmethod
-    def forward(ctx, first: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
-        out = torch.empty_like(steps)
-        out[:, :, 0] = first
-        for c in range(1, steps.shape[2]):
-            torch.add(out[:, :, c - 1], steps[:, :, c - 1], out=out[:, :, c])
-        return out
+    def forward(ctx, q, k, v, S0, z0, C: int):
+        B, H, T, M = q.shape
+        n, Dv = T // C, v.shape[-1]
+        qc, kc, vc = q.view(B, H, n, C, M), k.view(B, H, n, C, M), v.view(B, H, n, C, Dv)
+        A = torch.matmul(qc, kc.transpose(-1, -2)).tril_()
+        kv, ksum = torch.matmul(kc.transpose(-1, -2), vc), kc.sum(3)  # each chunk's state increment
+        S, z = _exclusive_prefix_sum(S0, kv), _exclusive_prefix_sum(z0, ksum)
+        num = torch.matmul(qc, S)
+        num.view(-1, C, Dv).baddbmm_(A.view(-1, C, C), vc.reshape(-1, C, Dv))
+        den = A.sum(-1) + torch.matmul(qc, z[..., None])[..., 0]
+        ctx.save_for_backward(qc, kc, vc, A, S, z)
+        return (num.view(B, H, T, Dv), den.view(B, H, T),
+                S[:, :, -1] + kv[:, :, -1], z[:, :, -1] + ksum[:, :, -1])
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        # Suffix sums: grad_first = sum_c grad[c]; grad_steps[j] = sum_{c > j} grad[c].
-        suffix = grad.clone()
-        for c in range(grad.shape[2] - 2, -1, -1):
-            suffix[:, :, c] += suffix[:, :, c + 1]
-        grad_steps = torch.zeros_like(grad)
-        grad_steps[:, :, :-1] = suffix[:, :, 1:]
-        return suffix[:, :, 0], grad_steps
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, gN, gD, gS, gz):
+        qc, kc, vc, A, S, z = ctx.saved_tensors
+        B, H, n, C, M = qc.shape
+        Dv = vc.shape[-1]
+        gN, gD = gN.reshape(B, H, n, C, Dv), gD.reshape(B, H, n, C)
+        dA = torch.matmul(gN, vc.transpose(-1, -2)).add_(gD[..., None]).tril_()
+        dq = torch.matmul(dA, kc)
+        dq.view(-1, C, M).baddbmm_(gN.reshape(-1, C, Dv), S.transpose(-1, -2).reshape(-1, Dv, M))
+        dq.addcmul_(gD[..., None], z[..., None, :])
+        P, p = torch.matmul(qc.transpose(-1, -2), gN), torch.matmul(gD[..., None, :], qc)[..., 0, :]
+        G, g = _exclusive_suffix_sum(gS, P), _exclusive_suffix_sum(gz, p)
+        dk = torch.matmul(dA.transpose(-1, -2), qc)
+        dk.view(-1, C, M).baddbmm_(vc.reshape(-1, C, Dv), G.transpose(-1, -2).reshape(-1, Dv, M))
+        dk.add_(g[..., None, :])
+        dv = torch.matmul(A.transpose(-1, -2), gN)
+        dv.view(-1, C, Dv).baddbmm_(kc.reshape(-1, C, M), G.view(-1, M, Dv))
+        T = n * C
+        return (dq.view(B, H, T, M), dk.view(B, H, T, M), dv.view(B, H, T, Dv),
+                G[:, :, 0] + P[:, :, 0], g[:, :, 0] + p[:, :, 0], None)
 
 
 def chunked_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Optional[State] = None,
@@ -59,27 +111,23 @@ def chunked_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Opt
     """Pure-PyTorch causal linear attention: (numerator [B,H,T,Dv], denominator [B,H,T], state).
 
     Positions are cut into chunks of C. Inside a chunk, a masked C x C product (dense matmuls);
-    across chunks, an exclusive prefix sum of the per-chunk states phi(k)^T v. Values carry an
-    extra column of ones so the same products yield the denominator. Work is
+    across chunks, an exclusive prefix sum of the per-chunk states phi(k)^T v. Work is
     O(T C (M + Dv) + T M Dv) in large matmuls and memory O(T (C + M Dv / C)), linear in T.
+    A single position (the sampler's step) takes the RNN update directly.
     """
     B, H, T, M = q.shape
-    Dv = v.shape[-1]
     S0, z0 = state if state is not None else _empty_state(q, v)
+    if T == 1:  # S += phi(k) v^T, z += phi(k); y = phi(q) S / phi(q) z
+        S1 = torch.baddbmm(S0.reshape(B * H, M, -1), k.reshape(B * H, M, 1), v.reshape(B * H, 1, -1)).view_as(S0)
+        z1 = z0 + k[:, :, 0]
+        return q @ S1, (q[:, :, 0] * z1).sum(-1, keepdim=True), (S1, z1)
     C = min(chunk_size, T)
     pad = -T % C
     if pad:  # zero keys add nothing; the padded queries' outputs are cut off below
         q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
-    n = (T + pad) // C
-    v1 = torch.cat([v, v.new_ones(B, H, T + pad, 1)], dim=-1)
-    qc, kc, vc = q.view(B, H, n, C, M), k.view(B, H, n, C, M), v1.view(B, H, n, C, Dv + 1)
-
-    out = (qc @ kc.transpose(-1, -2)).tril() @ vc  # within each chunk
-    kv = kc.transpose(-1, -2) @ vc  # each chunk's contribution to the state: [B, H, n, M, Dv + 1]
-    before = _ExclusivePrefixSum.apply(torch.cat([S0, z0[..., None]], dim=-1), kv)
-    out = (out + qc @ before).reshape(B, H, n * C, Dv + 1)[:, :, :T]
-    after = before[:, :, -1] + kv[:, :, -1]
-    return out[..., :Dv], out[..., Dv], (after[..., :Dv], after[..., Dv])
+    num, den, S1, z1 = _ChunkedAttention.apply(q.contiguous(), k.contiguous(), v.contiguous(),
+                                                S0.contiguous(), z0.contiguous(), C)
+    return num[:, :, :T], den[:, :, :T], (S1, z1)
 
 
 def fast_transformers_available() -> bool:

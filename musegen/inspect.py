@@ -231,7 +231,7 @@ def sparsity_pieces(data: Path | None, split: str, tokenizer, count: int, train_
     pieces = [np.asarray(p[:train_len]) for p in shards.pieces(found) if len(p) >= 2][:count]
     if not pieces:
         raise DataError(f"{data}: split {found!r} holds no piece of 2 tokens or more")
-    return pieces, f"{len(pieces)} {found} pieces"
+    return pieces, f"{len(pieces)} {found} piece" + ("s" if len(pieces) > 1 else "")
 
 
 def sparsity_section(model, pieces: list[np.ndarray], source: str, out: Path, seed: int) -> list[dict]:

@@ -204,8 +204,8 @@ def tiny_checkpoint(pop909_songs, tmp_path_factory):
 
 def test_inspect_writes_every_figure_and_a_summary(tiny_checkpoint, tmp_path):
     folder, data = tiny_checkpoint
-    result = inspect_checkpoint(folder, tmp_path, data=data, pieces=2)
-    assert result["length"] == 48 and result["sparsity_source"] == "2 valid pieces"
+    result = inspect_checkpoint(folder, tmp_path, data=data, pieces=1)
+    assert result["length"] == 48 and result["sparsity_source"] == "1 valid piece"
     for name in ("templates", "gates", "attention_maps", "probes", "sparsity"):
         assert (tmp_path / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with open(tmp_path / "summary.csv", newline="") as f:

@@ -54,13 +54,15 @@ def test_settings_rebuild_the_same_tokenizer():
 
 # ---------------------------------------------------------------- round trip on every POP909 song
 
-def expected_notes(path, tok: RemiTokenizer) -> Counter:
-    """The input's notes quantised by hand (floats, per note), independent of the tokenizer's numpy code."""
-    score = symusic.Score(str(path))
+def expected_notes(source, tok: RemiTokenizer) -> Counter:
+    """The notes of a MIDI file (path, or a symusic.Score) as REMI keeps them, computed by hand
+    (floats, per note), independent of the tokenizer's numpy code: quantised, then one note per
+    (onset, pitch) (the longest, then loudest) and a note cut where its pitch strikes again."""
+    score = source if isinstance(source, symusic.Score) else symusic.Score(str(source))
     res = tok.beat_resolution
     lo, hi = tok.pitch_range
     vmin, vmax, vstep = tok.velocity_range
-    notes = Counter()
+    strongest = {}  # (onset, pitch) -> (duration, velocity)
     for track in score.tracks:
         if track.is_drum:
             continue
@@ -74,7 +76,16 @@ def expected_notes(path, tok: RemiTokenizer) -> Counter:
             duration = min(tok.max_duration, math.floor(n.duration * res / score.tpq + 0.5))
             velocity = vmin + vstep * min(max(math.floor((n.velocity - vmin) / vstep + 0.5), 0),
                                           (vmax - vmin) // vstep)
-            notes[(onset, pitch, duration, velocity)] += 1
+            strongest[onset, pitch] = max(strongest.get((onset, pitch), (-1, -1)), (duration, velocity))
+    notes = Counter()
+    following = {}  # pitch -> the onset after the current one (each pitch walked from its end)
+    for onset, pitch in sorted(strongest, key=lambda k: (k[1], -k[0])):
+        nxt = following.get(pitch)
+        duration, velocity = strongest[onset, pitch]
+        if nxt is not None and nxt < onset + max(duration, 1):  # re-struck before it ended
+            duration = nxt - onset
+        following[pitch] = onset
+        notes[(onset, pitch, duration, velocity)] += 1
     return notes
 
 
@@ -197,32 +208,55 @@ def test_grammar_rules():
     g = TOK.grammar()
     ok = ids_of("Bar_None", "Beat_0", "Chord_C_M", "Tempo_119", "Note_Pitch_60", "Note_Velocity_80",
                 "Note_Duration_120", "Beat_4", "Note_Pitch_62", "Note_Velocity_80", "Note_Duration_120",
-                "Bar_None", "Bar_None", "Beat_2", "Tempo_89", "Bar_None", "EOS_None")
+                "Bar_None", "Bar_None", "Beat_2", "Tempo_89", "Bar_None", "Beat_0", "Note_Pitch_40",
+                "Note_Velocity_80", "Note_Duration_0", "Note_Pitch_41", "Note_Velocity_80", "Note_Duration_0",
+                "Beat_1", "Note_Pitch_40", "Note_Velocity_80", "Note_Duration_0", "Bar_None", "EOS_None")
     assert g.first_violation(ok) is None
     bad = {
-        "beat goes back": ids_of("Bar_None", "Beat_4", "Note_Pitch_60", "Note_Velocity_80",
+        "beat goes back": ids_of("Bar_None", "Beat_4", "Tempo_89", "Note_Pitch_60", "Note_Velocity_80",
                                  "Note_Duration_120", "Beat_2"),
         "same beat twice": ids_of("Bar_None", "Beat_4", "Tempo_89", "Beat_4"),
-        "note without velocity": ids_of("Bar_None", "Beat_0", "Note_Pitch_60", "Note_Duration_120"),
-        "chord after a note": ids_of("Bar_None", "Beat_0", "Note_Pitch_60", "Note_Velocity_80",
+        "note without velocity": ids_of("Bar_None", "Beat_0", "Tempo_89", "Note_Pitch_60", "Note_Duration_120"),
+        "chord after a note": ids_of("Bar_None", "Beat_0", "Tempo_89", "Note_Pitch_60", "Note_Velocity_80",
                                      "Note_Duration_120", "Chord_C_M"),
         "tempo before chord": ids_of("Bar_None", "Beat_0", "Tempo_89", "Chord_C_M"),
         "empty beat": ids_of("Bar_None", "Beat_0", "Beat_1"),
         "no opening bar": ids_of("Beat_0"),
         "EOS after a beat": ids_of("Bar_None", "Beat_0", "Tempo_89", "EOS_None"),
-        "token after EOS": ids_of("Bar_None", "EOS_None", "Bar_None"),
+        "token after EOS": ids_of("Bar_None", "Beat_0", "Tempo_89", "Note_Pitch_60", "Note_Velocity_80",
+                                  "Note_Duration_120", "Bar_None", "EOS_None", "Bar_None"),
         "PAD inside": [TOK.bar_id, TOK.pad_id],
+        # canonical rules: only what the encoder writes
+        "note before the first tempo": ids_of("Bar_None", "Beat_0", "Note_Pitch_60"),
+        "pitches going down": ids_of("Bar_None", "Beat_0", "Tempo_89", "Note_Pitch_60", "Note_Velocity_80",
+                                     "Note_Duration_120", "Note_Pitch_59"),
+        "same pitch twice at a position": ids_of("Bar_None", "Beat_0", "Tempo_89", "Note_Pitch_60",
+                                                 "Note_Velocity_80", "Note_Duration_120", "Note_Pitch_60"),
+        "pitch still sounding": ids_of("Bar_None", "Beat_0", "Tempo_89", "Note_Pitch_60", "Note_Velocity_80",
+                                       "Note_Duration_240", "Beat_1", "Note_Pitch_60"),
+        "tempo repeated": ids_of("Bar_None", "Beat_0", "Tempo_89", "Note_Pitch_60", "Note_Velocity_80",
+                                 "Note_Duration_120", "Beat_4", "Tempo_89"),
+        "chord off the beat": ids_of("Bar_None", "Beat_1", "Chord_C_M"),
+        "chord repeated": ids_of("Bar_None", "Beat_0", "Chord_C_M", "Tempo_89", "Beat_4", "Chord_C_M"),
+        "no chord at the start": ids_of("Bar_None", "Beat_0", "Chord_N_N"),
+        "EOS after a header-only beat": ids_of("Bar_None", "Beat_0", "Tempo_89", "Bar_None", "EOS_None"),
+        "EOS after an empty bar": ids_of("Bar_None", "Beat_0", "Tempo_89", "Note_Pitch_60", "Note_Velocity_80",
+                                         "Note_Duration_120", "Bar_None", "Bar_None", "EOS_None"),
     }
     for why, ids in bad.items():
         assert g.first_violation(ids) == len(ids) - 1, why
     # after a new Bar, any Beat is fine again
-    assert g.first_violation(ids_of("Bar_None", "Beat_8", "Tempo_89", "Bar_None", "Beat_0", "Tempo_89")) is None
+    assert g.first_violation(ids_of("Bar_None", "Beat_8", "Tempo_89", "Bar_None", "Beat_0", "Tempo_92")) is None
+    state = g.start()  # step() says which rule a token breaks
+    with pytest.raises(TokenError, match="still sounds"):
+        for tok in bad["pitch still sounding"]:
+            state = g.step(state, tok)
 
 
 def test_grammar_close_and_masks():
     g = TOK.grammar()
     state = g.start()
-    for tok in ids_of("Bar_None", "Beat_3", "Note_Pitch_60"):
+    for tok in ids_of("Bar_None", "Beat_3", "Tempo_89", "Note_Pitch_60"):
         state = g.step(state, tok)
     assert not g.can_close(state)
     with pytest.raises(TokenError):
@@ -235,7 +269,11 @@ def test_grammar_close_and_masks():
     mask = g.allowed(state)
     allowed = {TOK.vocab[i] for i in np.flatnonzero(mask)}
     assert allowed == ({"Bar_None"} | {f"Beat_{k}" for k in range(4, 16)}
-                       | {f"Note_Pitch_{p}" for p in range(22, 108)})
+                       | {f"Note_Pitch_{p}" for p in range(61, 108)})  # up in pitch from 60
+    bar = g.step(state, TOK.bar_id)
+    assert g.can_close(bar) and names(g.close(bar)) == ["EOS_None"]
+    empty_bar = g.step(bar, TOK.bar_id)  # the encoder never ends on an empty bar
+    assert not g.can_close(empty_bar) and not g.allowed(empty_bar)[TOK.eos_id]
 
 
 def test_grammar_is_fast_enough_for_sampling():

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import miditoolkit
 import numpy as np
@@ -47,8 +47,11 @@ class RemiTokenizer(Tokenizer):
         `chords`: write Chord tokens."""
         lo, hi = pitch_range
         vmin, vmax, vstep = velocity_range
-        if not (isinstance(beat_resolution, int) and 1 <= beat_resolution and OUTPUT_TPQ % beat_resolution == 0):
-            raise ConfigError(f"beat_resolution must divide {OUTPUT_TPQ}, got {beat_resolution!r}")
+        # at most 160: a duration-0 note decodes to a quarter of a grid step (at least 1 tick),
+        # which must still round back to 0 steps
+        if not (isinstance(beat_resolution, int) and 1 <= beat_resolution <= 160
+                and OUTPUT_TPQ % beat_resolution == 0):
+            raise ConfigError(f"beat_resolution must divide {OUTPUT_TPQ} and be at most 160, got {beat_resolution!r}")
         if not (0 <= lo and hi <= 127 and hi - lo >= 11):
             raise ConfigError(f"pitch_range must lie in 0..127 and span an octave, got {pitch_range!r}")
         if not (0 < vstep and 0 <= vmin <= vmax <= 127 and (vmax - vmin) % vstep == 0):
@@ -96,6 +99,7 @@ class RemiTokenizer(Tokenizer):
             for q, quality in enumerate(QUALITIES):
                 self.chord_ids[r, q] = ids[f"Chord_{root}_{quality}"]
         self.no_chord_id = self.chord_ids[12, 0] = ids[f"Chord_{NO_CHORD}"]
+        self.chord_of_marker = {name[len("Chord_"):]: i for name, i in ids.items() if name.startswith("Chord_")}
 
         # Reverse tables: id -> value (or -1), used by decode, transpose and the grammar.
         size = len(self.vocab)
@@ -113,6 +117,10 @@ class RemiTokenizer(Tokenizer):
     @property
     def pad_id(self) -> int:
         return self._pad_id
+
+    def name(self, token: int) -> str:
+        """The event name of an id, or the id itself when it is outside the vocabulary."""
+        return self.vocab[token] if 0 <= token < len(self.vocab) else str(token)
 
     def settings(self) -> dict[str, Any]:
         return {"beat_resolution": self.beat_resolution, "pitch_range": list(self.pitch_range),
@@ -164,19 +172,16 @@ class RemiTokenizer(Tokenizer):
         if all(t.is_drum or not len(t.notes) for t in score.tracks):
             raise MidiError(f"{name}: only drum notes; REMI needs pitched notes")
         notes = self.quantise(score)
-        position = notes["position"]
-        order = np.lexsort((notes["velocity"], notes["duration"], notes["pitch"], position))
-        position = position[order]
+        position, pitch, duration, velocity, merged, cut = self._canonical_notes(notes)
         last = int(position[-1])
         if last // self.positions_per_bar >= MAX_BARS:
             raise MidiError(f"{name}: notes reach bar {last // self.positions_per_bar}; "
                             f"longer than {MAX_BARS} bars, not a piece of music")
-        triples = np.stack([self.pitch_ids[notes["pitch"][order] - self.pitch_range[0]],
-                            self.velocity_ids[notes["velocity"][order]],
-                            self.duration_ids[notes["duration"][order]]], axis=1)
+        triples = np.stack([self.pitch_ids[pitch - self.pitch_range[0]], self.velocity_ids[velocity],
+                            self.duration_ids[duration]], axis=1)
 
         header: dict[int, list[int]] = {}  # grid position -> Chord/Tempo ids written after its Beat
-        chord_changes = self._chord_changes(notes["raw"], score.tpq, last) if self.chords else []
+        chord_changes = self._chord_changes(score, notes["raw"], last) if self.chords else []
         for pos, chord_id in chord_changes:
             header.setdefault(pos, []).append(chord_id)
         tempo_pos, tempo_bin = self._tempo_changes(score)
@@ -203,19 +208,59 @@ class RemiTokenizer(Tokenizer):
         report = {"notes": int(len(position)),
                   "pitches_folded": int(np.count_nonzero(notes["pitch"] != notes["raw"]["pitch"])),
                   "durations_clipped": int(np.count_nonzero(notes["clipped"])),
+                  "notes_merged": merged, "durations_cut": cut,
                   "bars": bar + 1, "chord_changes": len(chord_changes), "tempo_changes": len(tempo_events)}
         return Encoding(np.asarray(out, dtype=np.int32), report)
 
-    def _chord_changes(self, raw: dict[str, np.ndarray], tpq: int, last: int) -> list[tuple[int, int]]:
-        """(grid position, Chord id) at each beat whose chord differs from the previous beat's."""
-        beats = detect_chords(raw["time"], raw["time"] + raw["duration"], raw["pitch"], tpq)
-        complete = (beats.root >= 0) & (beats.bass >= 0)  # chorder writes only complete chords
-        ids = np.where(complete, self.chord_ids[np.maximum(beats.root, 0), np.maximum(beats.quality, 0)],
-                       self.no_chord_id)
-        previous = np.r_[self.no_chord_id, ids[:-1]]
-        changed = np.flatnonzero(ids != previous)
+    def _canonical_notes(self, notes: dict[str, np.ndarray]):
+        """The quantised notes in token order (position, then pitch), made playable as MIDI: one
+        note per pitch and position (the longest, then loudest, is kept) and a note cut short where
+        the same pitch strikes again before it ends (a re-struck key). Returns position, pitch,
+        duration and velocity arrays, and the counts of merged and cut notes."""
+        position, pitch = notes["position"], notes["pitch"]
+        duration, velocity = notes["duration"].copy(), notes["velocity"]
+        order = np.lexsort((velocity, duration, position, pitch))
+        position, pitch, duration, velocity = position[order], pitch[order], duration[order], velocity[order]
+        keep = np.r_[(position[1:] != position[:-1]) | (pitch[1:] != pitch[:-1]), True]
+        merged = int(len(keep) - keep.sum())
+        position, pitch, duration, velocity = position[keep], pitch[keep], duration[keep], velocity[keep]
+        # a note of duration 0 still sounds (a 64th), so it holds its pitch for one grid step
+        gap = position[1:] - position[:-1]
+        overlaps = np.flatnonzero((pitch[1:] == pitch[:-1]) & (gap < np.maximum(duration[:-1], 1)))
+        duration[overlaps] = gap[overlaps]
+        order = np.lexsort((pitch, position))
+        return position[order], pitch[order], duration[order], velocity[order], merged, len(overlaps)
+
+    def _chord_changes(self, score, raw: dict[str, np.ndarray], last: int) -> list[tuple[int, int]]:
+        """(grid position, Chord id) at each beat whose chord differs from the previous beat's.
+
+        The chords are the file's chord markers (`C_M`, `N_N`: what `decode` writes) when it has
+        any, so a decoded piece re-encodes to its own Chord tokens; otherwise they are detected."""
+        marked = self._marker_chords(score)
+        if marked is None:
+            beats = detect_chords(raw["time"], raw["time"] + raw["duration"], raw["pitch"], score.tpq)
+            complete = (beats.root >= 0) & (beats.bass >= 0)  # chorder writes only complete chords
+            marked = np.where(complete, self.chord_ids[np.maximum(beats.root, 0), np.maximum(beats.quality, 0)],
+                              self.no_chord_id)
+        previous = np.r_[self.no_chord_id, marked[:-1]]
+        changed = np.flatnonzero(marked != previous)
         positions = changed * self.beat_resolution
-        return [(int(p), int(ids[b])) for p, b in zip(positions, changed) if p <= last]
+        return [(int(p), int(marked[b])) for p, b in zip(positions, changed) if p <= last]
+
+    def _marker_chords(self, score) -> np.ndarray | None:
+        """One Chord id per beat from the chord markers (each holds until the next; the last
+        marker of a beat wins), or None when the file has no chord marker."""
+        marks = sorted((m.time, self.chord_of_marker[m.text]) for m in score.markers
+                       if m.text in self.chord_of_marker)
+        if not marks:
+            return None
+        beat = np.array([(2 * t + score.tpq) // (2 * score.tpq) for t, _ in marks])  # nearest beat, halves up
+        chord = np.array([c for _, c in marks])
+        last_of_beat = np.r_[beat[1:] != beat[:-1], True]
+        beat, chord = beat[last_of_beat], chord[last_of_beat]
+        if beat[0] != 0:  # before the first marker: no chord
+            beat, chord = np.r_[0, beat], np.r_[self.no_chord_id, chord]
+        return chord[np.searchsorted(beat, np.arange(beat[-1] + 1), side="right") - 1]
 
     @staticmethod
     def _check_meter(score, name: str) -> None:
@@ -227,17 +272,20 @@ class RemiTokenizer(Tokenizer):
 
     # ------------------------------------------------------------------ decode
     def decode(self, ids) -> miditoolkit.MidiFile:
-        """A piano MIDI file at 480 ticks per beat, with chords as markers. A trailing unfinished
-        note (a sampler stopped mid-triple) is dropped; any other grammar violation is an error."""
+        """A piano MIDI file at 480 ticks per beat, with chords as markers. Any sequence in the REMI
+        layout decodes (the canonical order the grammar asks for is not needed); a trailing
+        unfinished note (a sampler stopped mid-triple) is dropped; any other layout violation is
+        a TokenError."""
         ids = self._checked_ids(ids)
         midi = miditoolkit.MidiFile(ticks_per_beat=OUTPUT_TPQ)
         midi.time_signature_changes.append(miditoolkit.TimeSignature(4, 4, 0))
         piano = miditoolkit.Instrument(program=0, is_drum=False, name="Piano")
         midi.instruments.append(piano)
-        grammar, state = self.grammar(), self.grammar().start()
+        layout = self.grammar().layout
+        state = layout.start()
         bar, pos, pitch, velocity = -1, 0, 0, 0
         for i, tok in enumerate(ids.tolist()):
-            state = grammar.step(state, tok, where=i)
+            state = layout.step(state, tok, where=i)
             if tok == self.bar_id:
                 bar += 1
             elif self.beat_of[tok] >= 0:
@@ -257,6 +305,9 @@ class RemiTokenizer(Tokenizer):
                 midi.markers.append(miditoolkit.Marker(self.vocab[tok][len("Chord_"):], tick))
         if not midi.tempo_changes:
             midi.tempo_changes.append(miditoolkit.TempoChange(DEFAULT_TEMPO_BPM, 0))
+        if self.chords and not any(m.time == 0 for m in midi.markers):
+            # markers tell `encode` that the chords are given: without one it would detect chords
+            midi.markers.insert(0, miditoolkit.Marker(NO_CHORD, 0))
         midi.max_tick = max([n.end for n in piano.notes] + [0])
         return midi
 
@@ -296,25 +347,20 @@ class RemiTokenizer(Tokenizer):
         return np.flatnonzero(np.asarray(ids) == self.bar_id).tolist()
 
 
-# Grammar state classes. A state is one int: class * (positions_per_bar + 1) + (beat + 1).
+# Layout state classes. A layout state is one int: class * (positions_per_bar + 1) + (beat + 1).
 START, BAR, BEAT, CHORD, TEMPO, PITCH, VELOCITY, NOTE, END = range(9)
 _CLASS_NAMES = ("start", "Bar", "Beat", "Chord", "Tempo", "Note_Pitch", "Note_Velocity", "Note_Duration", "EOS")
 
 
-class RemiGrammar(Grammar):
-    """Bar, then Beats that only move forward within the bar; after a Beat an optional Chord,
-    an optional Tempo, then complete (Pitch, Velocity, Duration) notes; EOS only after a Bar.
-
-    Every (state, token) -> next state is precomputed in one table, so `allowed` and `step` are
-    array lookups cheap enough to call once per sampled token.
-    """
+class RemiLayout:
+    """The order of REMI tokens, which `decode` needs: Bar first, then Beats that only move forward
+    within the bar; after a Beat an optional Chord, an optional Tempo, then complete (Pitch,
+    Velocity, Duration) notes; EOS only after a Bar. Every (state, token) -> next state is one
+    precomputed table, so `step` is an array lookup."""
 
     def __init__(self, tok: RemiTokenizer):
-        self.vocab_size = tok.vocab_size
         self._tok = tok
-        width = tok.positions_per_bar + 1
-        self._width = width
-        n_states = 9 * width
+        self.width = width = tok.positions_per_bar + 1
         kind = np.full(tok.vocab_size, -1)  # token -> the class of state it leads to
         kind[tok.bar_id], kind[tok.eos_id] = BAR, END
         kind[tok.beat_of >= 0] = BEAT
@@ -329,7 +375,7 @@ class RemiGrammar(Grammar):
             CHORD: {TEMPO, PITCH, BEAT, BAR}, TEMPO: {PITCH, BEAT, BAR}, PITCH: {VELOCITY},
             VELOCITY: {NOTE}, NOTE: {PITCH, BEAT, BAR}, END: set(),
         }
-        table = np.full((n_states, tok.vocab_size), -1, dtype=np.int32)
+        table = np.full((9 * width, tok.vocab_size), -1, dtype=np.int32)
         for cls, allowed in follows.items():
             for beat in range(-1, tok.positions_per_bar):
                 state = cls * width + beat + 1
@@ -342,34 +388,160 @@ class RemiGrammar(Grammar):
                         table[state, tokens] = nxt * width
                     else:
                         table[state, tokens] = nxt * width + beat + 1
-        self._next = table
-        self._masks = table >= 0
-        self._masks.setflags(write=False)
+        self.next = table
+        self.masks = table >= 0
+        self.masks.setflags(write=False)
 
     def start(self) -> int:
-        return START * self._width
-
-    def allowed(self, state: int) -> np.ndarray:
-        return self._masks[state]
+        return START * self.width
 
     def step(self, state: int, token: int, where: int | None = None) -> int:
-        nxt = int(self._next[state, token]) if 0 <= token < self.vocab_size else -1
+        nxt = int(self.next[state, token]) if 0 <= token < len(self._tok.vocab) else -1
         if nxt < 0:
-            at = f"token {where} " if where is not None else ""
-            name = self._tok.vocab[token] if 0 <= token < self.vocab_size else str(token)
-            raise TokenError(f"{at}{name} may not follow {_CLASS_NAMES[state // self._width]}")
+            raise TokenError(f"{_at(where)}{self._tok.name(token)} may not follow {_CLASS_NAMES[state // self.width]}")
         return nxt
 
-    def can_close(self, state: int) -> bool:
-        return state // self._width in (START, BAR, CHORD, TEMPO, NOTE, END)
 
-    def close(self, state: int) -> list[int]:
-        cls = state // self._width
+class RemiState(NamedTuple):
+    """Where a piece stands, for the canonical grammar. Never mutated (samples share states)."""
+
+    layout: int  # RemiLayout state
+    bar: int  # index of the current bar, -1 before the first Bar
+    here: int  # grid position of the current Beat from the start of the piece
+    floor: int  # pitch index of the last note at this position, -1 when none
+    pitch: int  # pitch index of the note being written (after its Pitch token)
+    free_at: np.ndarray  # per pitch index: first grid position where that pitch may start again
+    chord: int  # the Chord id in effect
+    tempo: int  # the tempo bin in effect, -1 before the first Tempo
+    after_note: bool  # the state is a Bar that directly follows a note: EOS may come
+
+
+class RemiGrammar(Grammar):
+    """Exactly the sequences `encode` writes, so that encode(decode(ids)) == ids for each of them.
+
+    On top of the layout (`RemiLayout`):
+    - notes at one position go strictly up in pitch, and a pitch may not start while an earlier
+      note of that pitch still sounds (a duration-0 note holds it for one grid step);
+    - the first event states its Tempo; a Tempo or Chord token never repeats the one in effect
+      (the piece starts with no chord), and Chords sit on beats (when the tokenizer writes chords);
+    - a Beat holding only Chord/Tempo needs a note at or after it before the piece ends;
+    - the piece ends Bar, EOS right after a note (no trailing empty bar), within MAX_BARS bars.
+    `allowed` is a copy of one table row and a few numpy masks: cheap enough per sampled token.
+    """
+
+    def __init__(self, tok: RemiTokenizer):
+        self.vocab_size = tok.vocab_size
+        self._tok = tok
+        self.layout = RemiLayout(tok)
+        self._header = (tok.tempo_of >= 0) | (tok.chord_root_of >= 0)
+        self._header[tok.no_chord_id] = True
+        self._is_chord = self._header & (tok.tempo_of < 0)
+        only_eos = np.zeros(tok.vocab_size, dtype=bool)
+        only_eos[tok.eos_id] = True
+        self._only_eos = only_eos
+
+    def start(self) -> RemiState:
+        free_at = np.zeros(len(self._tok.pitch_ids), dtype=np.int64)
+        free_at.setflags(write=False)
+        return RemiState(self.layout.start(), -1, -1, -1, -1, free_at, self._tok.no_chord_id, -1, False)
+
+    def allowed(self, state: RemiState) -> np.ndarray:
+        tok = self._tok
+        cls, here = state.layout // self.layout.width, state.here
+        if state.bar >= MAX_BARS:
+            return self._only_eos & self.layout.masks[state.layout]
+        mask = self.layout.masks[state.layout].copy()
+        if cls in (BEAT, CHORD, TEMPO, NOTE):
+            pitches = state.free_at <= here
+            pitches[:state.floor + 1] = False
+            mask[tok.pitch_ids] &= pitches
+            if state.tempo < 0:  # the first event states its tempo before anything else
+                mask &= self._header
+            else:
+                mask[tok.tempo_ids[state.tempo]] = False
+            if cls == BEAT:
+                if tok.chords and (here % tok.beat_resolution) == 0:
+                    mask[state.chord] = False
+                else:
+                    mask &= ~self._is_chord
+        if state.bar + 1 >= MAX_BARS and cls != NOTE:  # only the closing Bar may be bar MAX_BARS
+            mask[tok.bar_id] = False
+        mask[tok.eos_id] &= state.after_note
+        return mask
+
+    def step(self, state: RemiState, token: int, where: int | None = None) -> RemiState:
+        tok = self._tok
+        layout = self.layout.step(state.layout, token, where)
+        broken = self._broken_rule(state, token)
+        if broken:
+            raise TokenError(f"{_at(where)}{tok.name(token)} {broken}")
+        bar, here, floor, pitch, free_at, chord, tempo = state[1:-1]
+        cls = layout // self.layout.width
+        if cls == BAR:
+            bar, floor = bar + 1, -1
+        elif cls == BEAT:
+            here, floor = bar * tok.positions_per_bar + int(tok.beat_of[token]), -1
+        elif cls == CHORD:
+            chord = token
+        elif cls == TEMPO:
+            tempo = int(tok.tempo_of[token])
+        elif cls == PITCH:
+            pitch = int(tok.pitch_of[token]) - tok.pitch_range[0]
+        elif cls == NOTE:
+            free_at = free_at.copy()
+            free_at[pitch] = here + max(int(tok.duration_of[token]), 1)
+            free_at.setflags(write=False)
+            floor = pitch
+        return RemiState(layout, bar, here, floor, pitch, free_at, chord, tempo,
+                         token == tok.bar_id and state.layout // self.layout.width == NOTE)
+
+    def _broken_rule(self, state: RemiState, token: int) -> str | None:
+        """The canonical rule a token the layout allows would break, or None: `allowed` one token
+        at a time, with the reason for the error message."""
+        tok = self._tok
+        cls, here = state.layout // self.layout.width, state.here
+        if token == tok.eos_id:
+            return None if state.after_note else \
+                "may only follow a Bar that directly follows a note (the encoder writes no trailing empty bar)"
+        if state.bar >= MAX_BARS or (token == tok.bar_id and state.bar + 1 >= MAX_BARS and cls != NOTE):
+            return f"would go past bar {MAX_BARS}: only the closing Bar and EOS may follow"
+        if cls not in (BEAT, CHORD, TEMPO, NOTE):
+            return None
+        if state.tempo < 0 and not self._header[token]:
+            return "comes before the first event's Tempo"
+        if tok.tempo_of[token] >= 0:
+            return "repeats the tempo in effect" if tok.tempo_of[token] == state.tempo else None
+        if self._is_chord[token]:
+            if not tok.chords:
+                return "is a Chord, and this tokenizer writes none"
+            if here % tok.beat_resolution:
+                return "is off the beat (Chords sit on beats)"
+            return "repeats the chord in effect" if token == state.chord else None
+        pitch = tok.pitch_of[token] - tok.pitch_range[0]
+        if pitch < 0:
+            return None
+        if state.free_at[pitch] > here:
+            return "starts while the previous note of that pitch still sounds"
+        if pitch <= state.floor:
+            return "is not above the previous pitch at this position (notes go up in pitch)"
+        return None
+
+    def can_close(self, state: RemiState) -> bool:
+        cls = state.layout // self.layout.width
+        return cls in (NOTE, END) or (cls == BAR and state.after_note)
+
+    def close(self, state: RemiState) -> list[int]:
+        cls = state.layout // self.layout.width
         if not self.can_close(state):
-            raise TokenError(f"cannot end the piece after {_CLASS_NAMES[cls]}")
+            raise TokenError(f"cannot end the piece after {_CLASS_NAMES[cls]}"
+                             + (" without a note since the last Bar" if cls == BAR else ""))
         if cls == END:
             return []
         return [self._tok.eos_id] if cls == BAR else [self._tok.bar_id, self._tok.eos_id]
+
+
+def _at(where: int | None) -> str:
+    return f"token {where} " if where is not None else ""
 
 
 def _inverse(ids: np.ndarray, size: int, offset: int = 0) -> np.ndarray:

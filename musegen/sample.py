@@ -12,6 +12,7 @@ are appended.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import random
@@ -34,6 +35,11 @@ PAPER_DEFAULTS = {"remi": {"temperature": 1.2, "top_p": 0.9}, "groove": {"temper
 FALLBACK_DEFAULTS = {"temperature": 1.0, "top_p": 1.0}
 FINISH_LIMIT = 256  # most tokens sampled past the length while waiting for a note to end
 MAX_TOKENS_PER_BAR = 1024  # safety cap on --bars generation
+# CPU threads while sampling, unless asked otherwise. A step is hundreds of tiny ops; on a busy
+# machine extra threads oversubscribe the cores and a paper-pop step got 10x slower with 2 threads
+# than with 1 (docs/performance.md). One thread also keeps a seed's output independent of the
+# machine's core count.
+DEFAULT_CPU_THREADS = 1
 
 
 @dataclass
@@ -163,12 +169,35 @@ def filter_logits(logits: torch.Tensor, temperature: float, top_k: int = 0, top_
     return logits
 
 
+@contextlib.contextmanager
+def _cpu_threads(threads: int | None):
+    """Run the block with `threads` torch CPU threads (None: leave as is), then restore."""
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def generate(model: torch.nn.Module, tokenizer: Tokenizer, prompt: Prompt, settings: SampleSettings,
-             device: str | torch.device = "cpu", progress: bool = True) -> tuple[list[Sample], dict[str, Any]]:
+             device: str | torch.device = "cpu", progress: bool = True,
+             threads: int | None = None) -> tuple[list[Sample], dict[str, Any]]:
     """Sample `settings.num_samples` continuations of `prompt` in one batch.
 
+    `threads`: torch CPU threads while sampling (default DEFAULT_CPU_THREADS on CPU).
     Returns the samples and run statistics (tokens/s of the sampling loop, counts).
     """
+    if threads is not None and threads < 1:
+        raise ConfigError(f"--threads must be at least 1, got {threads}")
+    if threads is None and torch.device(device).type == "cpu":
+        threads = DEFAULT_CPU_THREADS
+    with _cpu_threads(threads):
+        return _generate(model, tokenizer, prompt, settings, device, progress)
+
+
+def _generate(model, tokenizer, prompt, settings, device, progress):
     s = settings.resolved(tokenizer.kind)
     from tqdm import tqdm
 
@@ -342,7 +371,7 @@ def write_samples(samples: list[Sample], tokenizer: Tokenizer, prompt: Prompt, o
 
 def sample_to_folder(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, settings: SampleSettings,
                      prompt_path: str | os.PathLike | None = None, audio: bool = False, pianoroll: bool = False,
-                     device: str = "cpu", progress: bool = True) -> dict[str, Any]:
+                     device: str = "cpu", progress: bool = True, threads: int | None = None) -> dict[str, Any]:
     """The whole `musegen sample` run: returns (and writes as samples.json) what was done and how."""
     from .checkpoint import load_checkpoint
 
@@ -357,7 +386,8 @@ def sample_to_folder(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, 
     model, tokenizer, config, meta = load_checkpoint(checkpoint, device=_device(device))
     settings = settings.resolved(tokenizer.kind)
     prompt = load_prompt(tokenizer, prompt_path, settings.prompt_bars)
-    samples, stats = generate(model, tokenizer, prompt, settings, device=_device(device), progress=progress)
+    samples, stats = generate(model, tokenizer, prompt, settings, device=_device(device), progress=progress,
+                              threads=threads)
     stem = Path(prompt_path).stem if prompt_path else "sample"
     records = write_samples(samples, tokenizer, prompt, out_dir, stem, audio, pianoroll)
     summary = {

@@ -59,8 +59,10 @@ def read_checkpoint_config(folder: str | os.PathLike) -> tuple[ModelConfig, dict
         raise CheckpointError(f"{path}: not a musegen checkpoint config")
     if data.get("version") != VERSION:
         raise CheckpointError(f"{path}: checkpoint format version {data.get('version')!r}, expected {VERSION}")
+    if not isinstance(data.get("model"), dict):
+        raise CheckpointError(f"{path}: invalid model config (no settings object)")
     try:
-        config = ModelConfig.from_dict(data.get("model", {}))
+        config = ModelConfig.from_dict(data["model"])
     except MusegenError as exc:
         raise CheckpointError(f"{path}: invalid model config ({exc})") from None
     return config, data.get("meta", {})

@@ -400,6 +400,7 @@ def train(cfg: TrainConfig, resume: bool = False, command: str = "") -> dict[str
 
 
 def _train(cfg, resume, command, procs, device, MusicPerformer, Shards) -> dict[str, Any]:
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     if not cfg.data:
@@ -445,12 +446,15 @@ def _train(cfg, resume, command, procs, device, MusicPerformer, Shards) -> dict[
     start_step = 0
     if source is not None:
         raw.load_state_dict(ckpt_model.state_dict())
-        state = read_json(source / STATE_JSON)
-        tensors = load_file(str(source / STATE_TENSORS))
-        optimizer.load_state_dict(_optimizer_from_files(tensors, state["optimizer"]))
-        scheduler.load_state_dict(state["scheduler"])
-        torch.set_rng_state(tensors["rng.torch"])
-        start_step = int(state["step"])
+        try:  # a tampered or truncated state must be refused in one line, before anything is written
+            state = read_json(source / STATE_JSON)
+            tensors = load_file(str(source / STATE_TENSORS))
+            optimizer.load_state_dict(_optimizer_from_files(tensors, state["optimizer"]))
+            scheduler.load_state_dict(state["scheduler"])
+            torch.set_rng_state(tensors["rng.torch"])
+            start_step = int(state["step"])
+        except (SafetensorError, ValueError, KeyError, TypeError, AttributeError, RuntimeError) as exc:
+            raise CheckpointError(f"{source}: unreadable training state ({type(exc).__name__}: {exc})") from None
         counters = {k: state.get(k, v) for k, v in counters.items()}
 
     net: torch.nn.Module = raw

@@ -414,6 +414,7 @@ class RemiState(NamedTuple):
     chord: int  # the Chord id in effect
     tempo: int  # the tempo bin in effect, -1 before the first Tempo
     after_note: bool  # the state is a Bar that directly follows a note: EOS may come
+    lone_tempo: bool  # the piece's first Tempo, right after its Beat: a note must follow at this Beat
 
 
 class RemiGrammar(Grammar):
@@ -422,7 +423,7 @@ class RemiGrammar(Grammar):
     On top of the layout (`RemiLayout`):
     - notes at one position go strictly up in pitch, and a pitch may not start while an earlier
       note of that pitch still sounds (a duration-0 note holds it for one grid step);
-    - the first event states its Tempo; a Tempo or Chord token never repeats the one in effect
+    - the first event (a note, or a Chord) states its Tempo; a Tempo or Chord token never repeats the one in effect
       (the piece starts with no chord), and Chords sit on beats (when the tokenizer writes chords);
     - a Beat holding only Chord/Tempo needs a note at or after it before the piece ends;
     - the piece ends Bar, EOS right after a note (no trailing empty bar), within MAX_BARS bars.
@@ -436,6 +437,7 @@ class RemiGrammar(Grammar):
         self._header = (tok.tempo_of >= 0) | (tok.chord_root_of >= 0)
         self._header[tok.no_chord_id] = True
         self._is_chord = self._header & (tok.tempo_of < 0)
+        self._is_pitch = tok.pitch_of >= 0
         only_eos = np.zeros(tok.vocab_size, dtype=bool)
         only_eos[tok.eos_id] = True
         self._only_eos = only_eos
@@ -443,7 +445,7 @@ class RemiGrammar(Grammar):
     def start(self) -> RemiState:
         free_at = np.zeros(len(self._tok.pitch_ids), dtype=np.int64)
         free_at.setflags(write=False)
-        return RemiState(self.layout.start(), -1, -1, -1, -1, free_at, self._tok.no_chord_id, -1, False)
+        return RemiState(self.layout.start(), -1, -1, -1, -1, free_at, self._tok.no_chord_id, -1, False, False)
 
     def allowed(self, state: RemiState) -> np.ndarray:
         tok = self._tok
@@ -457,6 +459,8 @@ class RemiGrammar(Grammar):
             mask[tok.pitch_ids] &= pitches
             if state.tempo < 0:  # the first event states its tempo before anything else
                 mask &= self._header
+            elif state.lone_tempo:
+                mask &= self._is_pitch
             else:
                 mask[tok.tempo_ids[state.tempo]] = False
             if cls == BEAT:
@@ -475,7 +479,7 @@ class RemiGrammar(Grammar):
         broken = self._broken_rule(state, token)
         if broken:
             raise TokenError(f"{_at(where)}{tok.name(token)} {broken}")
-        bar, here, floor, pitch, free_at, chord, tempo = state[1:-1]
+        bar, here, floor, pitch, free_at, chord, tempo = state[1:-2]
         cls = layout // self.layout.width
         if cls == BAR:
             bar, floor = bar + 1, -1
@@ -492,8 +496,9 @@ class RemiGrammar(Grammar):
             free_at[pitch] = here + max(int(tok.duration_of[token]), 1)
             free_at.setflags(write=False)
             floor = pitch
+        before = state.layout // self.layout.width
         return RemiState(layout, bar, here, floor, pitch, free_at, chord, tempo,
-                         token == tok.bar_id and state.layout // self.layout.width == NOTE)
+                         token == tok.bar_id and before == NOTE, cls == TEMPO and before == BEAT and state.tempo < 0)
 
     def _broken_rule(self, state: RemiState, token: int) -> str | None:
         """The canonical rule a token the layout allows would break, or None: `allowed` one token
@@ -509,6 +514,8 @@ class RemiGrammar(Grammar):
             return None
         if state.tempo < 0 and not self._header[token]:
             return "comes before the first event's Tempo"
+        if state.lone_tempo and not self._is_pitch[token]:
+            return "leaves the first Tempo without a Chord or a note at its Beat (the first event has one)"
         if tok.tempo_of[token] >= 0:
             return "repeats the tempo in effect" if tok.tempo_of[token] == state.tempo else None
         if self._is_chord[token]:

@@ -2,14 +2,17 @@
 
 A prepared folder holds:
 - `tokenizer.json`: the tokenizer that made the tokens;
-- `<split>.npy`: all pieces of a split, concatenated (int16 when the vocabulary fits);
-- `index.json`: {"format", "version", "tokenizer": kind, "splits": {split: {"names",
-  "offsets", "lengths"}}, "report": preparation summary}. It is written last, so a folder
-  without it is not complete.
+- `<split>-<digest>.npy`: all pieces of a split, concatenated (int16 when the vocabulary fits),
+  named by a digest of their bytes;
+- `index.json`: {"format", "version", "tokenizer": kind, "splits": {split: {"file", "names",
+  "offsets", "lengths"}}, "report": preparation summary}. It is written last and names the
+  files it needs, so rewriting a folder swaps old for new in one rename: an interrupted rewrite
+  leaves the previous complete index and its files untouched.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 from typing import Any
@@ -29,7 +32,6 @@ def write_shards(folder: str | os.PathLike, tokenizer: Tokenizer,
     """Write every split's pieces (name, ids) and then the index that makes the folder complete."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / INDEX).unlink(missing_ok=True)  # the folder is incomplete until the new index lands
     dtype = np.int16 if tokenizer.vocab_size < 2**15 else np.int32
     index: dict[str, Any] = {"format": FORMAT, "version": VERSION, "tokenizer": tokenizer.kind,
                              "splits": {}, "report": report}
@@ -37,13 +39,18 @@ def write_shards(folder: str | os.PathLike, tokenizer: Tokenizer,
         lengths = [int(len(ids)) for _, ids in pieces]
         offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(int).tolist() if pieces else []
         tokens = np.concatenate([ids for _, ids in pieces]).astype(dtype) if pieces else np.zeros(0, dtype)
-        with atomic_path(folder / f"{split}.npy") as tmp:
+        file = f"{split}-{hashlib.sha256(tokens.tobytes()).hexdigest()[:16]}.npy"
+        with atomic_path(folder / file) as tmp:
             with open(tmp, "wb") as f:
                 np.save(f, tokens)
-        index["splits"][split] = {"names": [name for name, _ in pieces], "offsets": offsets,
+        index["splits"][split] = {"file": file, "names": [name for name, _ in pieces], "offsets": offsets,
                                   "lengths": lengths}
     tokenizer.save(folder / TOKENIZER)
     write_json(folder / INDEX, index)
+    kept = {entry["file"] for entry in index["splits"].values()}
+    for old in folder.glob("*.npy"):  # the previous index's files, now unreferenced
+        if old.name not in kept:
+            old.unlink()
     return folder
 
 
@@ -79,7 +86,7 @@ class Shards:
         """Each piece of `split` as an int64 array (views into one memory-mapped file)."""
         entry = self._split(split)
         if split not in self._cache:
-            path = self.folder / f"{split}.npy"
+            path = self.folder / entry.get("file", f"{split}.npy")  # (older folders: one name per split)
             try:
                 self._cache[split] = np.load(path, mmap_mode="r", allow_pickle=False)
             except (OSError, ValueError) as exc:
@@ -87,7 +94,7 @@ class Shards:
         tokens = self._cache[split]
         total = sum(entry["lengths"])
         if len(tokens) != total:
-            raise DataError(f"{self.folder / split}.npy holds {len(tokens)} tokens, the index says {total}")
+            raise DataError(f"{self.folder / entry.get('file', split + '.npy')} holds {len(tokens)} tokens, the index says {total}")
         return [np.asarray(tokens[o:o + n], dtype=np.int64) for o, n in zip(entry["offsets"], entry["lengths"])]
 
     def _split(self, split: str) -> dict[str, Any]:

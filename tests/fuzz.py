@@ -15,6 +15,8 @@ import struct
 from pathlib import Path
 from typing import Callable
 
+import miditoolkit
+
 Event = tuple[bytes, bytes]  # (delta-time bytes, event bytes): kept raw so deltas can be malformed
 
 
@@ -207,3 +209,17 @@ def write_corpus(folder: Path, corpus: list[tuple[str, bytes]]) -> Path:
     for name, data in corpus:
         (folder / name).write_bytes(data)
     return folder
+
+
+def trio_midi(path: Path) -> Path:
+    """A bass + drums + piano bar pattern: a seed that the groove tokenizer accepts in full."""
+    midi = miditoolkit.MidiFile(ticks_per_beat=480)
+    bass, drums, piano = miditoolkit.Instrument(33), miditoolkit.Instrument(0, is_drum=True), miditoolkit.Instrument(0)
+    for beat in range(16):
+        t = beat * 480
+        bass.notes.append(miditoolkit.Note(90, 36 + (beat // 4) * 2, t, t + 400))
+        drums.notes.append(miditoolkit.Note(100, 36 if beat % 2 == 0 else 38, t, t + 60))
+        piano.notes += [miditoolkit.Note(70, p, t, t + 240) for p in (60, 64, 67)]
+    midi.instruments += [bass, drums, piano]
+    midi.dump(str(path))
+    return path

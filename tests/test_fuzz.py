@@ -16,11 +16,10 @@ from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 
-import miditoolkit
 import pytest
 import torch
 
-from fuzz import mutants, write_corpus
+from fuzz import mutants, trio_midi, write_corpus
 from musegen.checkpoint import save_checkpoint
 from musegen.errors import MusegenError
 from musegen.model import MusicPerformer, preset
@@ -33,20 +32,6 @@ KINDS = ("remi", "groove")
 CI_MUTANTS, SLOW_MUTANTS = 240, 2400
 FILE_LIMIT_S = 60  # per mutant in-process, as data_prep's per-file limit: past it, a hang
 BATCH_LIMIT_S = 300  # one `data prepare` call over the whole folder
-
-
-def trio_midi(path: Path) -> Path:
-    """A bass + drums + piano bar pattern: a seed that the groove tokenizer accepts in full."""
-    midi = miditoolkit.MidiFile(ticks_per_beat=480)
-    bass, drums, piano = miditoolkit.Instrument(33), miditoolkit.Instrument(0, is_drum=True), miditoolkit.Instrument(0)
-    for beat in range(16):
-        t = beat * 480
-        bass.notes.append(miditoolkit.Note(90, 36 + (beat // 4) * 2, t, t + 400))
-        drums.notes.append(miditoolkit.Note(100, 36 if beat % 2 == 0 else 38, t, t + 60))
-        piano.notes += [miditoolkit.Note(70, p, t, t + 240) for p in (60, 64, 67)]
-    midi.instruments += [bass, drums, piano]
-    midi.dump(str(path))
-    return path
 
 
 @pytest.fixture(scope="module", autouse=True)

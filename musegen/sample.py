@@ -145,11 +145,12 @@ def _states(grammar: Grammar, ids) -> list:
 
 def end_token(grammar: Grammar) -> int:
     """The token that ends a piece: the last of the grammar's closing tokens."""
-    state = grammar.start()
-    for _ in range(64):
-        if grammar.can_close(state):
-            return int(grammar.close(state)[-1])
-        state = grammar.step(state, int(np.flatnonzero(grammar.allowed(state))[0]))
+    for pick in (0, -1):  # walk on the first allowed token, else the last (REMI's first is always Bar)
+        state = grammar.start()
+        for _ in range(64):
+            if grammar.can_close(state):
+                return int(grammar.close(state)[-1])
+            state = grammar.step(state, int(np.flatnonzero(grammar.allowed(state))[pick]))
     raise TokenError("the tokenizer's grammar never allows the piece to end")
 
 

@@ -6,7 +6,7 @@ One call writes into the output folder:
   analytic P_d, the estimate from the codes, and every layer's gated kernel (1 - g) P_d + g;
 - `gates.png` (gated SPE): g per layer, head and feature;
 - `attention_maps.png`: layers 1, 3, middle and last on a sequence the model generated to 1.5x its
-  training length (row-normalised causal attention, log colour scale);
+  training length (causal attention, each row over its max, log colour scale);
 - `probes.png`: the first layer's un-normalised attention against distance on identical tokens;
 - `sparsity.png`: S per layer and head on real validation pieces (or the generated sequence);
 - `summary.csv` (section, quantity, layer, head, detail, value) and `inspect.json` (arguments).
@@ -156,7 +156,9 @@ def map_section(model, ids: torch.Tensor, train_len: int, out: Path, seed: int) 
         row_sparsity = att.causal_row_sparsity(logits)  # query t = index + 1
         for h in range(H):
             ax = axes[r][h]
-            ax.imshow(maps[h].clamp_min(1e-5).log10().cpu().numpy(), vmin=-5, vmax=0, cmap="magma",
+            # Each row over its own max: long rows are not drowned by their 1/t share of mass.
+            relative = maps[h] / maps[h].amax(-1, keepdim=True)
+            ax.imshow(relative.clamp_min(1e-4).log10().cpu().numpy(), vmin=-4, vmax=0, cmap="magma",
                       interpolation="nearest")
             if train_len < T:
                 ax.axvline(train_len, color="c", lw=0.6)
@@ -167,7 +169,8 @@ def map_section(model, ids: torch.Tensor, train_len: int, out: Path, seed: int) 
             rows.append(_row("maps", "sparsity", inside.mean(), layer, h, "within"))
             if len(beyond):
                 rows.append(_row("maps", "sparsity", beyond.mean(), layer, h, "beyond"))
-    fig.suptitle(f"attention on a generated sequence of {T} tokens (log10; cyan: training length {train_len})",
+    fig.suptitle(f"attention on a generated sequence of {T} tokens (log10 of each row / its max; "
+                 f"cyan: training length {train_len})",
                  fontsize=9)
     fig.tight_layout()
     _save(fig, out / "attention_maps.png")

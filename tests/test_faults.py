@@ -1,0 +1,265 @@
+"""Fault injection on every write path: data preparation, training checkpoints, sample output.
+
+Faults: SIGKILL at seeded random moments (subprocesses), a full disk (OSError(ENOSPC) injected at
+the n-th fsync, where musegen makes written bytes durable), a read-only output folder (chmod;
+when the tests run as root, which ignores modes, the same EROFS error is injected where files
+are created). After each fault the earlier complete output must be intact and loadable and no
+file under its final name may be partial; a rerun or resume then finishes. Counts print with -s.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import symusic
+import torch
+
+from fuzz import trio_midi
+from musegen import io as musegen_io
+from musegen.checkpoint import load_checkpoint, save_checkpoint
+from musegen.cli import main
+from musegen.model import MusicPerformer, preset
+from musegen.sample import SampleSettings, sample_to_folder
+from musegen.shards import Shards
+from musegen.tokenizers import tokenizer_from_dict
+from musegen.train import build_config, checkpoint_dirs, is_complete, latest_checkpoint, train
+
+from train_fixtures import prepare_pop909
+
+FAULTS = Counter()  # (area, "injected" | "intact") -> count
+TINY_RUN = ["seq_len=32", "batch_size=2", "workers=0", "valid_every=0", "log_every=1", "ckpt_every=1", "keep=2"]
+KILLS = int(os.environ.get("MUSEGEN_FAULT_KILLS", 2))  # per area; the slow suite raises it
+
+
+@pytest.fixture(scope="module", autouse=True)
+def summary():
+    torch.set_num_threads(1)
+    yield
+    for area in sorted({a for a, _ in FAULTS}):
+        print(f"\nfaults {area}: injected {FAULTS[area, 'injected']}, "
+              f"complete earlier output intact after {FAULTS[area, 'intact']}")
+
+
+def musegen_cmd(*args) -> list[str]:
+    return [sys.executable, "-m", "musegen", *map(str, args)]
+
+
+def env() -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def cli(args, capsys) -> tuple[int, list[str]]:
+    """Exit code and the `error:` lines of stderr (progress bars share stderr); never a traceback."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        main([str(a) for a in args])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "internal error" not in err, err[-2000:]
+    return exit_.value.code or 0, [line for line in err.splitlines() if line.startswith("error:")]
+
+
+class DiskFull:
+    """Make the n-th fsync (1-based) and every later one fail with ENOSPC."""
+
+    def __init__(self, monkeypatch, n: int):
+        self.n, self.calls, real = n, 0, os.fsync
+
+        def fsync(fd):
+            self.calls += 1
+            if self.calls >= self.n:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return real(fd)
+        monkeypatch.setattr(os, "fsync", fsync)
+
+
+def read_only(folder: Path, monkeypatch) -> None:
+    folder.chmod(0o555)
+    if os.geteuid() == 0:  # root writes through modes: inject what a read-only folder answers
+        real = musegen_io.tempfile.mkstemp
+
+        def mkstemp(*args, dir=None, **kwargs):
+            if dir is not None and Path(dir).resolve().is_relative_to(folder.resolve()):
+                raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(dir))
+            return real(*args, dir=dir, **kwargs)
+        monkeypatch.setattr(musegen_io.tempfile, "mkstemp", mkstemp)
+
+
+def kill_at_random(cmd: list[str], rng: random.Random, earliest: float, latest: float) -> bool:
+    """Start `cmd`, SIGKILL it after a random delay; True if it was still running when killed."""
+    proc = subprocess.Popen(cmd, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        proc.wait(timeout=rng.uniform(earliest, latest))
+        return False
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        return True
+
+
+def visible_files(folder: Path) -> list[Path]:
+    """Files under their final names (hidden `.name.tmp` files are the atomic writer's scratch)."""
+    return [p for p in folder.rglob("*") if p.is_file() and not any(part.startswith(".") for part in
+                                                                     p.relative_to(folder).parts)]
+
+
+# ---- data preparation ---------------------------------------------------------------------------
+
+def shards_content(folder: Path) -> dict:
+    shards = Shards(folder)
+    return {split: [p.tolist() for p in shards.pieces(split)] for split in shards.splits}
+
+
+@pytest.fixture(scope="module")
+def source(pop909_songs, tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("midi")
+    for song in pop909_songs[:6]:
+        (folder / song.name).write_bytes(song.read_bytes())
+    return folder
+
+
+def test_data_prepare_survives_full_disk_read_only_and_kill(source, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "shards"
+    prepare = ["data", "prepare", "midi", "--source", source, "--out", out, "--workers", 1]
+    assert cli(prepare + ["--limit", 3], capsys)[0] == 0
+    before = shards_content(out)
+    assert cli(prepare[:6] + [tmp_path / "reference"] + prepare[7:], capsys)[0] == 0
+    after = shards_content(tmp_path / "reference")  # what a finished rewrite holds
+    for n in range(1, 5):  # each atomic write of a rewrite: npy files, tokenizer, index
+        with monkeypatch.context() as m:
+            DiskFull(m, n)
+            code, err = cli(prepare, capsys)
+        FAULTS["data prepare", "injected"] += 1
+        assert code == 1 and len(err) == 1 and "No space left" in err[0], err
+        FAULTS["data prepare", "intact"] += shards_content(out) == before
+    with monkeypatch.context() as m:
+        read_only(out, m)
+        code, err = cli(prepare, capsys)
+        out.chmod(0o755)
+    FAULTS["data prepare", "injected"] += 1
+    assert code == 1 and len(err) == 1, err
+    FAULTS["data prepare", "intact"] += shards_content(out) == before
+    started = time.perf_counter()  # a whole rewrite as a subprocess, to aim the kills inside it
+    subprocess.run(musegen_cmd(*prepare[:6], tmp_path / "timing", *prepare[7:]), env=env(), capture_output=True)
+    duration = time.perf_counter() - started
+    rng = random.Random(1)
+    for _ in range(KILLS):
+        killed = kill_at_random(musegen_cmd(*prepare), rng, 0.5 * duration, 0.95 * duration)
+        FAULTS["data prepare", "injected"] += killed
+        # always a complete folder: the earlier one, or the rewrite if it got as far as its index
+        FAULTS["data prepare", "intact"] += killed and shards_content(out) in (before, after)
+    assert cli(prepare, capsys)[0] == 0  # the rerun finishes
+    assert sum(map(len, shards_content(out).values())) == 6
+    assert FAULTS["data prepare", "intact"] == FAULTS["data prepare", "injected"]
+
+
+# ---- training checkpoints ------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def data(pop909_songs, tmp_path_factory) -> Path:
+    return prepare_pop909(pop909_songs[:3], tmp_path_factory.mktemp("data"))
+
+
+def complete_checkpoints_load(run: Path) -> bool:
+    """Every folder that looks complete loads; the newest complete one exists."""
+    folders = [path for _, path in checkpoint_dirs(run) if is_complete(path)]
+    for folder in folders:
+        load_checkpoint(folder)
+    return bool(folders) and latest_checkpoint(run) == folders[-1]
+
+
+def test_training_survives_full_disk_read_only_and_kill(data, tmp_path, capsys, monkeypatch):
+    run = tmp_path / "run"
+    train_args = lambda steps: ["train", "--data", data, "--out", run, "--preset", "tiny",  # noqa: E731
+                                *[x for s in TINY_RUN + [f"steps={steps}"] for x in ("--set", s)]]
+    assert cli(train_args(1), capsys)[0] == 0
+    # a checkpoint makes ~5 fsyncs (weights, tokenizer, config, folder, parent); hit each in turn
+    for n in range(1, 7):
+        earlier = latest_checkpoint(run)
+        with monkeypatch.context() as m:
+            DiskFull(m, n)
+            code, err = cli(train_args(5) + ["--resume"], capsys)
+        FAULTS["training", "injected"] += 1
+        assert code == 1 and len(err) == 1 and "No space left" in err[0], err
+        FAULTS["training", "intact"] += complete_checkpoints_load(run) and latest_checkpoint(run) >= earlier
+    with monkeypatch.context() as m:
+        read_only(run / "checkpoints", m)
+        code, err = cli(train_args(8) + ["--resume"], capsys)
+        (run / "checkpoints").chmod(0o755)
+    FAULTS["training", "injected"] += 1
+    assert code == 1 and len(err) == 1, err
+    FAULTS["training", "intact"] += complete_checkpoints_load(run)
+    rng = random.Random(2)
+    for _ in range(KILLS):
+        killed = kill_at_random(musegen_cmd(*train_args(1000), "--resume"), rng, 4.0, 10.0)
+        FAULTS["training", "injected"] += killed
+        FAULTS["training", "intact"] += killed and complete_checkpoints_load(run)
+    last = int(latest_checkpoint(run).name.split("-")[1])
+    assert cli(train_args(last + 2) + ["--resume"], capsys)[0] == 0  # resume finishes the job
+    assert latest_checkpoint(run).name == f"step-{last + 2:08d}"
+    assert FAULTS["training", "intact"] == FAULTS["training", "injected"]
+
+
+# ---- sample output ---------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def groove(tmp_path_factory) -> tuple[Path, Path]:
+    """A tiny groove checkpoint and a prompt it reads."""
+    tok = tokenizer_from_dict({"kind": "groove"})
+    torch.manual_seed(0)
+    model = MusicPerformer(preset("tiny", vocab_size=tok.vocab_size)).eval()
+    folder = tmp_path_factory.mktemp("ckpt")
+    return save_checkpoint(folder, model, model.config, tok), trio_midi(folder.parent / "trio.mid")
+
+
+def outputs_complete(out: Path) -> dict[str, bytes]:
+    """Every visible file parses (MIDI, JSON); returns their bytes."""
+    import json
+
+    files = {p.name: p.read_bytes() for p in visible_files(out)}
+    for name, data in files.items():
+        if name.endswith(".mid"):
+            symusic.Score.from_midi(data)
+        else:
+            json.loads(data)
+    return files
+
+
+def test_sample_output_survives_full_disk_read_only_and_kill(groove, tmp_path, capsys, monkeypatch):
+    checkpoint, prompt = groove
+    out = tmp_path / "out"
+    sample_to_folder(checkpoint, out, SampleSettings(length=16, seed=0), None, progress=False)
+    earlier = outputs_complete(out)  # sample_000.mid + sample.json from a run without prompt
+    args = ["sample", "-c", checkpoint, "--prompt", prompt, "--length", 16, "-n", 2, "--seed", 1, "--out", out]
+    for n in range(1, 4):  # the two MIDI files, then the JSON
+        with monkeypatch.context() as m:
+            DiskFull(m, n)
+            code, err = cli(args, capsys)
+        FAULTS["sample", "injected"] += 1
+        assert code == 1 and len(err) == 1 and "No space left" in err[0], err
+        now = outputs_complete(out)
+        FAULTS["sample", "intact"] += all(now[name] == data for name, data in earlier.items())
+    with monkeypatch.context() as m:
+        read_only(out, m)
+        code, err = cli(args, capsys)
+        out.chmod(0o755)
+    FAULTS["sample", "injected"] += 1
+    assert code == 1 and len(err) == 1, err
+    FAULTS["sample", "intact"] += all(outputs_complete(out)[k] == v for k, v in earlier.items())
+    rng = random.Random(3)
+    long_args = [a if a != 16 else 100000 for a in args]
+    for _ in range(KILLS):
+        killed = kill_at_random(musegen_cmd(*long_args), rng, 3.0, 8.0)
+        FAULTS["sample", "injected"] += killed
+        FAULTS["sample", "intact"] += killed and all(outputs_complete(out)[k] == v for k, v in earlier.items())
+    assert cli(args, capsys)[0] == 0  # the rerun writes its outputs beside the earlier ones
+    assert {"trio_000.mid", "trio_001.mid", "trio.json"} <= set(outputs_complete(out))
+    assert FAULTS["sample", "intact"] == FAULTS["sample", "injected"]

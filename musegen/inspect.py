@@ -298,10 +298,10 @@ def inspect_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, le
         raise ConfigError(f"--length must be at least 2, got {length}")
     if pieces < 1:
         raise ConfigError(f"--pieces must be at least 1, got {pieces}")
+    if data is not None:  # fail on bad data before the slow parts
+        measured, source = sparsity_pieces(Path(data), split, tokenizer, pieces, train_len)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    if data is not None:  # fail on bad data before the slow parts
-        valid, source = sparsity_pieces(Path(data), split, tokenizer, pieces, train_len)
 
     torch.manual_seed(seed)
     rows: list[dict] = []
@@ -311,16 +311,19 @@ def inspect_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, le
     rows += map_section(model, generated, train_len, out, seed)
     rows += probe_section(model, tokenizer, train_len, length, out, seed)
     if data is None:
-        valid, source = [generated[:train_len].cpu().numpy()], "the generated sequence"
-    rows += sparsity_section(model, valid, source, out, seed)
+        measured, source = [generated[:train_len].cpu().numpy()], "the generated sequence"
+    rows += sparsity_section(model, measured, source, out, seed)
     write_rows(out / "summary.csv", rows)
+    written = ["templates.png"] if model.spe is not None else []  # what this run wrote, not stale files
+    written += ["gates.png"] if att.gate_values(model) is not None else []
+    written += ["attention_maps.png", "probes.png", "sparsity.png", "summary.csv"]
 
     best = {f"{r['quantity'][len('best_head_'):]}_{r['detail']}": {"head": r["head"], "value": r["value"]}
             for r in rows if r["quantity"].startswith("best_head_")}
     result = {"checkpoint": str(checkpoint), "pe": config.pe, "train_len": train_len, "length": length,
               "sparsity_source": source, "best_heads": best,
               "seconds": round(time.perf_counter() - started, 2),
-              "files": sorted(p.name for p in out.iterdir() if p.suffix in (".png", ".csv"))}
+              "files": written}
     write_json(out / "inspect.json", {"arguments": {"checkpoint": str(checkpoint), "length": length, "data":
                                                     None if data is None else str(data), "split": split,
                                                     "pieces": pieces, "seed": seed, "train_len": train_len},

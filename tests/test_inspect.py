@@ -220,6 +220,20 @@ def test_inspect_writes_every_figure_and_a_summary(tiny_checkpoint, tmp_path):
                                          for r in ("within", "beyond")}
 
 
+def test_inspect_of_an_ape_model_lists_only_what_it_wrote(tiny_checkpoint, tmp_path):
+    _, data = tiny_checkpoint
+    from musegen.shards import Shards
+
+    model = MusicPerformer(preset("tiny", vocab_size=Shards(data).tokenizer.vocab_size, pe="ape"))
+    folder = save_checkpoint(tmp_path / "ape", model, model.config, Shards(data).tokenizer, {"train_len": 16})
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "templates.png").write_bytes(b"from an earlier run")
+    result = inspect_checkpoint(folder, tmp_path / "out", length=20)
+    assert result["files"] == ["attention_maps.png", "probes.png", "sparsity.png", "summary.csv"]
+    assert result["sparsity_source"] == "the generated sequence" and set(result["best_heads"]) == {
+        "translation_invariance_within", "monotonicity_within", "translation_invariance_beyond", "monotonicity_beyond"}
+
+
 def run_cli(args, capsys):
     with pytest.raises(SystemExit) as exit_:
         main([str(a) for a in args])
@@ -236,7 +250,7 @@ def test_cli_inspect_and_its_errors(tiny_checkpoint, tmp_path, capsys):
     code, _, err = run_cli(["inspect", "-c", tmp_path / "missing", "-o", tmp_path / "b"], capsys)
     assert code == 1 and err.count("\n") == 1 and "checkpoint folder not found" in err
     code, _, err = run_cli(["inspect", "-c", folder, "-o", tmp_path / "b", "--data", tmp_path / "nodata"], capsys)
-    assert code == 1 and "data folder not found" in err and not (tmp_path / "b" / "summary.csv").exists()
+    assert code == 1 and "data folder not found" in err and not (tmp_path / "b").exists()
     code, _, err = run_cli(["inspect", "-c", folder, "-o", tmp_path / "b", "--data", data, "--split", "test"], capsys)
     assert code == 1 and "no split 'test'" in err
 

@@ -83,11 +83,16 @@ def template_section(model, train_len: int, out: Path, seed: int) -> list[dict]:
     estimated = att.diagonal_means(templates, span)
     heads, feats = [h for h, _ in pairs], [d for _, d in pairs]
     target = kernel[heads, feats]  # [P, span]
-    per_layer = target[None] if gates is None else (1 - gates[:, heads, feats, None].cpu()) * target + gates[:, heads, feats, None].cpu()
+    if gates is None:
+        per_layer = target[None]  # [layers, P, span]: the kernel each layer really uses
+    else:
+        g = gates[:, heads, feats, None].cpu()
+        per_layer = (1 - g) * target + g
 
     rows = []
     for p, (h, d) in enumerate(pairs):
-        error = (estimated[p] - per_layer[0, p]).pow(2).mean().sqrt() / per_layer[0, p].pow(2).mean().sqrt().clamp_min(1e-12)
+        rms = per_layer[0, p].pow(2).mean().sqrt().clamp_min(1e-12)
+        error = (estimated[p] - per_layer[0, p]).pow(2).mean().sqrt() / rms
         rows.append(_row("template", "relative_rms_error_codes_vs_kernel", error, 0, h, f"feature {d + 1}"))
 
     plt = _pyplot()
@@ -220,7 +225,8 @@ def probe_section(model, tokenizer, train_len: int, length: int, out: Path, seed
     return rows
 
 
-def sparsity_pieces(data: Path | None, split: str, tokenizer, count: int, train_len: int) -> tuple[list[np.ndarray], str]:
+def sparsity_pieces(data: Path, split: str, tokenizer, count: int,
+                    train_len: int) -> tuple[list[np.ndarray], str]:
     from .data import resolve_split
     from .shards import Shards
 
@@ -390,7 +396,8 @@ def read_style_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
     return rows
 
 
-def plot_style_comparison(tables: dict[str, str | os.PathLike], path: str | os.PathLike) -> dict[str, dict[str, list[float]]]:
+def plot_style_comparison(tables: dict[str, str | os.PathLike],
+                          path: str | os.PathLike) -> dict[str, dict[str, list[float]]]:
     """Box plots of style similarity per segment, one colour per model, one panel per metric
     (paper Fig. 5); returns the medians per model, metric and segment."""
     from .metrics.style import METRICS, medians

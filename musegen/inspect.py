@@ -36,6 +36,7 @@ COLUMNS = ("section", "quantity", "layer", "head", "detail", "value")
 MAX_TEMPLATE_SPAN = 256  # positions shown in a template image
 MAX_PROBE_WINDOW = 64  # keys (distances 0..window-1) per probed query
 PROBE_TOKENS = 3  # identical-token sequences probed, spread over the vocabulary
+MAP_PIXELS = 512  # most pixels per side of one attention map in the PNG
 
 
 def _pyplot():
@@ -163,8 +164,11 @@ def map_section(model, ids: torch.Tensor, train_len: int, out: Path, seed: int) 
             ax = axes[r][h]
             # Each row over its own max: long rows are not drowned by their 1/t share of mass.
             relative = maps[h] / maps[h].amax(-1, keepdim=True)
-            ax.imshow(relative.clamp_min(1e-4).log10().cpu().numpy(), vmin=-4, vmax=0, cmap="magma",
-                      interpolation="nearest")
+            # Long sequences: max-pool to at most MAP_PIXELS a side so no peak is lost in the PNG.
+            block = -(-T // MAP_PIXELS)
+            shown = torch.nn.functional.max_pool2d(relative[None], block, ceil_mode=True)[0] if block > 1 else relative
+            ax.imshow(shown.clamp_min(1e-4).log10().cpu().numpy(), vmin=-4, vmax=0, cmap="magma",
+                      interpolation="nearest", extent=(0, T, T, 0))
             if train_len < T:
                 ax.axvline(train_len, color="c", lw=0.6)
                 ax.axhline(train_len, color="c", lw=0.6)
@@ -174,7 +178,7 @@ def map_section(model, ids: torch.Tensor, train_len: int, out: Path, seed: int) 
             rows.append(_row("maps", "sparsity", inside.mean(), layer, h, "within"))
             if len(beyond):
                 rows.append(_row("maps", "sparsity", beyond.mean(), layer, h, "beyond"))
-    fig.suptitle(f"attention on a generated sequence of {T} tokens (log10 of each row / its max; "
+    fig.suptitle(f"attention on a generated sequence of {T} tokens\n(log10 of each row / its max; "
                  f"cyan: training length {train_len})",
                  fontsize=9)
     fig.tight_layout()

@@ -366,7 +366,8 @@ def read_position_nll(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
 def plot_position_nll(curves: dict[str, str | os.PathLike], train_len: int | None, path: str | os.PathLike,
                       smooth: int = 32) -> dict[str, dict[str, float]]:
     """Several models' NLL against position in one figure (paper Fig. 3), with a running mean of
-    `smooth` positions; returns each model's mean NLL within and beyond `train_len`."""
+    `smooth` positions; returns each model's mean of the per-position NLL within and beyond
+    `train_len` (positions weigh the same; `musegen evaluate loss` weighs tokens)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.5))
     summary = {}

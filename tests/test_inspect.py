@@ -260,3 +260,17 @@ def test_cli_inspect_and_its_errors(tiny_checkpoint, tmp_path, capsys):
     no_meta = save_checkpoint(tmp_path / "no-meta", model, model.config, RemiTokenizer())
     code, _, err = run_cli(["inspect", "-c", no_meta, "-o", tmp_path / "c"], capsys)
     assert code == 1 and "--train-len" in err
+
+
+def test_nll_comparison_reads_evaluate_loss_csvs(tmp_path):
+    import numpy as np
+
+    from musegen.inspect import plot_position_nll
+    from musegen.metrics.loss import write_position_nll
+
+    sums, counts = np.array([2.0, 4.0, 0.0, 9.0, 3.0]), np.array([1, 2, 0, 3, 1])  # position 2: no token
+    files = write_position_nll(tmp_path, "nll_valid", sums, counts, train_len=2)
+    summary = plot_position_nll({"m": files["csv"]}, 2, tmp_path / "curves.png", smooth=2)
+    assert summary["m"]["within"] == pytest.approx((2 + 2) / 2)  # per-position means, positions 0 and 1
+    assert summary["m"]["beyond"] == pytest.approx((3 + 3) / 2)  # positions 3 and 4; 2 is empty
+    assert (tmp_path / "curves.png").stat().st_size > 0

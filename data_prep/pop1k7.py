@@ -3,8 +3,9 @@
 The record's `remi_dataset.tar.gz` holds one pickle per song: `(bar_positions, events)` with
 events `{"name": "Note_Pitch", "value": 60}`, whose `name_value` strings are exactly musegen's
 default REMI vocabulary. The pickles are read with an unpickler that builds only plain values
-(lists, dicts, numbers, strings): a tampered file cannot run code. Each piece must pass the
-REMI grammar; pieces that do not, or that use unknown events, are skipped and counted.
+(lists, dicts, numbers, strings): a tampered file cannot run code. Each piece must use the
+REMI vocabulary and is rewritten in musegen's canonical order (decode, then encode); pieces
+that fail, or that use unknown events, are skipped and counted.
 `--source` may name the extracted folder or the archive. Split by song, 5% validation.
 """
 
@@ -53,11 +54,14 @@ def load_piece(path: Path, tok: RemiTokenizer) -> np.ndarray:
     if unknown is not None:
         raise DataError(f"{path.name}: unknown event {unknown!r}")
     ids = np.array([index[n] for n in names], dtype=np.int32)
-    where = tok.grammar().first_violation(ids)
-    if where is not None:
-        before = tok.vocab[ids[where - 1]] if where else "the start"
-        raise TokenError(f"{path.name}: event {where} ({names[where]}) may not follow {before}")
-    return ids
+    # Pop1K7's event order within a beat need not be musegen's canonical one, so each piece is
+    # rewritten through MIDI: decode keeps its chords (as markers) and tempos, encode orders it.
+    try:
+        buffer = io.BytesIO()
+        tok.decode(ids).dump(file=buffer)
+        return tok.encode(buffer.getvalue()).ids
+    except MusegenError as exc:
+        raise TokenError(f"{path.name}: cannot be re-encoded ({exc})") from None
 
 
 def locate(source: Path | None, download: bool, out: Path) -> Path:

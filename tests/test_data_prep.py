@@ -235,6 +235,22 @@ def _events_of(tok, ids):
     return events
 
 
+def _descending_chords(tok, ids):
+    """The same notes with each position's (Pitch, Velocity, Duration) triples in falling pitch."""
+    out, run = [], []
+    for i in list(ids) + [None]:
+        if i is not None and tok.vocab[i].startswith(("Note_Pitch", "Note_Velocity", "Note_Duration")):
+            run.append(i)
+            continue
+        triples = [run[j:j + 3] for j in range(0, len(run), 3)]
+        out += [t for triple in reversed(triples) for t in triple]
+        run = []
+        if i is not None:
+            out.append(i)
+    assert out != list(ids)
+    return np.array(out)
+
+
 def test_prepare_pop1k7_converts_a_local_archive(pop909_songs, tmp_path):
     import pickle
 
@@ -245,7 +261,8 @@ def test_prepare_pop1k7_converts_a_local_archive(pop909_songs, tmp_path):
     for k, song in enumerate(pop909_songs[:4]):
         ids = tok.encode(song).ids
         originals[f"{k:04d}"] = ids
-        (pieces / f"{k:04d}.pkl").write_bytes(pickle.dumps((tok.bar_starts(ids), _events_of(tok, ids))))
+        stored = _descending_chords(tok, ids) if k == 3 else ids  # not musegen's canonical order
+        (pieces / f"{k:04d}.pkl").write_bytes(pickle.dumps((tok.bar_starts(ids), _events_of(tok, stored))))
     (pieces / "9000.pkl").write_bytes(pickle.dumps(([0], [{"name": "Bar", "value": None},
                                                           {"name": "Whistle", "value": 3}])))
     (pieces / "9001.pkl").write_bytes(pickle.dumps(([0], _events_of(tok, originals["0000"][::-1]))))
@@ -261,7 +278,7 @@ def test_prepare_pop1k7_converts_a_local_archive(pop909_songs, tmp_path):
     assert report["encoded"] == 4 and report["skipped"] == 3
     reasons = {e["name"]: e["reason"] for e in report["skipped_files"]}
     assert "unknown event 'Whistle_3'" in reasons["9000"]
-    assert "may not follow" in reasons["9001"] and "refusing to load" in reasons["9002"]
+    assert "cannot be re-encoded" in reasons["9001"] and "refusing to load" in reasons["9002"]
     shards = Shards(tmp_path / "out")
     got = dict(zip(shards.names("train") + shards.names("validation"),
                    shards.pieces("train") + shards.pieces("validation")))

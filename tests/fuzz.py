@@ -10,6 +10,7 @@ headers. The same (seeds, n, seed) always gives the same bytes.
 
 from __future__ import annotations
 
+import os
 import random
 import struct
 from pathlib import Path
@@ -223,3 +224,12 @@ def trio_midi(path: Path) -> Path:
     midi.instruments += [bass, drums, piano]
     midi.dump(str(path))
     return path
+
+
+def log_line(line: str) -> None:
+    """Print a robustness figure (visible with -s) and append it to $MUSEGEN_ROBUSTNESS_LOG if set
+    (xdist workers swallow prints)."""
+    print(f"\n{line}")
+    if os.environ.get("MUSEGEN_ROBUSTNESS_LOG"):
+        with open(os.environ["MUSEGEN_ROBUSTNESS_LOG"], "a") as f:
+            f.write(line + "\n")

@@ -23,7 +23,7 @@ import pytest
 import symusic
 import torch
 
-from fuzz import trio_midi
+from fuzz import log_line, trio_midi
 from musegen import io as musegen_io
 from musegen.checkpoint import load_checkpoint, save_checkpoint
 from musegen.cli import main
@@ -45,8 +45,8 @@ def summary():
     torch.set_num_threads(1)
     yield
     for area in sorted({a for a, _ in FAULTS}):
-        print(f"\nfaults {area}: injected {FAULTS[area, 'injected']}, "
-              f"complete earlier output intact after {FAULTS[area, 'intact']}")
+        log_line(f"faults {area}: injected {FAULTS[area, 'injected']}, "
+                 f"complete earlier output intact after {FAULTS[area, 'intact']}")
 
 
 def musegen_cmd(*args) -> list[str]:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fuzz import mutants, trio_midi, write_corpus
+from fuzz import log_line, mutants, trio_midi, write_corpus
 from musegen.checkpoint import save_checkpoint
 from musegen.errors import MusegenError
 from musegen.model import MusicPerformer, preset
@@ -138,8 +138,8 @@ def sample_counts(checkpoint: Path, files: list[Path], out: Path) -> tuple[Count
 
 
 def report(label: str, counts: Counter) -> None:
-    print(f"\nfuzz {label}: tried {counts['tried']}, processed {counts['processed']}, "
-          f"rejected {counts['rejected']}, crashed {counts['crashed']}")
+    log_line(f"fuzz {label}: tried {counts['tried']}, processed {counts['processed']}, "
+             f"rejected {counts['rejected']}, crashed {counts['crashed']}")
 
 
 @pytest.fixture(scope="module")

@@ -42,19 +42,28 @@ def peak_memory_mib(fn, device: torch.device) -> float:
     return (_status_kib("VmHWM") - before) / 1024
 
 
+def seconds(fn, device: torch.device) -> float:
+    """Wall time of one call of `fn` (waiting for the GPU on CUDA)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def timed_peak(fn, device: torch.device) -> tuple[float, float]:
+    """(seconds, peak MiB) of one and the same call of `fn`: for calls too slow to run twice."""
+    taken = []
+    mib = peak_memory_mib(lambda: taken.append(seconds(fn, device)), device)
+    return taken[0], mib
+
+
 def median_seconds(fn, device: torch.device, repeats: int, warmup: int = 1) -> float:
     for _ in range(warmup):
         fn()
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(seconds(fn, device) for _ in range(repeats))
 
 
 def describe(device: torch.device) -> str:

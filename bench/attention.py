@@ -3,17 +3,19 @@
 B = 1, 8 heads, 128 random features (FAVOR+ widths), head width 64, fp32.
     python -m bench.attention            # N = 512, 2048, 8192 (run from the repository root)
     python -m bench.attention --quick    # N = 512, 2048, fewer repeats
-Ratios are measured in the same run, so machine load affects all columns alike.
+Ratios are measured in the same run, timing the methods in interleaved rounds (median per
+method), so changes in machine load affect all columns alike.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 
 import torch
 from torch.nn import functional as F
 
-from bench.common import describe, median_seconds, peak_memory_mib
+from bench.common import describe, peak_memory_mib, seconds
 from musegen.model.attention import causal_linear_attention, fast_transformers_available
 
 HEADS, FEATURES, WIDTH = 8, 128, 64
@@ -49,20 +51,26 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     lengths = (512, 2048) if args.quick else (512, 2048, 8192)
-    repeats = 3 if args.quick else 5
+    repeats = 5 if args.quick else 9
     methods = ["torch"] + (["fast-transformers"] if fast_transformers_available() else []) + ["sdpa"]
     print(f"# causal attention fwd+bwd, B=1 H={HEADS} M={FEATURES} D={WIDTH}, {describe(device)}")
     print(f"{'N':>6} {'method':>18} {'time ms':>10} {'peak MiB':>10} {'time vs torch':>14}")
     for n in lengths:
-        results = {}
-        for method in methods:
-            run = make_case(method, n, device)
-            reps = 1 if (method == "sdpa" and n > 2048 and device.type == "cpu") else repeats
-            seconds = median_seconds(run, device, reps)
-            results[method] = (seconds, peak_memory_mib(run, device))
-        for method, (seconds, mib) in results.items():
-            ratio = seconds / results["torch"][0]
-            print(f"{n:>6} {method:>18} {seconds * 1e3:>10.1f} {mib:>10.1f} {ratio:>13.2f}x")
+        runs = {method: make_case(method, n, device) for method in methods}
+        slow = {"sdpa"} if n > 2048 and device.type == "cpu" else set()  # quadratic: one timing is enough
+        times = {method: [] for method in methods}
+        for run in runs.values():  # warm-up
+            run()
+        # Rounds over all methods, so a change in the machine's load hits every method alike.
+        for round_ in range(repeats):
+            for method, run in runs.items():
+                if round_ == 0 or method not in slow:
+                    times[method].append(seconds(run, device))
+        results = {method: (statistics.median(times[method]), peak_memory_mib(runs[method], device))
+                   for method in methods}
+        for method, (secs, mib) in results.items():
+            ratio = secs / results["torch"][0]
+            print(f"{n:>6} {method:>18} {secs * 1e3:>10.1f} {mib:>10.1f} {ratio:>13.2f}x")
         if "fast-transformers" in results:
             print(f"{'':>6} musegen is {results['fast-transformers'][0] / results['torch'][0]:.2f}x faster "
                   f"than fast-transformers at N={n}")

@@ -60,12 +60,6 @@ def timed_peak(fn, device: torch.device) -> tuple[float, float]:
     return taken[0], mib
 
 
-def median_seconds(fn, device: torch.device, repeats: int, warmup: int = 1) -> float:
-    for _ in range(warmup):
-        fn()
-    return statistics.median(seconds(fn, device) for _ in range(repeats))
-
-
 def describe(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)

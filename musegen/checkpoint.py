@@ -103,3 +103,11 @@ def load_checkpoint(folder: str | os.PathLike, device: str | torch.device = "cpu
             raise CheckpointError(f"{weights}: {name} holds non-finite values")
     model.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()})
     return model.to(device).eval(), tokenizer, config, meta
+
+
+def export_checkpoint(source: str | os.PathLike, dest: str | os.PathLike, dtype: torch.dtype = torch.float16,
+                      meta: dict[str, Any] | None = None) -> Path:
+    """Copy a checkpoint's model, config and tokenizer (no trainer state) with weights cast to
+    `dtype`, merging `meta` into its metadata: how a run's checkpoint becomes a shipped model."""
+    model, tokenizer, config, old_meta = load_checkpoint(source)
+    return save_checkpoint(dest, model, config, tokenizer, {**old_meta, **(meta or {})}, dtype=dtype)

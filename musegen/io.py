@@ -25,9 +25,10 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     tmp_path = Path(tmp)
-    os.chmod(tmp_path, 0o666 & ~_UMASK)  # mkstemp makes 0600 files; give the usual permissions
     try:
         yield tmp_path
+        # mkstemp (and some writers that replace the file) leave 0600; give the usual permissions
+        os.chmod(tmp_path, 0o666 & ~_UMASK)
         with open(tmp_path, "rb") as f:  # make the bytes durable before they get the real name
             os.fsync(f.fileno())
         os.replace(tmp_path, path)

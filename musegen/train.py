@@ -484,7 +484,8 @@ def _train(cfg, resume, command, procs, device, MusicPerformer, Shards) -> dict[
         if not procs.main:
             return None
         return write_checkpoint(run, step, raw, model_cfg, tokenizer, optimizer, scheduler, counters,
-                                {**meta_base, "step": step, "train_loss": last_loss}, cfg.keep)
+                                {**meta_base, "step": step,  # JSON has no NaN: no loss yet is null
+                                 "train_loss": last_loss if math.isfinite(last_loss) else None}, cfg.keep)
 
     valid_result: dict[str, Any] | None = None
 

@@ -26,7 +26,7 @@ app = typer.Typer(
 def _register_commands() -> None:
     import importlib
 
-    for module in ("data", "train", "sample", "evaluate", "inspect"):
+    for module in ("data", "train", "export", "sample", "evaluate", "inspect"):
         try:
             mod = importlib.import_module(f"{__name__}.{module}")
         except ModuleNotFoundError as exc:

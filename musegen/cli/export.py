@@ -1,0 +1,32 @@
+"""`musegen export`: turn a training checkpoint into a small, self-contained model folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+DTYPES = ("fp32", "fp16", "bf16")
+
+
+def export(
+    checkpoint: Path = typer.Argument(..., help="A checkpoint folder (e.g. runs/pop/checkpoints/step-00003000)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Folder to write model.safetensors, config.json, tokenizer.json."),
+    dtype: str = typer.Option("fp16", help="Weight precision: fp32, fp16 or bf16 (loaded back as fp32)."),
+):
+    """Copy a checkpoint without its optimiser state, with weights stored in a smaller precision."""
+    import torch
+
+    from musegen.checkpoint import export_checkpoint
+    from musegen.errors import ConfigError
+
+    if dtype not in DTYPES:
+        raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    torch_dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    folder = export_checkpoint(checkpoint, out, torch_dtype, {"exported_from": str(checkpoint), "dtype": dtype})
+    size = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
+    typer.echo(f"wrote {folder} ({size / 2**20:.1f} MiB)")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("export")(export)

@@ -1,0 +1,44 @@
+"""`musegen export`: a smaller, self-contained copy of a checkpoint that loads back the same model."""
+
+import subprocess
+import sys
+
+import torch
+
+from musegen.checkpoint import load_checkpoint, save_checkpoint
+from musegen.model import MusicPerformer, preset
+from musegen.tokenizers.remi import RemiTokenizer
+
+
+def test_export_halves_the_weights_and_keeps_the_model(tmp_path):
+    tok = RemiTokenizer()
+    config = preset("tiny", vocab_size=tok.vocab_size)
+    torch.manual_seed(0)
+    model = MusicPerformer(config).eval()
+    save_checkpoint(tmp_path / "run", model, config, tok, {"step": 7})
+    (tmp_path / "run" / "trainer_state.json").write_text("{}")  # what a training checkpoint also holds
+
+    result = subprocess.run([sys.executable, "-m", "musegen", "export", str(tmp_path / "run"),
+                             "--out", str(tmp_path / "shipped"), "--dtype", "fp16"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    shipped = tmp_path / "shipped"
+    assert sorted(p.name for p in shipped.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json"]
+    full, half = (tmp_path / "run" / "model.safetensors").stat().st_size, (shipped / "model.safetensors").stat().st_size
+    assert half < 0.55 * full
+
+    loaded, tok2, config2, meta = load_checkpoint(shipped)
+    assert config2 == config and tok2.to_dict() == tok.to_dict()
+    assert meta["step"] == 7 and meta["dtype"] == "fp16"
+    ids = torch.randint(0, tok.vocab_size, (1, 32))
+    with loaded.streaming(1, seed=0):
+        a = loaded.step(ids)
+    with model.streaming(1, seed=0):
+        b = model.step(ids)
+    assert torch.allclose(a, b, atol=5e-2) and not torch.equal(a, b)  # fp16 rounding, same model
+
+
+def test_export_rejects_bad_dtype_and_missing_checkpoint(tmp_path):
+    for args, message in [(["--dtype", "int8"], "--dtype must be one of"), ([], "checkpoint folder not found")]:
+        result = subprocess.run([sys.executable, "-m", "musegen", "export", str(tmp_path / "none"),
+                                 "--out", str(tmp_path / "o"), *args], capture_output=True, text=True)
+        assert result.returncode == 1 and message in result.stderr and "Traceback" not in result.stderr

@@ -16,6 +16,8 @@ standard library's tokenize.)
 2. sampler: `musegen.sample.generate` (grammar mask, nucleus sampling, REMI) from scratch; the
    time of every model step is recorded, so the per-token rate of the first and the last
    quarter of one run can be compared: flat when the state has constant size.
+3. threads (CPU): step latency at 512 with 1 thread vs all cores, alternating; this is why
+   the sampler and these benchmarks default to 1 thread (docs/performance.md).
 Exits non-zero if a flatness target fails: step latency at the last position over 1.2x that
 at the first, or the sampler's last quarter over 1.2x slower than its first.
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import statistics
 
 import numpy as np
@@ -70,6 +73,27 @@ def step_vs_prefix(model: MusicPerformer, device: torch.device, prefix_repeats: 
                 prefix_mib = max(m for _, m in runs)
             rows.append((position, statistics.median(times[position]), step_mib, prefix_s, prefix_mib))
     return rows
+
+
+def thread_comparison(model: MusicPerformer, device: torch.device, threads: int) -> dict[int, float]:
+    """Median step latency at position 512 with 1 thread and with `threads`, in alternating rounds."""
+    tokens = torch.randint(0, model.config.vocab_size, (1, 513), device=device)
+    before = torch.get_num_threads()
+    times: dict[int, list[float]] = {1: [], threads: []}
+    with torch.no_grad(), model.streaming(1, seed=0):
+        model.step(tokens[:, :512])
+        kept = dataclasses.replace(model._session)
+
+        def step() -> None:
+            model._session = dataclasses.replace(kept)
+            model.step(tokens[:, 512])
+
+        for _ in range(8):
+            for n in times:
+                torch.set_num_threads(n)
+                times[n].append(seconds(step, device))
+    torch.set_num_threads(before)
+    return {n: statistics.median(t) for n, t in times.items()}
 
 
 def sampler_rates(model: MusicPerformer, device: torch.device, length: int) -> tuple[float, float, float]:
@@ -123,6 +147,11 @@ def main() -> None:
     print(f"sampler: {length} tokens at {rate:.1f} tokens/s; per-token step {first * 1e3:.1f} ms over the "
           f"first quarter, {last * 1e3:.1f} ms over the last: {last / first:.2f}x (target <= {FLAT}x)")
     print(f"sampler time per token / bare step() latency at {rows[0][0]}: {1 / (rate * rows[0][1]):.2f}x")
+    if device.type == "cpu" and (os.cpu_count() or 1) > 1:
+        by_threads = thread_comparison(model, device, os.cpu_count())
+        many = max(by_threads)
+        print(f"step at 512 with {many} threads: {by_threads[many] * 1e3:.1f} ms, with 1 thread: "
+              f"{by_threads[1] * 1e3:.1f} ms ({by_threads[many] / by_threads[1]:.2f}x)")
     if latency_ratio > FLAT or last / first > FLAT:
         raise SystemExit("per-token cost grows with the position")
 

@@ -78,9 +78,9 @@ def load_checkpoint(folder: str | os.PathLike, device: str | torch.device = "cpu
         tokenizer = load_tokenizer(folder / TOKENIZER)
     except MusegenError as exc:
         raise CheckpointError(f"{folder}: bad tokenizer ({exc})") from None
-    if tokenizer.vocab_size > config.vocab_size:
+    if tokenizer.vocab_size != config.vocab_size:
         raise CheckpointError(f"{folder}: tokenizer has {tokenizer.vocab_size} tokens "
-                              f"but the model only {config.vocab_size}")
+                              f"but the model {config.vocab_size}")
     weights = folder / WEIGHTS
     if not weights.is_file():
         raise CheckpointError(f"{folder}: missing {WEIGHTS}")

@@ -197,7 +197,7 @@ TAMPERING = {
     "edited vocabulary": ("tokenizer.json", lambda p: _edit_json(p, lambda d: d["vocab"].reverse()),
                           "vocabulary does not match"),
     "other tokenizer, bigger vocabulary": ("tokenizer.json", lambda p: _edit_json(p, lambda d: d.update(
-        tokenizer_from_dict({"kind": "groove"}).to_dict())), "but the model only"),
+        tokenizer_from_dict({"kind": "groove"}).to_dict())), "but the model"),
     "unknown tokenizer kind": ("tokenizer.json", lambda p: _edit_json(p, _set("kind", "abc")), "unknown tokenizer"),
     "tokenizer not JSON": ("tokenizer.json", lambda p: p.write_bytes(b"\x80\x04K\x01."), "not valid JSON"),
     "missing config": ("config.json", Path.unlink, "missing config.json"),
@@ -208,7 +208,7 @@ TAMPERING = {
     "wrong type": ("config.json", lambda p: _edit_json(p, lambda d: d["model"].update(n_layers="two")), "expects int"),
     "model not an object": ("config.json", lambda p: _edit_json(p, _set("model", [1, 2])), "invalid model config"),
     "vocabulary size mismatch": ("config.json", lambda p: _edit_json(p, lambda d: d["model"].update(vocab_size=300)),
-                                 "but the model only"),
+                                 "but the model"),
 }
 
 

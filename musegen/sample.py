@@ -25,6 +25,7 @@ import miditoolkit
 import numpy as np
 import torch
 
+from .device import resolve_device
 from .errors import ConfigError, MidiError, MusegenError, TokenError
 from .io import atomic_path, write_json
 from .render import PROMPT_END_MARKER, pianoroll_png, render_wav
@@ -254,6 +255,8 @@ def _generate(model, tokenizer, prompt, settings, device, progress):
                 if state is not None and tok < grammar.vocab_size and masks[b, tok]:
                     state = grammar.step(state, tok)
                     masks[b] = grammar.allowed(state)
+                    if new[b] >= budget and not grammar.can_close(state):
+                        masks[b] = finishing_mask(grammar, state, masks[b])
                 else:
                     state = None
                 states[b] = state
@@ -262,7 +265,8 @@ def _generate(model, tokenizer, prompt, settings, device, progress):
                 elif not masks[b].any():  # the piece has ended
                     done[b] = closed[b] = True
                 elif s.bars and new[b] % 16 == 0:
-                    _stop_at_bar(tokenizer, grammar, seqs, states, closed, done, b, prompt_bar_count + s.bars)
+                    _stop_at_bar(tokenizer, grammar, seqs, states, closed, done, b, prompt_bar_count + s.bars,
+                                 len(prompt_ids))
                 if not done[b] and new[b] >= budget and state is not None and grammar.can_close(state):
                     seqs[b].extend(int(t) for t in grammar.close(state))
                     done[b] = closed[b] = True
@@ -292,17 +296,30 @@ def _ingest(model, prompt_ids: list[int], batch: int, device, chunk: int = 512) 
     return logits[:, -1]
 
 
-def _stop_at_bar(tokenizer, grammar, seqs, states, closed, done, b: int, bars: int) -> None:
-    """With --bars: once bar number `bars` has begun, cut the sample there and close it."""
+def finishing_mask(grammar: Grammar, state, allowed: np.ndarray) -> np.ndarray:
+    """Past the requested length: of the allowed tokens, those after which the piece can close,
+    when there are any (e.g. a note's last token), so the sample ends as soon as it cleanly can."""
+    closing = np.zeros_like(allowed)
+    for tok in np.flatnonzero(allowed):
+        closing[tok] = grammar.can_close(grammar.step(state, int(tok)))
+    return closing if closing.any() else allowed
+
+
+def _stop_at_bar(tokenizer, grammar, seqs, states, closed, done, b: int, bars: int, keep: int) -> None:
+    """With --bars: once bar number `bars` has begun, cut the sample there and close it. Where the
+    piece cannot close at the cut (it ends in silence or on a bare position), cut back to the last
+    place it can, never into the first `keep` (prompt) tokens."""
     starts = tokenizer.bar_starts(seqs[b])
     if len(starts) <= bars:
         return
     del seqs[b][starts[bars]:]
-    state = _states(grammar, seqs[b])[-1]
-    states[b] = state
+    trail = _states(grammar, seqs[b])
+    cut = next((k for k in range(len(seqs[b]), keep - 1, -1) if grammar.can_close(trail[k])), len(seqs[b]))
+    del seqs[b][cut:]
+    states[b] = trail[cut]
     done[b] = True
-    if grammar.can_close(state):
-        seqs[b].extend(int(t) for t in grammar.close(state))
+    if grammar.can_close(trail[cut]):
+        seqs[b].extend(int(t) for t in grammar.close(trail[cut]))
         closed[b] = True
 
 
@@ -372,8 +389,8 @@ def write_samples(samples: list[Sample], tokenizer: Tokenizer, prompt: Prompt, o
 
 def sample_to_folder(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, settings: SampleSettings,
                      prompt_path: str | os.PathLike | None = None, audio: bool = False, pianoroll: bool = False,
-                     device: str = "cpu", progress: bool = True, threads: int | None = None) -> dict[str, Any]:
-    """The whole `musegen sample` run: returns (and writes as samples.json) what was done and how."""
+                     device: str = "auto", progress: bool = True, threads: int | None = None) -> dict[str, Any]:
+    """The whole `musegen sample` run: returns (and writes as <prompt stem>.json) what was done and how."""
     from .checkpoint import load_checkpoint
 
     if audio:  # fail before spending minutes sampling
@@ -384,10 +401,11 @@ def sample_to_folder(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, 
         if shutil.which("fluidsynth") is None:
             raise MusegenError(f"fluidsynth not found; install it with `{INSTALL_HINT}`")
         find_soundfont()
-    model, tokenizer, config, meta = load_checkpoint(checkpoint, device=_device(device))
+    device = resolve_device(device)
+    model, tokenizer, config, meta = load_checkpoint(checkpoint, device=device)
     settings = settings.resolved(tokenizer.kind)
     prompt = load_prompt(tokenizer, prompt_path, settings.prompt_bars)
-    samples, stats = generate(model, tokenizer, prompt, settings, device=_device(device), progress=progress,
+    samples, stats = generate(model, tokenizer, prompt, settings, device=device, progress=progress,
                               threads=threads)
     stem = Path(prompt_path).stem if prompt_path else "sample"
     records = write_samples(samples, tokenizer, prompt, out_dir, stem, audio, pianoroll)
@@ -399,16 +417,6 @@ def sample_to_folder(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, 
     }
     write_json(Path(out_dir) / f"{stem}.json", summary)
     return summary
-
-
-def _device(name: str) -> torch.device:
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ConfigError(f"unknown device {name!r}") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("--device cuda requested but no CUDA device is available")
-    return device
 
 
 def _jsonable(value):

@@ -78,23 +78,12 @@ def test_200_masked_samples_are_all_valid(models, kind):
     samples, stats = generate(model, tok, EMPTY, SampleSettings(length=512, num_samples=200, seed=7), progress=False)
     grammar = tok.grammar()
     assert stats["invalid"] == stats["grammar_violations"] == stats["unfinished"] == 0
-    token_identical = 0
     for sample in samples:
         assert sample.valid and grammar.first_violation(sample.ids) is None
         assert sample.new_tokens >= 512  # the end token is masked until the length is reached
         midi = tok.decode(sample.ids)  # decodes without error
-        again = tok.encode(midi_bytes(midi)).ids
-        assert grammar.first_violation(again) is None
-        token_identical += list(again) == list(sample.ids)
-        # The decoded MIDI re-encodes to the same music. Groove: exactly the same notes. REMI: the same
-        # onsets, pitches and velocities; durations of overlapping same-pitch notes can swap, because
-        # MIDI pairs note-offs with note-ons by pitch alone.
-        redone = tok.decode(again)
-        exact = kind == "groove"
-        assert note_set(redone, exact) == note_set(midi, exact)
-    # Token identity needs a canonical grammar (note order inside a time step, REMI chords derived from
-    # the notes): the grammars allow other orders, so this is reported, not required.
-    print(f"{kind}: {token_identical}/200 samples re-encode to identical tokens; {stats['tokens_per_second']} tok/s")
+        # the grammars are canonical: a decoded sample re-encodes to exactly its own tokens
+        assert list(tok.encode(midi_bytes(midi)).ids) == list(sample.ids)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -123,9 +112,10 @@ def test_a_stop_mid_note_is_finished_then_closed(models):
     samples, _ = generate(model, tok, EMPTY, SampleSettings(length=37, num_samples=30, seed=3), progress=False)
     names = lambda s: [tok.vocab[i] for i in s.ids]
     assert all(names(s)[-2:] == ["Bar_None", "EOS_None"] and s.closed for s in samples)
-    # some were stopped inside a (Pitch, Velocity, Duration) triple and had to finish it first
+    # some were stopped where the piece cannot end (inside a note, on a bare Beat or Bar) and had
+    # to finish a note first: at most Bar, Beat, Chord, Tempo, Pitch, Velocity, Duration more
     assert any(s.new_tokens > 37 for s in samples)
-    assert all(s.new_tokens <= 37 + 2 for s in samples)
+    assert all(s.new_tokens <= 37 + 7 for s in samples)
 
 
 def test_bars_mode_generates_that_many_new_bars(models, pop909_songs):

@@ -23,14 +23,17 @@ def sample(
     audio: bool = typer.Option(False, "--audio", help="Also render each sample to WAV with FluidSynth."),
     pianoroll: bool = typer.Option(False, "--pianoroll", help="Also draw each sample as a piano-roll PNG."),
     no_grammar: bool = typer.Option(False, "--no-grammar", help="Sample without the grammar mask (for comparison)."),
-    device: str = typer.Option("cpu", help="torch device, e.g. cpu or cuda."),
+    device: str = typer.Option("auto", help="auto (CUDA when present), cpu, cuda or cuda:N."),
+    threads: Optional[int] = typer.Option(None, min=1, help="CPU threads while sampling (default 1: small "
+                                                            "per-token work runs faster on one thread)."),
 ):
     """Continue a MIDI prompt (or start from scratch) with a trained checkpoint."""
     from musegen.sample import SampleSettings, sample_to_folder
 
     settings = SampleSettings(length=length, bars=bars, temperature=temperature, top_p=top_p, top_k=top_k,
                               num_samples=num_samples, seed=seed, grammar=not no_grammar, prompt_bars=prompt_bars)
-    summary = sample_to_folder(checkpoint, out, settings, prompt, audio=audio, pianoroll=pianoroll, device=device)
+    summary = sample_to_folder(checkpoint, out, settings, prompt, audio=audio, pianoroll=pianoroll, device=device,
+                               threads=threads)
     if prompt is not None:
         report = {k: v for k, v in summary["prompt_report"].items() if k != "meta"}
         typer.echo(f"prompt: {summary['prompt_tokens']} tokens"

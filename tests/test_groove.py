@@ -342,3 +342,15 @@ def test_cli_show_reports_bad_file_in_one_line(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "no drum track" in proc.stderr
+
+
+def test_a_piece_longer_than_max_bars_is_refused_quickly():
+    from musegen.tokenizers.base import MAX_BARS
+
+    far = beats(4 * MAX_BARS)  # one bass note held past bar MAX_BARS: a fuzzed huge delta-time
+    data = midi_bytes([DRUMS, (33, False, [(40, 0, far)])])
+    started = time.perf_counter()
+    with pytest.raises(MidiError, match=f"longer than {MAX_BARS} bars"):
+        TOK.encode(data)
+    assert time.perf_counter() - started < 5
+    assert TOK.encode(midi_bytes([DRUMS, (33, False, [(40, 0, far - beats(8))])])).ids.size > 0

@@ -27,7 +27,7 @@ import numpy as np
 
 from ..errors import MidiError, TokenError
 from ..midi import load_score
-from .base import Encoding, Grammar, Tokenizer
+from .base import MAX_BARS, Encoding, Grammar, Tokenizer
 
 UNITS_PER_BEAT = 12
 MAX_SHIFT = 2 * UNITS_PER_BEAT  # the longest single time shift, in units
@@ -133,6 +133,8 @@ class GrooveTokenizer(Tokenizer):
             off = np.maximum(off, on + 1)  # a note shorter than half a unit still sounds for one
             rows.append(np.stack([np.full_like(on, track), arr["pitch"].astype(np.int64), on, off], 1))
         notes, merged = _resolve_overlaps(np.concatenate(rows))
+        if notes[:, 3].max() // BAR >= MAX_BARS:  # e.g. a huge delta-time: millions of time shifts
+            raise MidiError(f"{name}: longer than {MAX_BARS} bars, not a piece of music")
         tempos = score.tempos
         index = lambda track: next(i for i, t in enumerate(tracks) if t is track)  # names may repeat
         meta = {

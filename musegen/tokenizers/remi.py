@@ -24,12 +24,11 @@ import numpy as np
 from ..chords import QUALITIES, ROOT_NAMES, detect_chords
 from ..errors import ConfigError, MidiError, TokenError
 from ..midi import load_score
-from .base import Encoding, Grammar, Tokenizer
+from .base import MAX_BARS, Encoding, Grammar, Tokenizer
 
 BEATS_PER_BAR = 4
 OUTPUT_TPQ = 480  # decoded MIDI resolution; Pop1K7's duration names are ticks at this resolution
 DEFAULT_TEMPO_BPM = 120.0  # MIDI's tempo before any tempo event
-MAX_BARS = 10_000  # about 5 hours at 120 bpm: anything longer is a broken file, not music
 # The tempos that occur in Pop1K7: the step-3 grid from 32 to 224 bpm, kept where a value occurred.
 POP1K7_TEMPOS = (*range(32, 150, 3), 155, 158, 161, 167, 170, 176, 182, 188, 194, 200, 206, 215, 221, 224)
 NO_CHORD = "N_N"

@@ -293,13 +293,14 @@ def write_rows(path: Path, rows: list[dict]) -> None:
 
 def inspect_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, length: int | None = None,
                        data: str | os.PathLike | None = None, split: str = "valid", pieces: int = 4,
-                       seed: int = 0, train_len: int | None = None, device: str = "cpu",
+                       seed: int = 0, train_len: int | None = None, device: str = "auto",
                        progress: bool = False) -> dict[str, Any]:
     """Write every figure and `summary.csv` for one checkpoint; returns the headline numbers."""
     from .checkpoint import load_checkpoint
+    from .device import resolve_device
 
     started = time.perf_counter()
-    model, tokenizer, config, meta = load_checkpoint(checkpoint, device=device)
+    model, tokenizer, config, meta = load_checkpoint(checkpoint, device=resolve_device(device))
     train_len = int(train_len or meta.get("train_len") or 0)
     if train_len < 4:
         raise ConfigError(f"{checkpoint}: no training length in its metadata; give --train-len (at least 4)")

@@ -20,7 +20,7 @@ def inspect(
     train_len: Optional[int] = typer.Option(None, min=4, help="Training length, for checkpoints whose "
                                                               "metadata lacks it."),
     seed: int = typer.Option(0, help="Seed of the generated sequence and of the model's noise."),
-    device: str = typer.Option("cpu", help="cpu or cuda."),
+    device: str = typer.Option("auto", help="auto (CUDA when present), cpu, cuda or cuda:N."),
     threads: int = typer.Option(0, min=0, help="CPU threads for torch (0: torch's default). On a busy "
                                                "machine 1 is much faster: sampling is many small steps."),
 ):

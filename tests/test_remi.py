@@ -239,14 +239,17 @@ def test_grammar_rules():
         "chord off the beat": ids_of("Bar_None", "Beat_1", "Chord_C_M"),
         "chord repeated": ids_of("Bar_None", "Beat_0", "Chord_C_M", "Tempo_89", "Beat_4", "Chord_C_M"),
         "no chord at the start": ids_of("Bar_None", "Beat_0", "Chord_N_N"),
-        "EOS after a header-only beat": ids_of("Bar_None", "Beat_0", "Tempo_89", "Bar_None", "EOS_None"),
+        "first tempo with no note at its beat": ids_of("Bar_None", "Beat_0", "Tempo_89", "Bar_None"),
+        "EOS after a header-only beat": ids_of("Bar_None", "Beat_0", "Tempo_89", "Note_Pitch_60", "Note_Velocity_80",
+                                               "Note_Duration_120", "Beat_4", "Chord_C_M", "Bar_None", "EOS_None"),
         "EOS after an empty bar": ids_of("Bar_None", "Beat_0", "Tempo_89", "Note_Pitch_60", "Note_Velocity_80",
                                          "Note_Duration_120", "Bar_None", "Bar_None", "EOS_None"),
     }
     for why, ids in bad.items():
         assert g.first_violation(ids) == len(ids) - 1, why
     # after a new Bar, any Beat is fine again
-    assert g.first_violation(ids_of("Bar_None", "Beat_8", "Tempo_89", "Bar_None", "Beat_0", "Tempo_92")) is None
+    assert g.first_violation(ids_of("Bar_None", "Beat_8", "Tempo_89", "Note_Pitch_60", "Note_Velocity_80",
+                                    "Note_Duration_120", "Bar_None", "Beat_0", "Tempo_92")) is None
     state = g.start()  # step() says which rule a token breaks
     with pytest.raises(TokenError, match="still sounds"):
         for tok in bad["pitch still sounding"]:

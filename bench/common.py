@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ctypes
 import gc
-import statistics
 import time
 from pathlib import Path
 

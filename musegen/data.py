@@ -162,15 +162,3 @@ class StepBatches(torch.utils.data.Sampler):
 
     def __len__(self) -> int:  # infinite; DataLoader only needs this for len(loader)
         raise TypeError("StepBatches is endless")
-
-
-VALIDATION_NAMES = ("valid", "validation")  # corpora name their held-out split either way
-
-
-def resolve_split(available: Sequence[str], split: str) -> str | None:
-    """`split` if the data has it; for a validation split, whichever spelling the data uses."""
-    if split in available:
-        return split
-    if split in VALIDATION_NAMES:
-        return next((name for name in VALIDATION_NAMES if name in available), None)
-    return None

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .errors import CheckpointError, ConfigError, DataError
+from .errors import ConfigError, DataError
 from .io import atomic_path, write_json, write_text
 from .metrics import attention as att
 
@@ -231,17 +231,10 @@ def probe_section(model, tokenizer, train_len: int, length: int, out: Path, seed
 
 def sparsity_pieces(data: Path, split: str, tokenizer, count: int,
                     train_len: int) -> tuple[list[np.ndarray], str]:
-    from .data import resolve_split
     from .shards import Shards
 
-    shards = Shards(data)
-    if shards.tokenizer.to_dict() != tokenizer.to_dict():
-        raise CheckpointError(f"the checkpoint was trained with another tokenizer than the one of {data} "
-                              f"({tokenizer.kind} vs {shards.tokenizer.kind})")
-    found = resolve_split(shards.splits, split)
-    if found is None:
-        raise DataError(f"{data}: no split {split!r} (has {', '.join(shards.splits) or 'none'})")
-    pieces = [np.asarray(p[:train_len]) for p in shards.pieces(found) if len(p) >= 2][:count]
+    found, all_pieces = Shards(data).pieces_for(split, tokenizer)
+    pieces = [np.asarray(p[:train_len]) for p in all_pieces if len(p) >= 2][:count]
     if not pieces:
         raise DataError(f"{data}: split {found!r} holds no piece of 2 tokens or more")
     return pieces, f"{len(pieces)} {found} piece" + ("s" if len(pieces) > 1 else "")

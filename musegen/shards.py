@@ -15,15 +15,16 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
-from .errors import DataError, MusegenError
+from .errors import CheckpointError, DataError, MusegenError
 from .io import atomic_path, read_json, write_json
 from .tokenizers.base import Tokenizer, load_tokenizer
 
 FORMAT, VERSION = "musegen-shards", 1
+VALIDATION_NAMES = ("valid", "validation")  # corpora name their held-out split either way
 INDEX, TOKENIZER = "index.json", "tokenizer.json"
 
 
@@ -97,7 +98,26 @@ class Shards:
             raise DataError(f"{self.folder / entry.get('file', split + '.npy')} holds {len(tokens)} tokens, the index says {total}")
         return [np.asarray(tokens[o:o + n], dtype=np.int64) for o, n in zip(entry["offsets"], entry["lengths"])]
 
+    def pieces_for(self, split: str, tokenizer: Tokenizer) -> tuple[str, list[np.ndarray]]:
+        """(split name, pieces) for a model trained with `tokenizer`; either validation spelling."""
+        if self.tokenizer.to_dict() != tokenizer.to_dict():
+            raise CheckpointError(f"the model was trained with another tokenizer than the one of {self.folder} "
+                                  f"({tokenizer.kind} vs {self.tokenizer.kind})")
+        found = resolve_split(self.splits, split)
+        if found is None:
+            raise DataError(f"{self.folder}: no split {split!r} (has {', '.join(self.splits) or 'none'})")
+        return found, self.pieces(found)
+
     def _split(self, split: str) -> dict[str, Any]:
         if split not in self.index["splits"]:
             raise DataError(f"{self.folder}: no split {split!r} (has {', '.join(self.splits) or 'none'})")
         return self.index["splits"][split]
+
+
+def resolve_split(available: Sequence[str], split: str) -> str | None:
+    """`split` if the data has it; for a validation split, whichever spelling the data uses."""
+    if split in available:
+        return split
+    if split in VALIDATION_NAMES:
+        return next((name for name in VALIDATION_NAMES if name in available), None)
+    return None

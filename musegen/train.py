@@ -29,17 +29,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 from .checkpoint import load_checkpoint, read_checkpoint_config, save_checkpoint
 from .device import resolve_device
-from .data import CROP_CHOICES, SAMPLING_CHOICES, Augmenter, CropDataset, StepBatches, derive_seed, resolve_split
+from .data import CROP_CHOICES, SAMPLING_CHOICES, Augmenter, CropDataset, StepBatches, derive_seed
 from .errors import CheckpointError, ConfigError, DataError, TrainingError
 from .io import read_json, write_json, write_text
 from .model.config import ModelConfig, preset, replace_checked
+from .shards import resolve_split
 
 CHECKPOINTS = "checkpoints"
 STATE_JSON, STATE_TENSORS = "trainer_state.json", "trainer_state.safetensors"

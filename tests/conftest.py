@@ -26,3 +26,15 @@ def pop909_dir() -> Path:
 def pop909_songs(pop909_dir) -> list[Path]:
     """The first 20 songs: enough for real behaviour, small enough for CI."""
     return pop909_files(20)
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Many small torch ops on two shared cores: the thread pool thrashes and costs more than it
+    gives, so modules that sample token by token opt into one thread."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

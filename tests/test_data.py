@@ -8,7 +8,8 @@ import miditoolkit
 import numpy as np
 import pytest
 
-from musegen.data import Augmenter, CropDataset, StepBatches, derive_seed, resolve_split
+from musegen.data import Augmenter, CropDataset, StepBatches, derive_seed
+from musegen.shards import resolve_split
 from musegen.errors import ConfigError, DataError
 from musegen.tokenizers.groove import GrooveTokenizer
 from musegen.tokenizers.remi import RemiTokenizer

@@ -31,7 +31,7 @@ from musegen.model import MusicPerformer, preset
 from musegen.sample import SampleSettings, sample_to_folder
 from musegen.shards import Shards
 from musegen.tokenizers import tokenizer_from_dict
-from musegen.train import build_config, checkpoint_dirs, is_complete, latest_checkpoint, train
+from musegen.train import checkpoint_dirs, is_complete, latest_checkpoint
 
 from train_fixtures import prepare_pop909
 

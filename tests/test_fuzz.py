@@ -34,13 +34,7 @@ FILE_LIMIT_S = 60  # per mutant in-process, as data_prep's per-file limit: past 
 BATCH_LIMIT_S = 300  # one `data prepare` call over the whole folder
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Two shared cores: torch's thread pool thrashes under load and costs more than it gives here.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

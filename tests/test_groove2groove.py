@@ -6,7 +6,6 @@ import hashlib
 import tarfile
 
 import miditoolkit
-import numpy as np
 import pytest
 
 from data_prep import groove2groove as g2g

@@ -20,12 +20,7 @@ LONG = 16384
 SCALES = (1e-6, 1.0, 1e3, 1e6)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def key_feature_bound(fm: FeatureMap) -> float:

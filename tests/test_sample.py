@@ -25,13 +25,7 @@ KINDS = ("remi", "groove")
 EMPTY = Prompt(np.zeros(0, dtype=np.int64))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Two shared cores: torch's thread pool thrashes under load and costs more than it gives here.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from ..device import resolve_device
-from ..errors import CheckpointError, DataError
+from ..errors import DataError
 from ..io import atomic_path, write_text
 
 
@@ -116,17 +116,7 @@ def evaluate_loss(checkpoint_dir: str | os.PathLike, data_dir: str | os.PathLike
         raise DataError(f"max_len must be positive, got {max_len}")
     device = resolve_device(device)
     model, tokenizer, _, meta = load_checkpoint(checkpoint_dir, device=device)
-    shards = Shards(data_dir)
-    if shards.tokenizer.to_dict() != tokenizer.to_dict():
-        raise CheckpointError(f"{checkpoint_dir}: trained with another tokenizer than the one of {data_dir} "
-                              f"({tokenizer.kind} vs {shards.tokenizer.kind})")
-    from ..data import resolve_split
-
-    found = resolve_split(shards.splits, split)
-    if found is None:
-        raise DataError(f"{data_dir}: no split {split!r} (has {', '.join(shards.splits) or 'none'})")
-    split = found
-    pieces = shards.pieces(split)
+    split, pieces = Shards(data_dir).pieces_for(split, tokenizer)
     if not pieces:
         raise DataError(f"{data_dir}: split {split!r} holds no pieces")
     train_len = int(meta.get("train_len") or max_len)

@@ -9,7 +9,6 @@ from typing import Any, Optional
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from .attention import FeatureMap, causal_linear_attention, softmax_attention
 from .config import ModelConfig, parse_redraw

@@ -15,7 +15,6 @@ compound meters (3/4, 6/8, 12/8, ...) are refused.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import miditoolkit

@@ -15,7 +15,7 @@ import statistics
 import torch
 from torch.nn import functional as F
 
-from bench.common import describe, peak_memory_mib, seconds
+from bench.common import add_machine_options, apply_machine_options, describe, peak_memory_mib, seconds
 from musegen.model.attention import causal_linear_attention, fast_transformers_available
 
 HEADS, FEATURES, WIDTH = 8, 128, 64
@@ -44,12 +44,9 @@ def make_case(method: str, n: int, device: torch.device):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="N = 512, 2048 only, fewer repeats")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch CPU threads (default 1: steadier on a shared machine)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    add_machine_options(parser, "torch CPU threads (default 1: steadier on a shared machine)")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
+    device = apply_machine_options(args)
     lengths = (512, 2048) if args.quick else (512, 2048, 8192)
     repeats = 5 if args.quick else 9
     methods = ["torch"] + (["fast-transformers"] if fast_transformers_available() else []) + ["sdpa"]

@@ -9,12 +9,15 @@ live tensor memory closely. On CUDA we use torch.cuda's own peak counters.
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import gc
 import time
 from pathlib import Path
 
 import torch
+
+from musegen.device import resolve_device
 
 
 def _status_kib(field: str) -> int:
@@ -63,3 +66,14 @@ def describe(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return f"CPU, torch {torch.__version__}, {torch.get_num_threads()} thread(s)"
+
+
+def add_machine_options(parser: argparse.ArgumentParser, threads_help: str) -> None:
+    """--threads and --device, the same way in every benchmark."""
+    parser.add_argument("--threads", type=int, default=1, help=threads_help)
+    parser.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N")
+
+
+def apply_machine_options(args: argparse.Namespace) -> torch.device:
+    torch.set_num_threads(args.threads)
+    return resolve_device(args.device)

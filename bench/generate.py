@@ -32,7 +32,7 @@ import statistics
 import numpy as np
 import torch
 
-from bench.common import describe, peak_memory_mib, seconds, timed_peak
+from bench.common import add_machine_options, apply_machine_options, describe, peak_memory_mib, seconds, timed_peak
 from musegen.model import MusicPerformer, preset
 from musegen.sample import Prompt, SampleSettings, generate
 from musegen.tokenizers import tokenizer_from_dict
@@ -122,12 +122,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="prefix re-runs timed once, sampler over 512 tokens")
     parser.add_argument("--pe", default="sine", choices=["sine", "conv", "ape"])
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch CPU threads (default 1, the sampler's default: see docs/performance.md)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    add_machine_options(parser, "torch CPU threads (default 1, the sampler's default: see docs/performance.md)")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
+    device = apply_machine_options(args)
     torch.manual_seed(0)
     model = MusicPerformer(preset("paper-pop", pe=args.pe, vocab_size=tokenizer_from_dict({"kind": "remi"}).vocab_size))
     model = model.to(device).eval()

@@ -1,4 +1,4 @@
-"""`musegen evaluate style` (Fig. 5 style similarity) and `musegen evaluate loss` (Fig. 3 NLL)."""
+"""`musegen evaluate style` (Fig. 5 style similarity), `loss` (Fig. 3 NLL) and `compare` (models side by side)."""
 
 from __future__ import annotations
 
@@ -48,6 +48,31 @@ def loss(
     for key, value in result.items():
         if isinstance(value, (int, float, str)):
             typer.echo(f"{key}: {value:.4f}" if isinstance(value, float) else f"{key}: {value}")
+
+
+@evaluate_app.command("compare")
+def compare(
+    run: list[str] = typer.Option(..., "--run", help="NAME=FOLDER with the model's evaluate/sample output; "
+                                                    "repeat for each model, in table order."),
+    out: Path = typer.Option(..., "--out", "-o", help="Folder for the tables (.md, .csv) and figures."),
+    train_len: Optional[int] = typer.Option(None, min=1, help="Training length L: splits 'within' from "
+                                                             "'extrapolation' in loss tables."),
+    segments: int = typer.Option(4, min=1, help="Segments of the continuation in style tables."),
+):
+    """Several models side by side: NLL within/beyond L with all curves in one plot, style medians and box plots."""
+    from musegen.errors import ConfigError
+    from musegen.metrics.compare import compare as compare_runs
+
+    runs = {}
+    for item in run:
+        name, sep, folder = item.partition("=")
+        if not sep or not name or not folder:
+            raise ConfigError(f"--run expects NAME=FOLDER, got {item!r}")
+        runs[name] = folder
+    report = compare_runs(runs, out, train_len, segments)
+    for kind in report:
+        typer.echo((out / f"{'nll' if kind == 'loss' else kind}.md").read_text().rstrip())
+    typer.echo(f"wrote {', '.join(sorted(p.name for p in out.iterdir()))} to {out}")
 
 
 def register(app: typer.Typer) -> None:

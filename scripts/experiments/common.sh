@@ -1,0 +1,32 @@
+# Shared by the experiment scripts: resumable training runs, two at a time by default.
+# Each training process gets one thread: on a small CPU two single-threaded runs side by side
+# finish sooner than two runs fighting over every core.
+py=$("${PYTHON:-python3}" -c 'import sys; print(sys.executable)')
+musegen=("$py" -m musegen)
+JOBS=${JOBS:-2}
+
+# train_run RUN_DIR DATA_DIR SETTING... : train (or resume) a run; nothing to do when its last step exists.
+train_run() {
+  local run=$1 data=$2; shift 2
+  local steps
+  steps=$(printf '%s\n' "$@" | sed -n 's/^steps=//p' | tail -1)
+  if [ -n "$steps" ] && [ -d "$run/checkpoints/$(printf 'step-%08d' "$steps")" ]; then
+    echo "$run: already trained to step $steps"; return 0
+  fi
+  local resume=()
+  compgen -G "$run/checkpoints/step-*" >/dev/null && resume=(--resume)
+  local sets=()
+  for s in "$@"; do sets+=(--set "$s"); done
+  mkdir -p "$run"
+  OMP_NUM_THREADS=1 "${musegen[@]}" train --data "$data" --out "$run" "${sets[@]}" "${resume[@]}" > "$run/train.out" 2>&1 \
+    && echo "$run: trained" || { echo "$run: FAILED (see $run/train.out)"; return 1; }
+}
+
+# in_pool COMMAND...: run in the background, at most $JOBS at once; `wait` collects them.
+in_pool() {
+  while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n || true; done
+  "$@" &
+}
+
+# latest_checkpoint RUN_DIR: the newest step folder of a run.
+latest_checkpoint() { ls -d "$1"/checkpoints/step-* | sort | tail -1; }

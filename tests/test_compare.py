@@ -1,0 +1,75 @@
+"""`musegen evaluate compare`: several models' evaluations side by side, read back from their files."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from musegen.checkpoint import save_checkpoint
+from musegen.cli import main
+from musegen.errors import DataError
+from musegen.metrics.compare import compare
+from musegen.metrics.loss import evaluate_loss
+from musegen.metrics.style import evaluate_style
+from musegen.model import MusicPerformer, preset
+from musegen.shards import Shards
+
+from train_fixtures import prepare_pop909
+
+
+@pytest.fixture(scope="module")
+def pop(pop909_songs, tmp_path_factory):
+    return prepare_pop909(pop909_songs[:6], tmp_path_factory.mktemp("pop"))
+
+
+def _evaluated(pop, folder, seed, pe):
+    tokenizer = Shards(pop).tokenizer
+    torch.manual_seed(seed)
+    model = MusicPerformer(preset("tiny", vocab_size=tokenizer.vocab_size, pe=pe, redraw="fixed")).eval()
+    ckpt = save_checkpoint(folder / "ckpt", model, model.config, tokenizer, {"train_len": 24})
+    return evaluate_loss(ckpt, pop, max_len=72, split="validation", out_dir=folder / "eval")
+
+
+def test_loss_table_reproduces_each_evaluation(pop, tmp_path):
+    expected = {"ape": _evaluated(pop, tmp_path / "a", 0, "ape"), "sine": _evaluated(pop, tmp_path / "b", 1, "sine")}
+    report = compare({"ape": tmp_path / "a" / "eval", "sine": tmp_path / "b" / "eval"}, tmp_path / "cmp", train_len=24)
+    for row in report["loss"]:
+        for key in ("within", "extrapolation", "mean"):
+            assert row[key] == pytest.approx(expected[row["model"]][key], abs=1e-5)
+    assert report["loss"][0]["within"] != pytest.approx(report["loss"][1]["within"], abs=1e-4)
+    table = (tmp_path / "cmp" / "nll.md").read_text().splitlines()
+    assert table[0] == "| model | within (< 24) | extrapolation (24..71) | all |"
+    assert [line.split(" | ")[0] for line in table[2:]] == ["| ape", "| sine"]
+    assert (tmp_path / "cmp" / "nll.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_style_table_reproduces_each_evaluation(pop909_songs, tmp_path):
+    expected = {}
+    for name, songs in {"first": pop909_songs[:2], "second": pop909_songs[2:4]}.items():
+        generated, reference = tmp_path / name / "gen", tmp_path / name / "ref"
+        for i, song in enumerate(songs):
+            (generated / f"s{i}").parent.mkdir(parents=True, exist_ok=True)
+            reference.mkdir(parents=True, exist_ok=True)
+            shutil.copy(song, generated / f"s{i}_000.mid")
+            shutil.copy(pop909_songs[4 + i], reference / f"s{i}.mid")
+        expected[name] = evaluate_style(generated, reference, tmp_path / name / "style.csv")["medians"]
+    report = compare({name: tmp_path / name for name in expected}, tmp_path / "cmp")
+    assert set(report) == {"style"}
+    for name, table in report["style"].items():
+        for metric, values in table.items():
+            assert values == pytest.approx(expected[name][metric], abs=1e-9)
+    assert (tmp_path / "cmp" / "style.png").read_bytes()[:4] == b"\x89PNG"
+    assert "| first | time-pitch |" in (tmp_path / "cmp" / "style.md").read_text()
+
+
+def test_bad_requests_are_one_line_errors(tmp_path, capsys):
+    with pytest.raises(DataError, match="nothing to compare"):
+        compare({"x": tmp_path}, tmp_path / "out")
+    for args in (["--run", "no-equals-sign"], ["--run", f"x={tmp_path / 'missing'}"]):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["evaluate", "compare", *args, "--out", str(tmp_path / "out")])
+        assert exit_info.value.code != 0
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and "Traceback" not in err and err

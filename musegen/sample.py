@@ -24,10 +24,12 @@ from typing import Any
 import miditoolkit
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from .device import resolve_device
 from .errors import ConfigError, MidiError, MusegenError, TokenError
 from .io import atomic_path, write_json
+from .midi import find_midi_files
 from .render import PROMPT_END_MARKER, pianoroll_png, render_wav
 from .tokenizers.base import Grammar, Tokenizer
 
@@ -201,8 +203,6 @@ def generate(model: torch.nn.Module, tokenizer: Tokenizer, prompt: Prompt, setti
 
 def _generate(model, tokenizer, prompt, settings, device, progress):
     s = settings.resolved(tokenizer.kind)
-    from tqdm import tqdm
-
     grammar = tokenizer.grammar()
     end = end_token(grammar)
     batch, device = s.num_samples, torch.device(device)
@@ -215,6 +215,8 @@ def _generate(model, tokenizer, prompt, settings, device, progress):
     prompt_state = _states(grammar, prompt_ids)[-1]
     prompt_bar_count = len(tokenizer.bar_starts(prompt_ids)) if s.bars else 0
     budget = s.length if s.length else s.bars * MAX_TOKENS_PER_BAR
+    model.config.check_length(len(prompt_ids) + (s.length or 0), "the prompt plus --length")
+    limit = model.config.max_positions  # synthesizer attention reads at most max_len positions
 
     seqs = [list(prompt_ids) for _ in range(batch)]
     states: list[Any] = [prompt_state] * batch  # None once a sample breaks the grammar
@@ -271,7 +273,10 @@ def _generate(model, tokenizer, prompt, settings, device, progress):
                     seqs[b].extend(int(t) for t in grammar.close(state))
                     done[b] = closed[b] = True
             bar.update(len(active))
-            logits = model.step(tokens.to(device))
+            finishing = all(done[b] or new[b] >= budget for b in range(batch))
+            if limit is not None and model.position >= limit and finishing:
+                break  # only notes to finish are left, past the last position: they stay unfinished
+            logits = model.step(tokens.to(device))  # past the last position: a ConfigError
     elapsed = time.perf_counter() - started
     bar.close()
 
@@ -390,7 +395,12 @@ def write_samples(samples: list[Sample], tokenizer: Tokenizer, prompt: Prompt, o
 def sample_to_folder(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, settings: SampleSettings,
                      prompt_path: str | os.PathLike | None = None, audio: bool = False, pianoroll: bool = False,
                      device: str = "auto", progress: bool = True, threads: int | None = None) -> dict[str, Any]:
-    """The whole `musegen sample` run: returns (and writes as <prompt stem>.json) what was done and how."""
+    """The whole `musegen sample` run: returns (and writes as <prompt stem>.json) what was done and how.
+
+    A folder of prompts continues every MIDI file under it with one loaded model, into the same
+    sub-folders of `out_dir`; prompt i gets seed `seed + i`. A prompt that cannot be used is
+    skipped, counted and listed (in the returned summary and `out_dir/batch.json`).
+    """
     from .checkpoint import load_checkpoint
 
     if audio:  # fail before spending minutes sampling
@@ -402,8 +412,43 @@ def sample_to_folder(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, 
             raise MusegenError(f"fluidsynth not found; install it with `{INSTALL_HINT}`")
         find_soundfont()
     device = resolve_device(device)
-    model, tokenizer, config, meta = load_checkpoint(checkpoint, device=device)
+    model, tokenizer, _, _ = load_checkpoint(checkpoint, device=device)
     settings = settings.resolved(tokenizer.kind)
+    run = dict(model=model, tokenizer=tokenizer, checkpoint=checkpoint, device=device, audio=audio,
+               pianoroll=pianoroll, threads=threads)
+    if prompt_path is None or not Path(prompt_path).is_dir():
+        return _sample_prompt(**run, out_dir=Path(out_dir), settings=settings, prompt_path=prompt_path,
+                              progress=progress)
+
+    prompt_dir = Path(prompt_path)
+    files = find_midi_files(prompt_dir)
+    done, skipped = [], {}
+    for i, path in enumerate(tqdm(files, desc="prompts", unit="prompt", disable=not progress)):
+        rel = path.relative_to(prompt_dir)
+        try:
+            done.append(_sample_prompt(**run, out_dir=Path(out_dir) / rel.parent, prompt_path=path,
+                                       settings=replace(settings, seed=settings.seed + i), progress=False))
+        except MusegenError as exc:
+            skipped[str(rel)] = str(exc).splitlines()[0]
+    if not done:
+        first = next(iter(skipped.items()))
+        raise MidiError(f"{prompt_dir}: none of its {len(files)} prompts could be continued ({first[0]}: {first[1]})")
+    seconds = sum(d["stats"]["seconds"] for d in done)
+    new_tokens = sum(d["stats"]["new_tokens"] for d in done)
+    summary = {"checkpoint": str(checkpoint), "prompts": str(prompt_dir), "continued": len(done),
+               "skipped": skipped, "settings": asdict(settings),
+               "stats": {"seconds": round(seconds, 3), "new_tokens": new_tokens,
+                         "tokens_per_second": round(new_tokens / max(seconds, 1e-9), 1),
+                         **{k: sum(d["stats"][k] for d in done)
+                            for k in ("invalid", "grammar_violations", "unfinished")}},
+               "samples": [r for d in done for r in d["samples"]]}
+    write_json(Path(out_dir) / "batch.json", summary)
+    return summary
+
+
+def _sample_prompt(model, tokenizer, checkpoint, device, out_dir: Path, settings: SampleSettings, prompt_path,
+                   audio: bool, pianoroll: bool, threads: int | None, progress: bool) -> dict[str, Any]:
+    """Continue one prompt (or none) with a loaded model; write the samples and <stem>.json."""
     prompt = load_prompt(tokenizer, prompt_path, settings.prompt_bars)
     samples, stats = generate(model, tokenizer, prompt, settings, device=device, progress=progress,
                               threads=threads)
@@ -415,7 +460,7 @@ def sample_to_folder(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, 
         "prompt_report": _jsonable(prompt.report),
         "settings": asdict(settings), "stats": stats, "samples": records,
     }
-    write_json(Path(out_dir) / f"{stem}.json", summary)
+    write_json(out_dir / f"{stem}.json", summary)
     return summary
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import io
 import json
 import shutil
@@ -264,3 +265,34 @@ def test_cli_bad_input_is_one_line_and_nonzero(checkpoints, tmp_path, capsys):
         assert len(lines) == 1 and lines[0].startswith("error:") and "Traceback" not in err, (label, err)
         assert expected[label] in lines[0], (label, lines[0])
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_cli_prompt_folder_continues_each_file_and_skips_bad_ones(checkpoints, pop909_songs, tmp_path, capsys):
+    prompts = tmp_path / "prompts"
+    for sub, song in (("a", pop909_songs[0]), ("b", pop909_songs[1])):
+        (prompts / sub).mkdir(parents=True)
+        shutil.copy(song, prompts / sub / "0.mid")  # the same stem in two folders must not collide
+    (prompts / "a" / "broken.mid").write_bytes(b"MThd not really")
+    code, out, err = run_cli(["sample", "-c", checkpoints["remi"], "--prompt", prompts, "--prompt-bars", 2,
+                              "--length", 24, "--seed", 3, "-o", tmp_path / "out"], capsys)
+    assert code == 0, err
+    assert "2 prompts continued, 1 skipped" in out and "a/broken.mid" in out
+    assert {p.relative_to(tmp_path / "out").as_posix() for p in (tmp_path / "out").rglob("*.mid")} == \
+        {"a/0_000.mid", "b/0_000.mid"}
+    batch = json.loads((tmp_path / "out" / "batch.json").read_text())
+    assert batch["continued"] == 2 and list(batch["skipped"]) == ["a/broken.mid"]
+    seeds = [json.loads((tmp_path / "out" / sub / "0.json").read_text())["settings"]["seed"] for sub in "ab"]
+    assert seeds == [3, 5]  # prompt i of the sorted list gets seed + i (a/broken.mid is i = 1)
+    # The style evaluation pairs each continuation with the prompt file it came from.
+    from musegen.metrics.style import evaluate_style
+
+    result = evaluate_style(tmp_path / "out", prompts, tmp_path / "style.csv")
+    assert result["pieces"] == 2 and not result["unmatched"]
+    rows = list(csv.DictReader(open(tmp_path / "style.csv")))
+    assert {(r["generated"], r["reference"]) for r in rows} == {("a/0_000.mid", "0.mid"), ("b/0_000.mid", "0.mid")}
+
+    (prompts / "b" / "0.mid").write_bytes(b"")
+    (prompts / "a" / "0.mid").unlink()
+    code, _, err = run_cli(["sample", "-c", checkpoints["remi"], "--prompt", prompts, "--length", 8,
+                            "-o", tmp_path / "out2"], capsys)
+    assert code != 0 and "none of its 2 prompts" in err.strip().splitlines()[-1] and "Traceback" not in err

@@ -128,12 +128,15 @@ def test_quarters_of_the_continuation_follow_the_marker(tmp_path):
     assert (out / "style.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_match_reference_by_longest_stem_prefix(tmp_path):
-    refs = [tmp_path / "song.mid", tmp_path / "song_2.mid", tmp_path / "other.mid"]
-    assert style.match_reference(tmp_path / "song_000.mid", refs) == refs[0]
-    assert style.match_reference(tmp_path / "song_2_001.mid", refs) == refs[1]
-    assert style.match_reference(tmp_path / "songbook_000.mid", refs) is None
-    assert style.match_reference(tmp_path / "x.mid", refs[:1]) == refs[0]
+def test_match_reference_by_folder_and_longest_stem_prefix(tmp_path):
+    refs = {name: tmp_path / name for name in ("song.mid", "song_2.mid", "other.mid", "funk/0.mid", "jazz/0.mid")}
+    assert style.match_reference("song_000.mid", refs) == refs["song.mid"]
+    assert style.match_reference("song_2_001.mid", refs) == refs["song_2.mid"]
+    assert style.match_reference("songbook_000.mid", refs) is None
+    assert style.match_reference("jazz/0_000.mid", refs) == refs["jazz/0.mid"]  # same stem, other folder
+    assert style.match_reference("funk/0_003.mid", refs) == refs["funk/0.mid"]
+    assert style.match_reference("0_000.mid", refs) is None
+    assert style.match_reference("x.mid", {"a.mid": refs["song.mid"]}) == refs["song.mid"]
 
 
 def test_evaluate_style_without_matches_is_one_line_error(tmp_path, capsys):

@@ -11,7 +11,8 @@ import typer
 def sample(
     checkpoint: Path = typer.Option(..., "--checkpoint", "-c", help="Checkpoint folder (model, config, tokenizer)."),
     out: Path = typer.Option(..., "--out", "-o", help="Folder for the MIDI files, WAV/PNG and the settings JSON."),
-    prompt: Optional[Path] = typer.Option(None, help="MIDI file to continue (default: start from scratch)."),
+    prompt: Optional[Path] = typer.Option(None, help="MIDI file to continue, or a folder: each MIDI file under it "
+                                                     "(default: start from scratch)."),
     prompt_bars: Optional[int] = typer.Option(None, help="Keep only the prompt's first N bars (groove protocol: 2)."),
     length: Optional[int] = typer.Option(None, help="Tokens to generate after the prompt."),
     bars: Optional[int] = typer.Option(None, help="Or: bars to generate after the prompt."),
@@ -34,7 +35,12 @@ def sample(
                               num_samples=num_samples, seed=seed, grammar=not no_grammar, prompt_bars=prompt_bars)
     summary = sample_to_folder(checkpoint, out, settings, prompt, audio=audio, pianoroll=pianoroll, device=device,
                                threads=threads)
-    if prompt is not None:
+    if "continued" in summary:
+        skipped = summary["skipped"]
+        typer.echo(f"{summary['continued']} prompts continued, {len(skipped)} skipped"
+                   + "".join(f"\n  skipped {name}: {why}" for name, why in list(skipped.items())[:10])
+                   + (f"\n  ... and {len(skipped) - 10} more (see batch.json)" if len(skipped) > 10 else ""))
+    elif prompt is not None:
         report = {k: v for k, v in summary["prompt_report"].items() if k != "meta"}
         typer.echo(f"prompt: {summary['prompt_tokens']} tokens"
                    + "".join(f", {k} {v}" for k, v in report.items()))

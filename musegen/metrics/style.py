@@ -155,33 +155,40 @@ def score_piece(generated: str | os.PathLike, reference: str | os.PathLike, n_se
     return rows
 
 
-def match_reference(generated: Path, references: list[Path]) -> Path | None:
-    """The reference whose name stem is the longest prefix of the generated file's stem.
+def match_reference(generated: str, references: dict[str, Path]) -> Path | None:
+    """The reference for a generated file, both named by their paths relative to their folders.
 
-    `musegen sample --prompt song.mid` writes song_000.mid, song_001.mid, ...: a reference folder
-    holding song.mid (or the style's reference piece named likewise) matches them. A folder with a
-    single reference matches every generated file.
+    `musegen sample --prompt song.mid` writes song_000.mid, song_001.mid, ...: the reference in the
+    same sub-folder whose stem is the longest prefix of the generated stem matches them (so a
+    folder of prompts sampled as a batch matches the folder of references it came from). A single
+    reference matches every generated file.
     """
     if len(references) == 1:
-        return references[0]
-    stem = generated.stem
-    candidates = [r for r in references if stem == r.stem or stem.startswith(r.stem + "_")]
-    return max(candidates, key=lambda r: len(r.stem), default=None)
+        return next(iter(references.values()))
+    folder, stem = Path(generated).parent, Path(generated).stem
+    candidates = [(Path(rel).stem, path) for rel, path in references.items() if Path(rel).parent == folder
+                  and (stem == Path(rel).stem or stem.startswith(Path(rel).stem + "_"))]
+    return max(candidates, key=lambda c: len(c[0]), default=(None, None))[1]
+
+
+def _relative_names(folder: Path) -> dict[str, Path]:
+    root = folder if folder.is_dir() else folder.parent
+    return {str(p.relative_to(root)): p for p in find_midi_files(folder)}
 
 
 def evaluate_style(generated_dir: str | os.PathLike, reference_dir: str | os.PathLike,
                    out_csv: str | os.PathLike, out_png: str | os.PathLike | None = None,
                    n_segments: int = 4) -> dict:
     """Score every generated file against its reference; write the CSV (and box plot)."""
-    generated = find_midi_files(generated_dir)
-    references = find_midi_files(reference_dir)
+    generated = _relative_names(Path(generated_dir))
+    references = _relative_names(Path(reference_dir))
     rows, unmatched = [], []
-    for path in generated:
-        reference = match_reference(path, references)
+    for name, path in generated.items():
+        reference = match_reference(name, references)
         if reference is None:
-            unmatched.append(path.name)
+            unmatched.append(name)
             continue
-        rows.extend(score_piece(path, reference, n_segments))
+        rows.extend(row | {"generated": name} for row in score_piece(path, reference, n_segments))
     if not rows:
         raise MidiError(f"{generated_dir}: no generated file matches a reference in {reference_dir} "
                         "(name references like the prompt: song.mid for song_000.mid)")

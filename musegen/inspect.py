@@ -10,6 +10,7 @@ One call writes into the output folder:
 - `probes.png`: the first layer's un-normalised attention against distance on identical tokens;
 - `sparsity.png`: S per layer and head on real validation pieces (or the generated sequence);
 - `summary.csv` (section, quantity, layer, head, detail, value) and `inspect.json` (arguments).
+What does not apply to a model (templates without SPE) is skipped with a one-line note.
 Layers and heads are numbered from 1 in every output.
 
 Also here: the figures that compare several models' evaluation CSVs, used by the notebooks.
@@ -157,7 +158,7 @@ def map_section(model, ids: torch.Tensor, train_len: int, out: Path, seed: int) 
     fig, axes = plt.subplots(len(layers), H, figsize=(2.4 * H, 2.4 * len(layers)), squeeze=False)
     rows = []
     for r, layer in enumerate(layers):
-        logits = att.attention_logits(attentions[layer], got[layer]["q"], got[layer]["k"])[0]
+        logits = att.layer_logits(attentions[layer], got[layer])[0]
         maps = att.causal_attention_map(logits)
         row_sparsity = att.causal_row_sparsity(logits)  # query t = index + 1
         for h in range(H):
@@ -249,7 +250,7 @@ def sparsity_section(model, pieces: list[np.ndarray], source: str, out: Path, se
         ids = torch.as_tensor(piece, dtype=torch.long, device=model.device)[None]
         got = att.capture_scored(model, ids, range(L), seed)
         for layer in range(L):
-            logits = att.attention_logits(attentions[layer], got[layer]["q"], got[layer]["k"])[0]
+            logits = att.layer_logits(attentions[layer], got[layer])[0]
             totals[layer] += att.causal_row_sparsity(logits).sum(-1).cpu()
         rows_seen += len(piece) - 1
     mean = totals / rows_seen  # every query row of every piece weighs the same
@@ -297,7 +298,13 @@ def inspect_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, le
     train_len = int(train_len or meta.get("train_len") or 0)
     if train_len < 4:
         raise ConfigError(f"{checkpoint}: no training length in its metadata; give --train-len (at least 4)")
+    notes = []
     length = int(length or (3 * train_len) // 2)
+    limit = config.max_positions
+    if limit is not None and length >= limit:  # the generated sequence also holds its first token
+        notes.append(f"length cut from {length} to {limit - 1}: {config.attention} attention reads at most "
+                     f"max_len={limit} positions")
+        length = limit - 1
     if length < 2:
         raise ConfigError(f"--length must be at least 2, got {length}")
     if pieces < 1:
@@ -311,6 +318,8 @@ def inspect_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, le
     rows: list[dict] = []
     if model.spe is not None:
         rows += template_section(model, train_len, out, seed)
+    else:
+        notes.append(f"no positional templates or gates: pe={config.pe} ({config.attention} attention) has no SPE")
     generated = generated_sequence(model, tokenizer, length, seed, progress)
     rows += map_section(model, generated, train_len, out, seed)
     rows += probe_section(model, tokenizer, train_len, length, out, seed)
@@ -327,7 +336,7 @@ def inspect_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, le
     result = {"checkpoint": str(checkpoint), "pe": config.pe, "train_len": train_len, "length": length,
               "sparsity_source": source, "best_heads": best,
               "seconds": round(time.perf_counter() - started, 2),
-              "files": written}
+              "files": written, "notes": notes}
     write_json(out / "inspect.json", {"arguments": {"checkpoint": str(checkpoint), "length": length, "data":
                                                     None if data is None else str(data), "split": split,
                                                     "pieces": pieces, "seed": seed, "train_len": train_len},

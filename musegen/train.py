@@ -79,7 +79,7 @@ class TrainConfig:
     ckpt_every: int = 1000
     keep: int = 3  # checkpoints kept
     valid_every: int = 1000  # 0: never
-    valid_len: int = 0  # positions scored by validation; 0: twice seq_len
+    valid_len: int = 0  # positions scored by validation; 0: twice seq_len (synthesizer: at most max_len)
     valid_pieces: int = 32  # first N pieces of the validation split
     log_every: int = 10
     max_nonfinite: int = 20  # consecutive non-finite updates that stop the run
@@ -142,16 +142,18 @@ def build_config(preset_name: str, data: str | os.PathLike, out: str | os.PathLi
         model = replace_checked(model, loaded.pop("model", {}))
         top = loaded
     cfg = replace_checked(TrainConfig(model=model), {**top, "preset": preset_name, "data": str(data), "out": str(out)})
-    for item in sets:
+    model_sets: dict[str, Any] = {}  # applied together: settings that must agree (attention and pe)
+    for item in sets:                # may then come in any order
         key, sep, text = item.partition("=")
         if not sep:
             raise ConfigError(f"--set expects key=value, got {item!r}")
         key = key.strip()
         if key.startswith("model."):
             name = key[len("model."):]
-            cfg = replace_checked(cfg, {"model": replace_checked(cfg.model, {name: _parse_value(cfg.model, name, text)})})
+            model_sets[name] = _parse_value(cfg.model, name, text)
         else:
             cfg = replace_checked(cfg, {key: _parse_value(cfg, key, text)})
+    cfg = replace_checked(cfg, {"model": replace_checked(cfg.model, model_sets)})
     if device is not None:
         cfg = replace_checked(cfg, {"device": device})
     return cfg
@@ -403,6 +405,8 @@ def _train(cfg, resume, command, procs, device, MusicPerformer, Shards) -> dict[
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
+    cfg.model.check_length(cfg.seq_len, "seq_len")
+    cfg.model.check_length(cfg.valid_len, "valid_len")
     if not cfg.data:
         raise DataError("no data folder given")
     shards = Shards(cfg.data)
@@ -476,7 +480,7 @@ def _train(cfg, resume, command, procs, device, MusicPerformer, Shards) -> dict[
 
     bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and device.type == "cuda")
     pad = tokenizer.pad_id
-    valid_len = cfg.valid_len or 2 * cfg.seq_len
+    valid_len = cfg.valid_len or min(2 * cfg.seq_len, model_cfg.max_positions or 2 * cfg.seq_len)
     meta_base = {"train_len": cfg.seq_len, "preset": cfg.preset, "data": cfg.data, "tokenizer": tokenizer.kind}
     last_loss = float("nan")
 

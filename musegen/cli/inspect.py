@@ -35,6 +35,8 @@ def inspect(
     result = inspect_checkpoint(checkpoint, out, length=length, data=data, split=split, pieces=pieces,
                                 seed=seed, train_len=train_len, device=device, progress=True)
     typer.echo(f"{result['pe']} model, training length {result['train_len']}, probed to {result['length']} tokens")
+    for note in result["notes"]:
+        typer.echo(f"  note: {note}")
     for name, best in result["best_heads"].items():
         typer.echo(f"  best head for {name.replace('_', ' ')}: {best['head']} ({best['value']:.3f})")
     typer.echo(f"wrote {', '.join(result['files'])} to {out} in {result['seconds']:.1f} s")

@@ -7,7 +7,8 @@ are captured with forward hooks so the model's code stays untouched.
 - Templates: P_d(m, n) estimated from one layer's (gated) SPE codes, (1/R) Qbar_d(m) . Kbar_d(n)
   without the codes' (R D)^(-1/4) scale, next to the module's analytic kernel.
 - Attention logits: log of the un-normalised attention, scale * q-hat . k-hat^T for the exp kernels
-  (softmax, and FAVOR+ which estimates it), log(phi(q-hat) . phi(k-hat)) for relu/elu features.
+  (softmax, and FAVOR+ which estimates it), log(phi(q-hat) . phi(k-hat)) for relu/elu features;
+  the families of musegen/model/families.py give their own (`layer_logits`).
 - PE probes (Wang et al., ICLR 2021, "identical word probing"): feed one token repeated, so the
   first layer's attention depends on positions only. On A[i, tau] = a(m_i, m_i - tau):
   * translation invariance = share of A's variance explained by the offset tau
@@ -84,8 +85,9 @@ def _layer_modules(model) -> list:
 @torch.no_grad()
 def capture_scored(model, ids: torch.Tensor, layers: Iterable[int], seed: int = 0) -> dict[int, dict]:
     """Run `model(ids)` once and return, for each layer index asked for, the q-hat and k-hat its
-    attention scores ({"q", "k"}: [B, H, T, width]) and, with SPE, the shared codes and that
-    layer's gate noise ({"codes", "eps"}). The forward's random draws come from `seed`."""
+    attention scores ({"q", "k"}: [B, H, T, width]; without SPE also "v", and None for what the
+    layer does not project) and, with SPE, the shared codes and that layer's gate noise
+    ({"codes", "eps"}). The forward's random draws come from `seed`."""
     wanted = sorted(set(layers))
     captured: dict[int, dict] = {}
     handles = []
@@ -98,9 +100,8 @@ def capture_scored(model, ids: torch.Tensor, layers: Iterable[int], seed: int = 
 
     def on_qkv(index, attention):
         def hook(module, args, output):
-            B, T, _ = output.shape
-            q, k, _ = output.view(B, T, 3, attention.n_heads, attention.head_dim).permute(2, 0, 3, 1, 4)
-            captured[index] = {"q": q.float(), "k": k.float(), "codes": None, "eps": None}
+            q, k, v = (None if x is None else x.float() for x in attention.split(output))
+            captured[index] = {"q": q, "k": k, "v": v, "codes": None, "eps": None}
         return hook
 
     for index in wanted:
@@ -128,6 +129,15 @@ def attention_logits(attention, q: torch.Tensor, k: torch.Tensor) -> torch.Tenso
     if features is None or features.kind == "performer":
         return attention.scale * q @ k.transpose(-1, -2)
     return (features(q, True) @ features(k, False).transpose(-1, -2)).clamp_min(1e-30).log()
+
+
+@torch.no_grad()
+def layer_logits(attention, got: dict) -> torch.Tensor:
+    """`attention_logits` from what `capture_scored` kept for that layer; the other attention
+    families (musegen/model/families.py) score in their own way."""
+    if attention.family is not None:
+        return attention.family.logits(got["q"], got["k"], got["v"])
+    return attention_logits(attention, got["q"], got["k"])
 
 
 def causal_attention_map(logits: torch.Tensor) -> torch.Tensor:
@@ -189,7 +199,7 @@ def probe_first_layer(model, token: int, length: int, regions: dict[str, Sequenc
     attention on `token` repeated `length` times, for each region's query positions."""
     ids = torch.full((1, length), int(token), dtype=torch.long, device=next(model.parameters()).device)
     got = capture_scored(model, ids, [0], seed)[0]
-    logits = attention_logits(_layer_modules(model)[0], got["q"], got["k"])[0]  # [H, T, T]
+    logits = layer_logits(_layer_modules(model)[0], got)[0]  # [H, T, T]
     out = {}
     for name, queries in regions.items():
         view = lag_view(logits, queries, window)

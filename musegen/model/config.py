@@ -9,7 +9,10 @@ from typing import Any
 from ..errors import ConfigError
 
 PE_CHOICES = ("ape", "sine", "conv", "none")
-ATTENTION_CHOICES = ("performer", "relu", "elu", "softmax")
+DOT_PRODUCT_ATTENTIONS = ("performer", "relu", "elu", "softmax")  # the ones SPE (and kernel) apply to
+FAMILY_ATTENTIONS = ("relative", "synthesizer", "aaren")  # musegen/model/families.py
+ATTENTION_CHOICES = DOT_PRODUCT_ATTENTIONS + FAMILY_ATTENTIONS
+SYNTHESIZER_VARIANTS = ("dense", "random", "random-fixed", "factorized", "dot")
 KERNEL_CHOICES = ("torch", "fast-transformers")
 
 
@@ -34,6 +37,12 @@ class ModelConfig:
     n_features: int = 128  # FAVOR+ features: n_features // 2 projections x [exp(+wx), exp(-wx)]
     redraw: str = "prob:0.05"  # "fixed" | "prob:P" | "every:N"
     kernel: str = "torch"  # causal linear attention kernel, one of KERNEL_CHOICES
+    # The other attention families (docs/attention_families.md); pe must be "none" or "ape".
+    max_relative_distance: int = 256  # relative: distances clipped here
+    relative_values: bool = False  # relative: relative embeddings for the values too
+    synthesizer: str = "dense"  # variants of SYNTHESIZER_VARIANTS, mixed with "+" (e.g. "dense+dot")
+    synthesizer_rank: int = 8  # "factorized": rank of R1 R2^T
+    max_len: int = 2048  # synthesizer: logits exist for positions < max_len only
 
     def __post_init__(self):
         checks = [
@@ -47,11 +56,32 @@ class ModelConfig:
             (min(self.vocab_size, self.n_layers, self.d_model, self.n_heads, self.d_ff) > 0, "sizes must be positive"),
             (0.0 <= self.dropout < 1.0, "dropout must be in [0, 1)"),
             (min(self.spe_sines, self.spe_kernel, self.spe_realizations) > 0, "SPE sizes must be positive"),
+            (min(self.max_relative_distance, self.synthesizer_rank, self.max_len) > 0,
+             "max_relative_distance, synthesizer_rank and max_len must be positive"),
+            (self.attention in DOT_PRODUCT_ATTENTIONS or self.pe in ("none", "ape"),
+             f"attention {self.attention!r} takes pe 'none' or 'ape' (SPE applies to "
+             f"{', '.join(DOT_PRODUCT_ATTENTIONS)}), got pe={self.pe!r}"),
+            (self.attention in DOT_PRODUCT_ATTENTIONS or self.kernel == "torch",
+             f"kernel {self.kernel!r} is a linear-attention kernel; attention {self.attention!r} has none"),
+            (self.attention == "relative" or not self.relative_values,
+             f"relative_values needs attention 'relative', got {self.attention!r}"),
         ]
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
         parse_redraw(self.redraw)
+        synthesizer_variants(self.synthesizer)
+
+    @property
+    def max_positions(self) -> int | None:
+        """The longest sequence the model can read: synthesizer logits are tied to `max_len`."""
+        return self.max_len if self.attention == "synthesizer" else None
+
+    def check_length(self, n: int, what: str = "a sequence") -> None:
+        """ConfigError when `n` tokens are more than the model can read (see `max_positions`)."""
+        if self.max_positions is not None and n > self.max_positions:
+            raise ConfigError(f"{what} of {n} tokens is longer than synthesizer attention's "
+                              f"max_len={self.max_len} (a model setting fixed at training)")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -74,6 +104,15 @@ def parse_redraw(policy: str) -> tuple[str, float]:
     except ValueError:
         pass
     raise ConfigError(f"redraw must be 'fixed', 'prob:P' (0 <= P <= 1) or 'every:N' (N >= 1), got {policy!r}")
+
+
+def synthesizer_variants(spec: str) -> tuple[str, ...]:
+    """"dense+dot" -> ("dense", "dot"): known variants, each at most once."""
+    variants = tuple(spec.split("+"))
+    if not set(variants) <= set(SYNTHESIZER_VARIANTS) or len(set(variants)) != len(variants):
+        raise ConfigError(f"synthesizer must be variants of {SYNTHESIZER_VARIANTS} joined by '+', "
+                          f"each at most once, got {spec!r}")
+    return variants
 
 
 def replace_checked(obj, overrides: dict[str, Any]):

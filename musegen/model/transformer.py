@@ -12,6 +12,7 @@ from torch import nn
 
 from .attention import FeatureMap, causal_linear_attention, softmax_attention
 from .config import ModelConfig, parse_redraw
+from .families import FAMILIES
 from .spe import ConvSPE, SineSPE, SPEFilter
 
 
@@ -36,25 +37,38 @@ class SelfAttention(nn.Module):
         super().__init__()
         self.n_heads, self.head_dim = config.n_heads, config.d_model // config.n_heads
         self.kind, self.kernel = config.attention, config.kernel
-        self.qkv = nn.Linear(config.d_model, 3 * config.d_model)
+        # The other families (families.py) bring their own core and may need fewer projections.
+        self.family = FAMILIES[config.attention](config) if config.attention in FAMILIES else None
+        self.inputs = self.family.inputs if self.family is not None else ("q", "k", "v")
+        self.qkv = nn.Linear(config.d_model, len(self.inputs) * config.d_model)
         self.out = nn.Linear(config.d_model, config.d_model)
         uses_spe = config.pe in ("sine", "conv")
         self.spe_filter = (SPEFilter(self.n_heads, self.head_dim, config.spe_realizations, config.gated)
                            if uses_spe else None)
         width = config.spe_realizations if uses_spe else self.head_dim  # width of the scored q, k
         self.scale = width ** -0.5
-        self.features = FeatureMap(config.attention, width, config.n_features) if config.attention != "softmax" else None
+        self.features = (FeatureMap(config.attention, width, config.n_features)
+                         if config.attention in ("performer", "relu", "elu") else None)
+
+    def split(self, projected: torch.Tensor) -> tuple:
+        """qkv(x) [B, T, P * d_model] -> q, k, v as [B, H, T, head_dim], None where not projected."""
+        B, T, _ = projected.shape
+        parts = projected.view(B, T, len(self.inputs), self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        named = dict(zip(self.inputs, parts))
+        return named.get("q"), named.get("k"), named.get("v")
 
     def forward(self, x: torch.Tensor, codes, gate_noise, state):
         B, T, _ = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = self.split(self.qkv(x))
         # SPE, feature maps and the running sums stay in fp32 under autocast: exp() features and
         # long prefix sums lose too much in bf16.
         with torch.autocast(x.device.type, enabled=False):
-            q, k, v = q.float(), k.float(), v.float()
+            q, k, v = (None if t is None else t.float() for t in (q, k, v))
             if self.spe_filter is not None:
                 q, k = self.spe_filter(q, k, codes, gate_noise)
-            if self.features is None:
+            if self.family is not None:
+                y, state = self.family(q, k, v, state)
+            elif self.features is None:
                 y, state = softmax_attention(q, k, v, self.scale, state)
             else:
                 y, state = causal_linear_attention(self.features(q, True), self.features(k, False), v,
@@ -108,7 +122,8 @@ class MusicPerformer(nn.Module):
     Both give the same logits (to float rounding), in any mix: a whole sequence through one
     `step(ids)` is the parallel forward with the session's frozen noise, and two sessions with
     the same `seed` draw the same noise. Per-token time and memory are constant for the linear
-    attentions; "softmax" keeps a growing key/value cache instead. `step` runs without
+    attentions and "aaren"; "softmax", "relative" and "synthesizer" keep a growing key/value
+    cache instead, and "synthesizer" stops at `max_len` positions. `step` runs without
     gradients; call `model.eval()` first so dropout is off.
     """
 
@@ -164,6 +179,7 @@ class MusicPerformer(nn.Module):
     # --- forward passes ------------------------------------------------------------------
     def _run(self, ids: torch.Tensor, t0: int, noise: Noise, states: list) -> tuple[torch.Tensor, list]:
         t1 = t0 + ids.shape[1]
+        self.config.check_length(t1)
         x = self.embedding(ids) * math.sqrt(self.config.d_model)
         if self.config.pe == "ape":
             x = x + sinusoids(t0, t1, self.config.d_model, ids.device).to(x.dtype)

@@ -1,8 +1,9 @@
 """Side-by-side reports of several models' evaluations (the experiments of docs/results.md).
 
-Each model is a folder holding what `musegen evaluate loss` (nll_<split>.csv), `musegen evaluate
-style` (style.csv) and `musegen sample` (<prompt>.json) wrote for it. The report holds a table
-(Markdown and CSV) and one figure per kind of evaluation found in every folder.
+Each model is a folder (a run folder, say) holding, anywhere below it, what `musegen evaluate
+loss` (one nll_<split>.csv), `musegen evaluate style` (style.csv) and `musegen sample` (batch.json
+or <prompt>.json) wrote for it. The report holds a table (Markdown and CSV) and one figure per
+kind of evaluation found for every model.
 """
 
 from __future__ import annotations
@@ -41,9 +42,13 @@ def _read_rows(path: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
+def _found(folder: Path, pattern: str) -> list[Path]:
+    return sorted(folder.rglob(pattern))
+
+
 def read_position_nll(folder: Path) -> tuple[np.ndarray, np.ndarray]:
-    """(NLL sums, counts) per position from the single nll_<split>.csv in `folder`."""
-    found = sorted(folder.glob("nll_*.csv"))
+    """(NLL sums, counts) per position from the single nll_<split>.csv under `folder`."""
+    found = _found(folder, "nll_*.csv")
     if len(found) != 1:
         raise DataError(f"{folder}: expected one nll_<split>.csv from `musegen evaluate loss`, found {len(found)}")
     rows = _read_rows(found[0])
@@ -54,7 +59,7 @@ def read_position_nll(folder: Path) -> tuple[np.ndarray, np.ndarray]:
 
 def read_sampling(folder: Path) -> dict[str, float] | None:
     """Generation speed and recurrent-state size from a `musegen sample` summary, if one is there."""
-    for path in sorted(folder.glob("*.json")):
+    for path in _found(folder, "batch.json") + _found(folder, "*.json"):
         summary = read_json(path)
         if isinstance(summary, dict) and "stats" in summary:
             stats = summary["stats"]
@@ -118,11 +123,11 @@ def compare_style(runs: dict[str, Path], out_dir: Path, n_segments: int = 4) -> 
     """Median style similarity per model, metric and segment (table) and a grouped box plot."""
     per_model = {}
     for name, folder in runs.items():
-        path = folder / "style.csv"
-        if not path.is_file():
-            raise DataError(f"{folder}: no style.csv from `musegen evaluate style`")
+        found = _found(folder, "style.csv")
+        if len(found) != 1:
+            raise DataError(f"{folder}: expected one style.csv from `musegen evaluate style`, found {len(found)}")
         per_model[name] = [r | {"segment": int(r["segment"]), "similarity": float(r["similarity"])}
-                           for r in _read_rows(path)]
+                           for r in _read_rows(found[0])]
     table = {name: medians(rows, n_segments) for name, rows in per_model.items()}
     metrics = [m for m in METRICS if any(m in t for t in table.values())]
     header = ["model", "metric"] + [f"Q{s}" for s in range(1, n_segments + 1)]
@@ -156,18 +161,18 @@ def compare_style(runs: dict[str, Path], out_dir: Path, n_segments: int = 4) -> 
 
 def compare(runs: dict[str, str | os.PathLike], out_dir: str | os.PathLike, train_len: int | None = None,
             n_segments: int = 4) -> dict[str, Any]:
-    """Every comparison the folders allow: loss when each holds nll_*.csv, style when each holds style.csv."""
+    """Every comparison the folders allow: loss when each holds an nll_*.csv, style when each holds a style.csv."""
     folders = {name: Path(p) for name, p in runs.items()}
     for name, folder in folders.items():
         if not folder.is_dir():
             raise DataError(f"{folder}: no such folder (model {name!r})")
     out_dir = Path(out_dir)
     report: dict[str, Any] = {}
-    if all(any(f.glob("nll_*.csv")) for f in folders.values()):
+    if all(_found(f, "nll_*.csv") for f in folders.values()):
         if train_len is None:
             raise DataError("comparing losses needs the training length (--train-len)")
         report["loss"] = compare_loss(folders, train_len, out_dir)
-    if all((f / "style.csv").is_file() for f in folders.values()):
+    if all(_found(f, "style.csv") for f in folders.values()):
         report["style"] = compare_style(folders, out_dir, n_segments)
     if not report:
         raise DataError("nothing to compare: give every model folder nll_<split>.csv "

@@ -45,12 +45,16 @@ for stage in $stages; do
       for m in $MODELS; do
         in_pool "${musegen[@]}" sample --checkpoint "$(latest_checkpoint "$RUNS/$m")" \
           --prompt checkpoints/prompts/pop_progression.mid --length $((4 * L)) --seed 0 --pianoroll \
-          --out "$OUT/samples/$m" --threads 1
+          --out "$RUNS/$m/samples" --threads 1
       done
       wait ;;
     report)
       args=()
-      for m in $MODELS; do args+=(--run "$m=$RUNS/$m/eval"); done
+      for m in $MODELS; do
+        args+=(--run "$m=$RUNS/$m")
+        mkdir -p "$OUT/samples" && cp "$RUNS/$m/samples/pop_progression_000.mid" "$OUT/samples/$m.mid" \
+          && cp "$RUNS/$m/samples/pop_progression_000.png" "$OUT/samples/$m.png"
+      done
       "${musegen[@]}" evaluate compare "${args[@]}" --train-len $L --out "$OUT" ;;
     *) echo "pop_pe.sh: unknown stage $stage (train evaluate sample report)" >&2; exit 2 ;;
   esac

@@ -1,6 +1,9 @@
 """Causal attention forward+backward: musegen's chunked kernel vs fast-transformers vs SDPA.
 
-B = 1, 8 heads, 128 random features (FAVOR+ widths), head width 64, fp32.
+B = 1, 8 heads, 128 random features (FAVOR+ widths), head width 64, fp32. The other attention
+families (musegen/model/families.py: relative, synthesizer "dense" with max_len = N, aaren) are
+rows of the same table; relative and synthesizer hold N x N tensors, so on a CPU they stop at
+N = 2048.
     python -m bench.attention            # N = 512, 2048, 8192 (run from the repository root)
     python -m bench.attention --quick    # N = 512, 2048, fewer repeats
 Ratios are measured in the same run, timing the methods in interleaved rounds (median per
@@ -16,9 +19,30 @@ import torch
 from torch.nn import functional as F
 
 from bench.common import add_machine_options, apply_machine_options, describe, peak_memory_mib, seconds
+from musegen.model import preset
 from musegen.model.attention import causal_linear_attention, fast_transformers_available
+from musegen.model.families import FAMILIES
 
 HEADS, FEATURES, WIDTH = 8, 128, 64
+QUADRATIC = {"relative", "synthesizer"}  # N x N logits: too much memory at 8192 on a CPU
+
+
+def family_case(name: str, n: int, device: torch.device):
+    """A closure running one forward+backward of the attention family `name` at length n."""
+    config = preset("tiny", d_model=HEADS * WIDTH, n_heads=HEADS, attention=name, pe="none", max_len=n)
+    family = FAMILIES[name](config).to(device)
+    g = torch.Generator(device=device).manual_seed(0)
+    inputs = [torch.randn(1, HEADS, n, WIDTH, generator=g, device=device).requires_grad_()
+              if part in family.inputs else None for part in "qkv"]
+
+    def run():
+        out, _ = family(*inputs, None)
+        out.sum().backward()
+        for x in inputs:
+            if x is not None:
+                x.grad = None
+
+    return run
 
 
 def make_case(method: str, n: int, device: torch.device):
@@ -49,13 +73,14 @@ def main() -> None:
     device = apply_machine_options(args)
     lengths = (512, 2048) if args.quick else (512, 2048, 8192)
     repeats = 5 if args.quick else 9
-    methods = ["torch"] + (["fast-transformers"] if fast_transformers_available() else []) + ["sdpa"]
+    methods = ["torch"] + (["fast-transformers"] if fast_transformers_available() else []) + ["sdpa"] + list(FAMILIES)
     print(f"# causal attention fwd+bwd, B=1 H={HEADS} M={FEATURES} D={WIDTH}, {describe(device)}")
     print(f"{'N':>6} {'method':>18} {'time ms':>10} {'peak MiB':>10} {'time vs torch':>14}")
     for n in lengths:
-        runs = {method: make_case(method, n, device) for method in methods}
+        runs = {method: family_case(method, n, device) if method in FAMILIES else make_case(method, n, device)
+                for method in methods if not (method in QUADRATIC and n > 2048 and device.type == "cpu")}
         slow = {"sdpa"} if n > 2048 and device.type == "cpu" else set()  # quadratic: one timing is enough
-        times = {method: [] for method in methods}
+        times = {method: [] for method in runs}
         for run in runs.values():  # warm-up
             run()
         # Rounds over all methods, so a change in the machine's load hits every method alike.
@@ -64,7 +89,7 @@ def main() -> None:
                 if round_ == 0 or method not in slow:
                     times[method].append(seconds(run, device))
         results = {method: (statistics.median(times[method]), peak_memory_mib(runs[method], device))
-                   for method in methods}
+                   for method in runs}
         for method, (secs, mib) in results.items():
             ratio = secs / results["torch"][0]
             print(f"{n:>6} {method:>18} {secs * 1e3:>10.1f} {mib:>10.1f} {ratio:>13.2f}x")

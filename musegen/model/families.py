@@ -96,16 +96,16 @@ class RelativeAttention(_Family):
         self.key_embedding = nn.Parameter(torch.randn(shape) * 0.02)
         self.value_embedding = nn.Parameter(torch.randn(shape) * 0.02) if config.relative_values else None
 
-    def _distance_index(self, S: int, device) -> torch.Tensor:
-        """For reversed-distance column c (distance S - 1 - c): its clipped embedding row."""
-        return (S - 1 - torch.arange(S, device=device)).clamp_(max=self.max_distance)
-
     def _scores(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-        S = k.shape[2]
-        width = min(S, self.max_distance + 1)  # distances that occur
-        per_distance = q @ self.key_embedding[:, :width].transpose(-1, -2)  # [B, H, T, width]
-        relative = skew(per_distance[..., self._distance_index(S, q.device)])
-        return (q @ k.transpose(-1, -2) + relative) * self.scale
+        S, K = k.shape[2], self.max_distance
+        q = q * self.scale
+        per_distance = q @ self.key_embedding[:, :min(S, K + 1)].transpose(-1, -2)  # [B, H, T, distances]
+        # Reversed distance order (S - 1 .. 0), distances past K repeating a_K[K]: a flip and an
+        # expand, whose backward passes are far cheaper on CPU than a gather's scatter.
+        by_distance = per_distance.flip(-1)
+        if S > K + 1:
+            by_distance = torch.cat([per_distance[..., K:].expand(*q.shape[:-1], S - K - 1), by_distance], -1)
+        return q @ k.transpose(-1, -2) + skew(by_distance)
 
     def logits(self, q, k, v):
         return self._scores(q, k)
@@ -114,13 +114,12 @@ class RelativeAttention(_Family):
         k, v = _extend(state, k, v)
         weights = _causal_softmax(self._scores(q, k))
         out = weights @ v
-        if self.value_embedding is not None:  # sum the weights per clipped distance, then mix a_V
-            S = k.shape[2]
-            width = min(S, self.max_distance + 1)
-            by_distance = unskew(weights)
-            per_distance = by_distance.new_zeros(*by_distance.shape[:-1], width)
-            per_distance = per_distance.index_add(-1, self._distance_index(S, q.device), by_distance)
-            out = out + per_distance @ self.value_embedding[:, :width]
+        if self.value_embedding is not None:  # the weights summed per clipped distance, times a_V
+            K = self.max_distance
+            per_distance = unskew(weights).flip(-1)  # distance order 0 .. S - 1
+            if per_distance.shape[-1] > K + 1:
+                per_distance = torch.cat([per_distance[..., :K], per_distance[..., K:].sum(-1, keepdim=True)], -1)
+            out = out + per_distance @ self.value_embedding[:, :per_distance.shape[-1]]
         return out, (k, v)
 
 
@@ -171,8 +170,10 @@ class Synthesizer(_Family):
         return q @ k.transpose(-1, -2) * self.scale  # "dot"
 
     def _scores(self, q, k, T: int, S: int) -> torch.Tensor:
-        weights = self.mixture.softmax(0) if self.mixture is not None else [1.0]
-        return sum(w * self._variant(name, q, k, T, S) for w, name in zip(weights, self.variants))
+        logits = [self._variant(name, q, k, T, S) for name in self.variants]
+        if self.mixture is None:
+            return logits[0]
+        return sum(w * x for w, x in zip(self.mixture.softmax(0), logits))
 
     def logits(self, q, k, v):
         T = v.shape[2]

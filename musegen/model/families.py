@@ -5,8 +5,8 @@ declares in `inputs` and calls `family(q, k, v, state) -> (output, state)` on [B
 tensors; a projection the family does not use is None (and has no weights). `state` is None
 for a fresh sequence; a block of T new positions continues whatever the state summarises, so
 one call over the whole sequence is the parallel training form and T = 1 is a sampling step.
-`logits(q, k, v)` gives the un-normalised log attention [B, H, T, T] of a whole sequence, for
-inspection only (musegen.metrics.attention).
+`logits(q, k, v)` gives the un-normalised log attention [B, H, T, T] of a whole sequence, which
+inspection draws (musegen.metrics.attention).
 
 - RelativeAttention: Shaw et al. 2018 softmax attention with learned relative embeddings,
   computed with Music Transformer's skewing (Huang et al. 2018). State: a key/value cache.
@@ -58,11 +58,11 @@ class _Family(nn.Module):
 
 
 def skew(x: torch.Tensor) -> torch.Tensor:
-    """[..., T, S] indexed by (query i, reversed distance c) -> [..., T, S] indexed by (i, key j):
-    out[i, j] = x[i, j + T - 1 - i]. Column c of x is distance S - 1 - c from the last query;
-    row i (at position S - T + i) sits T - 1 - i closer to the start, so each row shifts left by
-    that much. Padding one column makes rows S + 1 long; reading the flat buffer from T - 1 with
-    rows of S does every shift at once (Music Transformer's trick, generalised to T <= S).
+    """[..., T, S] indexed by (query i, reversed distance c) -> [..., T, S] indexed by (i, key j).
+    Column c holds distance S - 1 - c. Query i sits at position S - T + i, so its key j is at
+    distance S - T + i - j, in column j + T - 1 - i: row i is read shifted by T - 1 - i. Padding
+    one column makes rows S + 1 long; reading the flat buffer from T - 1 in rows of S makes every
+    shift at once (Music Transformer's trick, generalised to T <= S queries after a cache).
     Entries for future keys (j > S - T + i) are garbage: the causal mask drops them."""
     T, S = x.shape[-2:]
     flat = F.pad(x, (0, 1)).flatten(-2)
@@ -96,7 +96,7 @@ class RelativeAttention(_Family):
         self.key_embedding = nn.Parameter(torch.randn(shape) * 0.02)
         self.value_embedding = nn.Parameter(torch.randn(shape) * 0.02) if config.relative_values else None
 
-    def _scores(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    def logits(self, q, k, v=None):
         S, K = k.shape[2], self.max_distance
         q = q * self.scale
         per_distance = q @ self.key_embedding[:, :min(S, K + 1)].transpose(-1, -2)  # [B, H, T, distances]
@@ -107,12 +107,9 @@ class RelativeAttention(_Family):
             by_distance = torch.cat([per_distance[..., K:].expand(*q.shape[:-1], S - K - 1), by_distance], -1)
         return q @ k.transpose(-1, -2) + skew(by_distance)
 
-    def logits(self, q, k, v):
-        return self._scores(q, k)
-
     def forward(self, q, k, v, state: Optional[Cache]):
         k, v = _extend(state, k, v)
-        weights = _causal_softmax(self._scores(q, k))
+        weights = _causal_softmax(self.logits(q, k))
         out = weights @ v
         if self.value_embedding is not None:  # the weights summed per clipped distance, times a_V
             K = self.max_distance

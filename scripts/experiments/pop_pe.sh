@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Experiment 1 of PAPER_NOTES §3 at CPU scale (docs/results.md): identical small REMI models on
-# POP909 that differ only in how attention knows about position. Trained at L = 256, scored
+# POP909 that differ only in how attention knows about position (the four PE variants of the
+# paper, plus the relative-softmax and Aaren attention families). Trained at L = 256, scored
 # per position to 4L, and each continues the same prompt for 4L tokens.
 #   bash scripts/experiments/pop_pe.sh                       all stages, all models
 #   MODELS="ape sine-gated" bash scripts/experiments/pop_pe.sh train
@@ -18,8 +19,11 @@ declare -A MODEL_SETTINGS=(
   [sine-gated]="model.pe=sine model.gated=true"
   [conv-gated]="model.pe=conv model.gated=true"
   [conv-ungated]="model.pe=conv model.gated=false"
+  # Other attention families (docs/attention_families.md): exact relative softmax, and Aaren.
+  [relative]="model.attention=relative model.pe=none model.max_relative_distance=$L"
+  [aaren]="model.attention=aaren model.pe=none"
 )
-MODELS=${MODELS:-ape sine-gated conv-gated conv-ungated}
+MODELS=${MODELS:-ape sine-gated conv-gated conv-ungated relative aaren}
 # Everything but the model settings is shared: data, steps, batch, seed, schedule.
 COMMON=(seq_len=$L batch_size=8 steps=800 lr=4e-4 warmup=100 valid_every=0 ckpt_every=100
         workers=0 seed=0)

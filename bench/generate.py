@@ -16,7 +16,10 @@ standard library's tokenize.)
 2. sampler: `musegen.sample.generate` (grammar mask, nucleus sampling, REMI) from scratch; the
    time of every model step is recorded, so the per-token rate of the first and the last
    quarter of one run can be compared: flat when the state has constant size.
-3. threads (CPU): step latency at 512 with 1 thread vs all cores, alternating; this is why
+3. families: the same step latencies for each other attention family (relative, synthesizer,
+   aaren; paper-pop shape with APE), next to the performer's: relative and synthesizer read a
+   growing key/value cache, aaren a constant-size state.
+4. threads (CPU): step latency at 512 with 1 thread vs all cores, alternating; this is why
    the sampler and these benchmarks default to 1 thread (docs/performance.md).
 Exits non-zero if a flatness target fails: step latency at the last position over 1.2x that
 at the first, or the sampler's last quarter over 1.2x slower than its first.
@@ -34,6 +37,7 @@ import torch
 
 from bench.common import add_machine_options, apply_machine_options, describe, peak_memory_mib, seconds, timed_peak
 from musegen.model import MusicPerformer, preset
+from musegen.model.families import FAMILIES
 from musegen.sample import Prompt, SampleSettings, generate
 from musegen.tokenizers import tokenizer_from_dict
 
@@ -42,8 +46,8 @@ PREFIX_POSITIONS = (512, 2048)
 FLAT = 1.2  # issue 3: latency at 8192 within 1.2x of latency at 512
 
 
-def step_vs_prefix(model: MusicPerformer, device: torch.device, prefix_repeats: int) -> list[tuple]:
-    tokens = torch.randint(0, model.config.vocab_size, (1, max(POSITIONS) + 64), device=device)
+def step_latencies(model: MusicPerformer, device: torch.device, tokens: torch.Tensor) -> dict[int, tuple]:
+    """{position: (median seconds, peak MiB) of one single-token step() there} for POSITIONS."""
     with torch.no_grad(), model.streaming(1, seed=0):
         snapshots = {}
         for position in POSITIONS:
@@ -62,17 +66,36 @@ def step_vs_prefix(model: MusicPerformer, device: torch.device, prefix_repeats: 
         for _ in range(16):
             for position in POSITIONS:
                 times[position].append(seconds(lambda: step_at(position), device))
-        rows = []
-        for position in POSITIONS:
-            step_mib = peak_memory_mib(lambda: step_at(position), device)
-            prefix_s = prefix_mib = None
-            if position in PREFIX_POSITIONS:
-                prefix = tokens[:, :position + 1]
+        return {position: (statistics.median(times[position]), peak_memory_mib(lambda: step_at(position), device))
+                for position in POSITIONS}
+
+
+def step_vs_prefix(model: MusicPerformer, device: torch.device, prefix_repeats: int) -> list[tuple]:
+    tokens = torch.randint(0, model.config.vocab_size, (1, max(POSITIONS) + 64), device=device)
+    rows = []
+    for position, (step_s, step_mib) in step_latencies(model, device, tokens).items():
+        prefix_s = prefix_mib = None
+        if position in PREFIX_POSITIONS:
+            prefix = tokens[:, :position + 1]
+            with torch.no_grad():
                 runs = [timed_peak(lambda: model(prefix), device) for _ in range(prefix_repeats)]
-                prefix_s = statistics.median(s for s, _ in runs)
-                prefix_mib = max(m for _, m in runs)
-            rows.append((position, statistics.median(times[position]), step_mib, prefix_s, prefix_mib))
+            prefix_s = statistics.median(s for s, _ in runs)
+            prefix_mib = max(m for _, m in runs)
+        rows.append((position, step_s, step_mib, prefix_s, prefix_mib))
     return rows
+
+
+def family_steps(device: torch.device, vocab_size: int) -> dict[str, dict[int, tuple]]:
+    """step_latencies of each attention family at the paper-pop shape with APE (the synthesizer's
+    max_len stretched to reach the last position)."""
+    tokens = torch.randint(0, vocab_size, (1, max(POSITIONS) + 64), device=device)
+    latencies = {}
+    for name in FAMILIES:
+        torch.manual_seed(0)
+        model = MusicPerformer(preset("paper-pop", attention=name, pe="ape", vocab_size=vocab_size,
+                                      max_len=max(POSITIONS) + 1)).to(device).eval()
+        latencies[name] = step_latencies(model, device, tokens)
+    return latencies
 
 
 def thread_comparison(model: MusicPerformer, device: torch.device, threads: int) -> dict[int, float]:
@@ -144,6 +167,14 @@ def main() -> None:
     print(f"sampler: {length} tokens at {rate:.1f} tokens/s; per-token step {first * 1e3:.1f} ms over the "
           f"first quarter, {last * 1e3:.1f} ms over the last: {last / first:.2f}x (target <= {FLAT}x)")
     print(f"sampler time per token / bare step() latency at {rows[0][0]}: {1 / (rate * rows[0][1]):.2f}x")
+
+    print(f"# attention families (paper-pop shape, APE): step ms, and / the {args.pe} performer's step above")
+    print(f"{'position':>9}" + "".join(f" {name + ' ms':>15} {'MiB':>7} {'/ perf.':>8}" for name in FAMILIES))
+    families = family_steps(device, model.config.vocab_size)
+    for position, step_s, *_ in rows:
+        cells = (families[name][position] for name in FAMILIES)
+        print(f"{position:>9}" + "".join(f" {s * 1e3:>15.2f} {mib:>7.1f} {s / step_s:>7.2f}x" for s, mib in cells))
+
     if device.type == "cpu" and (os.cpu_count() or 1) > 1:
         by_threads = thread_comparison(model, device, os.cpu_count())
         many = max(by_threads)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import miditoolkit
+import numpy as np
 import pytest
 import torch
 
@@ -17,6 +18,8 @@ from musegen.model import MusicPerformer, ModelConfig, preset
 from musegen.model.config import SYNTHESIZER_VARIANTS
 from musegen.model.families import Aaren, RelativeAttention, Synthesizer, prefix_scan
 from musegen.model.transformer import SelfAttention
+from musegen.sample import Prompt, SampleSettings, generate
+from musegen.tokenizers import tokenizer_from_dict
 from musegen.train import build_config, train
 
 from train_fixtures import prepare_pop909
@@ -216,6 +219,22 @@ def test_synthesizer_past_max_len_is_a_clear_error():
                                               "model.max_len=32", "seq_len=64"])
     with pytest.raises(ConfigError, match="seq_len of 64 tokens is longer"):
         train(cfg)
+
+
+def test_sampling_a_synthesizer_ends_at_max_len():
+    """Up to max_len: samples that are still finishing a note there stop, counted as unfinished;
+    past it (a longer --length, or --bars that are not reached by then): the clear error."""
+    tok = tokenizer_from_dict({"kind": "remi"})
+    torch.manual_seed(0)
+    model = MusicPerformer(preset("tiny", vocab_size=tok.vocab_size, attention="synthesizer", pe="none",
+                                  max_len=40)).eval()
+    start = Prompt(np.zeros(0, dtype=np.int64))
+    for seed in range(4):
+        samples, stats = generate(model, tok, start, SampleSettings(length=39, seed=seed, num_samples=3))
+        assert stats["grammar_violations"] == 0 and all(s.new_tokens <= 40 for s in samples)
+    for settings in (SampleSettings(length=40, seed=0), SampleSettings(bars=100, seed=0)):
+        with pytest.raises(ConfigError, match="max_len=40"):
+            generate(model, tok, start, settings)
 
 
 # --- configuration ------------------------------------------------------------------------------

@@ -277,6 +277,7 @@ def _generate(model, tokenizer, prompt, settings, device, progress):
             if limit is not None and model.position >= limit and finishing:
                 break  # only notes to finish are left, past the last position: they stay unfinished
             logits = model.step(tokens.to(device))  # past the last position: a ConfigError
+        state_bytes = model.state_bytes // batch
     elapsed = time.perf_counter() - started
     bar.close()
 
@@ -287,6 +288,7 @@ def _generate(model, tokenizer, prompt, settings, device, progress):
         samples.append(Sample(ids, len(prompt.ids), new[b], closed[b] and violation is None, violation))
     stats = {"seconds": round(elapsed, 3), "new_tokens": int(sum(new)),
              "tokens_per_second": round(sum(new) / max(elapsed, 1e-9), 1),
+             "state_bytes": int(state_bytes),  # per sample, at the end: what each step reads and updates
              "invalid": sum(not x.valid for x in samples),
              "grammar_violations": sum(x.violation is not None for x in samples),
              "unfinished": sum(x.violation is None and not x.closed for x in samples)}

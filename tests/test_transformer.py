@@ -170,3 +170,18 @@ def test_paper_pop_preset_size_and_training_pass():
     logits = model(tokens)
     nn.functional.cross_entropy(logits[0, :-1], tokens[0, 1:]).backward()
     assert model.head.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("attention, grows", [("performer", False), ("aaren", False), ("relative", True)])
+def test_state_bytes_is_constant_for_recurrent_attention_and_grows_for_a_cache(attention, grows):
+    torch.manual_seed(0)
+    pe = "sine" if attention == "performer" else "none"
+    model = MusicPerformer(preset("tiny", vocab_size=40, attention=attention, pe=pe)).eval()
+    sizes = []
+    with model.streaming(2, seed=0):
+        for t in range(48):
+            model.step(torch.randint(0, 40, (2,)))
+            if t in (15, 47):
+                sizes.append(model.state_bytes)
+    assert sizes[0] > 0
+    assert (sizes[1] == 3 * sizes[0]) if grows else (sizes[1] == sizes[0])

@@ -216,6 +216,20 @@ class MusicPerformer(nn.Module):
             raise RuntimeError("position is only defined inside model.streaming()")
         return self._session.position
 
+    @property
+    def state_bytes(self) -> int:
+        """Bytes the streaming session carries between tokens: every layer's recurrent state or
+        key/value cache (constant for the linear attentions, growing for the softmax ones)."""
+        if self._session is None:
+            raise RuntimeError("state_bytes is only defined inside model.streaming()")
+
+        def size(x) -> int:
+            if isinstance(x, torch.Tensor):
+                return x.nbytes
+            return sum(size(y) for y in x) if isinstance(x, (list, tuple)) else 0
+
+        return size(self._session.states)
+
     @torch.no_grad()
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         session = self._session

@@ -30,30 +30,15 @@ import numpy as np
 import torch
 
 from .errors import ConfigError, DataError
-from .io import atomic_path, write_json, write_text
+from .io import write_json, write_text
 from .metrics import attention as att
+from .plots import pyplot, save_png
 
 COLUMNS = ("section", "quantity", "layer", "head", "detail", "value")
 MAX_TEMPLATE_SPAN = 256  # positions shown in a template image
 MAX_PROBE_WINDOW = 64  # keys (distances 0..window-1) per probed query
 PROBE_TOKENS = 3  # identical-token sequences probed, spread over the vocabulary
 MAP_PIXELS = 512  # most pixels per side of one attention map in the PNG
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(fig, path: Path) -> Path:
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=100)
-    _pyplot().close(fig)
-    return path
 
 
 def shown_layers(n_layers: int) -> list[int]:
@@ -97,7 +82,7 @@ def template_section(model, train_len: int, out: Path, seed: int) -> list[dict]:
         error = (estimated[p] - per_layer[0, p]).pow(2).mean().sqrt() / rms
         rows.append(_row("template", "relative_rms_error_codes_vs_kernel", error, 0, h, f"feature {d + 1}"))
 
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(2, len(pairs), figsize=(2.6 * len(pairs), 5.4), squeeze=False)
     lags = np.arange(span)
     for p, (h, d) in enumerate(pairs):
@@ -120,7 +105,7 @@ def template_section(model, train_len: int, out: Path, seed: int) -> list[dict]:
     axes[1][0].legend(fontsize=6, loc="upper right")
     fig.suptitle(f"positional templates ({model.config.pe}SPE; grey: gated kernels of layers 2..)", fontsize=9)
     fig.tight_layout()
-    _save(fig, out / "templates.png")
+    save_png(fig, out / "templates.png")
 
     if gates is not None:
         L, H, D = gates.shape
@@ -137,7 +122,7 @@ def template_section(model, train_len: int, out: Path, seed: int) -> list[dict]:
         ax.set_title("gate g: 0 keeps the positional kernel, 1 switches it off", fontsize=9)
         fig.colorbar(shown, ax=ax)
         fig.tight_layout()
-        _save(fig, out / "gates.png")
+        save_png(fig, out / "gates.png")
     return rows
 
 
@@ -154,7 +139,7 @@ def map_section(model, ids: torch.Tensor, train_len: int, out: Path, seed: int) 
     got = att.capture_scored(model, ids[None], layers, seed)
     attentions = [layer.attention for layer in model.layers]
     T, H = len(ids), model.config.n_heads
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(len(layers), H, figsize=(2.4 * H, 2.4 * len(layers)), squeeze=False)
     rows = []
     for r, layer in enumerate(layers):
@@ -183,7 +168,7 @@ def map_section(model, ids: torch.Tensor, train_len: int, out: Path, seed: int) 
                  f"cyan: training length {train_len})",
                  fontsize=9)
     fig.tight_layout()
-    _save(fig, out / "attention_maps.png")
+    save_png(fig, out / "attention_maps.png")
     return rows
 
 
@@ -204,7 +189,7 @@ def probe_section(model, tokenizer, train_len: int, length: int, out: Path, seed
     results = [att.probe_first_layer(model, token, max(length, train_len), regions, window, seed)
                for token in probe_tokens(tokenizer)]
     rows = []
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(regions), figsize=(4.2 * len(regions), 3.2), squeeze=False)
     for ax, region in zip(axes[0], regions):
         scores = {q: torch.stack([r[region][q] for r in results]).nanmean(0)
@@ -226,7 +211,7 @@ def probe_section(model, tokenizer, train_len: int, length: int, out: Path, seed
         ax.legend(fontsize=6)
     fig.suptitle("layer 1 on identical-token sequences", fontsize=9)
     fig.tight_layout()
-    _save(fig, out / "probes.png")
+    save_png(fig, out / "probes.png")
     return rows
 
 
@@ -255,7 +240,7 @@ def sparsity_section(model, pieces: list[np.ndarray], source: str, out: Path, se
         rows_seen += len(piece) - 1
     mean = totals / rows_seen  # every query row of every piece weighs the same
     rows = [_row("sparsity", "sparsity", mean[layer, h], layer, h, source) for layer in range(L) for h in range(H)]
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(1.2 + 0.6 * H, 1.2 + 0.3 * L))
     shown = ax.imshow(mean.numpy(), aspect="auto", cmap="viridis_r", vmin=0, vmax=1)
     if L * H <= 64:
@@ -269,7 +254,7 @@ def sparsity_section(model, pieces: list[np.ndarray], source: str, out: Path, se
     ax.set_title(f"sparsity S (lower is sparser)\n{source}", fontsize=8)
     fig.colorbar(shown, ax=ax)
     fig.tight_layout()
-    _save(fig, out / "sparsity.png")
+    save_png(fig, out / "sparsity.png")
     return rows
 
 
@@ -371,7 +356,7 @@ def plot_position_nll(curves: dict[str, str | os.PathLike], train_len: int | Non
     """Several models' NLL against position in one figure (paper Fig. 3), with a running mean of
     `smooth` positions; returns each model's mean of the per-position NLL within and beyond
     `train_len` (positions weigh the same; `musegen evaluate loss` weighs tokens)."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.5))
     summary = {}
     for label, csv_path in curves.items():
@@ -388,7 +373,7 @@ def plot_position_nll(curves: dict[str, str | os.PathLike], train_len: int | Non
     ax.set_ylabel(f"NLL (nats, running mean of {smooth})")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    _save(fig, Path(path))
+    save_png(fig, Path(path))
     return summary
 
 
@@ -413,7 +398,7 @@ def plot_style_comparison(tables: dict[str, str | os.PathLike],
     rows = {label: read_style_rows(p) for label, p in tables.items()}
     segments = max(r["segment"] for table in rows.values() for r in table)
     metrics = [m for m in METRICS if any(r["metric"] == m for table in rows.values() for r in table)]
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(metrics), figsize=(4.5 * len(metrics), 3.6), squeeze=False)
     width = 0.8 / len(rows)
     for ax, metric in zip(axes[0], metrics):
@@ -432,5 +417,5 @@ def plot_style_comparison(tables: dict[str, str | os.PathLike],
         ax.legend(fontsize=7)
     axes[0][0].set_ylabel("cosine similarity to reference")
     fig.tight_layout()
-    _save(fig, Path(path))
+    save_png(fig, Path(path))
     return {label: medians(table, segments) for label, table in rows.items()}

@@ -18,6 +18,7 @@ import numpy as np
 from .errors import MusegenError
 from .io import atomic_path
 from .midi import load_score
+from .plots import pyplot, save_png
 
 INSTALL_HINT = "apt-get install fluidsynth fluid-soundfont-gm"
 PROMPT_END_MARKER = "musegen:prompt_end"
@@ -91,10 +92,7 @@ def prompt_end_seconds(score) -> float | None:
 
 def pianoroll_png(midi_path: str | os.PathLike, png_path: str | os.PathLike, title: str | None = None) -> Path:
     """Draw every note as a bar (time in seconds x pitch), one colour per track; mark the prompt end."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     score = load_score(midi_path)
     seconds = score.to("second")
@@ -112,8 +110,4 @@ def pianoroll_png(midi_path: str | os.PathLike, png_path: str | os.PathLike, tit
     ax.set_title(title or Path(midi_path).name)
     ax.legend(loc="upper right", fontsize="small")
     fig.tight_layout()
-    png_path = Path(png_path)
-    with atomic_path(png_path) as tmp:
-        fig.savefig(tmp, format="png")
-    plt.close(fig)
-    return png_path
+    return save_png(fig, png_path)

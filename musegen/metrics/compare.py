@@ -17,24 +17,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import DataError
-from ..io import atomic_path, read_json, write_text
+from ..io import read_json, write_text
+from ..plots import pyplot, save_png
 from .loss import summarize
 from .style import METRICS, medians
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(fig, path: Path) -> None:
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
-    _pyplot().close(fig)
 
 
 def _read_rows(path: Path) -> list[dict]:
@@ -85,7 +71,7 @@ def _write_table(out_dir: Path, name: str, header: list[str], rows: list[list[st
 
 def compare_loss(runs: dict[str, Path], train_len: int, out_dir: Path) -> list[dict[str, Any]]:
     """Within / extrapolation NLL per model (table) and the running-mean NLL curves (one plot)."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4))
     results = []
     for name, folder in runs.items():
@@ -104,7 +90,7 @@ def compare_loss(runs: dict[str, Path], train_len: int, out_dir: Path) -> list[d
     ax.set_ylabel(f"NLL (nats), running mean over {window}")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    _save(fig, out_dir / "nll.png")
+    save_png(fig, out_dir / "nll.png", dpi=110)
 
     with_sampling = any("ms_per_token" in r for r in results)
     header = ["model", f"within (< {train_len})", f"extrapolation ({train_len}..{results[0]['max_len'] - 1})", "all"]
@@ -135,7 +121,7 @@ def compare_style(runs: dict[str, Path], out_dir: Path, n_segments: int = 4) -> 
             for name, t in table.items() for metric, values in t.items()]
     _write_table(out_dir, "style", header, rows)
 
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(metrics), figsize=(4.5 * len(metrics), 3.8), squeeze=False)
     width = 0.8 / len(per_model)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -155,7 +141,7 @@ def compare_style(runs: dict[str, Path], out_dir: Path, n_segments: int = 4) -> 
     axes[0][0].set_ylabel("cosine similarity to the style's reference")
     axes[0][-1].legend(fontsize=8, loc="lower left")
     fig.tight_layout()
-    _save(fig, out_dir / "style.png")
+    save_png(fig, out_dir / "style.png", dpi=110)
     return table
 
 

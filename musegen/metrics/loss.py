@@ -17,7 +17,8 @@ import torch.nn.functional as F
 
 from ..device import resolve_device
 from ..errors import DataError
-from ..io import atomic_path, write_text
+from ..io import write_text
+from ..plots import pyplot, save_png
 
 
 @torch.no_grad()
@@ -71,10 +72,7 @@ def summarize(sums: np.ndarray, counts: np.ndarray, train_len: int) -> dict[str,
 def write_position_nll(out_dir: str | os.PathLike, name: str, sums: np.ndarray, counts: np.ndarray,
                        train_len: int, title: str = "") -> dict[str, Path]:
     """`<name>.csv` (position, nll, count) and `<name>.png` (NLL against position), atomically."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     out_dir = Path(out_dir)
     nll = np.divide(sums, counts, out=np.full(len(sums), np.nan), where=counts > 0)
@@ -95,9 +93,7 @@ def write_position_nll(out_dir: str | os.PathLike, name: str, sums: np.ndarray, 
     ax.set_title(title or name)
     ax.legend(loc="upper right", fontsize=8)
     fig.tight_layout()
-    with atomic_path(png_path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
-    plt.close(fig)
+    save_png(fig, png_path, dpi=110)
     return {"csv": csv_path, "png": png_path}
 
 

@@ -30,8 +30,9 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import MidiError
-from ..io import atomic_path, write_text
+from ..io import write_text
 from ..midi import find_midi_files, load_score
+from ..plots import pyplot, save_png
 from ..render import PROMPT_END_MARKER
 
 BIN = 1 / 6  # beats
@@ -220,10 +221,7 @@ def write_csv(path: str | os.PathLike, rows: list[dict]) -> None:
 
 def boxplot_png(rows: list[dict], path: str | os.PathLike, n_segments: int = 4) -> None:
     """One panel per metric, one box per segment of the continuation (paper Fig. 5)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     metrics = [m for m in METRICS if any(r["metric"] == m for r in rows)]
     fig, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 3.5), squeeze=False)
@@ -237,6 +235,4 @@ def boxplot_png(rows: list[dict], path: str | os.PathLike, n_segments: int = 4) 
         ax.set_xlabel("segment of the continuation")
     axes[0][0].set_ylabel("cosine similarity to reference")
     fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png")
-    plt.close(fig)
+    save_png(fig, path)

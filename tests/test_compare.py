@@ -73,3 +73,22 @@ def test_bad_requests_are_one_line_errors(tmp_path, capsys):
         assert exit_info.value.code != 0
         err = capsys.readouterr().err.strip()
         assert err.count("\n") == 0 and "Traceback" not in err and err
+
+
+def test_run_folders_add_the_compute_each_run_used(pop, tmp_path, capsys):
+    sets = ["seq_len=32", "batch_size=2", "steps=4", "workers=0", "valid_every=0", "ckpt_every=4", "warmup=1",
+            "log_every=2"]
+    for name, pe in (("ape", "ape"), ("sine", "sine")):
+        run = tmp_path / name
+        with pytest.raises(SystemExit) as exit_info:
+            main(["train", "--data", str(pop), "--out", str(run), "--preset", "tiny", "--set", f"model.pe={pe}",
+                  *[a for s in sets for a in ("--set", s)]])
+        assert exit_info.value.code in (0, None), capsys.readouterr().err
+        evaluate_loss(run / "checkpoints" / "step-00000004", pop, max_len=48, split="validation", out_dir=run / "eval")
+    report = compare({"ape": tmp_path / "ape", "sine": tmp_path / "sine"}, tmp_path / "cmp", train_len=32)
+    models = {name: MusicPerformer(preset("tiny", vocab_size=Shards(pop).tokenizer.vocab_size, pe=pe))
+              for name, pe in (("ape", "ape"), ("sine", "sine"))}
+    for row in report["training"]:
+        assert row["steps"] == 4 and row["tokens"] == 4 * 2 * 32 and row["minutes"] > 0
+        assert row["parameters"] == models[row["model"]].num_parameters()
+    assert "| sine |" in (tmp_path / "cmp" / "training.md").read_text()

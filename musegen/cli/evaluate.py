@@ -71,7 +71,7 @@ def compare(
         runs[name] = folder
     report = compare_runs(runs, out, train_len, segments)
     for kind in report:
-        typer.echo((out / f"{'nll' if kind == 'loss' else kind}.md").read_text().rstrip())
+        typer.echo((out / f"{'nll' if kind == 'loss' else kind}.md").read_text().rstrip() + "\n")
     typer.echo(f"wrote {', '.join(sorted(p.name for p in out.iterdir()))} to {out}")
 
 

@@ -3,12 +3,13 @@
 Each model is a folder (a run folder, say) holding, anywhere below it, what `musegen evaluate
 loss` (one nll_<split>.csv), `musegen evaluate style` (style.csv) and `musegen sample` (batch.json
 or <prompt>.json) wrote for it. The report holds a table (Markdown and CSV) and one figure per
-kind of evaluation found for every model.
+kind of evaluation found for every model, and, for run folders, the compute each run used.
 """
 
 from __future__ import annotations
 
 import csv
+import json
 import math
 import os
 from pathlib import Path
@@ -52,6 +53,34 @@ def read_sampling(folder: Path) -> dict[str, float] | None:
             return {"ms_per_token": 1000.0 / stats["tokens_per_second"] if stats.get("tokens_per_second") else math.nan,
                     "state_kib": stats.get("state_bytes", math.nan) / 1024}
     return None
+
+
+def read_training(folder: Path) -> dict[str, Any] | None:
+    """Compute a run used, from its log.jsonl: parameters, steps, tokens, wall time, last loss."""
+    path = folder / "log.jsonl"
+    if not path.is_file():
+        return None
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    steps = [r for r in records if "loss" in r and "time" in r]
+    if not steps:
+        return None
+    # Wall time between logged steps, plus the first interval scaled from the first record's steps.
+    first, last = steps[0], steps[-1]
+    per_step = (last["time"] - first["time"]) / max(last["step"] - first["step"], 1)
+    starts = [r for r in records if r.get("event") in ("start", "resume")]
+    return {"parameters": starts[0].get("parameters") if starts else None, "steps": last["step"],
+            "tokens": last["tokens"], "minutes": (last["time"] - first["time"] + per_step * first["step"]) / 60,
+            "loss": last["loss"]}
+
+
+def compare_training(runs: dict[str, Path], out_dir: Path) -> list[dict[str, Any]]:
+    """Compute per model: parameters, steps, tokens, wall minutes and the last logged training loss."""
+    rows = [{"model": name, **read_training(folder)} for name, folder in runs.items()]
+    header = ["model", "parameters", "steps", "tokens", "wall minutes", "last training loss"]
+    _write_table(out_dir, "training", header, [
+        [r["model"], f"{r['parameters']:,}" if r["parameters"] else "-", str(r["steps"]), f"{r['tokens']:,}",
+         f"{r['minutes']:.0f}", _fmt(r["loss"])] for r in rows])
+    return rows
 
 
 def _fmt(value: float, digits: int = 3) -> str:
@@ -160,6 +189,8 @@ def compare(runs: dict[str, str | os.PathLike], out_dir: str | os.PathLike, trai
         report["loss"] = compare_loss(folders, train_len, out_dir)
     if all(_found(f, "style.csv") for f in folders.values()):
         report["style"] = compare_style(folders, out_dir, n_segments)
+    if report and all(read_training(f) for f in folders.values()):
+        report["training"] = compare_training(folders, out_dir)
     if not report:
         raise DataError("nothing to compare: give every model folder nll_<split>.csv "
                         "(musegen evaluate loss) or style.csv (musegen evaluate style)")

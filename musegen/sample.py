@@ -441,6 +441,7 @@ def sample_to_folder(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, 
                "skipped": skipped, "settings": asdict(settings),
                "stats": {"seconds": round(seconds, 3), "new_tokens": new_tokens,
                          "tokens_per_second": round(new_tokens / max(seconds, 1e-9), 1),
+                         "state_bytes": max(d["stats"]["state_bytes"] for d in done),
                          **{k: sum(d["stats"][k] for d in done)
                             for k in ("invalid", "grammar_violations", "unfinished")}},
                "samples": [r for d in done for r in d["samples"]]}

@@ -13,8 +13,8 @@ PROMPTS = {"remi": CHECKPOINTS / "prompts" / "pop_progression.mid",
            "groove": CHECKPOINTS / "prompts" / "groove_rock.mid"}
 
 
-def test_a_model_is_shipped():
-    assert [p.name for p in SHIPPED if p.name == "pop"] == ["pop"]
+def test_a_pop_and_a_groove_model_are_shipped():
+    assert [p.name for p in SHIPPED if p.name in ("groove", "pop")] == ["groove", "pop"]
 
 
 @pytest.mark.parametrize("folder", SHIPPED, ids=[p.name for p in SHIPPED])

@@ -30,3 +30,22 @@ in_pool() {
 
 # latest_checkpoint RUN_DIR: the newest step folder of a run.
 latest_checkpoint() { ls -d "$1"/checkpoints/step-* | sort | tail -1; }
+
+# train_models: every model of $MODELS on $DATA with the shared $COMMON settings and its own
+# $MODEL_SETTINGS, into $RUNS/<model>.
+train_models() {
+  for m in $MODELS; do
+    # shellcheck disable=SC2086
+    in_pool train_run "$RUNS/$m" "$DATA" "${COMMON[@]}" ${MODEL_SETTINGS[$m]}
+  done
+  wait
+}
+
+# evaluate_models SPLIT MAX_LEN: NLL per position of each model's last checkpoint, into $RUNS/<model>/eval.
+evaluate_models() {
+  for m in $MODELS; do
+    in_pool env OMP_NUM_THREADS=1 "${musegen[@]}" evaluate loss --checkpoint "$(latest_checkpoint "$RUNS/$m")" \
+      --data "$DATA" --split "$1" --max-len "$2" --out "$RUNS/$m/eval"
+  done
+  wait
+}

@@ -33,18 +33,8 @@ stages=${*:-train evaluate sample report}
 
 for stage in $stages; do
   case $stage in
-    train)
-      for m in $MODELS; do
-        # shellcheck disable=SC2086
-        in_pool train_run "$RUNS/$m" "$DATA" "${COMMON[@]}" ${MODEL_SETTINGS[$m]}
-      done
-      wait ;;
-    evaluate)
-      for m in $MODELS; do
-        in_pool env OMP_NUM_THREADS=1 "${musegen[@]}" evaluate loss --checkpoint "$(latest_checkpoint "$RUNS/$m")" \
-          --data "$DATA" --split validation --max-len $((4 * L)) --out "$RUNS/$m/eval"
-      done
-      wait ;;
+    train) train_models ;;
+    evaluate) evaluate_models validation $((4 * L)) ;;
     sample)
       for m in $MODELS; do
         in_pool "${musegen[@]}" sample --checkpoint "$(latest_checkpoint "$RUNS/$m")" \

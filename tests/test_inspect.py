@@ -265,7 +265,7 @@ def test_cli_inspect_and_its_errors(tiny_checkpoint, tmp_path, capsys):
 def test_nll_comparison_reads_evaluate_loss_csvs(tmp_path):
     import numpy as np
 
-    from musegen.inspect import plot_position_nll
+    from musegen.metrics.compare import plot_position_nll
     from musegen.metrics.loss import write_position_nll
 
     sums, counts = np.array([2.0, 4.0, 0.0, 9.0, 3.0]), np.array([1, 2, 0, 3, 1])  # position 2: no token

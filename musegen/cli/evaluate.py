@@ -57,7 +57,6 @@ def compare(
     out: Path = typer.Option(..., "--out", "-o", help="Folder for the tables (.md, .csv) and figures."),
     train_len: Optional[int] = typer.Option(None, min=1, help="Training length L: splits 'within' from "
                                                              "'extrapolation' in loss tables."),
-    segments: int = typer.Option(4, min=1, help="Segments of the continuation in style tables."),
 ):
     """Several models side by side: NLL within/beyond L with all curves in one plot, style medians and box plots."""
     from musegen.errors import ConfigError
@@ -69,7 +68,7 @@ def compare(
         if not sep or not name or not folder:
             raise ConfigError(f"--run expects NAME=FOLDER, got {item!r}")
         runs[name] = folder
-    report = compare_runs(runs, out, train_len, segments)
+    report = compare_runs(runs, out, train_len)
     for kind in report:
         typer.echo((out / f"{'nll' if kind == 'loss' else kind}.md").read_text().rstrip() + "\n")
     typer.echo(f"wrote {', '.join(sorted(p.name for p in out.iterdir()))} to {out}")

@@ -9,6 +9,7 @@ kind of evaluation found for every model, and, for run folders, the compute each
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import os
@@ -24,24 +25,115 @@ from .loss import summarize
 from .style import METRICS, medians
 
 
-def _read_rows(path: Path) -> list[dict]:
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+def labelled_paths(spec: str | None, default: dict[str, Path]) -> dict[str, Path]:
+    """The notebooks' inputs: "label=path" entries separated by os.pathsep (a bare path is labelled
+    by its folder's name), or `default` when there is no spec."""
+    if not spec:
+        return dict(default)
+    pairs = [entry.split("=", 1) if "=" in entry else (Path(entry).parent.name, entry)
+             for entry in spec.split(os.pathsep) if entry]
+    return {label: Path(path) for label, path in pairs}
 
 
 def _found(folder: Path, pattern: str) -> list[Path]:
     return sorted(folder.rglob(pattern))
 
 
-def read_position_nll(folder: Path) -> tuple[np.ndarray, np.ndarray]:
-    """(NLL sums, counts) per position from the single nll_<split>.csv under `folder`."""
-    found = _found(folder, "nll_*.csv")
+def _the_one(folder: Path, pattern: str, command: str) -> Path:
+    found = _found(folder, pattern)
     if len(found) != 1:
-        raise DataError(f"{folder}: expected one nll_<split>.csv from `musegen evaluate loss`, found {len(found)}")
-    rows = _read_rows(found[0])
-    counts = np.array([int(r["count"]) for r in rows])
-    nll = np.array([float(r["nll"]) if r["nll"] else 0.0 for r in rows])
-    return nll * counts, counts
+        raise DataError(f"{folder}: expected one {pattern} from `{command}`, found {len(found)}")
+    return found[0]
+
+
+# --- NLL per position (paper Fig. 3) ---------------------------------------------------------
+
+
+def read_position_nll(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
+    """(NLL, token count) for every position of a CSV written by `musegen evaluate loss`; the NLL
+    is NaN at positions no piece reached."""
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    if not any(r.get("nll") for r in rows):
+        raise DataError(f"{path}: no per-position NLL rows (expected a `musegen evaluate loss` CSV)")
+    return (np.array([float(r["nll"]) if r["nll"] else math.nan for r in rows]),
+            np.array([int(r["count"]) for r in rows]))
+
+
+def plot_position_nll(curves: dict[str, str | os.PathLike], train_len: int | None, path: str | os.PathLike,
+                      smooth: int = 32) -> dict[str, dict[str, float]]:
+    """Several models' NLL against position in one figure (paper Fig. 3), with a running mean of
+    `smooth` positions; returns each model's mean of the per-position NLL within and beyond
+    `train_len` (positions weigh the same; `musegen evaluate loss` weighs tokens)."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    summary = {}
+    for label, csv_path in curves.items():
+        nll, counts = read_position_nll(csv_path)
+        positions = np.flatnonzero(counts > 0)
+        nll = nll[positions]
+        window = max(1, min(smooth, len(nll)))
+        trend = np.convolve(nll, np.ones(window) / window, mode="valid")
+        ax.plot(positions[window - 1:], trend, lw=1.2, label=label)
+        split = train_len if train_len is not None else int(positions.max()) + 1
+        summary[label] = {"within": float(nll[positions < split].mean()) if (positions < split).any() else math.nan,
+                          "beyond": float(nll[positions >= split].mean()) if (positions >= split).any() else math.nan}
+    if train_len is not None:
+        ax.axvline(train_len, color="k", ls="--", lw=1, label="training length")
+    ax.set_xlabel("token position")
+    ax.set_ylabel(f"NLL (nats, running mean of {smooth})")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    save_png(fig, Path(path))
+    return summary
+
+
+# --- style similarity (paper Fig. 5) ----------------------------------------------------------
+
+
+def read_style_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Rows of a CSV written by `musegen evaluate style`, with numbers parsed."""
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    if not rows or not {"metric", "segment", "similarity"} <= set(rows[0]):
+        raise DataError(f"{path}: not a `musegen evaluate style` CSV")
+    for row in rows:
+        row["segment"] = int(row["segment"])
+        row["similarity"] = float(row["similarity"]) if row["similarity"] not in ("", "nan") else math.nan
+    return rows
+
+
+def plot_style_comparison(tables: dict[str, str | os.PathLike],
+                          path: str | os.PathLike) -> dict[str, dict[str, list[float]]]:
+    """Box plots of style similarity per segment, one colour per model, one panel per metric
+    (paper Fig. 5); returns the medians per model, metric and segment."""
+    rows = {label: read_style_rows(p) for label, p in tables.items()}
+    segments = max(r["segment"] for table in rows.values() for r in table)
+    metrics = [m for m in METRICS if any(r["metric"] == m for table in rows.values() for r in table)]
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4.5 * len(metrics), 3.6), squeeze=False)
+    width = 0.8 / len(rows)
+    for ax, metric in zip(axes[0], metrics):
+        for i, (label, table) in enumerate(rows.items()):
+            data = [[r["similarity"] for r in table if r["metric"] == metric and r["segment"] == s
+                     and not math.isnan(r["similarity"])] or [math.nan] for s in range(1, segments + 1)]
+            positions = np.arange(1, segments + 1) - 0.4 + width * (i + 0.5)
+            box = ax.boxplot(data, positions=positions, widths=width * 0.9, showfliers=False, patch_artist=True)
+            for patch in box["boxes"]:
+                patch.set_facecolor(f"C{i}")
+            ax.plot([], [], color=f"C{i}", lw=6, label=label)
+        ax.set_xticks(range(1, segments + 1), [f"Q{s}" for s in range(1, segments + 1)])
+        ax.set_ylim(0, 1)
+        ax.set_title(metric)
+        ax.set_xlabel("segment of the continuation")
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("cosine similarity to reference")
+    fig.tight_layout()
+    save_png(fig, Path(path))
+    return {label: medians(table, segments) for label, table in rows.items()}
+
+
+# --- run folders side by side (`musegen evaluate compare`) -------------------------------------
 
 
 def read_sampling(folder: Path) -> dict[str, float] | None:
@@ -95,31 +187,22 @@ def _markdown(header: list[str], rows: list[list[str]]) -> str:
 
 def _write_table(out_dir: Path, name: str, header: list[str], rows: list[list[str]]) -> None:
     write_text(out_dir / f"{name}.md", _markdown(header, rows))
-    write_text(out_dir / f"{name}.csv", "\n".join(",".join(r) for r in [header] + rows) + "\n")
+    buffer = io.StringIO()  # the csv module quotes cells such as "3,329,869"
+    csv.writer(buffer, lineterminator="\n").writerows([header] + rows)
+    write_text(out_dir / f"{name}.csv", buffer.getvalue())
 
 
 def compare_loss(runs: dict[str, Path], train_len: int, out_dir: Path) -> list[dict[str, Any]]:
-    """Within / extrapolation NLL per model (table) and the running-mean NLL curves (one plot)."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(8, 4))
+    """Within / extrapolation NLL per model, token-weighted as `musegen evaluate loss` reports it
+    (table), and all the NLL curves in one plot."""
+    curves = {name: _the_one(folder, "nll_*.csv", "musegen evaluate loss") for name, folder in runs.items()}
     results = []
-    for name, folder in runs.items():
-        sums, counts = read_position_nll(folder)
-        result = {"model": name, **summarize(sums, counts, train_len)}
-        sampling = read_sampling(folder)
-        if sampling:
-            result.update(sampling)
+    for name, csv_path in curves.items():
+        nll, counts = read_position_nll(csv_path)
+        result = {"model": name, **summarize(np.nan_to_num(nll) * counts, counts, train_len)}
+        result.update(read_sampling(runs[name]) or {})
         results.append(result)
-        nll = np.divide(sums, counts, out=np.full(len(sums), np.nan), where=counts > 0)
-        window = max(1, len(nll) // 32)  # per-token NLL is noisy; the trend is what compares
-        smooth = np.convolve(np.nan_to_num(nll), np.ones(window) / window, mode="valid")
-        ax.plot(np.arange(len(smooth)) + window // 2, smooth, lw=1.5, label=name)
-    ax.axvline(train_len, color="k", ls="--", lw=1, label="training length L")
-    ax.set_xlabel("token position")
-    ax.set_ylabel(f"NLL (nats), running mean over {window}")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    save_png(fig, out_dir / "nll.png", dpi=110)
+    plot_position_nll(curves, train_len, out_dir / "nll.png")
 
     with_sampling = any("ms_per_token" in r for r in results)
     header = ["model", f"within (< {train_len})", f"extrapolation ({train_len}..{results[0]['max_len'] - 1})", "all"]
@@ -134,48 +217,19 @@ def compare_loss(runs: dict[str, Path], train_len: int, out_dir: Path) -> list[d
     return results
 
 
-def compare_style(runs: dict[str, Path], out_dir: Path, n_segments: int = 4) -> dict[str, dict[str, list[float]]]:
-    """Median style similarity per model, metric and segment (table) and a grouped box plot."""
-    per_model = {}
-    for name, folder in runs.items():
-        found = _found(folder, "style.csv")
-        if len(found) != 1:
-            raise DataError(f"{folder}: expected one style.csv from `musegen evaluate style`, found {len(found)}")
-        per_model[name] = [r | {"segment": int(r["segment"]), "similarity": float(r["similarity"])}
-                           for r in _read_rows(found[0])]
-    table = {name: medians(rows, n_segments) for name, rows in per_model.items()}
-    metrics = [m for m in METRICS if any(m in t for t in table.values())]
-    header = ["model", "metric"] + [f"Q{s}" for s in range(1, n_segments + 1)]
-    rows = [[name, metric] + [_fmt(v, 2) for v in values]
-            for name, t in table.items() for metric, values in t.items()]
-    _write_table(out_dir, "style", header, rows)
-
-    plt = pyplot()
-    fig, axes = plt.subplots(1, len(metrics), figsize=(4.5 * len(metrics), 3.8), squeeze=False)
-    width = 0.8 / len(per_model)
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for ax, metric in zip(axes[0], metrics):
-        for i, (name, model_rows) in enumerate(per_model.items()):
-            data = [[r["similarity"] for r in model_rows if r["metric"] == metric and r["segment"] == s
-                     and not math.isnan(r["similarity"])] or [math.nan] for s in range(1, n_segments + 1)]
-            positions = np.arange(1, n_segments + 1) - 0.4 + width * (i + 0.5)
-            box = ax.boxplot(data, positions=positions, widths=width * 0.9, showfliers=False, patch_artist=True)
-            for patch in box["boxes"]:
-                patch.set(facecolor=colors[i % len(colors)], alpha=0.6)
-            ax.plot([], [], color=colors[i % len(colors)], lw=6, alpha=0.6, label=name)
-        ax.set_xticks(range(1, n_segments + 1), [f"Q{s}" for s in range(1, n_segments + 1)])
-        ax.set_ylim(0, 1)
-        ax.set_title(metric)
-        ax.set_xlabel("quarter of the continuation")
-    axes[0][0].set_ylabel("cosine similarity to the style's reference")
-    axes[0][-1].legend(fontsize=8, loc="lower left")
-    fig.tight_layout()
-    save_png(fig, out_dir / "style.png", dpi=110)
+def compare_style(runs: dict[str, Path], out_dir: Path) -> dict[str, dict[str, list[float]]]:
+    """Median style similarity per model, metric and segment (table) and the grouped box plot."""
+    tables = {name: _the_one(folder, "style.csv", "musegen evaluate style") for name, folder in runs.items()}
+    table = plot_style_comparison(tables, out_dir / "style.png")
+    segments = max(len(values) for t in table.values() for values in t.values())
+    header = ["model", "metric"] + [f"Q{s}" for s in range(1, segments + 1)]
+    _write_table(out_dir, "style", header, [[name, metric] + [_fmt(v, 2) for v in values]
+                                            for name, t in table.items() for metric, values in t.items()])
     return table
 
 
-def compare(runs: dict[str, str | os.PathLike], out_dir: str | os.PathLike, train_len: int | None = None,
-            n_segments: int = 4) -> dict[str, Any]:
+def compare(runs: dict[str, str | os.PathLike], out_dir: str | os.PathLike,
+            train_len: int | None = None) -> dict[str, Any]:
     """Every comparison the folders allow: loss when each holds an nll_*.csv, style when each holds a style.csv."""
     folders = {name: Path(p) for name, p in runs.items()}
     for name, folder in folders.items():
@@ -188,7 +242,7 @@ def compare(runs: dict[str, str | os.PathLike], out_dir: str | os.PathLike, trai
             raise DataError("comparing losses needs the training length (--train-len)")
         report["loss"] = compare_loss(folders, train_len, out_dir)
     if all(_found(f, "style.csv") for f in folders.values()):
-        report["style"] = compare_style(folders, out_dir, n_segments)
+        report["style"] = compare_style(folders, out_dir)
     if report and all(read_training(f) for f in folders.values()):
         report["training"] = compare_training(folders, out_dir)
     if not report:

@@ -1,24 +1,34 @@
-"""Shared fixtures: the real POP909 songs in ../shared/datasets, and temporary folders."""
+"""Shared fixtures: real POP909 songs and reference encodings, and temporary folders.
+
+The repository carries what the default suite needs (`tests/data/`: 34 POP909 songs with their
+annotations, a subset of the golden encodings), so a clone alone runs every kind of test. Tests
+over the whole corpus are marked `slow` and read it from `../shared` beside the repository, or
+from `$MUSEGEN_POP909` / `$MUSEGEN_GOLDEN`.
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-POP909 = REPO.parent / "shared" / "datasets" / "pop909"
+DATA = REPO / "tests" / "data"
+POP909 = DATA / "pop909"  # the in-repository subset
+GOLDEN = DATA / "golden"
+FULL_POP909 = Path(os.environ.get("MUSEGEN_POP909", REPO.parent / "shared" / "datasets" / "pop909"))
+FULL_GOLDEN = Path(os.environ.get("MUSEGEN_GOLDEN", REPO.parent / "shared" / "golden"))
 
 
-def pop909_files(limit: int | None = None) -> list[Path]:
-    files = sorted(POP909.glob("*/*.mid"))
+def pop909_files(limit: int | None = None, folder: Path = POP909) -> list[Path]:
+    files = sorted(p for p in folder.glob("*/*.mid") if p.stem == p.parent.name)
     return files[:limit] if limit else files
 
 
 @pytest.fixture(scope="session")
 def pop909_dir() -> Path:
-    if not POP909.is_dir():
-        pytest.skip(f"POP909 not found at {POP909}")
+    """The in-repository POP909 subset (34 songs)."""
     return POP909
 
 
@@ -26,6 +36,14 @@ def pop909_dir() -> Path:
 def pop909_songs(pop909_dir) -> list[Path]:
     """The first 20 songs: enough for real behaviour, small enough for CI."""
     return pop909_files(20)
+
+
+@pytest.fixture(scope="session")
+def full_pop909() -> Path:
+    """The whole shared corpus, for `slow` tests only."""
+    if not FULL_POP909.is_dir():
+        pytest.skip(f"the whole POP909 corpus is not at {FULL_POP909} (set MUSEGEN_POP909)")
+    return FULL_POP909
 
 
 @pytest.fixture(scope="module")

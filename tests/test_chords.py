@@ -61,8 +61,8 @@ def test_agrees_with_chorder_on_pop909(pop909_songs):
 
 
 @pytest.mark.slow
-def test_agrees_with_chorder_on_every_pop909_song(pop909_dir):
-    agree, total = _agreement(pop909_files())
+def test_agrees_with_chorder_on_every_pop909_song(full_pop909):
+    agree, total = _agreement(pop909_files(folder=full_pop909))
     print(f"chord agreement: {agree}/{total} beats = {100 * agree / total:.3f}%")
     assert agree / total >= 0.99
 

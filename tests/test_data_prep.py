@@ -140,13 +140,14 @@ def run_cli(*args, timeout=300):
 
 def test_prepare_pop909_cli_writes_readable_shards(pop909_dir, tmp_path):
     out = tmp_path / "pop909"
-    code, stdout, stderr = run_cli("data", "prepare", "pop909", "--limit", "40", "--out", out)
+    code, stdout, stderr = run_cli("data", "prepare", "pop909", "--source", pop909_dir, "--limit", "40", "--out", out)
     assert code == 0, stderr
     shards = Shards(out)
     names = shards.names("train") + shards.names("validation")
-    triple = [p.stem for p in pop909_files(40) if _downbeat_every(p.parent / "beat_midi.txt") == 3]
+    songs = pop909_files(40)
+    triple = [p.stem for p in songs if _downbeat_every(p.parent / "beat_midi.txt") == 3]
     assert triple  # song 034 is in 3/4 (its MIDI says 1/4)
-    assert sorted(names + triple) == [p.stem for p in pop909_files(40)]
+    assert sorted(names + triple) == [p.stem for p in songs]
     reasons = [e["reason"] for e in shards.index["report"]["skipped_files"]]
     assert len(reasons) == len(triple) and all("triple meter" in r for r in reasons)
     assert 0 < len(shards.names("validation")) < 10  # about 5%, split by song
@@ -154,7 +155,7 @@ def test_prepare_pop909_cli_writes_readable_shards(pop909_dir, tmp_path):
     assert shards.tokenizer.kind == "remi" and shards.tokenizer.grammar().first_violation(piece) is None
     expected = shards.tokenizer.encode(pop909_dir / names[0] / f"{names[0]}.mid").ids
     assert np.array_equal(shards.pieces("train")[0], expected)
-    assert f"files: 40  encoded: {40 - len(triple)}  skipped: {len(triple)}" in stdout
+    assert f"files: {len(songs)}  encoded: {len(songs) - len(triple)}  skipped: {len(triple)}" in stdout
 
 
 def _downbeat_every(beat_file: Path) -> int:

@@ -118,17 +118,28 @@ def _check_song(path):
     return problems, None
 
 
-def test_round_trip_grammar_and_transpose_on_every_pop909_song(pop909_dir):
-    files = pop909_files()
+def _check_songs(files):
     with mp.get_context("fork").Pool(2) as pool:
         results = pool.map(_check_song, files, chunksize=8)
     problems = [p for song_problems, _ in results for p in song_problems]
     skipped = [reason for _, reason in results if reason is not None]
-    assert len(files) > 800
     assert problems == [], "\n".join(problems[:10])
     # POP909 holds a few songs in triple meter (its beat annotations put a downbeat every 3 beats):
     # those, and only those, are refused
-    assert len(skipped) < 0.02 * len(files) and all("time signature 3/4" in r or "6/8" in r for r in skipped), skipped
+    assert len(skipped) < 0.04 * len(files) and all("time signature 3/4" in r or "6/8" in r for r in skipped), skipped
+
+
+def test_round_trip_grammar_and_transpose_on_pop909_songs(pop909_dir):
+    files = pop909_files()
+    assert len(files) == 34
+    _check_songs(files)
+
+
+@pytest.mark.slow
+def test_round_trip_grammar_and_transpose_on_every_pop909_song(full_pop909):
+    files = pop909_files(folder=full_pop909)
+    assert len(files) > 800
+    _check_songs(files)
 
 
 # ---------------------------------------------------------------- encoding details, on MIDI built here
@@ -280,9 +291,7 @@ def test_grammar_close_and_masks():
 
 
 def test_grammar_is_fast_enough_for_sampling(tmp_path):
-    # A POP909 song, or without the dataset beside the clone, 16 bars of eighth notes built here.
-    arpeggio = [(240 * i, 240 * i + 200, 60 + (i * 5) % 24, 80) for i in range(128)]
-    source = pop909_files(1)[0] if pop909_files(1) else make_midi(tmp_path, arpeggio)
+    source = pop909_files(1)[0]
     ids = TOK.encode(source).ids
     g = TOK.grammar()
     t0 = time.perf_counter()

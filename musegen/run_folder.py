@@ -247,7 +247,9 @@ def _tensor_names_problem(tensors: dict[str, torch.Tensor]) -> str | None:
 
 def _optimizer_problem(tensors: dict[str, torch.Tensor], saved: Any, optimizer: torch.optim.Optimizer) -> str | None:
     fresh = optimizer.state_dict()["param_groups"]
-    if not isinstance(saved, dict) or not isinstance(saved.get("scalars"), dict) or saved.keys() != {"param_groups", "scalars"}:
+    if not isinstance(saved, dict) or saved.keys() != {"param_groups", "scalars"}:
+        return "malformed optimizer entry"
+    if not isinstance(saved["scalars"], dict):
         return "malformed optimizer entry"
     groups = saved["param_groups"]
     if not _like(groups, fresh) or any(g["params"] != f["params"] for g, f in zip(groups, fresh)):
@@ -313,9 +315,10 @@ class RunLog:
                 record = json.loads(line)
             except (ValueError, RecursionError):
                 record = None
+            step = record.get("step", 0) if isinstance(record, dict) else None
             if not isinstance(record, dict):
                 self.dropped += 1
-            elif resume_step is None or not isinstance(record.get("step", 0), int) or record.get("step", 0) <= resume_step:
+            elif resume_step is None or not isinstance(step, int) or step <= resume_step:
                 kept.append(line)
         if self.dropped or len(kept) != len(lines):
             write_text(self.path, "".join(line + "\n" for line in kept))

@@ -139,7 +139,9 @@ def _valid_entry(entry: Any) -> bool:
     if not isinstance(file, str) or file != Path(file).name or file.startswith("."):  # a name inside the folder
         return False
     names, offsets, lengths = entry.get("names"), entry.get("offsets"), entry.get("lengths")
-    if not all(isinstance(x, list) for x in (names, offsets, lengths)) or not len(names) == len(offsets) == len(lengths):
+    if not all(isinstance(x, list) for x in (names, offsets, lengths)):
+        return False
+    if not len(names) == len(offsets) == len(lengths):
         return False
     if not all(type(x) is int and x >= 0 for x in offsets + lengths):
         return False

@@ -72,7 +72,7 @@ class TrainConfig:
     # data
     seq_len: int = 2048  # training crop length (tokens fed to the model)
     sampling: str = "piece"  # "piece": one crop per piece per epoch | "length": pieces drawn by length
-    crop: str = "auto"  # "random" | "start" | "auto": the tokenizer's default (REMI random, groove start)
+    crop: str = "auto"  # "random" | "start" | "auto": the tokenizer's `default_crop`
     augment: bool = True
     workers: int = 2  # DataLoader worker processes (0: load in the training process)
     # optimisation
@@ -173,6 +173,8 @@ def _parse_sets(sets: Iterable[str]) -> tuple[dict[str, Any], dict[str, Any]]:
         if not sep:
             raise ConfigError(f"--set expects key=value, got {item!r}")
         key = key.strip()
+        if key in ("preset", "data", "out", "init"):
+            raise ConfigError(f"{key} is set with --{key}, not --set")
         if key.startswith("model."):
             model[key[len("model."):]] = _parse_value(ModelConfig(), key[len("model."):], text)
         else:

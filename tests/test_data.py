@@ -141,6 +141,10 @@ def test_float_shards_and_malformed_indexes_are_refused(tmp_path):
     (folder / "index.json").write_text("[" * 100000 + "]" * 100000)
     with pytest.raises(DataError, match="not valid JSON"):
         Shards(folder)
+    (folder / "index.json").write_text(json.dumps(index))
+    (folder / "tokenizer.json").write_text("[" * 100000 + "]" * 100000)
+    with pytest.raises(DataError, match="tokenizer"):
+        Shards(folder)
 
 
 # ---- augmentation on real music -------------------------------------------------------------

@@ -67,7 +67,7 @@ def test_config_layers_preset_file_and_sets(tmp_path):
     assert (cfg.lr, cfg.steps, cfg.compile, cfg.model.n_layers, cfg.model.pe) == (3e-4, 70, True, 3, "conv")
     assert cfg.model.d_model == 256  # the rest of the preset stays
     for bad in (["steps=ten"], ["model.dropout=high"], ["nosuch=1"], ["model.nosuch=1"], ["steps"], ["optimizer=sgd"],
-                ["compile=maybe"], ["batch_size=0"]):
+                ["compile=maybe"], ["batch_size=0"], ["data=elsewhere"]):
         with pytest.raises(ConfigError):
             build_config("small", "d", "o", sets=bad)
     yaml_file.write_text("lr: fast\n")
@@ -221,10 +221,11 @@ def test_a_partial_last_log_line_is_dropped_on_resume(pop20, tmp_path, capsys):
     assert _cli(["train", "--out", straight, *common, "--set", "steps=4"]) == 0
     assert _cli(["train", "--out", cut, *common, "--set", "steps=2"]) == 0
     with open(cut / "log.jsonl", "a") as log:
+        log.write("[" * 100000 + "]" * 100000 + "\n")  # (nested too deeply for the json module)
         log.write('{"step": 3, "loss": 4.12')
     assert _cli(["train", "--out", cut, *common, "--set", "steps=4", "--resume"]) == 0
     records = [json.loads(line) for line in (cut / "log.jsonl").read_text().splitlines()]  # every line parses
-    assert [r.get("log_lines_dropped") for r in records if r.get("event") == "resume"] == [1]
+    assert [r.get("log_lines_dropped") for r in records if r.get("event") == "resume"] == [2]
     assert _losses(cut) == _losses(straight)
 
 
@@ -470,7 +471,19 @@ def groove_data(tmp_path_factory) -> Path:
     return out
 
 
-def test_bad_inputs_give_one_line_and_a_non_zero_exit(pop20, groove_data, tmp_path, capsys):
+@pytest.fixture(scope="module")
+def out_of_vocabulary(pop20, tmp_path_factory) -> Path:
+    """REMI shards with one id past the vocabulary (it used to surface as an IndexError)."""
+    from musegen.shards import Shards
+
+    shards = Shards(pop20)
+    pieces = [("ok", shards.pieces("train")[0]), ("bad", np.append(shards.pieces("train")[1], 333))]
+    out = tmp_path_factory.mktemp("oov")
+    write_shards(out, shards.tokenizer, {"train": pieces}, {})
+    return out
+
+
+def test_bad_inputs_give_one_line_and_a_non_zero_exit(pop20, groove_data, out_of_vocabulary, tmp_path, capsys):
     run = tmp_path / "run"
     assert _cli(["train", "--data", pop20, "--out", run, *TINY, "--set", "steps=2"]) == 0
     empty = tmp_path / "empty"
@@ -483,6 +496,9 @@ def test_bad_inputs_give_one_line_and_a_non_zero_exit(pop20, groove_data, tmp_pa
         "unknown preset": (["--data", pop20, "--out", tmp_path / "r4", "--preset", "huge"], "unknown preset"),
         "wrong type": (["--data", pop20, "--out", tmp_path / "r5", "--set", "steps=many"], "expects int"),
         "existing run": (["--data", pop20, "--out", run], "--resume"),
+        "id outside the vocabulary": (["--data", out_of_vocabulary, "--out", tmp_path / "r6"],
+                                      "token id 333 (piece 'bad') is outside the tokenizer's vocabulary"),
+        "lr out of bounds": (["--data", pop20, "--out", tmp_path / "r7", "--set", "lr=1e30"], "lr must be in 1e-8..1"),
     }
     capsys.readouterr()
     for name, (args, expected) in cases.items():

@@ -24,16 +24,10 @@ app = typer.Typer(
 
 
 def _register_commands() -> None:
-    import importlib
+    from . import data, evaluate, export, inspect, sample, train
 
-    for module in ("data", "train", "export", "sample", "evaluate", "inspect"):
-        try:
-            mod = importlib.import_module(f"{__name__}.{module}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"{__name__}.{module}":
-                raise
-            continue  # that area is not built yet
-        mod.register(app)
+    for module in (data, train, export, sample, evaluate, inspect):
+        module.register(app)
 
 
 _register_commands()

@@ -70,6 +70,10 @@ class Tokenizer(abc.ABC):
 
     kind: ClassVar[str]
     registry: ClassVar[dict[str, type["Tokenizer"]]] = {}
+    # Training augmentation: keyword arguments of musegen.data.Augmenter (none: the data as it is).
+    augmentation: ClassVar[dict[str, Any]] = {}
+    # Where training crops start under `crop=auto`: a "random" window or the piece's "start".
+    default_crop: ClassVar[str] = "random"
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

@@ -74,6 +74,8 @@ class GrooveTokenizer(Tokenizer):
     the most notes; an int picks one at random (reproducibly per file and seed)."""
 
     kind = "groove"
+    augmentation = {"max_shift": 5, "max_skip_bars": 4, "track_dropout": 0.2}  # drums never transposed
+    default_crop = "start"  # sequences cut to the first N tokens, as in the paper (bar skips vary them)
 
     def __init__(self, programs: dict[str, int] | None = None, other_seed: int | None = None):
         self.programs = {"bass": 33, "other": 0, **(programs or {})}

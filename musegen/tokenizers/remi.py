@@ -35,6 +35,7 @@ NO_CHORD = "N_N"
 
 class RemiTokenizer(Tokenizer):
     kind = "remi"
+    augmentation = {"max_shift": 6}  # transpose by -6..+6 semitones, chord roots too
 
     def __init__(self, beat_resolution: int = 4, pitch_range: tuple[int, int] = (22, 107),
                  velocity_range: tuple[int, int, int] = (40, 86, 2), max_duration: int = 16,

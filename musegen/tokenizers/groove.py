@@ -74,6 +74,9 @@ class GrooveTokenizer(Tokenizer):
     the most notes; an int picks one at random (reproducibly per file and seed)."""
 
     kind = "groove"
+    token_types = {"note-on": "NoteOn_", "note-off": "NoteOff_", "time shift": "TimeShift_", "Start": "Start",
+                   "End": "End"}
+    position_type = "time shift"
 
     def __init__(self, programs: dict[str, int] | None = None, other_seed: int | None = None):
         self.programs = {"bass": 33, "other": 0, **(programs or {})}

@@ -54,7 +54,7 @@ def show(
     enc = tok.encode(midi)
     if as_json:
         ids = [int(i) for i in enc.ids]
-        typer.echo(json.dumps({"file": str(midi), "tokenizer": tok.to_dict(), "tokens": len(ids), "ids": ids,
+        typer.echo(json.dumps({"file": str(midi), "tokenizer": {"kind": tok.kind, "settings": tok.settings()}, "tokens": len(ids), "ids": ids,
                                "events": [tok.vocab[i] for i in ids], "report": enc.report},
                               default=lambda v: v.item() if hasattr(v, "item") else str(v)))
         return

@@ -54,9 +54,10 @@ def test_every_span_metric_on_a_piece_worked_out_by_hand():
     # 16th steps: 0-7 two pitches, 8-15 one (the C3), 16-17 one (the D4), 18-31 none
     assert m["polyphony"] == pytest.approx((8 * 2 + 8 + 2) / 18)
     assert m["polyphony rate"] == pytest.approx(8 / 18)
+    assert m["polyphony rate (muspy)"] == 0.0  # never more than two pitches
     assert m["silent beats"] == pytest.approx(3 / 8)  # beats 9, 10, 11 of 4..11
     assert m["mean pitch"] == pytest.approx((48 + 64 + 67 + 62) / 4)
-    assert m["bars with a low note"] == 0.5  # the C3 sounds in bar 1 only
+    assert m["bars with a low note"] == 0.5  # the C3 starts in bar 1, nothing low in bar 2
     assert m["pitch-class entropy"] == pytest.approx(2.0)  # C, D, E, G once each: log2(4) bits
     assert m["pitch-class cosine"] == pytest.approx(3 / (2 * math.sqrt(3)))  # CDEG against CEG
     assert m["scale consistency"] == 1.0  # all in C major
@@ -71,6 +72,16 @@ def test_polyphony_and_groove_consistency_agree_with_muspy():
     m = span_metrics(notes, first_bar=0, bars=2, prompt_classes=np.ones(12))
     assert m["polyphony"] == pytest.approx(muspy.polyphony(music))
     assert m["groove consistency"] == pytest.approx(muspy.groove_consistency(music, 16))
+    assert m["pitch-class entropy"] == pytest.approx(muspy.pitch_class_entropy(music))
+    assert m["scale consistency"] == pytest.approx(muspy.scale_consistency(music))
+    # muspy's rate runs over its piano roll, to the last note's end: a chord of three filling the bar
+    chord = [(0, 4, 60), (0, 4, 64), (1, 2, 67), (1, 1, 71)]
+    notes = NoteTable.from_midi(midi_of({(0, False): chord}))
+    music = muspy.Music(resolution=4, tracks=[muspy.Track(notes=[
+        muspy.Note(int(s * 4), p, int(d * 4)) for s, d, p in chord])])
+    m = span_metrics(notes, first_bar=0, bars=1, prompt_classes=np.ones(12))
+    assert m["polyphony rate (muspy)"] == pytest.approx(muspy.polyphony_rate(music)) == pytest.approx(8 / 16)
+    assert m["polyphony rate"] == 1.0 and m["polyphony"] == pytest.approx(muspy.polyphony(music))
     assert m["pitch-class entropy"] == pytest.approx(muspy.pitch_class_entropy(music))
     assert m["scale consistency"] == pytest.approx(muspy.scale_consistency(music))
 

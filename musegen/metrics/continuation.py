@@ -15,9 +15,12 @@ non-drum ones; a note *sounds* at a step or beat it overlaps for a positive time
 - polyphony: the mean number of distinct pitched pitches sounding, over the span's steps where at
   least one sounds (muspy's `polyphony`, on the 16th grid of the span);
 - polyphony rate: the share of those sounding steps where more than one pitch sounds;
+- polyphony rate (muspy): the share of all the span's steps where more than two pitches sound
+  (muspy's `polyphony_rate` with its default threshold, over the span);
 - silent beats: the share of the span's beats where no note (drums included) sounds;
 - mean pitch: the mean MIDI pitch of the pitched onsets;
-- bars with a low note: the share of the span's bars where a pitched note below G3 (MIDI 55) sounds;
+- bars with a low note: the share of the span's bars holding the onset of a pitched note below
+  G3 (MIDI 55);
 - pitch-class entropy: Shannon entropy (bits) of the pitch-class histogram of the pitched onsets
   (muspy's `pitch_class_entropy`);
 - pitch-class cosine: cosine similarity of that histogram with the prompt's (the pitched onsets
@@ -58,7 +61,7 @@ from .style import Notes, cosine, profiles, track_role
 
 BEATS_PER_BAR = 4
 STEPS_PER_BEAT = 4  # 16th notes
-LOW_PITCH = 55  # G3: "bars with a low note" counts bars where something below it sounds
+LOW_PITCH = 55  # G3: "bars with a low note" counts bars where a note below it starts
 QUARTERS = 4
 
 
@@ -150,7 +153,7 @@ def span_metrics(notes: NoteTable, first_bar: int, bars: int, prompt_classes: np
     voices = roll.sum(1)
     heard = voices[voices > 0]
     beats = sounding(notes, first_bar, bars, per_beat=1).any(1)
-    low = sounding(pitched.select(pitched.pitch < LOW_PITCH), first_bar, bars, per_beat=1).any(1)
+    low_bars = np.unique(onsets.start[onsets.pitch < LOW_PITCH] // BEATS_PER_BAR)
     classes = pitch_classes(onsets)
     music = _muspy_music(onsets) if len(onsets) else None
     return {
@@ -158,9 +161,10 @@ def span_metrics(notes: NoteTable, first_bar: int, bars: int, prompt_classes: np
         "mean duration": float((onsets.end - onsets.start).mean()) if len(onsets) else math.nan,
         "polyphony": float(heard.mean()) if len(heard) else math.nan,
         "polyphony rate": float((heard > 1).mean()) if len(heard) else math.nan,
+        "polyphony rate (muspy)": float((voices > 2).mean()),
         "silent beats": float(1 - beats.mean()),
         "mean pitch": float(onsets.pitch.mean()) if len(onsets) else math.nan,
-        "bars with a low note": float(low.reshape(bars, BEATS_PER_BAR).any(1).mean()),
+        "bars with a low note": len(low_bars) / bars,
         "pitch-class entropy": float(muspy.pitch_class_entropy(music)) if music else math.nan,
         "pitch-class cosine": 0.0 if not len(onsets) else _nan_to(cosine(classes, prompt_classes), 0.0),
         "scale consistency": float(muspy.scale_consistency(music)) if music else math.nan,

@@ -4,6 +4,7 @@ POP909 shards and on a groove corpus built here."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import miditoolkit
@@ -17,9 +18,9 @@ from musegen.checkpoint import save_checkpoint
 from musegen.cli import main
 from musegen.errors import ConfigError, DataError
 from musegen.io import read_json
-from musegen.metrics.continuation import (ContinuationSettings, NoteTable, evaluate_continuation, measure,
-                                          pitch_classes, role_metrics, sounding, span_metrics, style_metrics,
-                                          reference_profiles, usable_pieces)
+from musegen.metrics.continuation import (ContinuationSettings, NoteTable, ResultLog, evaluate_continuation,
+                                          measure, pitch_classes, reference_profiles, role_metrics, sounding,
+                                          span_metrics, style_metrics, usable_pieces)
 from musegen.model import MusicPerformer, preset
 from musegen.shards import Shards
 from musegen.tokenizers.groove import GrooveTokenizer
@@ -158,10 +159,11 @@ def test_pop_protocol_measures_model_real_and_floor(pop, tmp_path, one_torch_thr
     out = tmp_path / "eval"
     result = evaluate_continuation(ckpt, pop, out, settings, split="train", limit=3, device="cpu", progress=False)
     assert result["pieces"] == 3 and result["resumed"] == 0
-    records = [r for r in map(__import__("json").loads, (out / "pieces.jsonl").read_text().splitlines())]
+    records = [json.loads(line) for line in (out / "pieces.jsonl").read_text().splitlines()]
     usable, _ = usable_pieces(tok, shards.names("train"), shards.pieces("train"), settings)
     assert [r["piece"] for r in records] == [p.name for p in usable[:3]]
-    for record, piece, floor in zip(records, usable, usable[1:]):
+    floors = [usable[(i + len(usable) // 2) % len(usable)] for i in range(3)]
+    for record, piece, floor in zip(records, usable, floors):
         # the real span's notes per bar, counted on the tokens: Pitch tokens between the span's Bars
         starts = tok.bar_starts(piece.ids)
         span = piece.ids[starts[piece.span_start]:starts[piece.span_start + 2]]
@@ -187,12 +189,26 @@ def test_pop_protocol_measures_model_real_and_floor(pop, tmp_path, one_torch_thr
                               limit=1, device="cpu", progress=False)
 
 
+def test_the_result_log_keeps_its_own_settings_and_refuses_foreign_files(tmp_path):
+    settings = {"bars": 12, "seed": 0}
+    log = ResultLog(tmp_path, settings)
+    log.add({"piece": "a", "real": {"mean pitch": [math.nan]}})
+    assert ResultLog(tmp_path, settings).records == {"a": {"piece": "a", "real": {"mean pitch": [None]}}}
+    with pytest.raises(ConfigError, match=r"other settings \(seed\)"):
+        ResultLog(tmp_path, {"bars": 12, "seed": 1})
+    (tmp_path / "pieces.jsonl").write_text("{not json\n")
+    with pytest.raises(DataError, match="not the per-piece results"):
+        ResultLog(tmp_path, settings)
+    (tmp_path / "run.json").write_text("{")
+    with pytest.raises(DataError, match="not valid JSON"):
+        ResultLog(tmp_path, settings)
+
+
 def test_short_pieces_are_skipped_and_counted(pop, tmp_path):
     shards = Shards(pop)
-    lengths = [len(ids) for ids in shards.pieces("train")]
     usable, skipped = usable_pieces(shards.tokenizer, shards.names("train"), shards.pieces("train"),
                                     ContinuationSettings(prompt_bars=4, bars=60))
-    assert len(usable) + len(skipped) == len(lengths) and skipped
+    assert len(usable) + len(skipped) == len(shards.names("train")) and usable and skipped
     assert all(why.startswith("too short") for why in skipped.values())
     ckpt = tiny_checkpoint(tmp_path / "ckpt", shards.tokenizer)
     with pytest.raises(DataError, match="no piece"):

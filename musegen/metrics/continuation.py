@@ -6,7 +6,9 @@ its first bar holding a note; the prompt is the piece's tokens before bar K = P 
 `musegen sample --prompt-bars` cuts); the model writes S continuations; the *span* is bars
 K .. K + M - 1. Three kinds of span are measured: the model's, the real piece's (the reference,
 a ceiling), and another piece's span after its own prompt (the floor: real music that ignores
-this prompt). Pieces whose last note starts before bar K + M - 1 are too short and skipped.
+this prompt; the piece half the list of usable pieces away, so that in corpora sorted by style it
+is seldom of the same style). Pieces whose last note starts before bar K + M - 1 are too short
+and skipped.
 
 Every metric is computed on a span (bars of 4 beats; steps are 16th notes; *pitched* notes are the
 non-drum ones; a note *sounds* at a step or beat it overlaps for a positive time):
@@ -335,7 +337,11 @@ class ResultLog:
                                   "choose another --out")
             if self.path.is_file():
                 lines = self.path.read_text(encoding="utf-8").splitlines()
-                self.records = {r["piece"]: r for r in map(json.loads, filter(None, lines))}
+                try:
+                    self.records = {r["piece"]: r for r in map(json.loads, filter(None, lines))}
+                except (ValueError, TypeError, KeyError):
+                    raise DataError(f"{self.path}: not the per-piece results of `musegen evaluate "
+                                    "continuation`; remove it or choose another --out") from None
         else:
             write_json(self.run, settings)
 
@@ -449,7 +455,7 @@ def evaluate_continuation(checkpoint: str | os.PathLike, data_dir: str | os.Path
                               "split": split, **asdict(settings)})
     todo = [(i, p) for i, p in enumerate(chosen) if p.name not in log.records]
     for i, piece in tqdm(todo, desc="continuing", unit="piece", disable=not progress):
-        floor = usable[(i + 1) % len(usable)] if len(usable) > 1 else None
+        floor = usable[(i + max(1, len(usable) // 2)) % len(usable)] if len(usable) > 1 else None
         log.add(continue_piece(model, tokenizer, piece, floor, i, settings, device, threads, out_dir / "samples"))
     records = [log.records[p.name] for p in chosen]
     pooled = pooled_values(records)

@@ -44,18 +44,18 @@ def loss(
 ):
     """Teacher-forced NLL per token position, within and beyond the training length (paper Fig. 3),
     and per token type beside baselines counted on the training split."""
+    from musegen.metrics.compare import fmt
     from musegen.metrics.loss import evaluate_loss
 
     result = evaluate_loss(checkpoint, data, max_len, split=split, out_dir=out)
     for key, value in result.items():
         if isinstance(value, (int, float, str)):
             typer.echo(f"{key}: {value:.4f}" if isinstance(value, float) else f"{key}: {value}")
-    typer.echo("NLL per token type (nats; baselines know the type):")
-    typer.echo(f"  {'type':12s} {'tokens':>8s} {'model':>7s} {'|type':>7s} {'unigram':>8s} {'cond.':>7s} {'uniform':>8s}")
+    typer.echo("NLL per token type (nats; the baselines know the type; see token_types_<split>.md):")
+    columns = (("model", 7), ("model_given_type", 16), ("unigram", 8), ("conditional", 11), ("uniform_allowed", 15))
+    typer.echo(f"  {'type':12s} {'tokens':>8s} " + " ".join(f"{c[:w]:>{w}s}" for c, w in columns))
     for row in result["types"]:
-        typer.echo(f"  {row['type']:12s} {row['tokens']:8d} " + " ".join(
-            f"{row[c]:{w}.3f}" for c, w in (("model", 7), ("model_given_type", 7), ("unigram", 8),
-                                             ("conditional", 7), ("uniform_allowed", 8))))
+        typer.echo(f"  {row['type']:12s} {row['tokens']:8d} " + " ".join(f"{fmt(row[c]):>{w}s}" for c, w in columns))
 
 
 @evaluate_app.command("continuation")

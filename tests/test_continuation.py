@@ -172,7 +172,8 @@ def test_pop_protocol_measures_model_real_and_floor(pop, tmp_path, one_torch_thr
         assert record["seed"] == 3 + record["index"]
     rows = {r["metric"]: r for r in result["rows"]}
     assert rows["notes per bar"]["model_n"] == 6
-    assert rows["notes per bar"]["real_mean"] == pytest.approx(np.mean([r["real"]["notes per bar"][0] for r in records]))
+    real = [r["real"]["notes per bar"][0] for r in records]
+    assert rows["notes per bar"]["real_mean"] == pytest.approx(np.mean(real))
     assert rows["pitch-class cosine"]["real_mean"] > rows["pitch-class cosine"]["floor_mean"]
     assert len(list((out / "samples").glob("*.mid"))) == 6
     table = (out / "continuation.md").read_text()

@@ -85,7 +85,8 @@ def test_export_skips_and_lists_undecodable_pieces(tmp_path, capsys):
     write_shards(tmp_path / "data", tok, {"train": [("songs/good.mid", good), ("bad", broken)]}, {})
     code, printed, _ = run(["data", "export", tmp_path / "data", "--out", tmp_path / "midi"], capsys)
     assert code == 0 and "1 written" in printed and "1 skipped" in printed and "skipped bad: cannot decode" in printed
-    assert [p.relative_to(tmp_path / "midi").as_posix() for p in (tmp_path / "midi").rglob("*.mid")] == ["songs/good.mid"]
+    written = [p.relative_to(tmp_path / "midi").as_posix() for p in (tmp_path / "midi").rglob("*.mid")]
+    assert written == ["songs/good.mid"]
     code, _, err = run(["data", "export", tmp_path / "data", "--split", "test", "--out", tmp_path / "m"], capsys)
     assert code != 0 and err.strip().count("\n") == 0 and "no split 'test'" in err
 

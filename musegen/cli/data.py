@@ -54,9 +54,9 @@ def show(
     enc = tok.encode(midi)
     if as_json:
         ids = [int(i) for i in enc.ids]
-        typer.echo(json.dumps({"file": str(midi), "tokenizer": {"kind": tok.kind, "settings": tok.settings()}, "tokens": len(ids), "ids": ids,
-                               "events": [tok.vocab[i] for i in ids], "report": enc.report},
-                              default=lambda v: v.item() if hasattr(v, "item") else str(v)))
+        whole = {"file": str(midi), "tokenizer": {"kind": tok.kind, "settings": tok.settings()}, "tokens": len(ids),
+                 "ids": ids, "events": [tok.vocab[i] for i in ids], "report": enc.report}
+        typer.echo(json.dumps(whole, default=lambda v: v.item() if hasattr(v, "item") else str(v)))
         return
     typer.echo(f"{midi}: {len(enc.ids)} {tok.kind} tokens")
     typer.echo(" ".join(tok.vocab[i] for i in enc.ids[:max_tokens]) + (" ..." if len(enc.ids) > max_tokens else ""))

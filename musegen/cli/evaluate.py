@@ -85,9 +85,10 @@ def continuation(
     result = evaluate_continuation(checkpoint, data, out, settings, split=split, limit=pieces, device=device,
                                    threads=threads)
     skipped = result["skipped"]
+    listed = "".join(f"\n  skipped {name}: {why}" for name, why in list(skipped.items())[:5])
+    more = f"\n  ... and {len(skipped) - 5} more" if len(skipped) > 5 else ""
     typer.echo(f"{result['pieces']} pieces of {result['split']} continued ({result['resumed']} from an earlier run), "
-               f"{len(skipped)} skipped" + "".join(f"\n  skipped {name}: {why}" for name, why in list(skipped.items())[:5])
-               + (f"\n  ... and {len(skipped) - 5} more" if len(skipped) > 5 else ""))
+               f"{len(skipped)} skipped{listed}{more}")
     if result["invalid_samples"] or result["undecodable_samples"]:
         typer.echo(f"invalid samples: {result['invalid_samples']}, undecodable: {result['undecodable_samples']}")
     typer.echo(Path(result["files"]["md"]).read_text().rstrip())

@@ -371,7 +371,8 @@ def pooled_values(records: list[dict[str, Any]]) -> dict[str, dict[str, np.ndarr
     the order they first appear."""
     pooled: dict[str, dict[str, list[float]]] = {}
     for record in records:
-        spans = {"model": record["model"], "real": [record["real"]], "floor": [record["floor"]] if record["floor"] else []}
+        spans = {"model": record["model"], "real": [record["real"]],
+                 "floor": [record["floor"]] if record["floor"] else []}
         for source, measured in spans.items():
             for values in measured:
                 for metric, observed in values.items():

@@ -81,6 +81,10 @@ class Tokenizer(abc.ABC):
             Tokenizer.registry[cls.kind] = cls
 
     vocab: list[str]  # id -> event name
+    # Token types for per-type metrics: type name -> event-name prefix, in order (an id has the
+    # first type whose prefix starts its name; PAD has none). `position_type` moves time in a bar.
+    token_types: ClassVar[dict[str, str]] = {}
+    position_type: ClassVar[str | None] = None
 
     @property
     def vocab_size(self) -> int:
@@ -89,6 +93,12 @@ class Tokenizer(abc.ABC):
     @property
     @abc.abstractmethod
     def pad_id(self) -> int: ...
+
+    def token_type_ids(self) -> np.ndarray:
+        """For every id, the index of its type in `list(token_types)`, or -1 when it has none."""
+        prefixes = list(self.token_types.values())
+        return np.array([next((k for k, p in enumerate(prefixes) if name.startswith(p)), -1)
+                         for name in self.vocab], dtype=np.int64)
 
     @abc.abstractmethod
     def encode(self, source: str | os.PathLike | bytes) -> Encoding:

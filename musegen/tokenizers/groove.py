@@ -76,6 +76,9 @@ class GrooveTokenizer(Tokenizer):
     kind = "groove"
     augmentation = {"max_shift": 5, "max_skip_bars": 4, "track_dropout": 0.2}  # drums never transposed
     default_crop = "start"  # sequences cut to the first N tokens, as in the paper (bar skips vary them)
+    token_types = {"note-on": "NoteOn_", "note-off": "NoteOff_", "time shift": "TimeShift_", "Start": "Start",
+                   "End": "End"}
+    position_type = "time shift"
 
     def __init__(self, programs: dict[str, int] | None = None, other_seed: int | None = None):
         self.programs = {"bass": 33, "other": 0, **(programs or {})}

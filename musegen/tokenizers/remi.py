@@ -36,6 +36,9 @@ NO_CHORD = "N_N"
 class RemiTokenizer(Tokenizer):
     kind = "remi"
     augmentation = {"max_shift": 6}  # transpose by -6..+6 semitones, chord roots too
+    token_types = {"Bar": "Bar_", "Beat": "Beat_", "Chord": "Chord_", "Tempo": "Tempo_", "Pitch": "Note_Pitch_",
+                   "Velocity": "Note_Velocity_", "Duration": "Note_Duration_", "EOS": "EOS_"}
+    position_type = "Beat"
 
     def __init__(self, beat_resolution: int = 4, pitch_range: tuple[int, int] = (22, 107),
                  velocity_range: tuple[int, int, int] = (40, 86, 2), max_duration: int = 16,

@@ -13,9 +13,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import symusic
 
 from data_prep import chorales, pop1k7
 from data_prep.download import extract, fetch, zenodo_file
+from musegen.beats import synchronise
 from musegen.errors import DataError
 from musegen.shards import Shards
 from musegen.tokenizers.remi import RemiTokenizer
@@ -149,12 +151,15 @@ def test_prepare_pop909_cli_writes_readable_shards(pop909_dir, tmp_path):
     assert triple  # song 034 is in 3/4 (its MIDI says 1/4)
     assert sorted(names + triple) == [p.stem for p in songs]
     reasons = [e["reason"] for e in shards.index["report"]["skipped_files"]]
-    assert len(reasons) == len(triple) and all("triple meter" in r for r in reasons)
+    assert len(reasons) == len(triple) and all("annotated bars of 6 beats" in r for r in reasons)
     assert 0 < len(shards.names("validation")) < 10  # about 5%, split by song
     piece = shards.pieces("train")[0]
     assert shards.tokenizer.kind == "remi" and shards.tokenizer.grammar().first_violation(piece) is None
-    expected = shards.tokenizer.encode(pop909_dir / names[0] / f"{names[0]}.mid").ids
-    assert np.array_equal(shards.pieces("train")[0], expected)
+    # each song was synchronised to its annotated beats before encoding
+    song = pop909_dir / names[0] / f"{names[0]}.mid"
+    beats = np.loadtxt(song.parent / "beat_midi.txt")
+    expected = shards.tokenizer.encode(synchronise(symusic.Score(str(song)), beats[:, 0], beats[:, 2] == 1)).ids
+    assert np.array_equal(piece, expected) and not np.array_equal(piece, shards.tokenizer.encode(song).ids)
     assert f"files: {len(songs)}  encoded: {len(songs) - len(triple)}  skipped: {len(triple)}" in stdout
 
 

@@ -3,13 +3,13 @@
 Each song folder `NNN/` holds `NNN.mid` with MELODY, BRIDGE and PIANO tracks; REMI merges them
 into one stream. Songs are split by song id, 5% validation (hashed, so stable across runs).
 
-POP909's MIDI grid is offset from the music (in only 78 of the 859 shared songs do the annotated
-beats lie within 30 ticks of the file's own beats), so each song is first synchronised to its
+POP909's MIDI grid is offset from the music (538 of the 68,731 annotated downbeats of its duple
+songs lie on the file's own bar lines), so each song is first synchronised to its
 beat annotations (`beat_midi.txt`: time in seconds, a flag every 2 beats, a downbeat flag), as
 the Pop1K7 pipeline synchronised its transcriptions to tracked beats: `musegen.beats.synchronise`
 makes every annotated bar a 4/4 bar, then the re-timed score is encoded. Songs whose annotated
-bars have 3 beats (28 of them: 3/4 and 6/8) cannot be 4/4 bars and are skipped and counted, as
-are songs without usable annotations.
+bars are mostly not 4 beats long (28 of them, with bars of 6 beats: triple meter) cannot be
+4/4 bars and are skipped and counted, as are songs without usable annotations.
 The source is, in order: `--source`, the project's shared copy (`<repo>/../shared/datasets/pop909`),
 or, with `--download`, the GitHub archive of music-x-lab/POP909-Dataset.
 """

@@ -382,7 +382,8 @@ def test_grammar_close_and_masks():
     empty_bar = g.step(bar, TOK.bar_id)  # the encoder never ends on an empty bar
     assert not g.can_close(empty_bar) and not g.allowed(empty_bar)[TOK.eos_id]
     opening = _walk(g, ids_of("Bar_None", "Beat_0"))
-    assert {TOK.vocab[i] for i in np.flatnonzero(g.allowed(opening))} == {n for n in TOK.vocab if n.startswith("Chord_")}
+    chords = {n for n in TOK.vocab if n.startswith("Chord_")}
+    assert {TOK.vocab[i] for i in np.flatnonzero(g.allowed(opening))} == chords
 
 
 # ---------------------------------------------------------------- transposition, bar starts, decode errors

@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from musegen.errors import MusegenError
 from musegen.shards import write_shards
-from musegen.tokenizers.base import Tokenizer, tokenizer_from_dict
+from musegen.tokenizers.base import Encoding, Tokenizer, tokenizer_from_dict
 
 FILE_TIME_LIMIT_S = 60  # a pathological file is skipped, never allowed to stall the batch
 
@@ -46,11 +46,21 @@ def group_split(group: str, fractions: dict[str, float], salt: str = "musegen") 
 
 
 _worker_tokenizer: Tokenizer | None = None
+Encoder = Callable[[Tokenizer, Item], Encoding]  # how a corpus turns one item into tokens
 
 
-def _init_worker(tokenizer_dict: dict[str, Any]) -> None:
-    global _worker_tokenizer
+def encode_file(tokenizer: Tokenizer, item: Item) -> Encoding:
+    """The default: the item's file, encoded as it is."""
+    return tokenizer.encode(item.path)
+
+
+_worker_encode: Encoder = encode_file
+
+
+def _init_worker(tokenizer_dict: dict[str, Any], encode: Encoder) -> None:
+    global _worker_tokenizer, _worker_encode
     _worker_tokenizer = tokenizer_from_dict(tokenizer_dict)
+    _worker_encode = encode
 
 
 def _timeout(signum, frame):
@@ -62,7 +72,7 @@ def _encode_one(item: Item):
     signal.signal(signal.SIGALRM, _timeout)
     signal.alarm(FILE_TIME_LIMIT_S)
     try:
-        enc = _worker_tokenizer.encode(item.path)
+        enc = _worker_encode(_worker_tokenizer, item)
         return item, enc.ids, enc.report, None
     except MusegenError as exc:
         return item, None, None, str(exc).splitlines()[0]
@@ -74,13 +84,14 @@ def _encode_one(item: Item):
         signal.alarm(0)
 
 
-def encode_items(tokenizer: Tokenizer, items: list[Item], workers: int | None = None,
-                 desc: str = "encoding") -> tuple[list[tuple[Item, Any, dict]], list[tuple[str, str]]]:
-    """Encode `items` on `workers` processes. Returns (encoded, skipped) in input order."""
+def encode_items(tokenizer: Tokenizer, items: list[Item], workers: int | None = None, desc: str = "encoding",
+                 encode: Encoder = encode_file) -> tuple[list[tuple[Item, Any, dict]], list[tuple[str, str]]]:
+    """Encode `items` on `workers` processes with `encode` (a module-level function).
+    Returns (encoded, skipped) in input order."""
     workers = max(1, workers or os.cpu_count() or 1)
     encoded, skipped = {}, {}
     ctx = mp.get_context("fork") if hasattr(os, "fork") else mp.get_context()
-    with ctx.Pool(workers, initializer=_init_worker, initargs=(tokenizer.to_dict(),)) as pool:
+    with ctx.Pool(workers, initializer=_init_worker, initargs=(tokenizer.to_dict(), encode)) as pool:
         results = pool.imap_unordered(_encode_one, items, chunksize=4)
         for item, ids, report, error in tqdm(results, total=len(items), desc=desc, unit="file"):
             if error is None:
@@ -104,14 +115,15 @@ def prepare(tokenizer: Tokenizer, items: list[Item], out: str | os.PathLike,
             fractions: dict[str, float], workers: int | None = None,
             extra_report: dict[str, Any] | None = None,
             split_of: Callable[[str], str] | None = None,
-            skipped_before: Iterable[tuple[str, str]] = ()) -> dict[str, Any]:
+            skipped_before: Iterable[tuple[str, str]] = (), encode: Encoder = encode_file) -> dict[str, Any]:
     """Encode, split by group, write shards; return the summary that is also stored in the index.
 
     `split_of(group)` overrides the hashed split (for corpora that assign groups explicitly).
-    `skipped_before`: (name, reason) of inputs a corpus rejected before encoding; counted as skipped."""
+    `skipped_before`: (name, reason) of inputs a corpus rejected before encoding; counted as skipped.
+    `encode(tokenizer, item)`: how an item becomes tokens (default: its file as it is)."""
     split_of = split_of or (lambda group: group_split(group, fractions))
     skipped_before = list(skipped_before)
-    encoded, skipped = encode_items(tokenizer, items, workers)
+    encoded, skipped = encode_items(tokenizer, items, workers, encode=encode)
     skipped = skipped_before + skipped
     splits: dict[str, list] = {"train": [], **{s: [] for s in fractions}}
     for item, ids, _ in encoded:

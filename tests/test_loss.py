@@ -106,9 +106,10 @@ def remi_ids(tok, events):
 
 NOTE = ["Note_Pitch_60", "Note_Velocity_60", "Note_Duration_120"]
 NOTE2 = ["Note_Pitch_62", "Note_Velocity_60", "Note_Duration_120"]
-TRAIN_PIECE = (["Bar_None", "Beat_0", "Tempo_119"] + NOTE + ["Beat_8"] + NOTE2
+# a piece opens with a Chord (often Chord_N_N) and a Tempo at Beat_0, as the Pop1K7 pipeline writes it
+TRAIN_PIECE = (["Bar_None", "Beat_0", "Chord_N_N", "Tempo_119"] + NOTE + ["Beat_8"] + NOTE2
                + ["Bar_None", "Beat_0"] + NOTE + ["Beat_8"] + NOTE2 + ["Bar_None", "EOS_None"])
-TEST_PIECE = ["Bar_None", "Beat_0", "Tempo_119"] + NOTE + ["Beat_4"] + NOTE2 + ["Bar_None", "EOS_None"]
+TEST_PIECE = ["Bar_None", "Beat_0", "Chord_N_N", "Tempo_119"] + NOTE + ["Beat_4"] + NOTE2 + ["Bar_None", "EOS_None"]
 
 
 def test_position_tokens_are_conditioned_on_the_previous_position_in_their_bar():
@@ -145,16 +146,16 @@ def test_baselines_match_counts_worked_out_by_hand():
     p_beat0, p_beat4 = 3 / 20, 1 / 20
     assert unigram[0] == pytest.approx(-np.log(p_beat0))  # target 1 is Beat_0
     assert conditional[0] == pytest.approx(-np.log((2 + p_beat0) / (2 + 1)))
-    assert unigram[5] == pytest.approx(-np.log(p_beat4))  # target 6 is Beat_4, never seen after Beat_0
-    assert conditional[5] == pytest.approx(-np.log((0 + p_beat4) / (2 + 1)))
+    assert unigram[6] == pytest.approx(-np.log(p_beat4))  # target 7 is Beat_4, never seen after Beat_0
+    assert conditional[6] == pytest.approx(-np.log((0 + p_beat4) / (2 + 1)))
     # Note_Pitch_60 after Tempo_119: seen once of the 4 pitches (86 ids); once of 1 after that Tempo
     p60 = (2 + 1) / (4 + 86)
-    assert unigram[2] == pytest.approx(-np.log(p60))
-    assert conditional[2] == pytest.approx(-np.log((1 + p60) / (1 + 1)))
-    # uniform over what the grammar allows: any beat first, then the 15 after beat 0; 54 tempos,
-    # 86 pitches, 24 velocities, 17 durations; a lone Bar
+    assert unigram[3] == pytest.approx(-np.log(p60))
+    assert conditional[3] == pytest.approx(-np.log((1 + p60) / (1 + 1)))
+    # uniform over what the grammar allows: the piece opens at Beat_0 with one of the 133 chords, then
+    # 54 tempos, 86 pitches, 24 velocities, 17 durations; the 15 beats after beat 0; a lone Bar
     allowed = uniform_allowed_nll(tok, ids)
-    assert np.exp(allowed).round().astype(int).tolist() == [16, 54, 86, 24, 17, 15, 86, 24, 17, 1, 1]
+    assert np.exp(allowed).round().astype(int).tolist() == [1, 133, 54, 86, 24, 17, 15, 86, 24, 17, 1, 1]
 
 
 def test_model_nll_given_the_type_matches_a_direct_computation(pop):

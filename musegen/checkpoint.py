@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 from .errors import CheckpointError, MusegenError
 from .io import atomic_path, read_json, write_json
 from .model.config import ModelConfig
-from .tokenizers.base import Tokenizer, load_tokenizer
+from .tokenizers.base import RepresentationError, Tokenizer, load_tokenizer
 
 FORMAT = "musegen-checkpoint"
 VERSION = 1
@@ -75,7 +75,9 @@ def load_checkpoint(folder: str | os.PathLike, device: str | torch.device = "cpu
     folder = Path(folder)
     config, meta = read_checkpoint_config(folder)
     try:
-        tokenizer = load_tokenizer(folder / TOKENIZER)
+        tokenizer = load_tokenizer(folder / TOKENIZER, remedy="retrain the model")
+    except RepresentationError as exc:  # its own message says what to do
+        raise CheckpointError(str(exc)) from None
     except MusegenError as exc:
         raise CheckpointError(f"{folder}: bad tokenizer ({exc})") from None
     if tokenizer.vocab_size != config.vocab_size:

@@ -74,6 +74,8 @@ class GrooveTokenizer(Tokenizer):
     the most notes; an int picks one at random (reproducibly per file and seed)."""
 
     kind = "groove"
+    version = 2
+    sampling_defaults = {"temperature": 0.6, "top_p": 1.0}  # the paper's groove samples
 
     def __init__(self, programs: dict[str, int] | None = None, other_seed: int | None = None):
         self.programs = {"bass": 33, "other": 0, **(programs or {})}

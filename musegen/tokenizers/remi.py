@@ -35,6 +35,8 @@ NO_CHORD = "N_N"
 
 class RemiTokenizer(Tokenizer):
     kind = "remi"
+    version = 2
+    sampling_defaults = {"temperature": 1.2, "top_p": 0.9}  # the paper's pop samples
 
     def __init__(self, beat_resolution: int = 4, pitch_range: tuple[int, int] = (22, 107),
                  velocity_range: tuple[int, int, int] = (40, 86, 2), max_duration: int = 16,
@@ -269,7 +271,7 @@ class RemiTokenizer(Tokenizer):
                                 "REMI needs 4/4 (1/4 and 2/4 are re-barred into 4/4)")
 
     # ------------------------------------------------------------------ decode
-    def decode(self, ids) -> miditoolkit.MidiFile:
+    def decode(self, ids, meta=None) -> miditoolkit.MidiFile:
         """A piano MIDI file at 480 ticks per beat, with chords as markers. Any sequence in the REMI
         layout decodes (the canonical order the grammar asks for is not needed); a trailing
         unfinished note (a sampler stopped mid-triple) is dropped; any other layout violation is

@@ -3,7 +3,8 @@
 A checkpoint folder holds:
 - `model.safetensors`: the weights (fp32, fp16 or bf16; cast to fp32 on load);
 - `config.json`: {"format", "version", "model": ModelConfig fields, "meta": free-form info};
-- `tokenizer.json`: the tokenizer that made the training tokens.
+- `tokenizer.json`: the tokenizer that made the training tokens, with its representation
+  version (a checkpoint of another version is refused: the model must be retrained).
 `musegen sample` needs nothing else. Training state for `--resume` lives beside these files
 and is the trainer's business.
 """

@@ -7,15 +7,12 @@ import json
 import miditoolkit
 import pytest
 import symusic
-import torch
+from tiny_models import tiny_checkpoint
 
 from musegen import mirex
-from musegen.checkpoint import save_checkpoint
 from musegen.cli import main
 from musegen.errors import MidiError
-from musegen.model import MusicPerformer, preset
 from musegen.render import PROMPT_END_MARKER
-from musegen.tokenizers import tokenizer_from_dict
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -83,10 +80,7 @@ def test_generation_counts_16ths_from_the_prompts_origin():
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    tok = tokenizer_from_dict({"kind": "remi"})
-    torch.manual_seed(0)
-    model = MusicPerformer(preset("tiny", vocab_size=tok.vocab_size)).eval()
-    return save_checkpoint(tmp_path_factory.mktemp("ckpt"), model, model.config, tok)
+    return tiny_checkpoint("remi", tmp_path_factory.mktemp("ckpt"))
 
 
 def test_sample_continues_a_task_prompt_into_a_task_generation(checkpoint, pop909_songs, tmp_path, capsys):

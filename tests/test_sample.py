@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import io
 import json
 import os
 import shutil
-import signal
+import tempfile
 import wave
 from collections import Counter
-
-import tempfile
 from pathlib import Path
 
 import miditoolkit
@@ -20,14 +17,13 @@ import numpy as np
 import pytest
 import symusic
 import torch
+from fuzz import trio_midi
+from test_fuzz import time_limit
+from tiny_models import tiny_checkpoint, tiny_model
 
-from musegen.checkpoint import save_checkpoint
 from musegen.cli import main
-from musegen.model import MusicPerformer, preset
 from musegen.errors import MidiError
 from musegen.render import PROMPT_END_MARKER
-from fuzz import trio_midi
-
 from musegen.sample import (Prompt, SampleSettings, filter_logits, generate, load_prompt, new_notes,
                             prompt_from_ids, with_ending, write_samples)
 from musegen.tokenizers import Tokenizer, tokenizer_from_dict
@@ -42,20 +38,12 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 @pytest.fixture(scope="module")
 def models():
-    out = {}
-    for kind in KINDS:
-        tok = tokenizer_from_dict({"kind": kind})
-        torch.manual_seed(0)
-        out[kind] = (MusicPerformer(preset("tiny", vocab_size=tok.vocab_size)).eval(), tok)
-    return out
+    return {kind: tiny_model(kind) for kind in KINDS}
 
 
 @pytest.fixture(scope="module")
-def checkpoints(models, tmp_path_factory):
-    folders = {}
-    for kind, (model, tok) in models.items():
-        folders[kind] = save_checkpoint(tmp_path_factory.mktemp(f"ckpt-{kind}"), model, model.config, tok)
-    return folders
+def checkpoints(tmp_path_factory):
+    return {kind: tiny_checkpoint(kind, tmp_path_factory.mktemp(f"ckpt-{kind}")) for kind in KINDS}
 
 
 def run_cli(args, capsys):
@@ -384,26 +372,13 @@ def test_cli_bad_input_is_one_line_and_nonzero(checkpoints, tmp_path, capsys):
                 "fifo prompt": "fifo.mid: not a regular file",
                 "device file prompt": "/dev/zero: not a regular file"}
     for label, args in _bad_inputs(tmp_path, checkpoints).items():
-        with _deadline(20):  # a prompt that blocks (a FIFO) fails the test instead of hanging it
+        with time_limit(20):  # a prompt that blocks (a FIFO) fails the test instead of hanging it
             code, stdout, err = run_cli(args, capsys)
         lines = err.strip().splitlines()
         assert code == 1, (label, err)
         assert len(lines) == 1 and lines[0].startswith("error:") and "Traceback" not in err, (label, err)
         assert expected[label] in lines[0], (label, lines[0])
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
-
-
-@contextlib.contextmanager
-def _deadline(seconds: int):
-    def expire(*_):
-        raise TimeoutError(f"still running after {seconds} s")
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def test_cli_help_states_every_bound():

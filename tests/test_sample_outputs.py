@@ -9,12 +9,9 @@ import shutil
 
 import miditoolkit
 import pytest
-import torch
+from tiny_models import tiny_checkpoint
 
-from musegen.checkpoint import save_checkpoint
-from musegen.model import MusicPerformer, preset
 from musegen.sample import SCRATCH_PREFIX, SampleSettings, sample_to_folder
-from musegen.tokenizers import tokenizer_from_dict
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 SETTINGS = SampleSettings(length=16, seed=1, prompt_bars=4)
@@ -22,10 +19,7 @@ SETTINGS = SampleSettings(length=16, seed=1, prompt_bars=4)
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    tok = tokenizer_from_dict({"kind": "remi"})
-    torch.manual_seed(0)
-    model = MusicPerformer(preset("tiny", vocab_size=tok.vocab_size)).eval()
-    return save_checkpoint(tmp_path_factory.mktemp("ckpt"), model, model.config, tok)
+    return tiny_checkpoint("remi", tmp_path_factory.mktemp("ckpt"))
 
 
 def files(folder) -> dict[str, bytes]:

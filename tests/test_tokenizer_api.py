@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 import torch
 from fuzz import trio_midi
+from tiny_models import tiny_checkpoint
 
 import musegen.sample
-from musegen.checkpoint import load_checkpoint, save_checkpoint
+from musegen.checkpoint import load_checkpoint
 from musegen.errors import CheckpointError, MusegenError, TokenError
 from musegen.model import MusicPerformer, preset
 from musegen.sample import SampleSettings, generate, load_prompt, new_notes, write_samples
@@ -123,10 +124,7 @@ def test_tokenizer_json_stores_the_version_and_refuses_others(kind, tmp_path):
 def test_a_checkpoint_of_another_representation_version_is_refused_in_one_line(tmp_path, capsys):
     from musegen.cli import main
 
-    tok = tokenizer_from_dict({"kind": "remi"})
-    torch.manual_seed(0)
-    model = MusicPerformer(preset("tiny", vocab_size=tok.vocab_size))
-    folder = save_checkpoint(tmp_path / "ckpt", model, model.config, tok)
+    folder = tiny_checkpoint("remi", tmp_path / "ckpt")
     data = json.loads((folder / "tokenizer.json").read_text())
     del data["version"]
     (folder / "tokenizer.json").write_text(json.dumps(data))

@@ -79,6 +79,8 @@ class GrooveTokenizer(Tokenizer):
     token_types = {"note-on": "NoteOn_", "note-off": "NoteOff_", "time shift": "TimeShift_", "Start": "Start",
                    "End": "End"}
     position_type = "time shift"
+    version = 2
+    sampling_defaults = {"temperature": 0.6, "top_p": 1.0}  # the paper's groove samples
 
     def __init__(self, programs: dict[str, int] | None = None, other_seed: int | None = None):
         self.programs = {"bass": 33, "other": 0, **(programs or {})}

@@ -62,6 +62,8 @@ class RemiTokenizer(Tokenizer):
     token_types = {"Bar": "Bar_", "Beat": "Beat_", "Chord": "Chord_", "Tempo": "Tempo_", "Pitch": "Note_Pitch_",
                    "Velocity": "Note_Velocity_", "Duration": "Note_Duration_", "EOS": "EOS_"}
     position_type = "Beat"
+    version = 2
+    sampling_defaults = {"temperature": 1.2, "top_p": 0.9}  # the paper's pop samples
 
     def __init__(self, beat_resolution: int = 4, pitch_range: tuple[int, int] = (22, 107),
                  velocity_range: tuple[int, int, int] = (40, 86, 2), max_duration: int = 16,
@@ -306,7 +308,7 @@ class RemiTokenizer(Tokenizer):
         return _nearest(np.array(self.tempos, dtype=np.float64), bpm)
 
     # ------------------------------------------------------------------ decode
-    def decode(self, ids) -> miditoolkit.MidiFile:
+    def decode(self, ids, meta=None) -> miditoolkit.MidiFile:
         """A piano MIDI file at 480 ticks per beat, with chords as markers and every Tempo as a tempo
         change, that `encode` reads back to the same ids (for every sequence the grammar accepts).
 

@@ -382,7 +382,7 @@ class GrooveTokenizer(Tokenizer):
     @staticmethod
     def _meta(parsed: Parsed, roles: Roles, other: list[Part]) -> dict[str, Any]:
         """What `decode` needs to give the trio back its sound: programs, names, tempo changes."""
-        tempos = [[int(round_half_even(UNITS_PER_BEAT * tick, parsed.tpq)), round(qpm, 4)]
+        tempos = [[int(round_half_even(UNITS_PER_BEAT * tick, parsed.tpq)), round(qpm, 2)]
                   for tick, qpm in parsed.tempos]
         tempos = [t for i, t in enumerate(tempos) if i + 1 == len(tempos) or tempos[i + 1][0] != t[0]]
         if not tempos or tempos[0][0] > 0:  # MIDI's default until the first tempo event

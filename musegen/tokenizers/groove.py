@@ -22,7 +22,9 @@ out), as the reference's decoder. Zero-length notes are kept.
 
 Reading a file (`read_parts`) follows MusPy 0.3.0: one part per (MIDI track, channel, program),
 note_offs close the oldest note_on of their channel and pitch, notes still sounding at the end
-of their track end there. Track roles (`assign_roles`):
+of their track end there. Where merged parts make notes of one track and pitch cross, they are
+paired first in, first out before encoding (`crossing_notes` in the report), so that the ids
+decode to the notes they came from. Track roles (`assign_roles`):
 - Groove2Groove layout (every track with notes named `BB Bass`, `BB Drums`, `BB Guitar`,
   `BB Piano` or `BB Strings`): roles by name, same names merged, and the 2-bar count-in these
   files start with is dropped (notes whose onset rounds before bar 3 are left out);
@@ -355,15 +357,15 @@ class GrooveTokenizer(Tokenizer):
             offset = round_half_even(UNITS_PER_BEAT * notes[:, 1], parsed.tpq)
             rows.append(np.stack([np.full_like(onset, track), notes[:, 2], onset, offset], 1))
             velocities.append(notes[:, 3])
-        notes = np.concatenate(rows)
+        notes, velocities, crossing = _pair_in_order(np.concatenate(rows), np.concatenate(velocities))
         if not len(notes):
             raise MidiError(f"{parsed.name}: no notes after the count-in")
         if notes[:, 3].max() // BAR >= MAX_BARS:  # e.g. a huge delta-time: millions of time shifts
             raise MidiError(f"{parsed.name}: longer than {MAX_BARS} bars, not a piece of music")
         left_out = len(roles.harmonic) - bool(other)
-        return notes, np.concatenate(velocities), {
-            "meta": self._meta(parsed, roles, other),
-            "notes": int(len(notes)), "count_in_notes": dropped, "tracks_left_out": left_out}
+        return notes, velocities, {
+            "meta": self._meta(parsed, roles, other), "notes": int(len(notes)), "count_in_notes": dropped,
+            "crossing_notes": crossing, "tracks_left_out": left_out}
 
     def encode(self, source: str | os.PathLike | bytes) -> Encoding:
         notes, velocities, report = self.trio(source)
@@ -478,6 +480,21 @@ class GrooveTokenizer(Tokenizer):
         notes, ties = decode_events(_as_ids(ids, self.vocab_size))
         keep = ~np.isin(notes[:, 0], list(tracks))
         return serialize(notes[keep], ties[keep])
+
+
+def _pair_in_order(notes: np.ndarray, velocities: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """The notes with, per track and pitch, the k-th onset ending at the k-th offset: what
+    decoding gives back (first in, first out). This changes nothing unless notes of one track
+    and pitch cross, which only merged parts can do (one MIDI channel is read first in, first
+    out already); then the reference's order would not decode to its own notes, and this one
+    does. Returns the notes, their velocities (they stay with their onsets) and how many
+    offsets moved."""
+    slot = notes[:, 0] * N_PITCH + notes[:, 1]
+    by_onset = np.lexsort((velocities, notes[:, 3], notes[:, 2], slot))
+    by_offset = np.lexsort((notes[:, 3], slot))
+    paired = notes[by_onset].copy()
+    paired[:, 3] = notes[by_offset, 3]
+    return paired, velocities[by_onset], int((paired[:, 3] != notes[by_onset, 3]).sum())
 
 
 def serialize(notes: np.ndarray, tiebreak: np.ndarray | None = None) -> np.ndarray:

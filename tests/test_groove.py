@@ -424,6 +424,16 @@ def test_bad_input_is_a_one_line_midi_error(data, message):
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
+def test_a_zero_tempo_event_is_ignored():
+    import mido
+
+    midi = mido.MidiFile(file=io.BytesIO(midi_bytes([PIANO, DRUMS, BASS], tempos=[(90, 0)])))
+    midi.tracks[0].insert(1, mido.MetaMessage("set_tempo", tempo=0, time=0))  # a fuzzed file's
+    buffer = io.BytesIO()
+    midi.save(file=buffer)
+    assert TOK.encode(buffer.getvalue()).report["meta"]["tempos"] == [[0, 90.0]]
+
+
 def test_pop909_piano_songs_are_refused_for_lack_of_drums(pop909_songs):
     with pytest.raises(MidiError, match="no drum track"):
         TOK.encode(pop909_songs[0])

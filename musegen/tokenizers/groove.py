@@ -192,7 +192,7 @@ def _track_parts(track, parsed: Parsed, named: bool) -> list[Part]:
                 found.setdefault((programs[msg.channel], msg.channel), []).append((onset, time, msg.note, velocity))
         elif kind == "program_change":
             programs[msg.channel] = msg.program
-        elif kind == "set_tempo":
+        elif kind == "set_tempo" and msg.tempo > 0:  # 0 microseconds per beat: no tempo at all
             parsed.tempos.append((time, mido.tempo2bpm(msg.tempo)))
         elif kind == "time_signature":
             parsed.time_signatures.append((time, msg.numerator, msg.denominator))

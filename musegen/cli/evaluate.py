@@ -19,19 +19,31 @@ def style(
                                              "(a single file is the reference for everything)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Folder for style.csv and style.png "
                                                                  "(default: the generated folder)."),
-    segments: int = typer.Option(4, min=1, help="Equal-duration segments the continuation is cut into."),
+    segments: str = typer.Option("4", help="Equal-duration segments the continuation is cut into (1..64)."),
+    other: str = typer.Option("busiest", help="Accompaniment role: the busiest harmonic track (as the paper) "
+                                              "or all of them merged."),
+    baselines: bool = typer.Option(False, help="Also score each reference's own later bars (ceiling) and "
+                                               "another style's reference (floor)."),
 ):
     """Time-pitch and onset-duration style similarity per track and segment (paper Fig. 5)."""
-    from musegen.metrics.style import evaluate_style
+    from musegen.metrics.style import check_segments, evaluate_style
 
+    n_segments = check_segments(segments)
     out = out or generated
-    result = evaluate_style(generated, reference, out / "style.csv", out / "style.png", segments)
+    result = evaluate_style(generated, reference, out / "style.csv", out / "style.png", n_segments, other, baselines)
     typer.echo(f"{result['pieces']} pieces scored" + (f", {len(result['unmatched'])} without a reference: "
                                                       f"{', '.join(result['unmatched'][:5])}" if result["unmatched"] else ""))
-    for metric, values in result["medians"].items():
-        typer.echo(f"  {metric:15s} median per segment: "
-                   + "  ".join("-" if math.isnan(v) else f"{v:.2f}" for v in values))
-    typer.echo(f"wrote {out / 'style.csv'} and {out / 'style.png'}")
+    for name, reason in list(result["skipped"].items())[:5]:
+        typer.echo(f"  skipped {name}: {reason}")
+    if len(result["skipped"]) > 5:
+        typer.echo(f"  ... and {len(result['skipped']) - 5} more skipped")
+    tables = {"model": result} | {kind: part for kind, part in result.get("baselines", {}).items()}
+    for label, table in tables.items():
+        for metric, values in table["medians"].items():
+            typer.echo(f"  {label:8s} {metric:15s} median (empty) per segment: " + "  ".join(
+                "-" if math.isnan(v) else f"{v:.2f} ({e:.0%})" for v, e in zip(values, table["empty"][metric])))
+    typer.echo(f"wrote {out / 'style.csv'} and {out / 'style.png'}"
+               + (f" and {out / 'style_baselines.csv'}" if baselines else ""))
 
 
 @evaluate_app.command("loss")

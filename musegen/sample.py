@@ -174,8 +174,13 @@ def prompt_from_ids(tokenizer: Tokenizer, ids, bars: int | None = None, report: 
     content = _content_end(grammar, ids, states)
     starts = tokenizer.bar_starts(ids[:content])
     whole = len(starts) if bars is None else min(bars, len(starts))
-    cut = starts[whole] if whole < len(starts) else content
-    opened, state, closed = _reopen(grammar, ids[:cut], states[cut])
+    if whole < len(starts):  # cut at a bar line: time moves to it, and what sounds ends there
+        kept = ids[:starts[whole]]
+        kept += tokenizer.to_bar_line(states[starts[whole]], whole)
+        state = grammar.states(kept[starts[whole]:], states[starts[whole]])[-1]
+    else:
+        kept, state = ids[:content], states[content]
+    opened, state, closed = _reopen(grammar, kept, state)
     report = dict(report or {})
     piece = tokenizer.decode(closed, report.get("meta"))
     if not any(inst.notes for inst in piece.instruments):

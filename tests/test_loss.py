@@ -114,7 +114,7 @@ TEST_PIECE = ["Bar_None", "Beat_0", "Chord_N_N", "Tempo_119"] + NOTE + ["Beat_4"
 
 def test_position_tokens_are_conditioned_on_the_previous_position_in_their_bar():
     from musegen.metrics.loss import BAR_START, token_contexts
-    from musegen.tokenizers.groove import NOTE_OFF, TIME_SHIFT, GrooveTokenizer, note_on_id, serialize
+    from musegen.tokenizers.groove import NOTE_OFF, GrooveTokenizer, note_on_id, serialize, shift_id
     from musegen.tokenizers.remi import RemiTokenizer
 
     tok = RemiTokenizer()
@@ -127,11 +127,11 @@ def test_position_tokens_are_conditioned_on_the_previous_position_in_their_bar()
 
     groove = GrooveTokenizer()
     ids = serialize(np.array([[1, 40, 0, 12], [1, 40, 12, 60]]))  # a bass note over the bar line
-    shift = lambda units: TIME_SHIFT + units - 1
-    assert ids.tolist() == [792, note_on_id(1, 40), shift(12), NOTE_OFF + 40, note_on_id(1, 40), shift(24),
-                            shift(12), shift(12), NOTE_OFF + 40, 793]
+    # a time shift names tick t of the beat b beats ahead: (1, 0) to beat 1, then (2, 0) twice to beat 5
+    assert ids.tolist() == [793, note_on_id(1, 40), shift_id(1, 0), NOTE_OFF + 40, note_on_id(1, 40),
+                            shift_id(2, 0), shift_id(2, 0), NOTE_OFF + 40, 792]
     ctx = token_contexts(groove, ids)
-    assert ctx[[2, 5, 6, 7]].tolist() == [BAR_START, shift(12), shift(24), BAR_START]  # 7 is in bar 1
+    assert ctx[[2, 5, 6]].tolist() == [BAR_START, shift_id(1, 0), BAR_START]  # 6 reaches bar 1
 
 
 def test_baselines_match_counts_worked_out_by_hand():

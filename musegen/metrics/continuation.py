@@ -59,7 +59,8 @@ from ..io import read_json, write_json, write_text
 from ..plots import pyplot, save_png
 from ..shard_midi import piece_stem
 from ..tokenizers.base import Tokenizer
-from .style import Notes, cosine, profiles, track_role
+from ..tokenizers.groove import Part, assign_roles
+from .style import Notes, cosine, profiles
 
 BEATS_PER_BAR = 4
 STEPS_PER_BEAT = 4  # 16th notes
@@ -69,27 +70,30 @@ QUARTERS = 4
 
 @dataclass
 class NoteTable:
-    """The notes of a piece, times in beats, with the role of each note's track."""
+    """The notes of a piece, times in beats (exact: ticks / tpq), with the role of each note's track."""
 
     start: np.ndarray
     end: np.ndarray
     pitch: np.ndarray
-    role: np.ndarray  # "bass" | "drums" | "other" (style.track_role)
+    role: np.ndarray  # "bass" | "drums" | "other"
+    tpq: int = 480  # the ticks per beat the times came from (style bins are counted in ticks)
 
     @classmethod
-    def from_midi(cls, midi: miditoolkit.MidiFile) -> "NoteTable":
-        rows = [(n.start, n.end, n.pitch, track_role(inst.is_drum, inst.program))
-                for inst in midi.instruments for n in inst.notes]
-        tpb = float(midi.ticks_per_beat)
+    def from_midi(cls, midi: miditoolkit.MidiFile, by_role: bool = True) -> "NoteTable":
+        """`by_role`: find each track's role (bass, drums, other) as the groove tokenizer does;
+        otherwise the piece is one pitched stream ("other", drums "drums")."""
+        roles = instrument_roles(midi.instruments, by_role)
+        rows = [(n.start, n.end, n.pitch, role) for inst, role in zip(midi.instruments, roles) for n in inst.notes]
+        tpb = int(midi.ticks_per_beat)
         return cls(np.array([r[0] for r in rows], dtype=np.float64) / tpb,
                    np.array([r[1] for r in rows], dtype=np.float64) / tpb,
-                   np.array([r[2] for r in rows], dtype=np.int64), np.array([r[3] for r in rows], dtype=object))
+                   np.array([r[2] for r in rows], dtype=np.int64), np.array([r[3] for r in rows], dtype=object), tpb)
 
     def __len__(self) -> int:
         return len(self.start)
 
     def select(self, keep: np.ndarray) -> "NoteTable":
-        return NoteTable(self.start[keep], self.end[keep], self.pitch[keep], self.role[keep])
+        return NoteTable(self.start[keep], self.end[keep], self.pitch[keep], self.role[keep], self.tpq)
 
     def pitched(self) -> "NoteTable":
         return self.select(self.role != "drums")
@@ -212,7 +216,21 @@ def style_metrics(notes: NoteTable, first_bar: int, bars: int,
 
 
 def _style_notes(notes: NoteTable) -> Notes:
-    return Notes(notes.start, notes.end - notes.start, notes.pitch)
+    start = np.rint(notes.start * notes.tpq).astype(np.int64)  # back to the exact ticks
+    return Notes(notes.tpq, start, np.rint(notes.end * notes.tpq).astype(np.int64) - start, notes.pitch)
+
+
+def instrument_roles(instruments: list, by_role: bool = True) -> list[str]:
+    """The role of each instrument, by the groove tokenizer's rules (`musegen.tokenizers.groove`:
+    track names, else programs, else the lowest track), or with `by_role` False one pitched stream
+    ("other", drums "drums"), so that a piano's several tracks are never split into roles."""
+    if not by_role:
+        return ["drums" if inst.is_drum else "other" for inst in instruments]
+    parts = [Part(inst.name, inst.program, inst.is_drum, np.ones((len(inst.notes), 4), dtype=np.int64))
+             for inst in instruments]
+    roles = assign_roles(parts)
+    role_of = {id(p): role for role, group in (("bass", roles.bass), ("drums", roles.drums)) for p in group}
+    return [role_of.get(id(p), "other") for p in parts]
 
 
 def measure(notes: NoteTable, first_bar: int, bars: int, prompt_classes: np.ndarray,
@@ -272,7 +290,7 @@ def usable_pieces(tokenizer: Tokenizer, names: list[str], pieces: list[np.ndarra
     usable, skipped = [], {}
     for name, ids in zip(names, pieces):
         try:
-            notes = NoteTable.from_midi(tokenizer.decode(ids))
+            notes = NoteTable.from_midi(tokenizer.decode(ids), by_role=bool(tokenizer.roles))
         except TokenError as exc:
             skipped[name] = f"cannot decode: {str(exc).splitlines()[0]}"
             continue
@@ -293,9 +311,9 @@ def continue_piece(model, tokenizer: Tokenizer, piece: Piece, floor: Piece | Non
                    samples_dir: Path) -> dict[str, Any]:
     """Sample one piece's continuations, write them as MIDI, and measure them beside the real span
     and the floor: the piece's record for pieces.jsonl."""
-    from ..sample import Prompt, SampleSettings, generate, write_samples
+    from ..sample import SampleSettings, generate, prompt_from_ids, write_samples
 
-    prompt = Prompt(piece.ids[:tokenizer.bar_starts(piece.ids)[piece.span_start]])
+    prompt = prompt_from_ids(tokenizer, piece.ids, bars=piece.span_start, source=piece.name)
     seed = settings.seed + index
     sample_settings = SampleSettings(bars=settings.bars, num_samples=settings.samples_per_piece, seed=seed,
                                      temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k)
@@ -306,7 +324,7 @@ def continue_piece(model, tokenizer: Tokenizer, piece: Piece, floor: Piece | Non
     model_values, errors = [], 0
     for sample in samples:
         try:
-            notes = NoteTable.from_midi(tokenizer.decode(sample.ids))
+            notes = NoteTable.from_midi(tokenizer.decode(sample.ids), by_role=bool(tokenizer.roles))
         except TokenError:
             errors += 1
             continue

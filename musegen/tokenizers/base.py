@@ -121,6 +121,9 @@ class Tokenizer(abc.ABC):
     augmentation: ClassVar[dict[str, Any]] = {}
     # Where training crops start under `crop=auto`: a "random" window or the piece's "start".
     default_crop: ClassVar[str] = "random"
+    # The roles its tracks play (e.g. bass, drums, other), which evaluation scores one by one;
+    # () for a single stream of notes.
+    roles: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -195,6 +198,13 @@ class Tokenizer(abc.ABC):
         is the piece before bar b. A bar is listed once a token of it is there, so the list
         grows as a sampler writes. The sampler relies on this, and on the grammar closing
         ids[:starts[b]] as a piece of b bars (`Grammar.close`)."""
+
+    def to_bar_line(self, state, bar: int) -> list[int]:
+        """Tokens to append to a piece cut where bar `bar` starts (`ids[:bar_starts(...)[bar]]`,
+        whose grammar state is `state`) so that time stands at that bar line with nothing
+        sounding from before it, and a continuation begins exactly at the bar. None are needed
+        where the grammar's closing already does it (REMI's Bar)."""
+        return []
 
     @abc.abstractmethod
     def settings(self) -> dict[str, Any]:

@@ -316,6 +316,7 @@ class GrooveTokenizer(Tokenizer):
     kind = "groove"
     augmentation = {"max_shift": 5, "max_skip_bars": 4, "track_dropout": 0.2}  # drums never transposed
     default_crop = "start"  # sequences cut to the first N tokens, as in the paper (bar skips vary them)
+    roles = ("bass", "drums", "other")
     token_types = {"note-on": "NoteOn_", "note-off": "NoteOff_", "time shift": "TimeShift_", "Start": "Start",
                    "End": "End"}
     position_type = "time shift"
@@ -454,6 +455,14 @@ class GrooveTokenizer(Tokenizer):
             starts.append(int(np.searchsorted(times[:end], bar * BAR, side="left")))
             bar += 1
         return starts
+
+    def to_bar_line(self, state: "GrooveState", bar: int) -> list[int]:
+        """Appended to a piece cut where bar `bar` starts (`ids[:bar_starts[bar]]`, in grammar state
+        `state`): the tokens that move time to that bar line and end there every note still
+        sounding, so a continuation begins exactly at the bar."""
+        if state.phase != 1 or state.last != AFTER_EVENT:
+            return []
+        return self.grammar().release_at(state, bar * BAR)
 
     def transpose(self, ids, shift: int) -> np.ndarray | None:
         """Bass and other moved by `shift` semitones, drums untouched; None if a pitch leaves
@@ -733,12 +742,24 @@ class GrooveGrammar(Grammar):
         time when the order allows, else one unit later."""
         if not self.can_close(state):
             raise TokenError("the piece cannot be closed here (not started, or right after a time shift)")
-        notes = sorted((onset, slot % N_PITCH, rank, slot) for slot, queue in state.sounding.items()
-                       for onset, rank in queue)
+        notes = self._sounding(state)
         now = state.mode == OFFS and (not notes or notes[0][:2] >= state.key)
-        time = state.time if now or not notes else state.time + 1
+        return self.release_at(state, state.time if now or not notes else state.time + 1) + [END]
+
+    @staticmethod
+    def _sounding(state: GrooveState) -> list[tuple]:
+        """(onset, pitch, rank, slot) of every sounding note, in the order their note_offs come."""
+        return sorted((onset, slot % N_PITCH, rank, slot) for slot, queue in state.sounding.items()
+                      for onset, rank in queue)
+
+    def release_at(self, state: GrooveState, time: int) -> list[int]:
+        """The tokens that end every sounding note at `time` (shifts there, then the note_offs in
+        canonical order); with nothing sounding, the shifts to `time` alone."""
+        notes = self._sounding(state)
+        if not notes:
+            return shifts_between(state.time, time) if time > state.time else []
         tokens, cursor = [], state.time
         for *_, slot in notes:
             tokens += shifts_between(cursor, time) + [NOTE_OFF + slot]
             cursor = time
-        return tokens + [END]
+        return tokens

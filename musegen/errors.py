@@ -32,3 +32,7 @@ class DataError(MusegenError):
 
 class TrainingError(MusegenError):
     """A run that cannot go on, e.g. its loss kept coming out non-finite."""
+
+
+class DiskFullError(MusegenError):
+    """No space left where musegen was writing; the file under its final name is unchanged."""

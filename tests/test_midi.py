@@ -1,10 +1,16 @@
-"""MIDI loading: real files parse, bad files give one-line MidiErrors."""
+"""MIDI loading: real files parse; bad, extreme or odd files give one-line MidiErrors."""
+
+import os
+import struct
 
 import miditoolkit
 import pytest
+import symusic
 
+import extreme
 from musegen.errors import MidiError
-from musegen.midi import find_midi_files, load_score
+from musegen.midi import MAX_BEATS, MAX_MIDI_BYTES, find_midi_files, load_score, track_end_ticks
+from musegen.tokenizers.base import MAX_BARS
 
 
 def test_loads_real_pop909_song(pop909_songs):
@@ -51,3 +57,81 @@ def test_find_midi_files(tmp_path):
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "a.mid").write_bytes(b"MThd")
     assert find_midi_files(tmp_path) == [tmp_path / "sub" / "a.mid"]
+
+
+# ---- bounds: the time a file reaches is summed exactly, before the 32-bit parser sees it --------------
+
+def test_the_beat_bound_is_the_tokenizers_bar_bound():
+    assert MAX_BEATS == 4 * MAX_BARS
+
+
+def test_track_end_ticks_are_exact_past_32_bits():
+    """Where symusic's 32-bit ticks wrap (the note at 2^32 + 480 lands at tick 480 or vanishes),
+    the scan gives the exact tick."""
+    assert track_end_ticks(extreme.deltas_past_2_32()) == [2**32 + 4 * 480 + 480]
+    assert track_end_ticks(extreme.deltas_past_2_31()) == [2**31 + 4 * 480 + 480]
+    assert track_end_ticks(extreme.tpq1_long_note()) == [10**6]
+    wrapped = symusic.Score.from_midi(extreme.deltas_past_2_32())
+    assert wrapped.end() < 2**31  # (what the parser alone would have let through)
+    ends = track_end_ticks(extreme.thousand_tracks())
+    assert len(ends) == 1000 and max(ends) == 63 * 240 + 480
+
+
+@pytest.mark.parametrize("case", ["tpq1_long_note", "note_million_beats", "deltas_past_2_31", "deltas_past_2_32",
+                                  "long_note_past_2_32", "far_marker", "far_tempo"])
+def test_events_past_the_bound_are_refused_in_one_line(case):
+    with pytest.raises(MidiError, match=r"events reach beat [\d,]+; musegen reads at most 40,000 beats"):
+        load_score(extreme.MIDI_CASES[case]())
+
+
+def test_events_up_to_the_bound_are_read():
+    score = load_score(extreme.note_39000_beats())
+    assert score.tpq == 32767 and score.end() == 32767 * (4 + 39_000)
+    assert load_score(extreme.marker_within_limit()).markers[0].time == 480 * (8 + 39_000)
+    exactly = extreme.smf([extreme.track([(0, extreme.on(60))] + extreme.after(MAX_BEATS, extreme.off(60)))], 1)
+    assert load_score(exactly).end() == MAX_BEATS
+    with pytest.raises(MidiError, match="beat 40,001"):
+        load_score(extreme.smf([extreme.track([(0, extreme.on(60)), (MAX_BEATS + 1, extreme.off(60))])], 1))
+
+
+def test_smpte_division_and_oversized_input_are_refused(tmp_path):
+    with pytest.raises(MidiError, match="SMPTE time division"):
+        load_score(extreme.division_65535())
+    big = tmp_path / "big.mid"
+    with open(big, "wb") as f:
+        f.write(extreme.tpq1_melody())
+        f.truncate(MAX_MIDI_BYTES + 1)
+    with pytest.raises(MidiError, match=r"16,777,217 bytes, more than the 16,777,216"):
+        load_score(big)
+
+
+@pytest.mark.parametrize("make, reason", [
+    (lambda p: os.mkfifo(p / "f.mid") or p / "f.mid", "is a FIFO (named pipe), not a MIDI file"),
+    (lambda p: (p / "z.mid").symlink_to("/dev/zero") or p / "z.mid", "is a character device, not a MIDI file"),
+    (lambda p: (p / "l.mid").symlink_to(p / "l.mid") or p / "l.mid", "symbolic link loop"),
+    (lambda p: (p / "b.mid").symlink_to(p / "gone.mid") or p / "b.mid", "no such file (a broken symbolic link)"),
+])
+def test_what_is_not_a_regular_file_is_refused_without_blocking(tmp_path, make, reason):
+    with pytest.raises(MidiError) as info:
+        load_score(make(tmp_path))  # (a FIFO opened the ordinary way would block here for ever)
+    assert reason in str(info.value)
+
+
+def test_find_midi_files_lists_odd_entries_for_the_reader_to_refuse(tmp_path):
+    (tmp_path / "d.mid").mkdir()  # a folder with a MIDI name: looked into, not listed
+    (tmp_path / "d.mid" / "a.mid").write_bytes(b"MThd")
+    os.mkfifo(tmp_path / "f.mid")
+    (tmp_path / "loop.midi").symlink_to(tmp_path / "loop.midi")
+    (tmp_path / "notes.txt").write_text("no")
+    names = [p.relative_to(tmp_path).as_posix() for p in find_midi_files(tmp_path)]
+    assert names == ["d.mid/a.mid", "f.mid", "loop.midi"]
+
+
+def test_header_says_ticks_per_beat_and_an_error_names_a_non_utf8_file_printably(tmp_path):
+    path = os.fsencode(tmp_path) + b"/\xff.mid"
+    with open(path, "wb") as f:
+        f.write(b"hello")
+    with pytest.raises(MidiError) as info:
+        load_score(os.fsdecode(path))
+    assert str(info.value).endswith("\\xff.mid: not a MIDI file (no MThd header)")
+    assert struct.unpack(">H", extreme.tpq_max_melody()[12:14])[0] == load_score(extreme.tpq_max_melody()).tpq

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .errors import CheckpointError, DataError, MusegenError
-from .io import atomic_path, read_json, write_json
+from .io import atomic_path, read_head, read_json, write_json
 from .tokenizers.base import Tokenizer, load_tokenizer
 
 FORMAT, VERSION = "musegen-shards", 1
@@ -100,6 +100,7 @@ class Shards:
         entry = self._split(split)
         if split not in self._cache:
             path = self.folder / entry.get("file", f"{split}.npy")  # (older folders: one name per split)
+            read_head(path, 8, "shard file", DataError)  # a FIFO or device would block or never end
             try:
                 self._cache[split] = np.load(path, mmap_mode="r", allow_pickle=False)
             except (OSError, ValueError) as exc:

@@ -14,18 +14,10 @@ import random
 import struct
 from typing import Callable, Iterable
 
+from fuzz import vlq
+
 VLQ_MAX = 2**28 - 1  # four 7-bit groups: the largest delta-time a MIDI file can state
 Event = tuple[int, bytes]  # (delta-time in ticks, event bytes)
-
-
-def vlq(n: int) -> bytes:
-    """MIDI variable-length quantity (7 bits per byte, high bit = more follows)."""
-    out = [n & 0x7F]
-    n >>= 7
-    while n:
-        out.append(0x80 | (n & 0x7F))
-        n >>= 7
-    return bytes(reversed(out))
 
 
 def track(events: Iterable[Event]) -> bytes:

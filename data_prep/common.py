@@ -20,7 +20,7 @@ from tqdm import tqdm
 from musegen.errors import MusegenError
 from musegen.io import printable
 from musegen.shards import write_shards
-from musegen.tokenizers.base import Tokenizer, tokenizer_from_dict
+from musegen.tokenizers.base import Encoding, Tokenizer, tokenizer_from_dict
 
 FILE_TIME_LIMIT_S = 60  # a pathological file is skipped, never allowed to stall the batch
 
@@ -50,11 +50,21 @@ def group_split(group: str, fractions: dict[str, float], salt: str = "musegen") 
 
 
 _worker_tokenizer: Tokenizer | None = None
+Encoder = Callable[[Tokenizer, Item], Encoding]  # how a corpus turns one item into tokens
 
 
-def _init_worker(tokenizer_dict: dict[str, Any]) -> None:
-    global _worker_tokenizer
+def encode_file(tokenizer: Tokenizer, item: Item) -> Encoding:
+    """The default: the item's file, encoded as it is."""
+    return tokenizer.encode(item.path)
+
+
+_worker_encode: Encoder = encode_file
+
+
+def _init_worker(tokenizer_dict: dict[str, Any], encode: Encoder) -> None:
+    global _worker_tokenizer, _worker_encode
     _worker_tokenizer = tokenizer_from_dict(tokenizer_dict)
+    _worker_encode = encode
     # a broken pool stops its other workers with SIGTERM: they end quietly (the parent's handler,
     # inherited through fork, would unwind them with a traceback)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -69,7 +79,7 @@ def _encode_one(item: Item):
     signal.signal(signal.SIGALRM, _timeout)
     signal.alarm(FILE_TIME_LIMIT_S)
     try:
-        enc = _worker_tokenizer.encode(item.path)
+        enc = _worker_encode(_worker_tokenizer, item)
         return item, enc.ids, enc.report, None
     except MusegenError as exc:
         return item, None, None, printable(str(exc).splitlines()[0])
@@ -81,9 +91,10 @@ def _encode_one(item: Item):
         signal.alarm(0)
 
 
-def encode_items(tokenizer: Tokenizer, items: list[Item], workers: int | None = None,
-                 desc: str = "encoding") -> tuple[list[tuple[Item, Any, dict]], list[tuple[str, str]]]:
-    """Encode `items` on `workers` processes. Returns (encoded, skipped) in input order.
+def encode_items(tokenizer: Tokenizer, items: list[Item], workers: int | None = None, desc: str = "encoding",
+                 encode: Encoder = encode_file) -> tuple[list[tuple[Item, Any, dict]], list[tuple[str, str]]]:
+    """Encode `items` on `workers` processes with `encode` (a module-level function).
+    Returns (encoded, skipped) in input order.
 
     A worker that dies (the out-of-memory killer, a signal) breaks its pool: the files it may
     have held are retried one at a time, and the one that kills its worker again is skipped."""
@@ -92,8 +103,9 @@ def encode_items(tokenizer: Tokenizer, items: list[Item], workers: int | None = 
     queue = items[::-1]  # popped from the end: input order
     with tqdm(total=len(items), desc=desc, unit="file") as progress:
         while queue:
-            for suspect in _encode_in_pool(tokenizer, queue, workers, results, progress):
-                if _encode_in_pool(tokenizer, [suspect], 1, results, progress):
+            setup = (tokenizer.to_dict(), encode)
+            for suspect in _encode_in_pool(setup, queue, workers, results, progress):
+                if _encode_in_pool(setup, [suspect], 1, results, progress):
                     results[suspect.name] = (suspect, None, None, f"{printable(suspect.path)}: the process encoding "
                                              "it was killed (out of memory?), skipped")
                     progress.update(1)
@@ -102,13 +114,14 @@ def encode_items(tokenizer: Tokenizer, items: list[Item], workers: int | None = 
             [(item.name, error) for item, _, _, error in ordered if error is not None])
 
 
-def _encode_in_pool(tokenizer: Tokenizer, queue: list[Item], workers: int, results: dict[str, tuple],
+def _encode_in_pool(setup: tuple, queue: list[Item], workers: int, results: dict[str, tuple],
                     progress) -> list[Item]:
     """Encode items popped from `queue` into `results` until it is empty, or until a worker dies:
-    then return the items that were in flight (one of them killed it), else []."""
+    then return the items that were in flight (one of them killed it), else []. `setup`: the
+    workers' (tokenizer dict, encoder)."""
     ctx = mp.get_context("fork") if hasattr(os, "fork") else mp.get_context()
     with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
-                             initargs=(tokenizer.to_dict(),)) as pool:
+                             initargs=setup) as pool:
         running: dict[Future, Item] = {}
         while queue or running:
             while queue and len(running) < 2 * workers:  # a few queued: workers never wait for work
@@ -140,14 +153,15 @@ def prepare(tokenizer: Tokenizer, items: list[Item], out: str | os.PathLike,
             fractions: dict[str, float], workers: int | None = None,
             extra_report: dict[str, Any] | None = None,
             split_of: Callable[[str], str] | None = None,
-            skipped_before: Iterable[tuple[str, str]] = ()) -> dict[str, Any]:
+            skipped_before: Iterable[tuple[str, str]] = (), encode: Encoder = encode_file) -> dict[str, Any]:
     """Encode, split by group, write shards; return the summary that is also stored in the index.
 
     `split_of(group)` overrides the hashed split (for corpora that assign groups explicitly).
-    `skipped_before`: (name, reason) of inputs a corpus rejected before encoding; counted as skipped."""
+    `skipped_before`: (name, reason) of inputs a corpus rejected before encoding; counted as skipped.
+    `encode(tokenizer, item)`: how an item becomes tokens (default: its file as it is)."""
     split_of = split_of or (lambda group: group_split(group, fractions))
     skipped_before = list(skipped_before)
-    encoded, skipped = encode_items(tokenizer, items, workers)
+    encoded, skipped = encode_items(tokenizer, items, workers, encode=encode)
     skipped = skipped_before + skipped
     splits: dict[str, list] = {"train": [], **{s: [] for s in fractions}}
     for item, ids, _ in encoded:

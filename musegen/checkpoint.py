@@ -3,7 +3,8 @@
 A checkpoint folder holds:
 - `model.safetensors`: the weights (fp32, fp16 or bf16; cast to fp32 on load);
 - `config.json`: {"format", "version", "model": ModelConfig fields, "meta": free-form info};
-- `tokenizer.json`: the tokenizer that made the training tokens.
+- `tokenizer.json`: the tokenizer that made the training tokens, with its representation
+  version (a checkpoint of another version is refused: the model must be retrained).
 `musegen sample` needs nothing else. Training state for `--resume` lives beside these files
 and is the trainer's business.
 """
@@ -21,7 +22,7 @@ from safetensors.torch import load_file, save_file
 from .errors import CheckpointError, MusegenError
 from .io import atomic_path, printable, read_head, read_json, write_json
 from .model.config import ModelConfig
-from .tokenizers.base import Tokenizer, load_tokenizer
+from .tokenizers.base import RepresentationError, Tokenizer, load_tokenizer
 
 FORMAT = "musegen-checkpoint"
 VERSION = 1
@@ -104,7 +105,9 @@ def load_checkpoint(folder: str | os.PathLike, device: str | torch.device = "cpu
     folder = Path(folder)
     config, meta = read_checkpoint_config(folder)
     try:
-        tokenizer = load_tokenizer(folder / TOKENIZER)
+        tokenizer = load_tokenizer(folder / TOKENIZER, remedy="retrain the model")
+    except RepresentationError as exc:  # its own message says what to do
+        raise CheckpointError(str(exc)) from None
     except MusegenError as exc:
         raise CheckpointError(f"{folder}: bad tokenizer ({exc})") from None
     if tokenizer.vocab_size != config.vocab_size:

@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
-from .errors import DiskFullError, MusegenError
+from .errors import DiskFullError, InputFileError, MusegenError
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -42,7 +42,7 @@ def printable(text: str | os.PathLike) -> str:
 
 
 def read_input(path: str | os.PathLike, what: str = "file", max_bytes: int = MAX_JSON_BYTES,
-               error: type[MusegenError] = MusegenError) -> bytes:
+               error: type[MusegenError] = InputFileError) -> bytes:
     """The bytes of the regular file at `path`, or `error` with one line saying why not."""
     fd, size = _open_regular(path, what, error)
     with os.fdopen(fd, "rb") as f:
@@ -55,7 +55,7 @@ def read_input(path: str | os.PathLike, what: str = "file", max_bytes: int = MAX
 
 
 def read_head(path: str | os.PathLike, n: int, what: str = "file",
-              error: type[MusegenError] = MusegenError) -> bytes:
+              error: type[MusegenError] = InputFileError) -> bytes:
     """The first `n` bytes of the regular file at `path` (to check a format's signature)."""
     fd, _ = _open_regular(path, what, error)
     with os.fdopen(fd, "rb") as f:
@@ -91,8 +91,9 @@ def _open_failure(exc: OSError, what: str) -> str:
 
 
 def read_json(path: str | os.PathLike, max_bytes: int = MAX_JSON_BYTES) -> Any:
-    """Parse a JSON file: a one-line MusegenError for a file that is not a regular file or too big;
-    ValueError (as for any invalid JSON) for bad text or nesting deeper than MAX_JSON_DEPTH."""
+    """Parse a JSON file: InputFileError (a MusegenError and an OSError) for a file that is missing,
+    not a regular file or too big; ValueError (as for any invalid JSON) for bad text or nesting
+    deeper than MAX_JSON_DEPTH."""
     text = read_input(path, "JSON file", max_bytes).decode("utf-8")
     _check_depth(text)
     return json.loads(text)

@@ -3,12 +3,13 @@
 Parsing uses symusic (a C++ parser, far faster than mido-based readers). Callers get a
 `symusic.Score` in ticks, or a `MidiError` that says in one line what is wrong.
 
-Bounds, checked before anything is sized by the file's content:
-- size: at most MAX_MIDI_BYTES (16 MiB; real songs are tens of kB, whole symphonies a few MB);
-- time: every event (note ends, markers, tempo and other meta events) within MAX_BEATS beats,
-  the 10,000 bars of 4/4 that either tokenizer can write (`tokenizers.base.MAX_BARS`). Time is
-  summed here from the file's own delta-times in Python integers, because the parser keeps
-  ticks in 32 bits, where 2^31 turns negative and 2^32 wraps back to small, plausible times.
+Bounds, checked before the parser runs:
+- only a regular file is read (a FIFO would block, /dev/zero never end), of at most
+  MAX_MIDI_BYTES (16 MiB; real songs are tens of kB, whole symphonies a few MB);
+- every event lies before tick 2^31. symusic keeps ticks in 32 bits: past 2^31 they come back
+  negative, and past 2^32 they wrap to small, plausible times (a note moved onto the music,
+  without a word), so the ticks are summed here from the file's own delta-times, in Python
+  integers. How many bars a piece may have is each tokenizer's bound (10,000).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import os
 import struct
 from pathlib import Path
 
+import numpy as np
 import symusic
 
 from .errors import MidiError
@@ -24,11 +26,40 @@ from .io import printable, read_input
 
 MIDI_SUFFIXES = (".mid", ".midi", ".MID", ".MIDI")
 MAX_MIDI_BYTES = 16 * 2**20
-MAX_BEATS = 40_000  # 10,000 bars x 4 beats: the longest piece a tokenizer writes
+MAX_TICK = 2**31 - 1  # the parser's 32-bit tick counter
 
 
-def load_score(source: str | os.PathLike | bytes) -> symusic.Score:
-    """Parse a MIDI file (path or raw bytes) into a tick-based score that has at least one note."""
+def load_score(source: str | os.PathLike | bytes | symusic.Score) -> symusic.Score:
+    """Parse a MIDI file (path or raw bytes) into a tick-based score that has at least one note.
+    A score already in memory is checked the same way."""
+    return read_midi(source)[0]
+
+
+def read_midi(source: str | os.PathLike | bytes | symusic.Score) -> tuple[symusic.Score, int]:
+    """`load_score`, and the file's length as miditoolkit counts it (its `max_tick`): one past the
+    last event of any track, end-of-track events included. For a score in memory, one past its
+    last event."""
+    if isinstance(source, symusic.Score):
+        score = _checked(source, "<score>")
+        return score, _last_event(score) + 1
+    name, data = _midi_bytes(source)
+    try:
+        ends = _track_ends(data)
+    except (IndexError, ValueError):  # a track symusic may read leniently: its events are checked below
+        ends = []
+    if ends and max(ends) > MAX_TICK:
+        raise MidiError(f"{name}: events past tick 2^31 (tick {max(ends):,}), where the parser's 32-bit "
+                        "times wrap around")
+    try:
+        score = symusic.Score.from_midi(data)
+    except Exception as exc:  # the parser signals corruption with assorted exception types
+        raise MidiError(f"{name}: corrupt MIDI ({_first_line(exc)})") from None
+    score = _checked(score, name)
+    return score, (max(ends) if ends else _last_event(score)) + 1
+
+
+def _midi_bytes(source: str | os.PathLike | bytes) -> tuple[str, bytes]:
+    """(printable name, bytes) of a MIDI file that passes the size, header and division checks."""
     if isinstance(source, (bytes, bytearray)):
         name, data = "<bytes>", bytes(source)
         if len(data) > MAX_MIDI_BYTES:
@@ -43,92 +74,72 @@ def load_score(source: str | os.PathLike | bytes) -> symusic.Score:
     division = struct.unpack(">H", data[12:14])[0]
     if division & 0x8000:
         raise MidiError(f"{name}: SMPTE time division (frames per second); musegen needs ticks per beat")
-    if division == 0:
-        raise MidiError(f"{name}: invalid ticks-per-quarter 0")
-    _check_length(name, max(track_end_ticks(data), default=0), division)
-    try:
-        score = symusic.Score.from_midi(data)
-    except Exception as exc:  # the parser signals corruption with assorted exception types
-        raise MidiError(f"{name}: corrupt MIDI ({_first_line(exc)})") from None
-    if sum(len(t.notes) for t in score.tracks) == 0:
-        raise MidiError(f"{name}: contains no notes")
-    _check_parsed_times(name, score)
-    return score
+    return name, data
 
 
-def _check_length(name: str, last_tick: int, tpq: int) -> None:
-    if last_tick > MAX_BEATS * tpq:
-        raise MidiError(f"{name}: events reach beat {last_tick // tpq:,}; musegen reads at most "
-                        f"{MAX_BEATS:,} beats (10,000 bars of 4/4)")
-
-
-def _check_parsed_times(name: str, score: symusic.Score) -> None:
-    """The parser's own times must agree with the bound (a track the delta-time scan could not
-    follow to its end is checked here instead)."""
-    for track in score.tracks:
-        if not len(track.notes):
-            continue
-        notes = track.notes.numpy()
-        if notes["time"].min() < 0 or notes["duration"].min() < 0:
-            raise MidiError(f"{name}: note times past 2^31 ticks")
-    _check_length(name, int(score.end()), score.tpq)
-
-
-def track_end_ticks(data: bytes) -> list[int]:
-    """The tick of each MTrk chunk's last event before its end-of-track (exact Python integers).
-
-    A track that stops making sense (truncated, a malformed length) is followed as far as it
-    does; the parser then judges the file."""
-    ends, pos = [], 8 + struct.unpack(">I", data[4:8])[0]
+def _track_ends(data: bytes) -> list[int]:
+    """The tick of the last event of each track chunk, read from the raw bytes."""
+    ends = []
+    pos = 8 + int.from_bytes(data[4:8], "big")
     while pos + 8 <= len(data):
-        length = struct.unpack(">I", data[pos + 4:pos + 8])[0]
-        if data[pos:pos + 4] == b"MTrk":
-            ends.append(_track_end(data, pos + 8, min(len(data), pos + 8 + length)))
-        pos += 8 + length
+        kind, length = data[pos:pos + 4], int.from_bytes(data[pos + 4:pos + 8], "big")
+        pos += 8
+        stop = min(pos + length, len(data))
+        if kind == b"MTrk":
+            ends.append(_track_length(data, pos, stop))
+        pos = stop
     return ends
 
 
-def _track_end(data: bytes, i: int, end: int) -> int:
+def _track_length(data: bytes, i: int, stop: int) -> int:
+    """The sum of the delta times of the events in data[i:stop]."""
     tick, status = 0, 0
-    while i < end:
-        delta, i = _vlq(data, i, end)
-        if delta is None or i >= end:
-            break
+    while i < stop:
+        delta, i = _varlen(data, i)
+        tick += delta
         byte = data[i]
         if byte == 0xFF:  # meta event: type, length, data
-            if i + 1 >= end or data[i + 1] == 0x2F:
-                break  # the end-of-track's own delta is padding, no event
-            length, i = _vlq(data, i + 2, end)
-            if length is None:
-                break
+            length, i = _varlen(data, i + 2)
             i += length
         elif byte in (0xF0, 0xF7):  # sysex: length, data
-            length, i = _vlq(data, i + 1, end)
-            if length is None:
-                break
+            length, i = _varlen(data, i + 1)
             i += length
-        else:  # channel message, maybe under running status
-            if byte & 0x80:
+        else:
+            if byte & 0x80:  # a new status byte; otherwise the running status goes on
                 status, i = byte, i + 1
-            if not status:
-                break
-            i += 1 if 0xC0 <= status < 0xE0 else 2
-        tick += delta
+            i += 1 if (status & 0xF0) in (0xC0, 0xD0) else 2  # program, pressure: one data byte
     return tick
 
 
-def _vlq(data: bytes, i: int, end: int) -> tuple[int | None, int]:
-    """A variable-length quantity at `i` (at most 4 bytes): (value, next index), or None if malformed."""
+def _varlen(data: bytes, i: int) -> tuple[int, int]:
     value = 0
     for _ in range(4):
-        if i >= end:
-            return None, i
         byte = data[i]
         i += 1
         value = (value << 7) | (byte & 0x7F)
-        if not byte & 0x80:
+        if byte < 0x80:
             return value, i
-    return None, i
+    raise ValueError("variable-length quantity longer than 4 bytes")
+
+
+def _last_event(score: symusic.Score) -> int:
+    ends = [int((n["time"].astype(np.int64) + n["duration"]).max()) if len(n["time"]) else 0
+            for n in (t.notes.numpy() for t in score.tracks)]
+    ends += [e.time for events in (score.tempos, score.time_signatures, score.markers) for e in events]
+    return max(ends + [0])
+
+
+def _checked(score: symusic.Score, name: str) -> symusic.Score:
+    if score.tpq <= 0:
+        raise MidiError(f"{name}: invalid ticks-per-quarter {score.tpq}")
+    if sum(len(t.notes) for t in score.tracks) == 0:
+        raise MidiError(f"{name}: contains no notes")
+    times = [t.notes.numpy()["time"] for t in score.tracks] + [
+        np.array([e.time for e in events]) for events in (score.tempos, score.time_signatures, score.markers)]
+    durations = [t.notes.numpy()["duration"] for t in score.tracks]
+    if any(len(t) and t.min() < 0 for t in times + durations):
+        raise MidiError(f"{name}: events past tick 2^31 (read back as negative times)")
+    return score
 
 
 def find_midi_files(folder: str | os.PathLike) -> list[Path]:

@@ -9,8 +9,7 @@ import symusic
 
 import extreme
 from musegen.errors import MidiError
-from musegen.midi import MAX_BEATS, MAX_MIDI_BYTES, find_midi_files, load_score, track_end_ticks
-from musegen.tokenizers.base import MAX_BARS
+from musegen.midi import MAX_MIDI_BYTES, find_midi_files, load_score, read_midi
 
 
 def test_loads_real_pop909_song(pop909_songs):
@@ -61,37 +60,25 @@ def test_find_midi_files(tmp_path):
 
 # ---- bounds: the time a file reaches is summed exactly, before the 32-bit parser sees it --------------
 
-def test_the_beat_bound_is_the_tokenizers_bar_bound():
-    assert MAX_BEATS == 4 * MAX_BARS
-
-
-def test_track_end_ticks_are_exact_past_32_bits():
-    """Where symusic's 32-bit ticks wrap (the note at 2^32 + 480 lands at tick 480 or vanishes),
-    the scan gives the exact tick."""
-    assert track_end_ticks(extreme.deltas_past_2_32()) == [2**32 + 4 * 480 + 480]
-    assert track_end_ticks(extreme.deltas_past_2_31()) == [2**31 + 4 * 480 + 480]
-    assert track_end_ticks(extreme.tpq1_long_note()) == [10**6]
+def test_ticks_are_summed_exactly_and_refused_past_2_31():
+    """Where symusic's 32-bit ticks wrap (the note written at 2^32 + 1,920 lands on tick 1,920),
+    the file is refused, and the refusal names the exact tick summed from its delta-times."""
     wrapped = symusic.Score.from_midi(extreme.deltas_past_2_32())
-    assert wrapped.end() < 2**31  # (what the parser alone would have let through)
-    ends = track_end_ticks(extreme.thousand_tracks())
-    assert len(ends) == 1000 and max(ends) == 63 * 240 + 480
+    assert max(n.time for n in wrapped.tracks[0].notes) == 1920  # (what the parser alone gives)
+    with pytest.raises(MidiError, match=r"events past tick 2\^31 \(tick 4,294,969,696\)"):
+        load_score(extreme.deltas_past_2_32())
+    for case in ("deltas_past_2_31", "long_note_past_2_32"):
+        with pytest.raises(MidiError, match=r"events past tick 2\^31"):
+            load_score(extreme.MIDI_CASES[case]())
 
 
-@pytest.mark.parametrize("case", ["tpq1_long_note", "note_million_beats", "deltas_past_2_31", "deltas_past_2_32",
-                                  "long_note_past_2_32", "far_marker", "far_tempo"])
-def test_events_past_the_bound_are_refused_in_one_line(case):
-    with pytest.raises(MidiError, match=r"events reach beat [\d,]+; musegen reads at most 40,000 beats"):
-        load_score(extreme.MIDI_CASES[case]())
-
-
-def test_events_up_to_the_bound_are_read():
-    score = load_score(extreme.note_39000_beats())
-    assert score.tpq == 32767 and score.end() == 32767 * (4 + 39_000)
-    assert load_score(extreme.marker_within_limit()).markers[0].time == 480 * (8 + 39_000)
-    exactly = extreme.smf([extreme.track([(0, extreme.on(60))] + extreme.after(MAX_BEATS, extreme.off(60)))], 1)
-    assert load_score(exactly).end() == MAX_BEATS
-    with pytest.raises(MidiError, match="beat 40,001"):
-        load_score(extreme.smf([extreme.track([(0, extreme.on(60)), (MAX_BEATS + 1, extreme.off(60))])], 1))
+def test_long_files_below_2_31_ticks_are_read_with_their_exact_length():
+    """How many bars a piece may have is the tokenizers' business; the reader keeps the length."""
+    assert read_midi(extreme.tpq1_long_note())[1] == 10**6 + 1
+    assert read_midi(extreme.far_marker())[1] == 8 * 480 + extreme.VLQ_MAX + 1
+    score, length = read_midi(extreme.note_39000_beats())
+    assert score.tpq == 32767 and score.end() == length - 1 == 32767 * (4 + 39_000)
+    assert read_midi(extreme.thousand_tracks())[1] == 63 * 240 + 480 + 1
 
 
 def test_smpte_division_and_oversized_input_are_refused(tmp_path):

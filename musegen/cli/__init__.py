@@ -21,10 +21,11 @@ from ..io import is_disk_full, printable
 app = typer.Typer(
     name="musegen",
     help="Long-context symbolic music generation: Performers with Stochastic Positional Encoding.\n\n"
-         "Limits on inputs: MIDI, JSON, checkpoint and soundfont files are read only when they are regular "
-         "files (not FIFOs, devices or folders); a MIDI file may have at most 16 MiB and 40,000 beats "
-         "(10,000 bars of 4/4), a JSON file 256 MiB and 64 levels of nesting. `data prepare` skips, counts and lists a file that is bad, takes over 60 s, "
-         "or whose worker process is killed (e.g. out of memory).",
+         "Limits on inputs: MIDI, JSON, checkpoint, shard and soundfont files are read only when they are "
+         "regular files (not FIFOs, devices or folders); a MIDI file may have at most 16 MiB, every event "
+         "before tick 2^31, and (for the tokenizers) 10,000 bars; a JSON file 256 MiB and 64 levels of "
+         "nesting. `data prepare` skips, counts and lists a file that is bad, takes over 60 s, or whose "
+         "worker process is killed (e.g. out of memory).",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -32,16 +33,10 @@ app = typer.Typer(
 
 
 def _register_commands() -> None:
-    import importlib
+    from . import data, evaluate, export, inspect, render, sample, train
 
-    for module in ("data", "train", "export", "sample", "render", "evaluate", "inspect"):
-        try:
-            mod = importlib.import_module(f"{__name__}.{module}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"{__name__}.{module}":
-                raise
-            continue  # that area is not built yet
-        mod.register(app)
+    for module in (data, train, export, sample, render, evaluate, inspect):
+        module.register(app)
 
 
 _register_commands()

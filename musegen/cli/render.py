@@ -11,7 +11,7 @@ from musegen.render import MAX_MINUTES
 
 
 def render(
-    midi: Path = typer.Argument(..., help="A MIDI file (at most 16 MiB and 40,000 beats, as every musegen input)."),
+    midi: Path = typer.Argument(..., help="A MIDI file (at most 16 MiB, every event before tick 2^31, as every musegen input)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="WAV file to write (never the MIDI file itself, "
                                                                  "nor an existing file that is not a WAV)."),
     pianoroll: Optional[Path] = typer.Option(None, help="Piano-roll PNG to write (same rule)."),

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
 from .errors import CheckpointError, DataError, MusegenError
-from .io import atomic_path, read_json, write_json
+from .io import atomic_path, read_head, read_json, write_json
 from .tokenizers.base import Tokenizer, load_tokenizer
 
 FORMAT, VERSION = "musegen-shards", 1
@@ -46,13 +47,24 @@ def write_shards(folder: str | os.PathLike, tokenizer: Tokenizer,
                 np.save(f, tokens)
         index["splits"][split] = {"file": file, "names": [name for name, _ in pieces], "offsets": offsets,
                                   "lengths": lengths}
+    replaced = _indexed_files(folder)
     tokenizer.save(folder / TOKENIZER)
     write_json(folder / INDEX, index)
     kept = {entry["file"] for entry in index["splits"].values()}
-    for old in folder.glob("*.npy"):  # the previous index's files, now unreferenced
-        if old.name not in kept:
-            old.unlink()
+    for name in replaced - kept:  # the previous index's files, now unreferenced; never anything else
+        (folder / name).unlink(missing_ok=True)
     return folder
+
+
+def _indexed_files(folder: Path) -> set[str]:
+    """The shard files the folder's current index names (plain `<split>-<digest>.npy` names only:
+    an edited index must not make a rewrite delete files elsewhere)."""
+    try:
+        splits = read_json(folder / INDEX)["splits"]
+        names = {entry["file"] for entry in splits.values()}
+    except (MusegenError, ValueError, KeyError, TypeError, AttributeError):  # no index of ours: nothing to delete
+        return set()
+    return {n for n in names if isinstance(n, str) and re.fullmatch(r"[\w.-]+-[0-9a-f]{16}\.npy", n)}
 
 
 class Shards:
@@ -98,6 +110,7 @@ class Shards:
         """The split's token file, checked against the index and the tokenizer's vocabulary: an id
         outside it would only fail later, deep inside the model's embedding."""
         path = self.folder / entry.get("file", f"{split}.npy")  # (older folders: one name per split)
+        read_head(path, 8, "shard file", DataError)  # a FIFO or device would block or never end
         try:
             tokens = np.load(path, mmap_mode="r", allow_pickle=False)
         except (OSError, ValueError) as exc:

@@ -1,4 +1,4 @@
-"""`musegen sample` (continue a MIDI prompt) and `musegen render` (MIDI -> WAV / piano roll)."""
+"""`musegen sample`: continue a MIDI prompt (`musegen render` lives in cli/render.py)."""
 
 from __future__ import annotations
 
@@ -65,24 +65,5 @@ def sample(
     typer.echo(f"written to {out}")
 
 
-def render(
-    midi: Path = typer.Argument(..., help="A MIDI file."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="WAV file to write."),
-    pianoroll: Optional[Path] = typer.Option(None, help="Piano-roll PNG to write."),
-    soundfont: Optional[Path] = typer.Option(None, help="A General MIDI .sf2 (default: FluidR3_GM, else TimGM6mb)."),
-):
-    """Render a MIDI file to WAV (FluidSynth) and/or a piano-roll PNG."""
-    from musegen.errors import MusegenError
-    from musegen.render import pianoroll_png, render_wav
-
-    if out is None and pianoroll is None:
-        raise MusegenError("nothing to do: give --out file.wav and/or --pianoroll file.png")
-    if out is not None:
-        typer.echo(f"wrote {render_wav(midi, out, soundfont)}")
-    if pianoroll is not None:
-        typer.echo(f"wrote {pianoroll_png(midi, pianoroll)}")
-
-
 def register(app: typer.Typer) -> None:
     app.command("sample")(sample)
-    app.command("render")(render)

@@ -54,6 +54,12 @@ def read_input(path: str | os.PathLike, what: str = "file", max_bytes: int = MAX
     return data
 
 
+def check_regular(path: str | os.PathLike, what: str = "file", error: type[MusegenError] = InputFileError) -> None:
+    """`error` with one line unless `path` is a regular file this process can open for reading."""
+    fd, _ = _open_regular(path, what, error)
+    os.close(fd)
+
+
 def read_head(path: str | os.PathLike, n: int, what: str = "file",
               error: type[MusegenError] = InputFileError) -> bytes:
     """The first `n` bytes of the regular file at `path` (to check a format's signature)."""

@@ -40,7 +40,7 @@ from tqdm import tqdm
 from . import mirex
 from .device import resolve_device
 from .errors import ConfigError, MidiError, MusegenError, TokenError
-from .io import atomic_path, read_json, write_json
+from .io import atomic_path, check_regular, read_json, write_json
 from .midi import MIDI_SUFFIXES
 from .render import PROMPT_END_MARKER, pianoroll_png, render_wav
 from .tokenizers.base import MAX_BARS, Grammar, Tokenizer
@@ -659,6 +659,7 @@ def sample_to_folder(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, 
     out_dir = Path(out_dir)
     if prompt_path is None or not Path(prompt_path).is_dir():
         if prompt_path is not None:
+            check_regular(prompt_path, "prompt")  # before any path is resolved (a link loop, a FIFO)
             clash = _clashes({Path(prompt_path)}, None, [(Path(prompt_path), out_dir)], settings.num_samples)
             if clash:
                 raise ConfigError(next(iter(clash.values())) + "; choose another --out")

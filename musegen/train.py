@@ -33,7 +33,7 @@ from .checkpoint import load_checkpoint, read_checkpoint_config
 from .data import CROP_CHOICES, SAMPLING_CHOICES, Augmenter, CropDataset, StepBatches, derive_seed
 from .device import resolve_device
 from .errors import CheckpointError, ConfigError, DataError, TrainingError
-from .io import write_json
+from .io import read_input, write_json
 from .metrics.loss import position_nll, summarize, write_position_nll
 from .model import MusicPerformer
 from .model.config import ModelConfig, preset, replace_checked
@@ -149,9 +149,7 @@ def _read_config_file(path: str | os.PathLike | None) -> tuple[dict[str, Any], d
     if path is None:
         return {}, {}
     try:
-        loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+        loaded = yaml.safe_load(read_input(path, "settings file", error=ConfigError).decode("utf-8")) or {}
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not UTF-8 text") from None
     except yaml.YAMLError as exc:

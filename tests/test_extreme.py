@@ -7,9 +7,7 @@ right result, or exit 1 with one `error:` line (no traceback, no "internal error
 limit, with nothing the user had on disk lost. Each run's peak memory is recorded (wait4).
 
 CI runs a sample (each extreme MIDI file through one command, every file-system and disk case);
-`-m slow` runs every MIDI file through every command. Where the fix for a case belongs to another
-branch, the case is here anyway and is marked xfail (non-strict) naming that branch, only when
-it fails. `log_line` prints the counts (-s) and appends them to $MUSEGEN_ROBUSTNESS_LOG.
+`-m slow` runs every MIDI file through every command. `log_line` prints the counts (-s) and appends them to $MUSEGEN_ROBUSTNESS_LOG.
 """
 
 from __future__ import annotations
@@ -55,7 +53,7 @@ LIMIT_WORDS = "past tick 2^31"
 def summary():
     yield
     for area in sorted({a for a, _ in OUTCOMES}):
-        counts = ", ".join(f"{k} {OUTCOMES[area, k]}" for k in ("ok", "refused", "xfail", "failed") if OUTCOMES[area, k])
+        counts = ", ".join(f"{k} {OUTCOMES[area, k]}" for k in ("ok", "refused", "failed") if OUTCOMES[area, k])
         log_line(f"extreme {area}: {counts}; peak memory {PEAK_MB.get(area, 0):.0f} MB")
 
 
@@ -135,16 +133,12 @@ def musegen(*args, timeout: float = TIME_LIMIT_S, script: str | None = None, pla
     return run
 
 
-def record(area: str, run: Run, extra_problem: str | None = None, elsewhere: str | None = None) -> None:
-    """Count the outcome; fail the test on a problem, or xfail it when `elsewhere` names the branch
-    that fixes it."""
+def record(area: str, run: Run, extra_problem: str | None = None) -> None:
+    """Count the outcome; fail the test on a problem."""
     problem = run.problem() or extra_problem
     if problem is None:
         OUTCOMES[area, "ok" if run.rc == 0 else "refused"] += 1
         return
-    if elsewhere:
-        OUTCOMES[area, "xfail"] += 1
-        pytest.xfail(f"fixed on branch {elsewhere}: {problem}")
     OUTCOMES[area, "failed"] += 1
     pytest.fail(problem)
 
@@ -306,8 +300,7 @@ def test_fifo_device_and_link_loop_as_the_midi_file_are_refused_at_once(command,
             "show": ["data", "show", tmp_path / name]}[command]
     run = musegen(*args, timeout=60, area="file system")
     said = run.refused(words) or (command == "sample" and run.refused("not a regular file"))  # sample's own check
-    elsewhere = "sample" if (command, name) == ("sample", "loop.mid") else None  # its output-clash check resolves the path
-    record("file system", run, None if said else f"{name}: expected {words!r}: {run.stderr}", elsewhere)
+    record("file system", run, None if said else f"{name}: expected {words!r}: {run.stderr}")
 
 
 def test_a_batch_counts_and_lists_every_odd_entry(pop909_songs, tmp_path):
@@ -478,7 +471,7 @@ def test_fp16_export_refuses_weights_it_cannot_hold_and_fp16_maxima_still_sample
     save_file({k: torch.full_like(v, 65504.0, dtype=torch.float16) if v.is_floating_point() else v
                for k, v in load_file(str(at_max / "model.safetensors")).items()}, str(at_max / "model.safetensors"))
     run = musegen("sample", "-c", at_max, "--length", 8, "--seed", 0, "--out", tmp_path / "s", area="checkpoints")
-    record("checkpoints", run, elsewhere="sample")
+    record("checkpoints", run)
 
 
 # ---- real full disks --------------------------------------------------------------------------------
@@ -537,7 +530,7 @@ def test_disk_full_while_training_is_one_line(pop909_songs, tmp_path):
         run = musegen("train", "--data", data, "--out", disk / "run", "--preset", "tiny", "--set", "steps=4",
                       "--set", "seq_len=32", "--set", "batch_size=2", "--set", "workers=0", "--set", "ckpt_every=1",
                       "--set", "valid_every=0", area="full disk")
-        record("full disk", run, None if run.refused("disk full") else run.stderr, elsewhere="train")
+        record("full disk", run, None if run.refused("disk full") else run.stderr)
 
 
 # ---- a data-prepare worker killed (as the out-of-memory killer does) ---------------------------------------
@@ -571,7 +564,7 @@ def test_a_killed_worker_is_skipped_and_listed_never_a_hang(workers, pop909_song
                                                                                           "4-oom.mid": True}
 
 
-# ---- cases whose fix belongs to another branch (xfail, non-strict, only when they fail) -------------------
+# ---- training, evaluation and batch sampling inputs ----------------------------------------------------
 
 TINY = ["--preset", "tiny", "--set", "seq_len=32", "--set", "batch_size=2", "--set", "workers=0",
         "--set", "valid_every=0", "--set", "log_every=1"]
@@ -600,13 +593,11 @@ def _fifo_shard(tmp_path: Path, data: Path) -> list:
     return ["--data", tmp_path / "data"]
 
 
-@pytest.mark.parametrize("make, elsewhere", [(_fifo_config, "train"), (_deep_yaml, "train"), (_fifo_shard, None)],
-                         ids=["fifo config", "deep yaml", "fifo shard"])
-def test_training_inputs_that_block_or_recurse(make, elsewhere, tiny_data, tmp_path):
+@pytest.mark.parametrize("make", [_fifo_config, _deep_yaml, _fifo_shard], ids=["fifo config", "deep yaml", "fifo shard"])
+def test_training_inputs_that_block_or_recurse(make, tiny_data, tmp_path):
     run = musegen("train", *make(tmp_path, tiny_data), "--out", tmp_path / "run", *TINY, "--set", "steps=1",
-                  timeout=60, area="other branches" if elsewhere else "file system")
-    record("other branches" if elsewhere else "file system", run,
-           None if run.rc == 1 else "must be refused in one line", elsewhere=elsewhere)
+                  timeout=60, area="file system")
+    record("file system", run, None if run.rc == 1 else "must be refused in one line")
 
 
 def test_two_writers_on_one_run_folder(tiny_data, tmp_path):
@@ -619,22 +610,20 @@ def test_two_writers_on_one_run_folder(tiny_data, tmp_path):
     codes = sorted(rc for rc, _ in results)
     one_refused = codes == [0, 1] and any(rc == 1 and len([l for l in err.splitlines() if l.startswith("error:")]) == 1
                                           for rc, err in results)
-    OUTCOMES["other branches", "refused" if one_refused else "xfail"] += 1
-    if not one_refused:
-        pytest.xfail(f"fixed on branch train: both writers ran (exits {codes})")
+    OUTCOMES["training", "refused" if one_refused else "failed"] += 1
+    assert one_refused, f"both writers ran (exits {codes})"
 
 
 def test_divergent_training_stops_in_one_line_and_keeps_a_good_checkpoint(tiny_data, tmp_path):
     run = musegen("train", "--data", tiny_data, "--out", tmp_path / "run", *TINY, "--set", "steps=40",
-                  "--set", "lr=1e6", "--set", "ckpt_every=10", area="other branches")
-    record("other branches", run, None if run.rc == 1 else "a run at lr=1e6 must stop with one line", elsewhere="train")
+                  "--set", "lr=1e6", "--set", "ckpt_every=10", area="training")
+    record("training", run, None if run.rc == 1 else "a run at lr=1e6 must stop with one line")
 
 
 def test_evaluate_loss_with_a_huge_max_len_is_one_line(checkpoints, tiny_data, tmp_path):
     run = musegen("evaluate", "loss", "-c", checkpoints["remi"], "--data", tiny_data, "--max-len", 10**9,
-                  "--out", tmp_path / "e", area="other branches")
-    record("other branches", run, None if run.rc in (0, 1) and run.peak_mb < 2000 else run.stderr[-300:],
-           elsewhere="evaltools")
+                  "--out", tmp_path / "e", area="evaluation")
+    record("evaluation", run, None if run.rc in (0, 1) and run.peak_mb < 2000 else run.stderr[-300:])
 
 
 def test_sample_never_silently_overwrites_a_colliding_prompt_name(checkpoints, pop909_songs, tmp_path):
@@ -645,9 +634,8 @@ def test_sample_never_silently_overwrites_a_colliding_prompt_name(checkpoints, p
     shutil.copy(pop909_songs[1], prompts / "x.midi")
     out = tmp_path / "out"
     run = musegen("sample", "-c", checkpoints["remi"], "--prompt", prompts, "--prompt-bars", 2, "--length", 8,
-                  "--seed", 0, "--out", out, area="other branches")
+                  "--seed", 0, "--out", out, area="sampling")
     batch = json.loads((out / "batch.json").read_text()) if run.rc == 0 else {"continued": 0, "skipped": {}}
     midis = sorted(p.name for p in out.rglob("*.mid"))
     accounted = batch["continued"] + len(batch["skipped"]) == 2 and len(midis) == batch["continued"]
-    record("other branches", run, None if accounted else f"two prompts gave {midis}, batch {batch}",
-           elsewhere="sample")
+    record("sampling", run, None if accounted else f"two prompts gave {midis}, batch {batch}")

@@ -50,7 +50,7 @@ def style(
 def loss(
     checkpoint: Path = typer.Option(..., "--checkpoint", "-c", help="Checkpoint folder."),
     data: Path = typer.Option(..., help="Token shards folder (musegen data prepare)."),
-    max_len: int = typer.Option(..., min=1, help="Score positions 0..max_len-1 (e.g. 2x the training length)."),
+    max_len: int = typer.Option(..., help="Score positions 0..max_len-1 (e.g. 2x the training length); at most 65,536."),
     split: str = typer.Option("valid", help="Which split of the shards to score."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Folder for the CSV and PNG."),
 ):

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from ..device import resolve_device
-from ..errors import DataError, TokenError
+from ..errors import ConfigError, DataError, TokenError
 from ..io import write_text
 from ..plots import pyplot, save_png
 from ..tokenizers.base import Tokenizer
@@ -132,6 +132,7 @@ def write_position_nll(out_dir: str | os.PathLike, name: str, sums: np.ndarray, 
 
 # ---- NLL per token type, beside baselines ------------------------------------------------------
 
+MAX_SCORED_LEN = 65_536  # positions `evaluate loss` may score: the longest training crop musegen accepts
 BAR_START = -2  # the context of a bar's first position token (mapped to an extra row of the tables)
 
 
@@ -279,8 +280,8 @@ def evaluate_loss(checkpoint_dir: str | os.PathLike, data_dir: str | os.PathLike
     from ..checkpoint import load_checkpoint
     from ..shards import Shards
 
-    if max_len < 1:
-        raise DataError(f"max_len must be positive, got {max_len}")
+    if not 1 <= max_len <= MAX_SCORED_LEN:
+        raise ConfigError(f"--max-len must be within 1..{MAX_SCORED_LEN:,}, got {max_len:,}")
     device = resolve_device(device)
     model, tokenizer, _, meta = load_checkpoint(checkpoint_dir, device=device)
     shards = Shards(data_dir)

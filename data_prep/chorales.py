@@ -19,12 +19,12 @@ from tqdm import tqdm
 
 from musegen.errors import DataError
 from musegen.io import atomic_path
+from musegen.tokenizers.constants import TICKS_PER_BEAT as TPQ
 
 from .common import Item, prepare as prepare_items
 from .pop909 import remi_tokenizer
 
 FRACTIONS = {"validation": 0.05}
-TPQ = 480
 VELOCITY = 80  # the scores carry no dynamics
 DEFAULT_BPM = 80  # for the few chorales without a metronome mark
 CHORALE_NAME = re.compile(r"bwv(\d+)\.\d+")

@@ -21,12 +21,11 @@ import numpy as np
 import symusic
 
 from .errors import DataError
-
-TPQ = 480
-BEATS_PER_BAR = 4
+from .tokenizers.constants import BEATS_PER_BAR, TICKS_PER_BEAT
 
 
-def beat_ticks(downbeat: np.ndarray, tpq: int = TPQ) -> np.ndarray:
+
+def beat_ticks(downbeat: np.ndarray, tpq: int = TICKS_PER_BEAT) -> np.ndarray:
     """The tick of every annotated beat (first downbeat at tick 0, a pickup before it negative)."""
     downbeats = np.flatnonzero(downbeat)
     n, bar = len(downbeat), BEATS_PER_BAR * tpq
@@ -44,7 +43,7 @@ def beat_ticks(downbeat: np.ndarray, tpq: int = TPQ) -> np.ndarray:
     return np.round(ticks).astype(np.int64)
 
 
-def synchronise(score: symusic.Score, seconds: np.ndarray, downbeat: np.ndarray, tpq: int = TPQ) -> symusic.Score:
+def synchronise(score: symusic.Score, seconds: np.ndarray, downbeat: np.ndarray, tpq: int = TICKS_PER_BEAT) -> symusic.Score:
     """`score` re-timed so that the beats at `seconds` (with `downbeat` flags) lie on its grid at
     `tpq` ticks per beat, in 4/4 from tick 0; see the module's docstring. Drum and pitched tracks
     are kept as they are, notes included; markers, lyrics and pedals are left out."""

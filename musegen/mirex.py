@@ -18,10 +18,9 @@ import miditoolkit
 
 from .errors import MidiError
 from .io import read_json, write_json
-from .tokenizers.base import MAX_BARS
+from .tokenizers.constants import BEATS_PER_BAR, MAX_BARS, TICKS_PER_BEAT
 
-SIXTEENTHS_PER_BAR = 16
-TICKS_PER_BEAT = 480
+SIXTEENTHS_PER_BAR = 4 * BEATS_PER_BAR
 TICKS_PER_SIXTEENTH = TICKS_PER_BEAT // 4
 TEMPO_BPM = 120.0  # the task states no tempo; 120 bpm is MIDI's own default
 VELOCITY = 80  # the task states no dynamics; mezzo-forte, inside REMI's velocity bins (40..86)

@@ -43,7 +43,8 @@ from .errors import ConfigError, MidiError, MusegenError, TokenError
 from .io import atomic_path, check_regular, read_json, write_json
 from .midi import MIDI_SUFFIXES
 from .render import PROMPT_END_MARKER, pianoroll_png, render_wav
-from .tokenizers.base import MAX_BARS, Grammar, Tokenizer
+from .tokenizers.base import Grammar, Tokenizer
+from .tokenizers.constants import MAX_BARS
 
 FINISH_LIMIT = 256  # most tokens sampled past the length while waiting for a note to end
 MAX_TOKENS_PER_BAR = 1024  # safety cap on --bars generation
@@ -144,13 +145,10 @@ def load_prompt(tokenizer: Tokenizer, source: str | os.PathLike | bytes | None,
         encoding = tokenizer.encode(source)
         return prompt_from_ids(tokenizer, encoding.ids, bars, encoding.report)
     path = Path(source)
-    if path.exists() and not path.is_file() and not path.is_dir():  # a FIFO would block the read
-        raise MidiError(f"{path}: not a regular file")
+    check_regular(path, "prompt")  # a FIFO would block the read
     if path.suffix.lower() != ".json":
         encoding = tokenizer.encode(path)
         return prompt_from_ids(tokenizer, encoding.ids, bars, encoding.report, str(path))
-    if not path.is_file():
-        raise MidiError(f"{path}: no such file")
     notes = mirex.read_prompt(path)
     try:
         encoding = tokenizer.encode(mirex.prompt_midi(notes))

@@ -380,8 +380,8 @@ def test_cli_bad_input_is_one_line_and_nonzero(checkpoints, tmp_path, capsys):
                 "bars 10**9": f"--bars must be within 1..10,000, got {10**9}",
                 "prompt-bars 10**9": f"--prompt-bars must be within 1..10,000, got {10**9}",
                 "threads 10**6": "--threads must be within 1..256, got 1000000",
-                "fifo prompt": "fifo.mid: not a regular file",
-                "device file prompt": "/dev/zero: not a regular file"}
+                "fifo prompt": "fifo.mid: is a FIFO (named pipe), not a prompt",
+                "device file prompt": "/dev/zero: is a character device, not a prompt"}
     for label, args in _bad_inputs(tmp_path, checkpoints).items():
         with time_limit(20):  # a prompt that blocks (a FIFO) fails the test instead of hanging it
             code, stdout, err = run_cli(args, capsys)
@@ -397,7 +397,7 @@ def test_cli_help_states_every_bound():
 
     from musegen.cli import app
     from musegen.sample import MAX_LENGTH, MAX_THREADS, SEED_MAX, TEMPERATURE_RANGE, TOP_P_RANGE
-    from musegen.tokenizers.base import MAX_BARS
+    from musegen.tokenizers.constants import MAX_BARS
 
     text = " ".join(CliRunner().invoke(app, ["sample", "--help"], terminal_width=400).output.split())
     for bound in (f"1..{MAX_LENGTH:,}", f"1..{MAX_BARS:,}", f"[{TEMPERATURE_RANGE[0]:g}, {TEMPERATURE_RANGE[1]:g}]",

@@ -59,10 +59,10 @@ from ..io import read_json, write_json, write_text
 from ..plots import pyplot, save_png
 from ..shard_midi import piece_stem
 from ..tokenizers.base import Tokenizer
+from ..tokenizers.constants import BEATS_PER_BAR
 from ..tokenizers.groove import Part, assign_roles
 from .style import Notes, cosine, profiles
 
-BEATS_PER_BAR = 4
 STEPS_PER_BEAT = 4  # 16th notes
 LOW_PITCH = 55  # G3: "bars with a low note" counts bars where a note below it starts
 QUARTERS = 4

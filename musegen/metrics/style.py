@@ -44,12 +44,12 @@ from ..io import write_text
 from ..midi import find_midi_files
 from ..plots import pyplot, save_png
 from ..render import PROMPT_END_MARKER
+from ..tokenizers.constants import BEATS_PER_BAR
 from ..tokenizers.groove import merged_notes, read_trio
 
 BINS_PER_BEAT = 6
 TIME_BINS = 24  # 4 beats of onset difference / onset within the bar
 WINDOW_BEATS = 4
-BAR_BEATS = 4
 PITCH_RANGE = 20
 DURATION_BINS = 12  # 0..2 beats
 METRICS = ("time-pitch", "onset-duration", "onset-drum")
@@ -127,7 +127,7 @@ def _bins(ticks: np.ndarray, tpq: int) -> np.ndarray:
 
 
 def _onset_bins(notes: Notes) -> np.ndarray:
-    return _bins(np.mod(notes.start, BAR_BEATS * notes.tpq), notes.tpq)
+    return _bins(np.mod(notes.start, BEATS_PER_BAR * notes.tpq), notes.tpq)
 
 
 def profiles(notes: Notes, role: str) -> dict[str, np.ndarray]:
@@ -256,7 +256,7 @@ def baseline_rows(references: dict[str, Path], n_segments: int = 4, other: str =
 def _after_prompt(by_role: dict[str, Notes], n_segments: int) -> list[dict[str, Notes]]:
     """A reference played on from where the protocol's prompt ends, in segments."""
     tpq = next(iter(by_role.values())).tpq
-    return continuation_segments(by_role, BASELINE_PROMPT_BARS * BAR_BEATS * tpq, n_segments)
+    return continuation_segments(by_role, BASELINE_PROMPT_BARS * BEATS_PER_BAR * tpq, n_segments)
 
 
 def _style_of(name: str) -> str:

@@ -24,7 +24,6 @@ from ..errors import TokenError
 from ..io import read_json, write_json
 
 
-MAX_BARS = 10_000  # about 5 hours at 120 bpm: anything longer is a broken file, not music
 
 
 @dataclass

@@ -52,12 +52,12 @@ import numpy as np
 
 from ..errors import MidiError, TokenError
 from ..midi import load_score
-from .base import MAX_BARS, Encoding, Grammar, Tokenizer
+from .base import Encoding, Grammar, Tokenizer
+from .constants import BEATS_PER_BAR, MAX_BARS, TICKS_PER_BEAT
 
 UNITS_PER_BEAT = 12
 MAX_SHIFT_BEATS = 2
-BEATS_PER_BAR = 4
-BAR = BEATS_PER_BAR * UNITS_PER_BEAT
+BAR_UNITS = BEATS_PER_BAR * UNITS_PER_BEAT
 TRACKS = {1: "bass", 2: "drums", 3: "other"}
 BASS, DRUMS, OTHER = 1, 2, 3
 BASS_PROGRAMS = range(32, 40)  # General MIDI: acoustic bass .. synth bass 2
@@ -81,7 +81,6 @@ COUNT_IN_BEATS = 8  # Groove2Groove files open with a 2-bar count-in
 ROLE_NAMES = {BASS: "Bass", DRUMS: "Drums", OTHER: "Other"}
 BASS_NAME = re.compile("bass", re.IGNORECASE)
 
-TICKS_PER_BEAT_OUT = 480  # decoded files; a multiple of UNITS_PER_BEAT
 DEFAULT_VELOCITY = 100
 DEFAULT_TEMPO = 120.0
 
@@ -368,7 +367,7 @@ class GrooveTokenizer(Tokenizer):
         notes, velocities, crossing = _pair_in_order(np.concatenate(rows), np.concatenate(velocities))
         if not len(notes):
             raise MidiError(f"{parsed.name}: no notes after the count-in")
-        if notes[:, 3].max() // BAR >= MAX_BARS:  # e.g. a huge delta-time: millions of time shifts
+        if notes[:, 3].max() // BAR_UNITS >= MAX_BARS:  # e.g. a huge delta-time: millions of time shifts
             raise MidiError(f"{parsed.name}: longer than {MAX_BARS} bars, not a piece of music")
         left_out = len(roles.harmonic) - bool(other)
         return notes, velocities, {
@@ -425,8 +424,8 @@ class GrooveTokenizer(Tokenizer):
         notes, ties = decode_events(_as_ids(ids, self.vocab_size))
         program = {role: self.programs[role] if meta.get(f"{role}_program") is None else int(meta[f"{role}_program"])
                    for role in ("bass", "other")}
-        midi = miditoolkit.MidiFile(ticks_per_beat=TICKS_PER_BEAT_OUT)
-        unit = TICKS_PER_BEAT_OUT // UNITS_PER_BEAT
+        midi = miditoolkit.MidiFile(ticks_per_beat=TICKS_PER_BEAT)
+        unit = TICKS_PER_BEAT // UNITS_PER_BEAT
         tempos = meta.get("tempos") or [[0, meta.get("tempo") or DEFAULT_TEMPO]]
         midi.tempo_changes = [miditoolkit.TempoChange(float(qpm), int(time) * unit) for time, qpm in tempos]
         midi.time_signature_changes = [miditoolkit.TimeSignature(BEATS_PER_BAR, 4, 0)]
@@ -451,8 +450,8 @@ class GrooveTokenizer(Tokenizer):
         last = int(times[end - 1]) if end else 0
         starts = [1 if len(ids) and ids[0] == START else 0]
         bar = 1
-        while bar * BAR < last:
-            starts.append(int(np.searchsorted(times[:end], bar * BAR, side="left")))
+        while bar * BAR_UNITS < last:
+            starts.append(int(np.searchsorted(times[:end], bar * BAR_UNITS, side="left")))
             bar += 1
         return starts
 
@@ -462,7 +461,7 @@ class GrooveTokenizer(Tokenizer):
         sounding, so a continuation begins exactly at the bar."""
         if state.phase != 1 or state.last != AFTER_EVENT:
             return []
-        return self.grammar().release_at(state, bar * BAR)
+        return self.grammar().release_at(state, bar * BAR_UNITS)
 
     def transpose(self, ids, shift: int) -> np.ndarray | None:
         """Bass and other moved by `shift` semitones, drums untouched; None if a pitch leaves
@@ -483,7 +482,7 @@ class GrooveTokenizer(Tokenizer):
         """The piece without its first `n` bars. Notes sounding across the cut are restarted at
         the new beginning. None when the piece has no more than `n` bars."""
         notes, ties = decode_events(_as_ids(ids, self.vocab_size))
-        cut = n * BAR
+        cut = n * BAR_UNITS
         if n < 0 or not len(notes) or notes[:, 3].max() <= cut:
             return None
         keep = (notes[:, 2] >= cut) | (notes[:, 3] > cut)

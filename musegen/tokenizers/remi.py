@@ -44,12 +44,10 @@ import symusic
 from ..chords import QUALITIES, ROOT_NAMES, detect_chords
 from ..errors import ConfigError, MidiError, TokenError
 from ..midi import read_midi
-from .base import MAX_BARS, Encoding, Tokenizer
+from .base import Encoding, Tokenizer
+from .constants import BEATS_PER_BAR, DEFAULT_BPM, MAX_BARS, TICKS_PER_BEAT
 from .remi_grammar import RemiGrammar
 
-BEATS_PER_BAR = 4
-OUTPUT_TPQ = 480  # decoded MIDI resolution; Pop1K7's duration names are ticks at this resolution
-MIDI_DEFAULT_BPM = 120.0  # miditoolkit's tempo at tick 0 when a file sets none there
 # The tempos that occur in Pop1K7: the step-3 grid from 32 to 224 bpm, kept where a value occurred.
 POP1K7_TEMPOS = (*range(32, 150, 3), 155, 158, 161, 167, 170, 176, 182, 188, 194, 200, 206, 215, 221, 224)
 REFERENCE_TEMPO_GRID = np.arange(32, 225, 3)  # the reference bins tempos to this grid first
@@ -77,8 +75,8 @@ class RemiTokenizer(Tokenizer):
         # at most 160: decoding keeps the note order inside a cell by starting notes a tick apart,
         # which needs 3 ticks per cell at 480 ticks per beat
         if not (isinstance(beat_resolution, int) and 1 <= beat_resolution <= 160
-                and OUTPUT_TPQ % beat_resolution == 0):
-            raise ConfigError(f"beat_resolution must divide {OUTPUT_TPQ} and be at most 160, got {beat_resolution!r}")
+                and TICKS_PER_BEAT % beat_resolution == 0):
+            raise ConfigError(f"beat_resolution must divide {TICKS_PER_BEAT} and be at most 160, got {beat_resolution!r}")
         if not (0 <= lo and hi <= 127 and hi - lo >= 11):
             raise ConfigError(f"pitch_range must lie in 0..127 and span an octave, got {pitch_range!r}")
         if not (0 < vstep and 0 <= vmin <= vmax <= 127 and (vmax - vmin) % vstep == 0):
@@ -94,7 +92,7 @@ class RemiTokenizer(Tokenizer):
         self.tempos = tuple(int(t) for t in tempos)
         self.chords = bool(chords)
         self.positions_per_bar = BEATS_PER_BAR * beat_resolution
-        self.ticks_per_position = OUTPUT_TPQ // beat_resolution
+        self.ticks_per_position = TICKS_PER_BEAT // beat_resolution
         # notes of one cell may start this many ticks after the cell and still round into it
         self.max_note_offset = (self.ticks_per_position - 1) // 2
         self.velocities = list(range(vmin, vmax + 1, vstep))
@@ -283,7 +281,7 @@ class RemiTokenizer(Tokenizer):
         """(cell, Tempo id) of the tempo list miditoolkit reads: 120 bpm at tick 0 unless the file
         sets a tempo there (the last one at tick 0 counts), then each later tempo that differs
         from the one before it."""
-        ticks, bpms = [0], [MIDI_DEFAULT_BPM]
+        ticks, bpms = [0], [DEFAULT_BPM]
         for tempo in score.tempos:
             if tempo.mspq <= 0:
                 continue
@@ -323,7 +321,7 @@ class RemiTokenizer(Tokenizer):
           MIDI readers drop a tempo event that repeats the one in effect."""
         ids = self._checked_ids(ids)
         notes, tempos, chords = self._read(ids)
-        midi = miditoolkit.MidiFile(ticks_per_beat=OUTPUT_TPQ)
+        midi = miditoolkit.MidiFile(ticks_per_beat=TICKS_PER_BEAT)
         midi.time_signature_changes.append(miditoolkit.TimeSignature(4, 4, 0))
         midi.instruments = _voices(notes)
         mspq_before = 0

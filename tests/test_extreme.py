@@ -176,7 +176,6 @@ LIMIT_CASES = {"deltas_past_2_31", "deltas_past_2_32", "long_note_past_2_32"}  #
 EXPECTED_WORDS = {**{name: LIMIT_WORDS for name in LIMIT_CASES}, "division_65535": "SMPTE"}
 COMMANDS = ("prepare-remi", "prepare-groove", "show", "sample-remi", "sample-groove", "render-wav",
             "render-png", "style")
-ELSEWHERE = {"style": "groove"}  # evaluate style's note-pair matrices are wt-groove's
 
 
 def run_command(command: str, midi: Path, tmp: Path, checkpoints) -> tuple[Run, str | None]:
@@ -250,7 +249,7 @@ assert {case for case, _ in CI_SAMPLE} == set(extreme.MIDI_CASES)
     pytest.param(case, command, marks=[] if (case, command) in CI_SAMPLE else [pytest.mark.slow]) for case, command in MATRIX])
 def test_extreme_midi_through_every_command(case, command, cases, checkpoints, tmp_path):
     run, problem = run_command(command, cases[case], tmp_path, checkpoints)
-    record("MIDI files", run, problem, ELSEWHERE.get(command))
+    record("MIDI files", run, problem)
 
 
 @pytest.mark.parametrize("kind", ["remi", "groove"])

@@ -34,7 +34,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .checkpoint import load_checkpoint, read_checkpoint_config, save_checkpoint
-from .device import resolve_device
+from .device import resolve_device, use_bf16
 from .data import CROP_CHOICES, SAMPLING_CHOICES, Augmenter, CropDataset, StepBatches, derive_seed
 from .errors import CheckpointError, ConfigError, DataError, TrainingError
 from .io import read_json, write_json, write_text
@@ -73,7 +73,7 @@ class TrainConfig:
     grad_clip: float = 0.5  # max global gradient norm; 0 disables clipping
     # hardware
     device: str = "auto"  # "auto" (cuda when available) | "cpu" | "cuda" | "cuda:N"
-    precision: str = "auto"  # "auto" (bf16 autocast on CUDA, fp32 elsewhere) | "fp32" | "bf16"
+    precision: str = "auto"  # "auto" (bf16 autocast where the device computes bf16 natively) | "fp32" | "bf16"
     compile: bool = False  # torch.compile the model
     # checkpoints, validation, logs
     ckpt_every: int = 1000
@@ -478,7 +478,7 @@ def _train(cfg, resume, command, procs, device, MusicPerformer, Shards) -> dict[
         worker_init_fn=_ignore_interrupts if cfg.workers else None,
         persistent_workers=False)
 
-    bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and device.type == "cuda")
+    bf16 = use_bf16(cfg.precision, device)
     pad = tokenizer.pad_id
     valid_len = cfg.valid_len or min(2 * cfg.seq_len, model_cfg.max_positions or 2 * cfg.seq_len)
     meta_base = {"train_len": cfg.seq_len, "preset": cfg.preset, "data": cfg.data, "tokenizer": tokenizer.kind}

@@ -200,19 +200,28 @@ class FeatureMap(nn.Module):
         if self.kind == "performer":
             self.projection.copy_(orthogonal_gaussian(self.in_dim, self.n_features // 2, self.projection.device))
 
+    def signed_projection(self) -> torch.Tensor:
+        """[in_dim, n_features]: [w, -w] * temperature^(1/2), so x @ it gives both halves of the
+        features' exponents (before the norm term) in one matmul."""
+        w = self.projection * math.sqrt(self.temperature)
+        return torch.cat([w, -w], dim=1)
+
+    def key_shift(self, x: torch.Tensor) -> torch.Tensor:
+        """|x'|^2 / 2 + log(M) / 2 for keys x [..., in_dim] -> [..., 1]: the exponent's norm term."""
+        return (x * x).sum(-1, keepdim=True) * (self.temperature / 2) + math.log(self.n_features) / 2
+
     def forward(self, x: torch.Tensor, is_query: bool) -> torch.Tensor:
         if self.kind == "relu":
             return F.relu(x)
         if self.kind == "elu":
             return F.elu(x) + 1
-        x = x * math.sqrt(self.temperature)
-        u = x @ self.projection.to(x.dtype)
-        logits = torch.cat([u, -u], dim=-1) - (x * x).sum(-1, keepdim=True) / 2 - math.log(self.n_features) / 2
+        u = x @ self.signed_projection().to(x.dtype)
         if is_query:
             # A per-query constant cancels between numerator and denominator: subtracting the
-            # row max keeps exp() <= 1. Keys get no such shift; it would not cancel.
-            logits = logits - logits.amax(-1, keepdim=True).detach()
-        return logits.exp()
+            # row max keeps exp() <= 1, and the norm term, constant along the row, cancels in it.
+            # Keys get no such shift; it would not cancel.
+            return (u - u.amax(-1, keepdim=True).detach()).exp_()
+        return (u - self.key_shift(x)).exp_()
 
 
 def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,

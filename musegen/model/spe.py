@@ -1,4 +1,4 @@
-"""Stochastic Positional Encoding (Liutkus et al., ICML 2021), PAPER_NOTES §1.
+"""Stochastic Positional Encoding (Liutkus et al., ICML 2021); see docs/method.md.
 
 An SPE module turns one draw of noise into *codes* (Qbar, Kbar), each shaped
 [heads, positions, head_dim, R]. A per-layer `SPEFilter` (optionally gated) mixes a layer's
@@ -70,9 +70,10 @@ class SineSPE(nn.Module):
         phases = self._phases(t0, t1)
         gains = F.softplus(self.gains).repeat_interleave(2, dim=-1)  # [H, D, 2K]: (cos, sin) share a gain
         weighted = noise * gains[..., None] * self.code_scale
+        # Contiguous: every layer reads the codes as [H*T] matrices of [D, R] (see mix_codes).
         qbar = torch.einsum("htdj,hdjr->htdr", self._basis(phases + self.offsets[:, None]), weighted)
         kbar = torch.einsum("htdj,hdjr->htdr", self._basis(phases), weighted)
-        return qbar, kbar
+        return qbar.contiguous(), kbar.contiguous()
 
     def kernel(self, lags: torch.Tensor) -> torch.Tensor:
         """P_d(tau) for the given lags tau = m - n: [H, D, len(lags)] (the unscaled target)."""
@@ -136,9 +137,9 @@ class ConvSPE(nn.Module):
         z = noise.window(t0, t1 + self.kernel_size - 1).to(self.filter_q.dtype)
         groups = self.n_heads * self.head_dim
 
-        def filtered(weight):  # [R, H*D, T] -> [H, T, D, R]
+        def filtered(weight):  # [R, H*D, T] -> [H, T, D, R], contiguous like SineSPE's
             out = F.conv1d(z, weight, groups=groups) * self.code_scale
-            return out.view(self.realizations, self.n_heads, self.head_dim, t1 - t0).permute(1, 3, 2, 0)
+            return out.view(self.realizations, self.n_heads, self.head_dim, t1 - t0).permute(1, 3, 2, 0).contiguous()
 
         return filtered(self.filter_q), filtered(self.filter_k)
 
@@ -157,7 +158,7 @@ class ConvSPE(nn.Module):
 class SPEFilter(nn.Module):
     """One per layer: applies the shared codes to this layer's queries and keys.
 
-    Gated (PAPER_NOTES §1): Qbar_d <- sqrt(1 - g_d) Qbar_d + sqrt(g_d) eps_d and likewise for Kbar,
+    Gated (docs/method.md): Qbar_d <- sqrt(1 - g_d) Qbar_d + sqrt(g_d) eps_d and likewise for Kbar,
     with eps_d one R-vector per layer shared by all positions, giving the kernel
     (1 - g_d) P_d + g_d. The gated codes are never built: the gate scales q and k instead,
     so all layers share one copy of the codes (and of their autograd buffers).
@@ -188,11 +189,43 @@ class SPEFilter(nn.Module):
         """q, k: [B, H, T, D] -> qhat, khat: [B, H, T, R]."""
         qbar, kbar = codes
         if self.gate is None:
-            return torch.einsum("bhtd,htdr->bhtr", q, qbar), torch.einsum("bhtd,htdr->bhtr", k, kbar)
-        g = torch.sigmoid(self.gate)[:, None, :]  # [H, 1, D]
-        dry, wet = g.sqrt(), (1 - g).sqrt()
+            return mix_codes(q, qbar), mix_codes(k, kbar)
+        g = torch.sigmoid(self.gate)
+        wet = (1 - g).sqrt()[:, None, :]  # [H, 1, D]
+        dry_eps = g.sqrt()[..., None] * eps  # [H, D, R]: the gate noise's share, one matrix per head
 
         def mix(x, bar):
-            return torch.einsum("bhtd,htdr->bhtr", x * wet, bar) + torch.einsum("bhtd,hdr->bhtr", x * dry, eps)
+            return mix_codes(x * wet, bar) + x @ dry_eps
 
         return mix(q, qbar), mix(k, kbar)
+
+
+class _MixCodes(torch.autograd.Function):
+    """out[b, h, t] = x[b, h, t] @ codes[h, t]: every position has its own [D, R] matrix, shared
+    by the batch. One bmm over the H*T matrices with the batch as rows; the backward keeps the
+    same layout, so neither pass copies the codes (an einsum permutes them on every call)."""
+
+    @staticmethod
+    def forward(ctx, x, codes):
+        B, H, T, D = x.shape
+        rows = x.permute(1, 2, 0, 3).reshape(H * T, B, D)
+        ctx.save_for_backward(rows, codes)
+        out = torch.bmm(rows, codes.view(H * T, D, -1))
+        return out.view(H, T, B, -1).permute(2, 0, 1, 3)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        rows, codes = ctx.saved_tensors
+        H, T, D, R = codes.shape
+        grad_rows = grad.permute(1, 2, 0, 3).reshape(H * T, -1, R)
+        matrices = codes.view(H * T, D, R)
+        dx = torch.bmm(grad_rows, matrices.transpose(1, 2)).view(H, T, -1, D).permute(2, 0, 1, 3)
+        dcodes = torch.bmm(rows.transpose(1, 2), grad_rows).view_as(codes) if ctx.needs_input_grad[1] else None
+        return dx, dcodes
+
+
+def mix_codes(x: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+    """x [B, H, T, D] (any strides), codes [H, T, D, R] contiguous -> [B, H, T, R] (a view of
+    [H, T, B, R] memory)."""
+    return _MixCodes.apply(x, codes.contiguous())

@@ -110,6 +110,22 @@ def test_a_snapshot_continues_the_same_way_every_time(variant):
         assert torch.equal(model.step(tokens[:, 10]), first[0])
 
 
+def test_cpu_dropout_drops_at_its_rate_and_scales_what_it_keeps():
+    torch.manual_seed(0)
+    dropout = Dropout(0.1)
+    x = torch.ones(400, 1000, requires_grad=True)
+    y = dropout(x)
+    kept = y != 0
+    assert abs(1 - kept.float().mean().item() - 0.1) < 0.003  # 400k draws: 0.1 +- 3 sigma
+    assert torch.allclose(y[kept], torch.full_like(y[kept], 2**16 / (2**16 - round(0.1 * 2**16))))
+    assert abs(y.mean().item() - 1) < 0.005  # unbiased
+    y.sum().backward()
+    assert torch.equal(x.grad, y.detach())  # the same mask and scale backwards
+    torch.manual_seed(0)
+    assert torch.equal(dropout(x), y)  # the seed decides the mask
+    assert torch.equal(dropout.eval()(x), x)
+
+
 def test_inference_precision_is_checked():
     with pytest.raises(ConfigError, match="precision"):
         tiny().for_inference("fp8")
@@ -210,6 +226,32 @@ def test_fast_transformers_kernel_gives_the_same_model_output():
         with model.streaming(2, seed=4):
             outputs.append(model.step(tokens))
     assert (outputs[0] - outputs[1]).abs().max() <= 1e-4
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("variant", [dict(pe="sine"), dict(pe="ape", norm="pre", activation="gelu"),
+                                     dict(pe="none", attention="elu")],
+                         ids=lambda v: "-".join(str(x) for x in v.values()))
+def test_cuda_graph_steps_equal_the_parallel_pass_and_follow_set_state(variant):
+    """On CUDA single-token steps replay one captured graph: fp32 equals the parallel pass,
+    bf16 stays within its tolerance, and a snapshot of another session (other noise, other
+    sums) is followed after the graph was captured."""
+    model, tokens = tiny(**variant).to("cuda"), ids().to("cuda")
+    reference, recurrent, mixed = three_ways(model, tokens)
+    assert (recurrent - reference).abs().max() <= 1e-4 and (mixed - reference).abs().max() <= 1e-4
+    for logits in three_ways(model.for_inference("bf16"), tokens):
+        assert (logits - reference).abs().max() <= BF16_LOGIT_TOLERANCE * reference.abs().max()
+    model.for_inference("fp32")
+    with model.streaming(2, seed=8):
+        model.step(tokens[:, :9])
+        other = model.get_state()
+        expected = [model.step(tokens[:, t]) for t in range(9, 14)]
+    with model.streaming(2, seed=7):
+        for t in range(5):
+            model.step(tokens[:, t])  # the graph is captured here
+        model.set_state(other)
+        got = [model.step(tokens[:, t]) for t in range(9, 14)]
+    assert all((a - b).abs().max() <= 1e-5 for a, b in zip(got, expected))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -107,13 +107,15 @@ class _LayerWeights:
 
 
 def prepared_weights(model, dtype: torch.dtype, batch: int) -> list:
-    """Every layer's `_LayerWeights` plus the head, built once per (dtype, batch) and kept on the
-    model until a parameter changes (an optimiser step or a load bumps its version)."""
-    version = (dtype, batch, model.device, tuple((p.data_ptr(), p._version) for p in model.parameters()))
-    cached = getattr(model, "_prepared", None)
-    if cached is not None and cached[0] == version:
-        return cached[1]
-    model._prepared = None  # free the old copy before building the new one
+    """Every layer's `_LayerWeights` plus the head, built once per (dtype, batch, device) and kept
+    on the model until a parameter changes (an optimiser step or a load bumps its version)."""
+    version = tuple((p.data_ptr(), p._version) for p in model.parameters())
+    cache = model.__dict__.setdefault("_prepared", {})
+    for key in [key for key, (seen, _) in cache.items() if seen != version]:
+        del cache[key]  # stale: free it before building anything new
+    key = (dtype, batch, model.device)
+    if key in cache:
+        return cache[key][1]
     activation = "relu" if model.config.activation == "relu" else "gelu"
     layers = []
     for layer in model.layers:
@@ -124,7 +126,7 @@ def prepared_weights(model, dtype: torch.dtype, batch: int) -> list:
                                     _Linear(ff_out.weight, ff_out.bias, dtype, batch)))
     # The head stays fp32: it is small (vocab x d_model), and bf16 logits would be rounded to 2^-8.
     prepared = layers + [_Linear(model.head.weight, model.head.bias, torch.float32, batch)]
-    model._prepared = (version, prepared)
+    cache[key] = (version, prepared)
     return prepared
 
 
@@ -149,10 +151,12 @@ class RecurrentStep:
         self.sums = [torch.zeros(self.H * batch_size, width, self.D + 1, device=model.device)
                      for _ in attentions]
         self._mixed = None  # the [2, H, D, R] buffer of a layer's gated codes
+        self._graph = None  # CUDA: the layers captured as one graph (see _replay)
 
     def use_noise(self, noise) -> None:
         """Take the session's noise, and with it each layer's gate as the SPE filter applies it."""
         self.noise = noise
+        self._graph = None  # a captured graph reads the old gates
         self.gates = [self._gate(layer.attention.spe_filter, eps) for layer, eps in zip(self.model.layers, noise.gates)]
 
     @staticmethod
@@ -239,6 +243,11 @@ class RecurrentStep:
         x = norm(module.norm1, x + self._attend(layer, x, codes))
         return norm(module.norm2, x + feed_forward(x))
 
+    def _layers(self, x: torch.Tensor, codes: Optional[torch.Tensor]) -> torch.Tensor:
+        for layer in range(len(self.sums)):
+            x = self._block(layer, x, codes)
+        return self.weights[-1](self.model.final_norm(x))
+
     def __call__(self, tokens: torch.Tensor, position: int) -> torch.Tensor:
         """tokens [B] at `position` -> logits [B, vocab] (fp32); the sums move one step on."""
         model = self.model
@@ -246,6 +255,29 @@ class RecurrentStep:
         if model.config.pe == "ape":
             x = x + model.position_encoding(position, position + 1)
         codes = self._codes(position)
-        for layer in range(len(self.sums)):
-            x = self._block(layer, x, codes)
-        return self.weights[-1](model.final_norm(x))
+        if x.device.type == "cuda":
+            return self._replay(x, codes)
+        return self._layers(x, codes)
+
+    def _replay(self, x: torch.Tensor, codes: Optional[torch.Tensor]) -> torch.Tensor:
+        """The layers as one CUDA graph: a step is ~700 small kernels, whose launches would take
+        longer than their work. Captured on first use (after a warm-up run on a side stream, as
+        capture requires) with static inputs; the sums are updated in place by every replay."""
+        if self._graph is None:
+            self._inputs = (x.clone(), None if codes is None else codes.clone())
+            kept = [sums.clone() for sums in self.sums]
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self._layers(*self._inputs)
+            torch.cuda.current_stream().wait_stream(side)
+            for sums, before in zip(self.sums, kept):  # undo the warm-up's step
+                sums.copy_(before)
+            self._graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self._graph):  # records the kernels, runs nothing
+                self._output = self._layers(*self._inputs)
+        self._inputs[0].copy_(x)
+        if codes is not None:
+            self._inputs[1].copy_(codes)
+        self._graph.replay()
+        return self._output.clone()

@@ -14,7 +14,7 @@ from ..device import use_bf16
 from .attention import FeatureMap, causal_linear_attention, softmax_attention
 from .config import ModelConfig, parse_redraw
 from .families import FAMILIES
-from .spe import ConvSPE, SineSPE, SPEFilter
+from .spe import ConvSPE, SineSPE, SPEFilter, share_codes
 from .streaming import RecurrentStep, StreamState, clone_states
 
 
@@ -91,9 +91,11 @@ class SelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, codes, gate_noise, state):
         B, T, _ = x.shape
-        q, k, v = self.split(self.qkv(x))
+        projected = self.qkv(x)
+        q, k, v = self.split(projected)
         # SPE, feature maps and the running sums stay in fp32 under autocast: exp() features and
-        # long prefix sums lose too much in bf16.
+        # long prefix sums lose too much in bf16. The linear attention's matrix products take
+        # the projection's dtype (bf16 under autocast), as the linear layers do.
         with torch.autocast(x.device.type, enabled=False):
             q, k, v = (None if t is None else t.to(torch.float32, memory_format=torch.contiguous_format)
                        for t in (q, k, v))
@@ -105,9 +107,10 @@ class SelfAttention(nn.Module):
                 y, state = softmax_attention(q, k, v, self.scale, state)
             else:
                 y, state = causal_linear_attention(self.features(q, True), self.features(k, False), v,
-                                                   state, self.kernel)
+                                                   state, self.kernel, products=projected.dtype)
         # One copy either way: the cast writes a contiguous tensor (bf16), else the reshape copies.
-        return self.out(y.transpose(1, 2).to(x.dtype, memory_format=torch.contiguous_format).reshape(B, T, -1)), state
+        y = y.transpose(1, 2).to(projected.dtype, memory_format=torch.contiguous_format)
+        return self.out(y.reshape(B, T, -1)), state
 
 
 class Block(nn.Module):
@@ -243,7 +246,7 @@ class MusicPerformer(nn.Module):
         codes = None
         if self.spe is not None:
             with torch.autocast(ids.device.type, enabled=False):  # codes stay fp32, like the attention core
-                codes = self.spe.codes(noise.spe, t0, t1)
+                codes = tuple(share_codes(c) for c in self.spe.codes(noise.spe, t0, t1))
         new_states = []
         for layer, gate_noise, state in zip(self.layers, noise.gates, states):
             x, state = layer(x, codes, gate_noise, state)

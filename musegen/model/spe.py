@@ -71,11 +71,18 @@ class SineSPE(nn.Module):
         codes = torch.bmm(basis, weighted.view(H * D, -1, self.realizations))
         return codes.view(H, D, T, -1).transpose(1, 2).contiguous()
 
-    def codes(self, noise: torch.Tensor, t0: int, t1: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(Qbar, Kbar) for positions [t0, t1), each [H, T, D, R], computed in closed form."""
-        phases = self._phases(t0, t1)
+    def weighted(self, noise: torch.Tensor) -> torch.Tensor:
+        """The noise times each sine's gain and the codes' scale: [H, D, 2K, R], the same for
+        every position (a streaming step computes it once per session)."""
         gains = F.softplus(self.gains).repeat_interleave(2, dim=-1)  # [H, D, 2K]: (cos, sin) share a gain
-        weighted = noise * gains[..., None] * self.code_scale
+        return noise * gains[..., None] * self.code_scale
+
+    def codes(self, noise: torch.Tensor, t0: int, t1: int, weighted: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(Qbar, Kbar) for positions [t0, t1), each [H, T, D, R], computed in closed form
+        (`weighted`: `self.weighted(noise)`, when already at hand)."""
+        phases = self._phases(t0, t1)
+        weighted = self.weighted(noise) if weighted is None else weighted
         return self._codes(phases + self.offsets[:, :, None], weighted), self._codes(phases, weighted)
 
     def kernel(self, lags: torch.Tensor) -> torch.Tensor:

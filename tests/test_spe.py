@@ -196,15 +196,3 @@ def test_mix_codes_is_the_per_position_product_with_its_gradients():
     y = torch.randn(3, 2, 5, 4, generator=g, dtype=torch.float64).requires_grad_()
     assert torch.autograd.gradcheck(layers, (x.clone().requires_grad_(), y, codes.clone().requires_grad_()))
 
-
-@pytest.mark.parametrize("gated", [True, False])
-def test_filter_mixes_queries_with_the_gated_codes(gated):
-    """SPEFilter's q-hat is q times the codes `gated_codes` reports, position by position."""
-    torch.manual_seed(6)
-    spe, gate = SineSPE(H, D, 8, 3), SPEFilter(H, D, 8, gated)
-    codes, eps = spe.codes(spe.draw_noise(), 0, T), gate.draw_noise()
-    q, k = torch.randn(2, H, T, D), torch.randn(2, H, T, D)
-    qhat, khat = gate(q, k, codes, eps)
-    qbar, kbar = gate.gated_codes(codes, eps)
-    assert torch.allclose(qhat, torch.einsum("bhtd,htdr->bhtr", q, qbar), atol=1e-5)
-    assert torch.allclose(khat, torch.einsum("bhtd,htdr->bhtr", k, kbar), atol=1e-5)

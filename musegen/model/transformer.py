@@ -180,7 +180,8 @@ class MusicPerformer(nn.Module):
 
     Precision of generation: `model.for_inference("auto" | "fp32" | "bf16")` (default "fp32").
     In bf16 the weights are read as bf16 (see streaming.py) and block steps run under bf16
-    autocast; the attention sums, SPE codes and logits stay fp32. The logits then differ from
+    autocast; the attention sums, SPE codes and logits stay fp32. Single-token steps of the
+    attentions without a fast step (softmax and the families) stay fp32. The logits then differ from
     fp32 by bf16 rounding (BF16_LOGIT_TOLERANCE, tests/test_transformer.py).
     """
 
@@ -336,8 +337,8 @@ class MusicPerformer(nn.Module):
         if single and session.fast is not None:
             with torch.autocast(self.device.type, enabled=False):
                 logits = session.fast(tokens, session.position)
-        else:
-            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=session.bf16):
+        else:  # single tokens without a fast step stay fp32: autocast would cast every weight every step
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=session.bf16 and not single):
                 hidden, session.states = self._run(ids, session.position, session.noise, session.states)
             with torch.autocast(self.device.type, enabled=False):  # fp32 logits, as the fast step's
                 logits = self.head(hidden.float())

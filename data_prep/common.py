@@ -9,6 +9,8 @@ import multiprocessing as mp
 import os
 import signal
 from collections import Counter
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -16,8 +18,9 @@ from typing import Any, Callable, Iterable
 from tqdm import tqdm
 
 from musegen.errors import MusegenError
+from musegen.io import printable
 from musegen.shards import write_shards
-from musegen.tokenizers.base import Tokenizer, tokenizer_from_dict
+from musegen.tokenizers.base import Encoding, Tokenizer, tokenizer_from_dict
 
 FILE_TIME_LIMIT_S = 60  # a pathological file is skipped, never allowed to stall the batch
 
@@ -36,7 +39,8 @@ def group_split(group: str, fractions: dict[str, float], salt: str = "musegen") 
 
     `fractions` gives the share of each held-out split; the rest goes to "train".
     """
-    h = int.from_bytes(hashlib.sha256(f"{salt}:{group}".encode()).digest()[:8], "big") / 2**64
+    key = f"{salt}:{group}".encode("utf-8", "surrogateescape")  # (a non-UTF-8 file name hashes by its bytes)
+    h = int.from_bytes(hashlib.sha256(key).digest()[:8], "big") / 2**64
     edge = 0.0
     for split, share in fractions.items():
         edge += share
@@ -46,11 +50,24 @@ def group_split(group: str, fractions: dict[str, float], salt: str = "musegen") 
 
 
 _worker_tokenizer: Tokenizer | None = None
+Encoder = Callable[[Tokenizer, Item], Encoding]  # how a corpus turns one item into tokens
 
 
-def _init_worker(tokenizer_dict: dict[str, Any]) -> None:
-    global _worker_tokenizer
+def encode_file(tokenizer: Tokenizer, item: Item) -> Encoding:
+    """The default: the item's file, encoded as it is."""
+    return tokenizer.encode(item.path)
+
+
+_worker_encode: Encoder = encode_file
+
+
+def _init_worker(tokenizer_dict: dict[str, Any], encode: Encoder) -> None:
+    global _worker_tokenizer, _worker_encode
     _worker_tokenizer = tokenizer_from_dict(tokenizer_dict)
+    _worker_encode = encode
+    # a broken pool stops its other workers with SIGTERM: they end quietly (the parent's handler,
+    # inherited through fork, would unwind them with a traceback)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _timeout(signum, frame):
@@ -62,34 +79,66 @@ def _encode_one(item: Item):
     signal.signal(signal.SIGALRM, _timeout)
     signal.alarm(FILE_TIME_LIMIT_S)
     try:
-        enc = _worker_tokenizer.encode(item.path)
+        enc = _worker_encode(_worker_tokenizer, item)
         return item, enc.ids, enc.report, None
     except MusegenError as exc:
-        return item, None, None, str(exc).splitlines()[0]
+        return item, None, None, printable(str(exc).splitlines()[0])
     except TimeoutError:
-        return item, None, None, f"{item.path}: took longer than {FILE_TIME_LIMIT_S}s, skipped"
+        return item, None, None, f"{printable(item.path)}: took longer than {FILE_TIME_LIMIT_S}s, skipped"
     except Exception as exc:  # a tokenizer bug must not take the batch down; it is reported
-        return item, None, None, f"{item.path}: internal error {type(exc).__name__}: {exc}"
+        return item, None, None, printable(f"{item.path}: internal error {type(exc).__name__}: {exc}")
     finally:
         signal.alarm(0)
 
 
-def encode_items(tokenizer: Tokenizer, items: list[Item], workers: int | None = None,
-                 desc: str = "encoding") -> tuple[list[tuple[Item, Any, dict]], list[tuple[str, str]]]:
-    """Encode `items` on `workers` processes. Returns (encoded, skipped) in input order."""
+def encode_items(tokenizer: Tokenizer, items: list[Item], workers: int | None = None, desc: str = "encoding",
+                 encode: Encoder = encode_file) -> tuple[list[tuple[Item, Any, dict]], list[tuple[str, str]]]:
+    """Encode `items` on `workers` processes with `encode` (a module-level function).
+    Returns (encoded, skipped) in input order.
+
+    A worker that dies (the out-of-memory killer, a signal) breaks its pool: the files it may
+    have held are retried one at a time, and the one that kills its worker again is skipped."""
     workers = max(1, workers or os.cpu_count() or 1)
-    encoded, skipped = {}, {}
+    results: dict[str, tuple] = {}
+    queue = items[::-1]  # popped from the end: input order
+    with tqdm(total=len(items), desc=desc, unit="file") as progress:
+        while queue:
+            setup = (tokenizer.to_dict(), encode)
+            for suspect in _encode_in_pool(setup, queue, workers, results, progress):
+                if _encode_in_pool(setup, [suspect], 1, results, progress):
+                    results[suspect.name] = (suspect, None, None, f"{printable(suspect.path)}: the process encoding "
+                                             "it was killed (out of memory?), skipped")
+                    progress.update(1)
+    ordered = [results[it.name] for it in items]
+    return ([(item, ids, report) for item, ids, report, error in ordered if error is None],
+            [(item.name, error) for item, _, _, error in ordered if error is not None])
+
+
+def _encode_in_pool(setup: tuple, queue: list[Item], workers: int, results: dict[str, tuple],
+                    progress) -> list[Item]:
+    """Encode items popped from `queue` into `results` until it is empty, or until a worker dies:
+    then return the items that were in flight (one of them killed it), else []. `setup`: the
+    workers' (tokenizer dict, encoder)."""
     ctx = mp.get_context("fork") if hasattr(os, "fork") else mp.get_context()
-    with ctx.Pool(workers, initializer=_init_worker, initargs=(tokenizer.to_dict(),)) as pool:
-        results = pool.imap_unordered(_encode_one, items, chunksize=4)
-        for item, ids, report, error in tqdm(results, total=len(items), desc=desc, unit="file"):
-            if error is None:
-                encoded[item.name] = (item, ids, report)
-            else:
-                skipped[item.name] = error
-    order = [it.name for it in items]
-    return ([encoded[n] for n in order if n in encoded],
-            [(n, skipped[n]) for n in order if n in skipped])
+    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
+                             initargs=setup) as pool:
+        running: dict[Future, Item] = {}
+        while queue or running:
+            while queue and len(running) < 2 * workers:  # a few queued: workers never wait for work
+                item = queue.pop()
+                running[pool.submit(_encode_one, item)] = item
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            broken = []
+            for future in done:
+                item = running.pop(future)
+                try:
+                    results[item.name] = future.result()
+                    progress.update(1)
+                except BrokenProcessPool:
+                    broken.append(item)
+            if broken:
+                return broken + list(running.values())
+    return []
 
 
 def merge_reports(reports: Iterable[dict]) -> dict[str, int]:
@@ -104,14 +153,15 @@ def prepare(tokenizer: Tokenizer, items: list[Item], out: str | os.PathLike,
             fractions: dict[str, float], workers: int | None = None,
             extra_report: dict[str, Any] | None = None,
             split_of: Callable[[str], str] | None = None,
-            skipped_before: Iterable[tuple[str, str]] = ()) -> dict[str, Any]:
+            skipped_before: Iterable[tuple[str, str]] = (), encode: Encoder = encode_file) -> dict[str, Any]:
     """Encode, split by group, write shards; return the summary that is also stored in the index.
 
     `split_of(group)` overrides the hashed split (for corpora that assign groups explicitly).
-    `skipped_before`: (name, reason) of inputs a corpus rejected before encoding; counted as skipped."""
+    `skipped_before`: (name, reason) of inputs a corpus rejected before encoding; counted as skipped.
+    `encode(tokenizer, item)`: how an item becomes tokens (default: its file as it is)."""
     split_of = split_of or (lambda group: group_split(group, fractions))
     skipped_before = list(skipped_before)
-    encoded, skipped = encode_items(tokenizer, items, workers)
+    encoded, skipped = encode_items(tokenizer, items, workers, encode=encode)
     skipped = skipped_before + skipped
     splits: dict[str, list] = {"train": [], **{s: [] for s in fractions}}
     for item, ids, _ in encoded:

@@ -1,7 +1,8 @@
 """Any folder of MIDI files -> token shards (REMI by default, or groove).
 
 Every file is its own group, 5% validation by hashed relative path. Unreadable or unusable
-files are skipped and counted, which also makes this the entry point for fuzzing the tokenizers.
+files (and FIFOs, devices, link loops with a MIDI suffix) are skipped, counted and listed,
+which also makes this the entry point for fuzzing the tokenizers.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from musegen.errors import DataError
+from musegen.io import printable
 from musegen.midi import find_midi_files
 from musegen.tokenizers.base import tokenizer_from_dict
 
@@ -29,6 +31,7 @@ def prepare(out: Path, source: Path | None = None, download: bool = False, worke
     source = Path(source)
     files = find_midi_files(source)[:limit]
     root = source if source.is_dir() else source.parent
-    items = [Item(name=str(p.relative_to(root)), path=p, group=str(p.relative_to(root))) for p in files]
+    names = [printable(p.relative_to(root)) for p in files]  # non-UTF-8 names as \xNN: printable, JSON-safe
+    items = [Item(name=name, path=p, group=name) for name, p in zip(names, files)]
     return prepare_items(tokenizer_from_dict({"kind": kind}), items, out, FRACTIONS, workers,
                          extra_report={"corpus": "midi", "source": str(source)})

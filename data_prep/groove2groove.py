@@ -1,27 +1,23 @@
 """The Groove2Groove MIDI dataset (Cífka et al. 2020; Zenodo record 3958000, v1.0.0) -> groove.
 
 The archive holds `midi/{train,val,test,itest}/{raw,fixed}/{chart}.{style}_{substyle}.mid`:
-Band-in-a-Box accompaniments, each starting with a 2-bar count-in. The `fixed` versions
-(correct programs) of train, val and test are used; their style sets are disjoint by
-construction, and musegen keeps that split (val -> validation). `itest` (test charts in
-training styles) is left out. Conversion drops the count-in and writes one MIDI per piece
-under `converted/`; the groove tokenizer then reduces each piece to its bass/drums/other trio.
+Band-in-a-Box accompaniments in tracks named `BB Bass`, `BB Drums`, `BB Guitar`, `BB Piano`,
+`BB Strings`, each starting with a 2-bar count-in. The `fixed` versions (correct programs) of
+train, val and test are used; their style sets are disjoint by construction, and musegen keeps
+that split (val -> validation). `itest` (test charts in training styles) is left out. The
+groove tokenizer reads the files as they are, as the paper's reference pipeline did: roles by
+track name, the count-in dropped on the 12-per-beat grid.
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from data_prep.common import Item, prepare as prepare_shards
 from data_prep.download import extract, fetch
-from musegen.errors import DataError, MusegenError
-from musegen.io import write_bytes, write_json
-from musegen.midi import load_score
+from musegen.errors import DataError
+from musegen.io import write_json
 from musegen.tokenizers.base import tokenizer_from_dict
 
 RECORD = "https://zenodo.org/record/3958000"
@@ -31,7 +27,6 @@ ARCHIVE_MD5 = "c407de7b3676267660c88dc6ee351c79"
 ROOT_NAME = "groove2groove-data-v1.0.0"
 DEFAULT_SOURCE = Path.home() / ".cache" / "musegen" / "groove2groove"
 PARTS = {"train": "train", "val": "validation", "test": "test"}  # dataset part -> musegen split
-COUNT_IN_BARS = 2
 
 
 def find_root(source: Path) -> Path | None:
@@ -67,24 +62,6 @@ def style_of(path: Path) -> str:
     return parts[1]
 
 
-def strip_count_in(src: Path, dest: Path) -> str | None:
-    """Write `src` without its count-in bars to `dest`; return an error line or None."""
-    try:
-        score = load_score(src)
-        ts = score.time_signatures[0] if len(score.time_signatures) else None
-        quarters = ts.numerator * 4 / ts.denominator if ts else 4
-        start = int(round(COUNT_IN_BARS * quarters * score.tpq))
-        trimmed = score.clip(start, max(score.end(), start) + 1, clip_end=False).shift_time(-start)
-        write_bytes(dest, trimmed.dumps_midi())
-        return None
-    except MusegenError as exc:
-        return str(exc).splitlines()[0]
-
-
-def _convert(job: tuple[Path, Path]) -> tuple[Path, str | None]:
-    return job[1], strip_count_in(*job)
-
-
 def prepare(out: Path, source: Path | None = None, download: bool = False, workers: int | None = None,
             limit: int | None = None, tokenizer: str | None = None) -> dict[str, Any]:
     if tokenizer not in (None, "groove"):
@@ -93,29 +70,15 @@ def prepare(out: Path, source: Path | None = None, download: bool = False, worke
     root = obtain(Path(source) if source else DEFAULT_SOURCE, download)
     tok = tokenizer_from_dict({"kind": "groove"})
 
-    jobs, items, styles = [], [], {split: set() for split in PARTS.values()}
+    items, styles = [], {split: set() for split in PARTS.values()}
     for part, split in PARTS.items():
         for path in sorted((root / "midi" / part / "fixed").glob("*.mid"))[:limit]:  # limit: per part
-            style = style_of(path)
-            dest = out / "converted" / part / f"{path.stem}.mid"
-            items.append(Item(name=f"{part}/{path.stem}", path=dest, group=split))
-            styles[split].add(style)
-            if not dest.is_file():
-                jobs.append((path, dest))
+            items.append(Item(name=f"{part}/{path.stem}", path=path, group=split))
+            styles[split].add(style_of(path))
     if not items:
         raise DataError(f"{root}: no MIDI files under midi/{{train,val,test}}/fixed")
 
-    failures = {}
-    with mp.get_context("fork").Pool(max(1, workers or os.cpu_count() or 1)) as pool:
-        for dest, error in tqdm(pool.imap_unordered(_convert, jobs, chunksize=8), total=len(jobs),
-                                desc="removing count-ins", unit="file"):
-            if error:
-                failures[dest] = error
-    kept = [it for it in items if it.path not in failures]
-
     write_json(out / "styles.json", {"split_by": "dataset part", "styles": {s: sorted(v) for s, v in styles.items()}})
-    report = prepare_shards(tok, kept, out, {"validation": 0.0, "test": 0.0}, workers,
-                            split_of=lambda split: split,
-                            extra_report={"styles": {s: len(v) for s, v in styles.items()},
-                                          "conversion_failures": sorted(failures.values())})
-    return report
+    return prepare_shards(tok, items, out, {"validation": 0.0, "test": 0.0}, workers,
+                          split_of=lambda split: split,
+                          extra_report={"styles": {s: len(v) for s, v in styles.items()}})

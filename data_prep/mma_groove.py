@@ -15,15 +15,20 @@ are split into train/validation/test so that test styles are never seen in train
 - Each style renders PIECES_PER_STYLE pieces of BARS_PER_PIECE bars, each on a different
   POP909 song's progression (chosen by hashing, so reruns are identical; MMA's random
   humanisation is seeded too).
-- Output: token shards, `styles.json`, `rendered/` (the raw MMA MIDI, reused by reruns), and
-  `references/<style>/<n>.mid`: each test piece's trio as the tokens hold it (decoded with
-  the original programs and tempo), the style reference for evaluation.
+- Each rendering is written again in Groove2Groove's layout (`to_groove2groove`), so the groove
+  tokenizer reads it as it reads the paper's data: tracks named `BB Drums`, `BB Bass` and up to
+  three of `BB Guitar` / `BB Piano` / `BB Strings`, after a 2-bar count-in, tempo changes kept.
+- Output: token shards, `styles.json`, `rendered/` (the raw MMA MIDI, reused by reruns), `g2g/`
+  (the same pieces in Groove2Groove's layout) and `references/<style>/<n>.mid`: each test
+  piece's trio as the tokens hold it (decoded with the original programs and tempo changes),
+  the style reference for evaluation.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import multiprocessing as mp
 import os
 import re
@@ -34,12 +39,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import mido
+import numpy as np
 from tqdm import tqdm
 
 from data_prep.common import Item, prepare as prepare_shards
 from musegen.errors import DataError, MusegenError
 from musegen.io import atomic_path, read_json, write_bytes, write_json
 from musegen.tokenizers.base import tokenizer_from_dict
+from musegen.tokenizers.groove import COUNT_IN_BEATS, G2G_BASS, G2G_DRUMS, G2G_HARMONIC, Part, read_parts
 
 LIBRARY = Path("/usr/share/mma/lib")  # where Debian's `mma` keeps its groove library
 STYLES_FILE = Path(__file__).with_name("mma_styles.json")
@@ -50,6 +58,8 @@ HELD_OUT_STYLES = 50  # at least this many styles each in test and validation, a
 SPLITS = ("test", "validation", "train")
 RENDER_TIME_LIMIT_S = 60
 LEFT_OUT = re.compile(r"intro|end|fill|break", re.IGNORECASE)  # not grooves one plays a song in
+BASS_TRACK = re.compile(r"(bass|walk)", re.IGNORECASE)  # MMA's bass line tracks: Bass, Bass-8, Walk...
+CLICK_PITCH, CLICK_VELOCITY = 37, 80  # the count-in: a side stick on every beat, an eighth note long
 
 
 @dataclass(frozen=True)
@@ -259,13 +269,79 @@ def render_mma(text: str) -> bytes:
         return out.read_bytes()
 
 
-def _render_one(job: tuple[Style, int, list[list[str]], Path]) -> tuple[Path, str | None]:
-    style, k, bars, dest = job
+def to_groove2groove(raw: Path, dest: Path) -> None:
+    """Write MMA's rendering `raw` in Groove2Groove's layout: the drum tracks as `BB Drums`, the
+    busiest of MMA's bass-line tracks (Bass*, Walk*) as `BB Bass`, the other melodic tracks by
+    decreasing note count as `BB Guitar`, `BB Piano`, `BB Strings` (any further ones are left
+    out), all 2 bars later after a count-in of side-stick clicks; tempo and meter changes move
+    with the music. One MIDI track per MMA track, so each keeps its own note pairing."""
+    parsed = read_parts(raw)
+    groups: dict[str, list[Part]] = {}
+    for part in parsed.parts:
+        if len(part.notes):
+            groups.setdefault(("drums:" if part.is_drum else "") + (part.name or ""), []).append(part)
+    count = lambda name: sum(len(p.notes) for p in groups[name])
+    drums = [p for name, parts in groups.items() if name.startswith("drums:") for p in parts]
+    melodic = [name for name in groups if not name.startswith("drums:")]
+    bass = max((n for n in melodic if BASS_TRACK.match(n)), key=count, default=None)
+    harmonic = sorted((n for n in melodic if n != bass), key=count, reverse=True)[:len(G2G_HARMONIC)]
+    shift = COUNT_IN_BEATS * parsed.tpq
+    clicks = np.array([(b * parsed.tpq, b * parsed.tpq + parsed.tpq // 8, CLICK_PITCH, CLICK_VELOCITY)
+                       for b in range(COUNT_IN_BEATS)], dtype=np.int64)
+    tracks = [(G2G_DRUMS, 9, 0, clicks)] + [(G2G_DRUMS, 9, p.program, _later(p.notes, shift)) for p in drums]
+    named = ([(G2G_BASS, bass)] if bass else []) + list(zip(G2G_HARMONIC, harmonic))
+    channels = iter(c for c in range(16) if c != 9)
+    for g2g_name, mma_name in named:
+        tracks += [(g2g_name, next(channels), p.program, _later(p.notes, shift)) for p in groups[mma_name]]
+    midi = mido.MidiFile(type=1, ticks_per_beat=parsed.tpq)
+    meta = [(0 if tick == 0 else tick + shift, mido.MetaMessage("set_tempo", tempo=mido.bpm2tempo(qpm)))
+            for tick, qpm in parsed.tempos]
+    meta += [(0 if tick == 0 else tick + shift, mido.MetaMessage("time_signature", numerator=n, denominator=d))
+             for tick, n, d in parsed.time_signatures]
+    midi.tracks.append(_midi_track(meta))
+    for name, channel, program, notes in tracks:
+        events = [(0, mido.MetaMessage("track_name", name=name)),
+                  (0, mido.Message("program_change", channel=channel, program=program))]
+        for on, off, pitch, velocity in notes.tolist():
+            events.append((on, mido.Message("note_on", channel=channel, note=pitch, velocity=velocity)))
+            events.append((off, mido.Message("note_off", channel=channel, note=pitch, velocity=0)))
+        midi.tracks.append(_midi_track(events))
+    buffer = io.BytesIO()
+    midi.save(file=buffer)
+    write_bytes(dest, buffer.getvalue())
+
+
+def _later(notes, shift: int):
+    moved = notes.copy()
+    moved[:, :2] += shift
+    return moved
+
+
+def _midi_track(events: list[tuple[int, Any]]) -> mido.MidiTrack:
+    """Timed messages as a track. At one tick note_ons come before note_offs, so a zero-length
+    note is read as a note (first in, first out) and not as the end of an earlier one."""
+    order = sorted(range(len(events)), key=lambda i: (events[i][0], events[i][1].type == "note_off", i))
+    track, now = mido.MidiTrack(), 0
+    for i in order:
+        tick, msg = events[i]
+        track.append(msg.copy(time=tick - now))
+        now = tick
+    track.append(mido.MetaMessage("end_of_track", time=0))
+    return track
+
+
+def _render_one(job: tuple[Style, int, list[list[str]], Path, Path]) -> tuple[Path, str | None, bool]:
+    """Render a piece unless its raw MIDI is there, then write its Groove2Groove version.
+    Returns the destination, an error line or None, and whether MMA ran."""
+    style, k, bars, raw, dest = job
     try:
-        write_bytes(dest, render_mma(mma_text(style, bars, seed=_hash(style.name, k) % 100_000)))
-        return dest, None
+        rendered = not raw.is_file()
+        if rendered:
+            write_bytes(raw, render_mma(mma_text(style, bars, seed=_hash(style.name, k) % 100_000)))
+        to_groove2groove(raw, dest)
+        return dest, None, rendered
     except MusegenError as exc:
-        return dest, f"{style.name}/{k}: {exc}"
+        return dest, f"{style.name}/{k}: {exc}", False
 
 
 # ---- the corpus --------------------------------------------------------------------------
@@ -315,18 +391,19 @@ def prepare(out: Path, source: Path | None = None, download: bool = False, worke
             if limit is not None and len(items) >= limit:
                 break
             song, first, bars = piece_plan(style, k, songs)
-            path = out / "rendered" / style.name / f"{k}.mid"
+            path = out / "g2g" / style.name / f"{k}.mid"
             items.append(Item(name=f"{style.name}/{k}", path=path, group=style.family))
             plans[f"{style.name}/{k}"] = {"song": song, "first_bar": first}
             if not path.is_file():
-                jobs.append((style, k, bars, path))
+                jobs.append((style, k, bars, out / "rendered" / style.name / f"{k}.mid", path))
 
     started = time.perf_counter()
-    render_failures = []
+    render_failures, rendered = [], 0
     if jobs:
         with mp.get_context("fork").Pool(max(1, workers or os.cpu_count() or 1)) as pool:
-            for _, error in tqdm(pool.imap_unordered(_render_one, jobs, chunksize=2), total=len(jobs),
-                                 desc="rendering with mma", unit="piece"):
+            for _, error, ran in tqdm(pool.imap_unordered(_render_one, jobs, chunksize=2), total=len(jobs),
+                                      desc="rendering with mma", unit="piece"):
+                rendered += ran
                 if error:
                     render_failures.append(error)
     render_s = round(time.perf_counter() - started, 1)
@@ -336,22 +413,22 @@ def prepare(out: Path, source: Path | None = None, download: bool = False, worke
                                      "tempo": {st.name: st.tempo for st in styles}, "pieces": plans})
     report = prepare_shards(tok, items, out, {"validation": 0.0, "test": 0.0}, workers,
                             split_of=family_split.__getitem__, extra_report={
-                                "styles": {s: len(v) for s, v in style_sets.items()}, "rendered": len(jobs),
+                                "styles": {s: len(v) for s, v in style_sets.items()}, "rendered": rendered,
                                 "render_seconds": render_s, "render_failures": render_failures})
     _write_references(out, tok)
     return report
 
 
 def _write_references(out: Path, tok) -> None:
-    """Each test piece's trio as MIDI, with its original programs and tempo."""
+    """Each test piece's trio as MIDI, with its original programs and tempo changes."""
     from musegen.shards import Shards
 
     shards = Shards(out)
     if "test" not in shards.splits:
         return
     for name in shards.names("test"):
-        enc = tok.encode(out / "rendered" / f"{name}.mid")
-        midi = tok.decode(enc.ids, enc.report["meta"], tempo=enc.report["meta"]["tempo"])
+        enc = tok.encode(out / "g2g" / f"{name}.mid")
+        midi = tok.decode(enc.ids, enc.report["meta"])
         with atomic_path(out / "references" / f"{name}.mid") as tmp:
             midi.dump(str(tmp))
 

@@ -3,9 +3,11 @@
 The record's `remi_dataset.tar.gz` holds one pickle per song: `(bar_positions, events)` with
 events `{"name": "Note_Pitch", "value": 60}`, whose `name_value` strings are exactly musegen's
 default REMI vocabulary. The pickles are read with an unpickler that builds only plain values
-(lists, dicts, numbers, strings): a tampered file cannot run code. Each piece must use the
-REMI vocabulary and is rewritten in musegen's canonical order (decode, then encode); pieces
-that fail, or that use unknown events, are skipped and counted.
+(lists, dicts, numbers, strings): a tampered file cannot run code. musegen's REMI encoder writes
+the Pop1K7 pipeline's own conventions, so each piece is stored as it is, token for token, once
+the REMI grammar accepts it; pieces it rejects, or that use unknown events, are skipped and
+counted. (One case the grammar rejects: a piece whose last bar holds no note, which the
+pipeline writes when it drops a last note whose onset rounds onto the next bar line.)
 `--source` may name the extracted folder or the archive. Split by song, 5% validation.
 """
 
@@ -54,14 +56,16 @@ def load_piece(path: Path, tok: RemiTokenizer) -> np.ndarray:
     if unknown is not None:
         raise DataError(f"{path.name}: unknown event {unknown!r}")
     ids = np.array([index[n] for n in names], dtype=np.int32)
-    # Pop1K7's event order within a beat need not be musegen's canonical one, so each piece is
-    # rewritten through MIDI: decode keeps its chords (as markers) and tempos, encode orders it.
-    try:
-        buffer = io.BytesIO()
-        tok.decode(ids).dump(file=buffer)
-        return tok.encode(buffer.getvalue()).ids
-    except MusegenError as exc:
-        raise TokenError(f"{path.name}: cannot be re-encoded ({exc})") from None
+    grammar = tok.grammar()
+    state = grammar.start()
+    for i, token in enumerate(ids.tolist()):
+        try:
+            state = grammar.step(state, token, where=i)
+        except TokenError as exc:
+            raise TokenError(f"{path.name}: not a REMI piece musegen writes ({exc})") from None
+    if not grammar.can_close(state) or grammar.close(state):
+        raise TokenError(f"{path.name}: not a REMI piece musegen writes (it does not end with Bar, EOS)")
+    return ids
 
 
 def locate(source: Path | None, download: bool, out: Path) -> Path:

@@ -3,10 +3,13 @@
 Each song folder `NNN/` holds `NNN.mid` with MELODY, BRIDGE and PIANO tracks; REMI merges them
 into one stream. Songs are split by song id, 5% validation (hashed, so stable across runs).
 
-The MIDI time signatures of POP909 say little (most songs carry 1/4 at tick 0), but its beat
-annotations (`beat_midi.txt`, columns: time, downbeat, hyper-downbeat) do: 831 songs mark a
-downbeat every 2 beats and 28 every 3. The triple-meter songs cannot be written in 4/4 bars,
-so they are skipped (and counted), as Pop1K7 holds only 4/4.
+POP909's MIDI grid is offset from the music (538 of the 68,731 annotated downbeats of its duple
+songs lie on the file's own bar lines), so each song is first synchronised to its
+beat annotations (`beat_midi.txt`: time in seconds, a flag every 2 beats, a downbeat flag), as
+the Pop1K7 pipeline synchronised its transcriptions to tracked beats: `musegen.beats.synchronise`
+makes every annotated bar a 4/4 bar, then the re-timed score is encoded. Songs whose annotated
+bars are mostly not 4 beats long (28 of them, with bars of 6 beats: triple meter) cannot be
+4/4 bars and are skipped and counted, as are songs without usable annotations.
 The source is, in order: `--source`, the project's shared copy (`<repo>/../shared/datasets/pop909`),
 or, with `--download`, the GitHub archive of music-x-lab/POP909-Dataset.
 """
@@ -18,8 +21,10 @@ from typing import Any
 
 import numpy as np
 
+from musegen.beats import synchronise
 from musegen.errors import DataError
-from musegen.tokenizers.base import Tokenizer, tokenizer_from_dict
+from musegen.midi import load_score
+from musegen.tokenizers.base import Encoding, Tokenizer, tokenizer_from_dict
 
 from .common import Item, prepare as prepare_items
 from .download import extract, fetch
@@ -42,13 +47,39 @@ def song_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.glob("*/*.mid") if p.stem == p.parent.name)
 
 
-def in_triple_meter(song: Path) -> bool:
-    """True when the song's beat annotations put a downbeat every 3 beats (False without annotations)."""
+def annotations(song: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(beat times in seconds, downbeat flags) from the song's `beat_midi.txt`."""
+    path = song.parent / "beat_midi.txt"
     try:
-        beats = np.loadtxt(song.parent / "beat_midi.txt", ndmin=2)
-        return round(len(beats) / max(beats[:, 1].sum(), 1)) == 3
-    except (OSError, ValueError, IndexError):
-        return False
+        beats = np.loadtxt(path, ndmin=2)
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{path}: no usable beat annotations ({str(exc).splitlines()[0]})") from None
+    if beats.shape[1] < 3 or len(beats) < 2:
+        raise DataError(f"{path}: beat annotations need 3 columns and 2 beats")
+    return beats[:, 0], beats[:, 2] == 1
+
+
+def not_in_four(song: Path) -> str | None:
+    """Why the song cannot be synchronised into 4/4 bars, or None: no usable annotations, or
+    annotated bars that are mostly not 4 beats long."""
+    try:
+        _, downbeat = annotations(song)
+    except DataError as exc:
+        return str(exc)
+    gaps = np.diff(np.flatnonzero(downbeat))
+    if len(gaps) == 0:
+        return f"{song}: the beat annotations mark fewer than two downbeats"
+    usual = int(np.bincount(gaps).argmax())
+    return None if usual == 4 else f"{song}: annotated bars of {usual} beats; REMI bars are 4/4"
+
+
+def encode_synchronised(tok: Tokenizer, item: Item) -> Encoding:
+    """The song re-timed to its annotated beats, then encoded; the report counts the annotated
+    bars that were not 4 beats long (stretched or squeezed into 4/4 bars)."""
+    seconds, downbeat = annotations(item.path)
+    encoding = tok.encode(synchronise(load_score(item.path), seconds, downbeat))
+    encoding.report["irregular_bars"] = int(np.count_nonzero(np.diff(np.flatnonzero(downbeat)) != 4))
+    return encoding
 
 
 def locate(source: Path | None, download: bool, out: Path) -> Path:
@@ -76,9 +107,8 @@ def prepare(out: Path, source: Path | None = None, download: bool = False, worke
     files = song_files(folder)
     if not files:
         raise DataError(f"{folder}: no POP909 songs (NNN/NNN.mid) found")
-    triple = [p for p in files[:limit] if in_triple_meter(p)]
-    items = [Item(name=p.stem, path=p, group=p.stem) for p in files[:limit] if p not in triple]
-    return prepare_items(tok, items, out, FRACTIONS, workers,
-                         extra_report={"corpus": "pop909", "source": str(folder)},
-                         skipped_before=[(p.stem, f"{p}: triple meter in POP909's beat annotations; REMI bars are 4/4")
-                                         for p in triple])
+    refused = {p.stem: why for p in files[:limit] if (why := not_in_four(p))}
+    items = [Item(name=p.stem, path=p, group=p.stem) for p in files[:limit] if p.stem not in refused]
+    return prepare_items(tok, items, out, FRACTIONS, workers, encode=encode_synchronised,
+                         extra_report={"corpus": "pop909", "source": str(folder), "synchronised": True},
+                         skipped_before=list(refused.items()))

@@ -3,7 +3,8 @@
 A checkpoint folder holds:
 - `model.safetensors`: the weights (fp32, fp16 or bf16; cast to fp32 on load);
 - `config.json`: {"format", "version", "model": ModelConfig fields, "meta": free-form info};
-- `tokenizer.json`: the tokenizer that made the training tokens.
+- `tokenizer.json`: the tokenizer that made the training tokens, with its representation
+  version (a checkpoint of another version is refused: the model must be retrained).
 `musegen sample` needs nothing else. Training state for `--resume` lives beside these files
 and is the trainer's business.
 """
@@ -15,27 +16,34 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from .errors import CheckpointError, MusegenError
-from .io import atomic_path, read_json, write_json
+from .io import atomic_path, printable, read_head, read_json, write_json
 from .model.config import ModelConfig
-from .tokenizers.base import Tokenizer, load_tokenizer
+from .tokenizers.base import RepresentationError, Tokenizer, load_tokenizer
 
 FORMAT = "musegen-checkpoint"
 VERSION = 1
 WEIGHTS, CONFIG, TOKENIZER = "model.safetensors", "config.json", "tokenizer.json"
+MAX_CONFIG_BYTES = 2**20
+# The most a checkpoint's config may ask for. The weights pin most sizes (their shapes are
+# compared), but the model is built from the config first, and a few sizes (SPE realizations,
+# heads) shape only the work done at each step: bounded here, at many times the paper's values.
+CONFIG_LIMITS = {"vocab_size": 2**20, "n_layers": 256, "d_model": 16384, "n_heads": 256, "d_ff": 65536,
+                 "spe_sines": 256, "spe_kernel": 4096, "spe_realizations": 1024, "n_features": 8192,
+                 "max_relative_distance": 65536, "synthesizer_rank": 4096, "max_len": 65536}
 
 
 def save_checkpoint(folder: str | os.PathLike, model: torch.nn.Module, config: ModelConfig,
                     tokenizer: Tokenizer, meta: dict[str, Any] | None = None,
                     dtype: torch.dtype = torch.float32) -> Path:
-    """Write the three files, each atomically. The config is written last: it marks completeness."""
+    """Write the three files, each atomically. The config is written last: it marks completeness.
+    A weight that `dtype` cannot hold (fp16 overflows past 65504) is refused, never written as inf."""
     folder = Path(folder)
+    tensors = {k: _cast(k, v.detach().to("cpu"), dtype) for k, v in model.state_dict().items()}
     folder.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous()
-               for k, v in model.state_dict().items()}
     with atomic_path(folder / WEIGHTS) as tmp:
         save_file(tensors, str(tmp))
     tokenizer.save(folder / TOKENIZER)
@@ -44,70 +52,114 @@ def save_checkpoint(folder: str | os.PathLike, model: torch.nn.Module, config: M
     return folder
 
 
+def _cast(name: str, tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    if not tensor.is_floating_point():
+        return tensor.contiguous()
+    cast = tensor.to(dtype).contiguous()
+    overflow = torch.isinf(cast) & torch.isfinite(tensor)
+    if overflow.any():
+        largest = tensor[overflow].abs().max().item()
+        raise CheckpointError(f"{name} holds values up to {largest:.6g}, beyond the range of {dtype} "
+                              f"(largest {torch.finfo(dtype).max:.6g}); keep fp32 or use bf16")
+    return cast
+
+
 def read_checkpoint_config(folder: str | os.PathLike) -> tuple[ModelConfig, dict[str, Any]]:
     folder = Path(folder)
     if not folder.is_dir():
-        raise CheckpointError(f"{folder}: checkpoint folder not found")
+        raise CheckpointError(f"{printable(folder)}: checkpoint folder not found")
     path = folder / CONFIG
-    if not path.is_file():
-        raise CheckpointError(f"{folder}: missing {CONFIG}")
+    if not path.exists() and not path.is_symlink():
+        raise CheckpointError(f"{printable(folder)}: missing {CONFIG}")
     try:
-        data = read_json(path)
-    except (ValueError, UnicodeDecodeError):
-        raise CheckpointError(f"{path}: not valid JSON") from None
+        data = read_json(path, MAX_CONFIG_BYTES)
+    except MusegenError as exc:
+        raise CheckpointError(str(exc)) from None
+    except ValueError as exc:
+        raise CheckpointError(f"{printable(path)}: not valid JSON ({_first_line(exc)})") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise CheckpointError(f"{path}: not a musegen checkpoint config")
+        raise CheckpointError(f"{printable(path)}: not a musegen checkpoint config")
     if data.get("version") != VERSION:
-        raise CheckpointError(f"{path}: checkpoint format version {data.get('version')!r}, expected {VERSION}")
+        raise CheckpointError(f"{printable(path)}: checkpoint format version {data.get('version')!r}, expected {VERSION}")
     if not isinstance(data.get("model"), dict):
-        raise CheckpointError(f"{path}: invalid model config (no settings object)")
+        raise CheckpointError(f"{printable(path)}: invalid model config (no settings object)")
     try:
         config = ModelConfig.from_dict(data["model"])
     except MusegenError as exc:
-        raise CheckpointError(f"{path}: invalid model config ({exc})") from None
+        raise CheckpointError(f"{printable(path)}: invalid model config ({exc})") from None
+    for field, limit in CONFIG_LIMITS.items():
+        if getattr(config, field) > limit:
+            raise CheckpointError(f"{printable(path)}: invalid model config ({field} = {getattr(config, field)}; "
+                                  f"a checkpoint may ask for at most {limit:,})")
     return config, data.get("meta", {})
 
 
 def load_checkpoint(folder: str | os.PathLike, device: str | torch.device = "cpu"):
-    """Return (model in eval mode, tokenizer, config, meta) or raise CheckpointError."""
+    """Return (model in eval mode, tokenizer, config, meta) or raise CheckpointError.
+
+    Nothing is allocated from the files' word alone: the config's sizes are bounded, and the
+    weight file's header (names and shapes) must match a model built on the meta device, which
+    allocates nothing, before any tensor is read or the real model is built."""
     from .model import MusicPerformer
 
     folder = Path(folder)
     config, meta = read_checkpoint_config(folder)
     try:
-        tokenizer = load_tokenizer(folder / TOKENIZER)
+        tokenizer = load_tokenizer(folder / TOKENIZER, remedy="retrain the model")
+    except RepresentationError as exc:  # its own message says what to do
+        raise CheckpointError(str(exc)) from None
     except MusegenError as exc:
         raise CheckpointError(f"{folder}: bad tokenizer ({exc})") from None
     if tokenizer.vocab_size != config.vocab_size:
         raise CheckpointError(f"{folder}: tokenizer has {tokenizer.vocab_size} tokens "
                               f"but the model {config.vocab_size}")
     weights = folder / WEIGHTS
-    if not weights.is_file():
-        raise CheckpointError(f"{folder}: missing {WEIGHTS}")
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in MusicPerformer(config).state_dict().items()}
+    _check_header(weights, expected)
     try:
         state = load_file(str(weights))
     except (SafetensorError, OSError, ValueError) as exc:
-        raise CheckpointError(f"{weights}: unreadable weights ({exc})") from None
-    model = MusicPerformer(config)
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    if missing or unexpected:
-        raise CheckpointError(f"{weights}: weights do not match the config "
-                              f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+        raise CheckpointError(f"{printable(weights)}: unreadable weights ({_first_line(exc)})") from None
     for name, tensor in state.items():
-        if tensor.shape != expected[name].shape:
-            raise CheckpointError(f"{weights}: {name} has shape {tuple(tensor.shape)}, "
-                                  f"the config needs {tuple(expected[name].shape)}")
         if tensor.is_floating_point() and not torch.isfinite(tensor).all():
-            raise CheckpointError(f"{weights}: {name} holds non-finite values")
-    model.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()})
+            raise CheckpointError(f"{printable(weights)}: {name} holds non-finite values")
+    model = MusicPerformer(config)
+    targets = model.state_dict()
+    model.load_state_dict({k: v.to(targets[k].dtype) for k, v in state.items()})
     return model.to(device).eval(), tokenizer, config, meta
+
+
+def _check_header(weights: Path, expected: dict[str, tuple[int, ...]]) -> None:
+    """The weight file is a regular file whose safetensors header names exactly `expected`'s
+    tensors with their shapes (only the header is read)."""
+    if not weights.exists() and not weights.is_symlink():
+        raise CheckpointError(f"{printable(weights.parent)}: missing {WEIGHTS}")
+    read_head(weights, 8, "weights file", CheckpointError)  # refuses FIFOs, devices, folders, link loops
+    try:
+        with safe_open(str(weights), "pt") as f:
+            shapes = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"{printable(weights)}: unreadable weights ({_first_line(exc)})") from None
+    missing, unexpected = sorted(set(expected) - set(shapes)), sorted(set(shapes) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(f"{printable(weights)}: weights do not match the config "
+                              f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+    for name, shape in shapes.items():
+        if shape != expected[name]:
+            raise CheckpointError(f"{printable(weights)}: {name} has shape {shape}, the config needs {expected[name]}")
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
 
 
 def export_checkpoint(source: str | os.PathLike, dest: str | os.PathLike, dtype: torch.dtype = torch.float16,
                       meta: dict[str, Any] | None = None) -> Path:
     """Copy a checkpoint's model, config and tokenizer (no trainer state) with weights cast to
     `dtype`, merging `meta` into its metadata: how a run's checkpoint becomes a shipped model."""
+    if Path(dest).exists() and os.path.samefile(source, dest):
+        raise CheckpointError(f"{printable(dest)}: --out is the checkpoint itself; choose another folder")
     model, tokenizer, config, old_meta = load_checkpoint(source)
     return save_checkpoint(dest, model, config, tokenizer, {**old_meta, **(meta or {})}, dtype=dtype)

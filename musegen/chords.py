@@ -54,19 +54,23 @@ class BeatChords:
         return len(self.root)
 
 
-def detect_chords(start, end, pitch, ticks_per_beat: int, max_tick: int | None = None) -> BeatChords:
+def detect_chords(start, end, pitch, ticks_per_beat: int, max_tick: int | None = None,
+                  first_beat: int = 0) -> BeatChords:
     """Chorder's `Dechorder.dechord` labels for notes given as tick arrays (drums excluded).
 
-    `max_tick` plays the role of miditoolkit's `max_tick` (default: the last note end);
-    one label per beat in range(0, max_tick, ticks_per_beat).
+    `max_tick` plays the role of miditoolkit's `max_tick` (default: the last note end): chorder
+    labels the beats in range(0, max_tick, ticks_per_beat). `first_beat` (even, so that beat pairs
+    stay chorder's pairs) skips the beats before it: the labels are those of beats first_beat...
     """
+    if first_beat % 2:
+        raise ValueError("first_beat must be even: chorder scores beats in pairs")
     start, end, pitch = (np.asarray(a, dtype=np.int64) for a in (start, end, pitch))
     order = np.argsort(start, kind="stable")
     start, end, pitch = start[order], end[order], pitch[order]
     if max_tick is None:
         max_tick = int(end.max()) if len(end) else 0
-    one = _windows(start, end, pitch, ticks_per_beat, max_tick)
-    two = _windows(start, end, pitch, 2 * ticks_per_beat, max_tick)
+    one = _windows(start, end, pitch, ticks_per_beat, max_tick, first_beat)
+    two = _windows(start, end, pitch, 2 * ticks_per_beat, max_tick, first_beat // 2)
     n1, n2 = len(one[0]), len(two[0])
     pick_two = np.zeros(n1, dtype=bool)
     # Beat pairs (2i, 2i+1): the 2-beat chord (score halved) wins unless both single beats score >= it.
@@ -81,10 +85,11 @@ def detect_chords(start, end, pitch, ticks_per_beat: int, max_tick: int | None =
     return BeatChords(root.astype(np.int8), quality.astype(np.int8), bass.astype(np.int8))
 
 
-def _windows(start, end, pitch, length: int, max_tick: int):
-    """Root, quality, bass and score of `Dechorder.get_chord_quality` for each window of `length` ticks."""
-    n_win = -(-max_tick // length) if max_tick > 0 else 0
-    w_start = np.arange(n_win, dtype=np.int64) * length
+def _windows(start, end, pitch, length: int, max_tick: int, first: int):
+    """Root, quality, bass and score of `Dechorder.get_chord_quality` for each window of `length`
+    ticks from window `first` on."""
+    n_win = max(-(-max_tick // length) - first, 0) if max_tick > 0 else 0
+    w_start = (np.arange(n_win, dtype=np.int64) + first) * length
     w_end = w_start + length
     chord_map, spans = _window_maps(start, end, pitch, w_start, w_end)
 
@@ -107,25 +112,34 @@ def _windows(start, end, pitch, length: int, max_tick: int):
             np.where(is_chord, bass, -1), np.where(is_chord, best_score, -1))
 
 
+_PAIRS_PER_CHUNK = 1 << 20  # (window, note) pairs expanded at once: bounds memory on pathological files
+
+
 def _window_maps(start, end, pitch, w_start, w_end):
     """Per window: sounding ticks per pitch class (12) and per pitch (128) of the notes chorder sees."""
     n_win = len(w_start)
+    spans = np.zeros((n_win, 128), np.int64)
     onsets = np.unique(start)
     if n_win == 0 or len(onsets) == 0:
-        return np.zeros((n_win, 12), np.int64), np.zeros((n_win, 128), np.int64)
+        return spans[:, :12], spans
     first = np.searchsorted(onsets, w_start, side="left")
     earliest_onset = onsets[np.maximum(first - _LOOKBACK_TIMEPOINTS, 0)]
     lo = np.searchsorted(start, earliest_onset, side="left")
     hi = np.searchsorted(start, w_end, side="left")
     counts = np.maximum(hi - lo, 0)
-    win = np.repeat(np.arange(n_win), counts)
-    offsets = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
-    note = np.repeat(lo, counts) + offsets
-    keep = end[note] >= w_start[win]
-    win, note = win[keep], note[keep]
-    overlap = np.minimum(end[note], w_end[win]) - np.maximum(start[note], w_start[win])
-    spans = np.bincount(win * 128 + pitch[note], weights=overlap, minlength=n_win * 128)
-    spans = spans.astype(np.int64).reshape(n_win, 128)
+    # windows in chunks of about _PAIRS_PER_CHUNK candidate notes (at least one window each)
+    edges = np.unique(np.r_[0, np.searchsorted(np.cumsum(counts), np.arange(1, counts.sum() // _PAIRS_PER_CHUNK + 1)
+                                               * _PAIRS_PER_CHUNK), n_win])
+    for a, b in zip(edges[:-1], edges[1:]):
+        c = counts[a:b]
+        win = np.repeat(np.arange(a, b), c)
+        offsets = np.arange(c.sum()) - np.repeat(np.cumsum(c) - c, c)
+        note = np.repeat(lo[a:b], c) + offsets
+        keep = end[note] >= w_start[win]
+        win, note = win[keep], note[keep]
+        overlap = np.minimum(end[note], w_end[win]) - np.maximum(start[note], w_start[win])
+        spans[a:b] = np.bincount((win - a) * 128 + pitch[note], weights=overlap,
+                                 minlength=(b - a) * 128).astype(np.int64).reshape(b - a, 128)
     return spans @ _PITCH_CLASS, spans
 
 

@@ -1,4 +1,4 @@
-"""Training data: random crops of token shards, augmentation per tokenizer, batches by step.
+"""Training data: crops of token shards, the augmentation each tokenizer asks for, batches by step.
 
 Every random choice is a pure function of (seed, sample position) or (seed, epoch), never of
 a running generator. Step s trains on the global sample positions [s*B, (s+1)*B): the same
@@ -26,17 +26,16 @@ def derive_seed(*parts: int) -> int:
 
 
 class Augmenter:
-    """Random rewrites of token ids that keep a piece musical, per tokenizer kind (PAPER_NOTES §3-4).
+    """Random rewrites of token ids that keep a piece musical; each tokenizer names the ones that
+    suit its representation (`Tokenizer.augmentation`, the keyword arguments below).
 
-    - REMI: transposition by a shift in -6..+6 (chord roots too), redrawn until in range.
-    - groove: skip 0..`max_skip_bars` bars at the start; drop each track with probability
-      `track_dropout` while keeping at least one; transposition in -5..+5, drums untouched
-      (the tokenizer leaves them alone).
+    - `max_skip_bars`: skip 0..max_skip_bars bars at the start;
+    - `track_dropout`: drop each track with this probability, keeping at least one;
+    - `max_shift`: transpose by a shift in -max_shift..+max_shift, redrawn until in range (the
+      tokenizer decides what a shift leaves alone, e.g. drums).
     Piece-level rewrites (bar skip, track dropout) run before cropping, transposition after it,
     so the shift only has to fit the pitches of the window.
     """
-
-    DEFAULTS = {"remi": dict(max_shift=6), "groove": dict(max_shift=5, max_skip_bars=4, track_dropout=0.2)}
 
     def __init__(self, tokenizer: Tokenizer, max_shift: int = 0, max_skip_bars: int = 0,
                  track_dropout: float = 0.0):
@@ -45,7 +44,7 @@ class Augmenter:
 
     @classmethod
     def for_tokenizer(cls, tokenizer: Tokenizer) -> "Augmenter":
-        return cls(tokenizer, **cls.DEFAULTS.get(tokenizer.kind, {}))
+        return cls(tokenizer, **tokenizer.augmentation)
 
     def before_crop(self, ids: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         if self.max_skip_bars > 0:

@@ -32,3 +32,13 @@ class DataError(MusegenError):
 
 class TrainingError(MusegenError):
     """A run that cannot go on, e.g. its loss kept coming out non-finite."""
+
+
+class DiskFullError(MusegenError, OSError):
+    """No space left where musegen was writing; the file under its final name is unchanged. Also
+    an OSError, as the write's own error was, for code that handles that."""
+
+
+class InputFileError(MusegenError, OSError):
+    """A path that names no regular, readable file of acceptable size. Also an OSError, so code
+    that expects what a plain `open()` raises for a missing file handles it the same way."""

@@ -2,58 +2,162 @@
 
 Parsing uses symusic (a C++ parser, far faster than mido-based readers). Callers get a
 `symusic.Score` in ticks, or a `MidiError` that says in one line what is wrong.
+
+Bounds, checked before the parser runs:
+- only a regular file is read (a FIFO would block, /dev/zero never end), of at most
+  MAX_MIDI_BYTES (16 MiB; real songs are tens of kB, whole symphonies a few MB);
+- every event lies before tick 2^31. symusic keeps ticks in 32 bits: past 2^31 they come back
+  negative, and past 2^32 they wrap to small, plausible times (a note moved onto the music,
+  without a word), so the ticks are summed here from the file's own delta-times, in Python
+  integers. How many bars a piece may have is each tokenizer's bound (10,000).
 """
 
 from __future__ import annotations
 
 import os
+import struct
 from pathlib import Path
 
+import numpy as np
 import symusic
 
 from .errors import MidiError
+from .io import printable, read_input
 
 MIDI_SUFFIXES = (".mid", ".midi", ".MID", ".MIDI")
+MAX_MIDI_BYTES = 16 * 2**20
+MAX_TICK = 2**31 - 1  # the parser's 32-bit tick counter
 
 
-def load_score(source: str | os.PathLike | bytes) -> symusic.Score:
-    """Parse a MIDI file (path or raw bytes) into a tick-based score that has at least one note."""
-    if isinstance(source, (bytes, bytearray)):
-        name, data = "<bytes>", bytes(source)
-    else:
-        path = Path(source)
-        name = str(path)
-        if not path.exists():
-            raise MidiError(f"{name}: no such file")
-        if path.is_dir():
-            raise MidiError(f"{name}: is a folder, not a MIDI file")
-        data = path.read_bytes()
-    if not data:
-        raise MidiError(f"{name}: empty file")
-    if not data.startswith(b"MThd"):
-        raise MidiError(f"{name}: not a MIDI file (no MThd header)")
+def load_score(source: str | os.PathLike | bytes | symusic.Score) -> symusic.Score:
+    """Parse a MIDI file (path or raw bytes) into a tick-based score that has at least one note.
+    A score already in memory is checked the same way."""
+    return read_midi(source)[0]
+
+
+def read_midi(source: str | os.PathLike | bytes | symusic.Score) -> tuple[symusic.Score, int]:
+    """`load_score`, and the file's length as miditoolkit counts it (its `max_tick`): one past the
+    last event of any track, end-of-track events included. For a score in memory, one past its
+    last event."""
+    if isinstance(source, symusic.Score):
+        score = _checked(source, "<score>")
+        return score, _last_event(score) + 1
+    name, data = _midi_bytes(source)
+    try:
+        ends = _track_ends(data)
+    except (IndexError, ValueError):  # a track symusic may read leniently: its events are checked below
+        ends = []
+    if ends and max(ends) > MAX_TICK:
+        raise MidiError(f"{name}: events past tick 2^31 (tick {max(ends):,}), where the parser's 32-bit "
+                        "times wrap around")
     try:
         score = symusic.Score.from_midi(data)
     except Exception as exc:  # the parser signals corruption with assorted exception types
         raise MidiError(f"{name}: corrupt MIDI ({_first_line(exc)})") from None
+    score = _checked(score, name)
+    return score, (max(ends) if ends else _last_event(score)) + 1
+
+
+def _midi_bytes(source: str | os.PathLike | bytes) -> tuple[str, bytes]:
+    """(printable name, bytes) of a MIDI file that passes the size, header and division checks."""
+    if isinstance(source, (bytes, bytearray)):
+        name, data = "<bytes>", bytes(source)
+        if len(data) > MAX_MIDI_BYTES:
+            raise MidiError(f"{name}: {len(data):,} bytes, more than the {MAX_MIDI_BYTES:,} a MIDI file may have")
+    else:
+        name = printable(source)
+        data = read_input(source, "MIDI file", MAX_MIDI_BYTES, MidiError)
+    if not data:
+        raise MidiError(f"{name}: empty file")
+    if not data.startswith(b"MThd") or len(data) < 14:
+        raise MidiError(f"{name}: not a MIDI file (no MThd header)")
+    division = struct.unpack(">H", data[12:14])[0]
+    if division & 0x8000:
+        raise MidiError(f"{name}: SMPTE time division (frames per second); musegen needs ticks per beat")
+    return name, data
+
+
+def _track_ends(data: bytes) -> list[int]:
+    """The tick of the last event of each track chunk, read from the raw bytes."""
+    ends = []
+    pos = 8 + int.from_bytes(data[4:8], "big")
+    while pos + 8 <= len(data):
+        kind, length = data[pos:pos + 4], int.from_bytes(data[pos + 4:pos + 8], "big")
+        pos += 8
+        stop = min(pos + length, len(data))
+        if kind == b"MTrk":
+            ends.append(_track_length(data, pos, stop))
+        pos = stop
+    return ends
+
+
+def _track_length(data: bytes, i: int, stop: int) -> int:
+    """The sum of the delta times of the events in data[i:stop]."""
+    tick, status = 0, 0
+    while i < stop:
+        delta, i = _varlen(data, i)
+        tick += delta
+        byte = data[i]
+        if byte == 0xFF:  # meta event: type, length, data
+            length, i = _varlen(data, i + 2)
+            i += length
+        elif byte in (0xF0, 0xF7):  # sysex: length, data
+            length, i = _varlen(data, i + 1)
+            i += length
+        else:
+            if byte & 0x80:  # a new status byte; otherwise the running status goes on
+                status, i = byte, i + 1
+            i += 1 if (status & 0xF0) in (0xC0, 0xD0) else 2  # program, pressure: one data byte
+    return tick
+
+
+def _varlen(data: bytes, i: int) -> tuple[int, int]:
+    value = 0
+    for _ in range(4):
+        byte = data[i]
+        i += 1
+        value = (value << 7) | (byte & 0x7F)
+        if byte < 0x80:
+            return value, i
+    raise ValueError("variable-length quantity longer than 4 bytes")
+
+
+def _last_event(score: symusic.Score) -> int:
+    ends = [int((n["time"].astype(np.int64) + n["duration"]).max()) if len(n["time"]) else 0
+            for n in (t.notes.numpy() for t in score.tracks)]
+    ends += [e.time for events in (score.tempos, score.time_signatures, score.markers) for e in events]
+    return max(ends + [0])
+
+
+def _checked(score: symusic.Score, name: str) -> symusic.Score:
     if score.tpq <= 0:
         raise MidiError(f"{name}: invalid ticks-per-quarter {score.tpq}")
     if sum(len(t.notes) for t in score.tracks) == 0:
         raise MidiError(f"{name}: contains no notes")
+    times = [t.notes.numpy()["time"] for t in score.tracks] + [
+        np.array([e.time for e in events]) for events in (score.tempos, score.time_signatures, score.markers)]
+    durations = [t.notes.numpy()["duration"] for t in score.tracks]
+    if any(len(t) and t.min() < 0 for t in times + durations):
+        raise MidiError(f"{name}: events past tick 2^31 (read back as negative times)")
     return score
 
 
 def find_midi_files(folder: str | os.PathLike) -> list[Path]:
-    """All MIDI files under `folder`, sorted, or a MidiError when there are none."""
+    """Every entry under `folder` with a MIDI suffix that is not a folder, sorted; a MidiError when
+    there is none. FIFOs, devices, broken links and link loops are included (the reader refuses
+    each in one line, so a batch counts them), and so are folders that cannot be listed."""
     folder = Path(folder)
-    if not folder.exists():
-        raise MidiError(f"{folder}: no such folder")
-    if folder.is_file():
+    if not folder.exists() and not folder.is_symlink():
+        raise MidiError(f"{printable(folder)}: no such folder")
+    if not folder.is_dir():
         return [folder]
-    files = sorted(p for p in folder.rglob("*") if p.suffix in MIDI_SUFFIXES and p.is_file())
-    if not files:
-        raise MidiError(f"{folder}: no MIDI files found")
-    return files
+    found: list[Path] = []
+    unreadable = lambda exc: found.append(Path(exc.filename))  # noqa: E731  (os.walk's error callback)
+    for root, _, names in os.walk(folder, onerror=unreadable):
+        found += [Path(root) / name for name in names if Path(name).suffix in MIDI_SUFFIXES]
+    if not found:
+        raise MidiError(f"{printable(folder)}: no MIDI files found")
+    return sorted(found)
 
 
 def _first_line(exc: BaseException) -> str:

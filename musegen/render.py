@@ -7,22 +7,30 @@ where the prompt ends when the MIDI carries musegen's prompt-end marker (see `mu
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import struct
 import subprocess
+import tempfile
 import wave
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
+import symusic
 
-from .errors import MusegenError
-from .io import atomic_path
+from .errors import DiskFullError, MusegenError
+from .io import atomic_path, printable, read_head
 from .midi import load_score
 from .plots import pyplot, save_png
 
 INSTALL_HINT = "apt-get install fluidsynth fluid-soundfont-gm"
 PROMPT_END_MARKER = "musegen:prompt_end"
 SAMPLE_RATE = 44100
+MAX_MINUTES = 30.0  # default bound on a render: 30 minutes of 44.1 kHz stereo 16-bit is 318 MB of WAV
+TAIL_SECONDS = 5.0  # FluidSynth plays on after the last note until the voices have died out
+MAX_FLUIDSYNTH_TRACKS = 127  # its player silently ignores files with more (measured with FluidSynth 2.3)
 
 
 def soundfont_candidates() -> list[Path]:
@@ -37,8 +45,9 @@ def soundfont_candidates() -> list[Path]:
 def find_soundfont(soundfont: str | os.PathLike | None = None) -> Path:
     if soundfont is not None:
         path = Path(soundfont)
-        if not path.is_file():
-            raise MusegenError(f"{path}: soundfont not found")
+        head = read_head(path, 12, "soundfont")
+        if head[:4] != b"RIFF" or head[8:12] != b"sfbk":
+            raise MusegenError(f"{printable(path)}: not a SoundFont 2 file (no RIFF 'sfbk' header)")
         return path
     for path in soundfont_candidates():
         if path.is_file():
@@ -47,38 +56,126 @@ def find_soundfont(soundfont: str | os.PathLike | None = None) -> Path:
 
 
 def render_wav(midi_path: str | os.PathLike, wav_path: str | os.PathLike,
-               soundfont: str | os.PathLike | None = None, sample_rate: int = SAMPLE_RATE) -> Path:
-    """Synthesise `midi_path` to a 16-bit WAV at `wav_path` (written atomically)."""
-    load_score(midi_path)  # one-line MidiError for anything FluidSynth would choke on
+               soundfont: str | os.PathLike | None = None, sample_rate: int = SAMPLE_RATE,
+               max_minutes: float = MAX_MINUTES) -> Path:
+    """Synthesise `midi_path` to a 16-bit stereo WAV at `wav_path` (written atomically).
+
+    Refused in one line: a piece longer than `max_minutes` (the WAV size is bounded by it), an
+    output path that is the MIDI file or an existing file that is not a WAV, more tracks than
+    FluidSynth plays (127) when merging them by instrument does not bring them within it."""
+    score = load_score(midi_path)  # one-line MidiError for anything FluidSynth would choke on
+    seconds = score.to("second").end()
+    if seconds > 60 * max_minutes:
+        raise MusegenError(f"{printable(midi_path)}: lasts {seconds / 60:,.1f} minutes; render writes at most "
+                           f"{max_minutes:g} (--max-minutes)")
+    wav_path = Path(wav_path)
+    refuse_to_replace(wav_path, midi_path, b"RIFF", "WAV")
     exe = shutil.which("fluidsynth")
     if exe is None:
         raise MusegenError(f"fluidsynth not found; install it with `{INSTALL_HINT}`")
     font = find_soundfont(soundfont)
-    wav_path = Path(wav_path)
-    with atomic_path(wav_path) as tmp:
+    needed = int((seconds + TAIL_SECONDS) * sample_rate) * 4  # 2 channels x 16 bits
+    wav_path.parent.mkdir(parents=True, exist_ok=True)
+    if shutil.disk_usage(wav_path.parent).free < needed:
+        raise DiskFullError(f"disk full: {printable(wav_path)} needs about {needed / 2**20:,.0f} MiB")
+    with _playable_midi(midi_path, score) as playable, atomic_path(wav_path) as tmp:
         # -T wav: the temporary name has no .wav suffix for FluidSynth to guess the type from.
         cmd = [exe, "-n", "-i", "-q", "-r", str(sample_rate), "-T", "wav", "-O", "s16",
-               "-F", str(tmp), str(font), str(midi_path)]
-        done = subprocess.run(cmd, capture_output=True, text=True)
+               "-F", str(tmp), str(font), str(playable)]
+        done = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
         if done.returncode != 0 or tmp.stat().st_size <= 44:
             detail = (done.stderr or done.stdout).strip().splitlines()
-            raise MusegenError(f"fluidsynth failed on {midi_path}: {detail[-1] if detail else 'no audio written'}")
-        _trim_silent_tail(tmp, load_score(midi_path).to("second").end())
+            raise MusegenError(f"fluidsynth failed on {printable(midi_path)}: "
+                               f"{detail[-1] if detail else 'no audio written'}")
+        _trim_silent_tail(tmp, seconds)
     return wav_path
+
+
+def refuse_to_replace(out: Path, source: str | os.PathLike, signature: bytes, kind: str) -> None:
+    """MusegenError when writing `out` would destroy the input or a file that is not a `kind`."""
+    if not out.exists():
+        return
+    if os.path.samefile(out, source):
+        raise MusegenError(f"{printable(out)}: the output is the input file; choose another path")
+    if not out.is_file() or read_head(out, len(signature), f"{kind} file") != signature:
+        raise MusegenError(f"{printable(out)} exists and is not a {kind} file; not replacing it")
+
+
+@contextlib.contextmanager
+def _playable_midi(midi_path: str | os.PathLike, score) -> Iterator[Path]:
+    """The MIDI file itself when FluidSynth can play it, else a copy with its tracks merged by
+    instrument (FluidSynth's player ignores files of more than 127 tracks and writes silence)."""
+    tracks = struct.unpack(">H", read_head(midi_path, 12, "MIDI file")[10:12])[0]  # what FluidSynth reads
+    if tracks <= MAX_FLUIDSYNTH_TRACKS:
+        yield Path(midi_path)
+        return
+    merged = merge_by_instrument(score)
+    melodic = sum(not t.is_drum for t in merged.tracks)
+    if melodic > 15:  # 16 channels, one of them drums
+        raise MusegenError(f"{printable(midi_path)}: {len(score.tracks)} tracks with {melodic} pitched "
+                           "instruments; FluidSynth plays 127 tracks and 16 channels (15 + drums)")
+    with tempfile.TemporaryDirectory(prefix="musegen-render-") as folder:
+        path = Path(folder) / "merged.mid"
+        merged.dump_midi(str(path))
+        yield path
+
+
+def merge_by_instrument(score):
+    """A copy of `score` with one track per (program, drums) holding all of their notes and controls."""
+    merged = score.copy()
+    groups: dict[tuple[int, bool], object] = {}
+    for track in score.tracks:
+        key = (track.program, track.is_drum)
+        if key not in groups:
+            groups[key] = symusic.Track(name=track.name, program=track.program, is_drum=track.is_drum)
+        target = groups[key]
+        for field in ("notes", "controls", "pitch_bends", "pedals"):
+            getattr(target, field).extend(getattr(track, field))
+    merged.tracks = list(groups.values())
+    for track in merged.tracks:
+        track.sort()
+    return merged
 
 
 def _trim_silent_tail(path: Path, music_end: float, threshold: int = 32, margin: float = 0.1) -> None:
     """Cut the seconds of near-silence FluidSynth appends after the last release dies out, so the
-    WAV lasts as long as the music (plus what is still audibly ringing); never before `music_end`."""
+    WAV lasts as long as the music (plus what is still audibly ringing); never before `music_end`.
+    Reads a second at a time from `music_end` on and truncates in place: memory stays small."""
     with wave.open(str(path)) as w:
-        params = w.getparams()
-        frames = np.frombuffer(w.readframes(params.nframes), dtype=np.int16).reshape(-1, params.nchannels)
-    loud = np.flatnonzero(np.abs(frames).max(axis=1) > threshold)
-    keep_until = max(music_end, (loud[-1] + 1) / params.framerate if len(loud) else 0.0) + margin
-    keep = min(len(frames), int(round(keep_until * params.framerate)))
-    with wave.open(str(path), "wb") as w:
-        w.setparams(params)
-        w.writeframes(frames[:keep].tobytes())
+        rate, channels, total = w.getframerate(), w.getnchannels(), w.getnframes()
+        last_loud = min(total, int(music_end * rate))
+        w.setpos(last_loud)
+        pos = last_loud
+        while pos < total:
+            block = np.frombuffer(w.readframes(rate), dtype=np.int16).reshape(-1, channels)
+            if not len(block):
+                break
+            loud = np.flatnonzero(np.abs(block.astype(np.int32)).max(axis=1) > threshold)
+            if len(loud):
+                last_loud = pos + int(loud[-1]) + 1
+            pos += len(block)
+    _truncate_wav(path, min(total, last_loud + int(round(margin * rate))), 2 * channels)
+
+
+def _truncate_wav(path: Path, frames: int, frame_bytes: int) -> None:
+    """Keep the first `frames` frames of a PCM WAV: rewrite the RIFF and data sizes, cut the file."""
+    with open(path, "r+b") as f:
+        pos = 12  # after "RIFF" <size> "WAVE": walk the chunks to "data"
+        while True:
+            f.seek(pos)
+            head = f.read(8)
+            if len(head) < 8:
+                raise MusegenError(f"fluidsynth wrote a WAV without audio data ({printable(path)})")
+            size = struct.unpack("<I", head[4:])[0]
+            if head[:4] == b"data":
+                break
+            pos += 8 + size + (size & 1)
+        data_bytes = min(size, frames * frame_bytes)
+        f.seek(pos + 4)
+        f.write(struct.pack("<I", data_bytes))
+        f.seek(4)
+        f.write(struct.pack("<I", pos + data_bytes))
+        f.truncate(pos + 8 + data_bytes)
 
 
 def prompt_end_seconds(score) -> float | None:
@@ -91,23 +188,32 @@ def prompt_end_seconds(score) -> float | None:
 
 
 def pianoroll_png(midi_path: str | os.PathLike, png_path: str | os.PathLike, title: str | None = None) -> Path:
-    """Draw every note as a bar (time in seconds x pitch), one colour per track; mark the prompt end."""
-    plt = pyplot()
+    """Draw every note as a bar (time in seconds x pitch), one colour per track; mark the prompt end.
 
+    Each track's notes are one collection of rectangles (not one artist per note), so a file of
+    200,000 notes draws in seconds and little memory."""
+    from matplotlib.collections import PolyCollection
+
+    plt = pyplot()
     score = load_score(midi_path)
+    refuse_to_replace(Path(png_path), midi_path, b"\x89PNG", "PNG")
     seconds = score.to("second")
     fig, ax = plt.subplots(figsize=(12, 4.5), dpi=100)
     for i, track in enumerate(t for t in seconds.tracks if len(t.notes)):
         notes = track.notes.numpy()
+        x0, x1 = notes["time"], notes["time"] + np.maximum(notes["duration"], 0.02)
+        y0, y1 = notes["pitch"] - 0.4, notes["pitch"] + 0.4
+        boxes = np.stack([np.stack([x0, y0], 1), np.stack([x0, y1], 1), np.stack([x1, y1], 1),
+                          np.stack([x1, y0], 1)], 1)
         label = "drums" if track.is_drum else (track.name or f"program {track.program}")
-        ax.barh(notes["pitch"], np.maximum(notes["duration"], 0.02), left=notes["time"], height=0.8,
-                color=f"C{i % 10}", label=label, linewidth=0)
+        ax.add_collection(PolyCollection(boxes, facecolors=f"C{i % 10}", linewidths=0, label=label))
+    ax.autoscale_view()
     end = prompt_end_seconds(score)
     if end is not None:
         ax.axvline(end, color="black", linestyle="--", linewidth=1.2, label="prompt end")
     ax.set_xlabel("time (s)")
     ax.set_ylabel("MIDI pitch")
-    ax.set_title(title or Path(midi_path).name)
+    ax.set_title(printable(title or Path(midi_path).name))
     ax.legend(loc="upper right", fontsize="small")
     fig.tight_layout()
     return save_png(fig, png_path)

@@ -2,12 +2,20 @@
 
 Generation runs the model in recurrent mode (`model.streaming`): the SPE noise, gate noise and
 random features are drawn once per batch and held fixed, so every step costs the same whatever
-the length. All samples of a batch advance together. The tokenizer's grammar masks the logits
+the length. All samples of a batch advance together, each tracked by one record (`_Row`: its
+tokens, its grammar state, what it may draw next). The tokenizer's grammar masks the logits
 before sampling (never rejection), so with the mask on every sample is grammatical; the piece's
-end token is also masked until the requested length is reached (the reference code's "no EOS
+end tokens are also masked until the requested length is reached (the reference code's "no EOS
 before the requested length"). When the length is reached in the middle of a note, sampling goes
 on under the mask until the grammar says the piece can close, then the grammar's closing tokens
-are appended.
+are appended. With `--bars`, a sample stops where the tokenizer's `bar_starts` lists the first
+bar past the requested ones, and is closed there.
+
+A prompt is cut after whole bars: the kept bars are closed as a piece of their own and opened
+again, so the continuation starts in a new bar (REMI keeps the `Bar` that opens it) and never
+writes into the prompt's last bar. The prompt is walked by the grammar once and decoded once;
+`Prompt` carries its end state. Nothing here knows a tokenizer's kind: the sampling defaults,
+end tokens and decoding facts come from the `Tokenizer` API.
 """
 
 from __future__ import annotations
@@ -16,40 +24,47 @@ import contextlib
 import math
 import os
 import random
+import re
+import shutil
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import miditoolkit
 import numpy as np
 import torch
 from tqdm import tqdm
 
+from . import mirex
 from .device import resolve_device
 from .errors import ConfigError, MidiError, MusegenError, TokenError
-from .io import atomic_path, write_json
-from .midi import find_midi_files
+from .io import atomic_path, check_regular, read_json, write_json
+from .midi import MIDI_SUFFIXES
 from .render import PROMPT_END_MARKER, pianoroll_png, render_wav
-from .tokenizers.base import Grammar, Tokenizer
+from .tokenizers.base import MAX_BARS, Grammar, Tokenizer
 
-# The paper's sampling settings per tokenizer kind (PAPER_NOTES §3 and §4).
-PAPER_DEFAULTS = {"remi": {"temperature": 1.2, "top_p": 0.9}, "groove": {"temperature": 0.6, "top_p": 1.0}}
-FALLBACK_DEFAULTS = {"temperature": 1.0, "top_p": 1.0}
 FINISH_LIMIT = 256  # most tokens sampled past the length while waiting for a note to end
 MAX_TOKENS_PER_BAR = 1024  # safety cap on --bars generation
+MAX_LENGTH = MAX_BARS * MAX_TOKENS_PER_BAR  # --length: what the longest piece can hold
+TEMPERATURE_RANGE = (1e-3, 100.0)  # below, logits / T overflow float32; above, every token is as likely
+TOP_P_RANGE = (1e-6, 1.0)  # below, the nucleus is the most likely token alone whatever the value
+SEED_MAX = 2**63 - 1  # torch generators take 64 bits; folder prompts count up from the seed, modulo this
+MAX_THREADS = 256
 # CPU threads while sampling, unless asked otherwise. A step is hundreds of tiny ops; on a busy
 # machine extra threads oversubscribe the cores and a paper-pop step got 10x slower with 2 threads
 # than with 1 (docs/performance.md). One thread also keeps a seed's output independent of the
 # machine's core count.
 DEFAULT_CPU_THREADS = 1
+SCRATCH_PREFIX = ".musegen-sample-"  # hidden folders an output set is written into before it is moved in
 
 
 @dataclass
 class SampleSettings:
     length: int | None = None  # new tokens after the prompt (closing tokens not counted)
     bars: int | None = None  # or: new bars after the prompt
-    temperature: float | None = None  # None: the paper's value for the tokenizer kind
+    temperature: float | None = None  # None: the tokenizer's sampling default
     top_p: float | None = None
     top_k: int = 0  # 0: off
     num_samples: int = 1
@@ -57,35 +72,50 @@ class SampleSettings:
     grammar: bool = True
     prompt_bars: int | None = None
 
-    def resolved(self, kind: str) -> "SampleSettings":
-        """Defaults filled in and every value checked (ConfigError with one line otherwise)."""
-        defaults = PAPER_DEFAULTS.get(kind, FALLBACK_DEFAULTS)
+    def resolved(self, tokenizer: Tokenizer | None = None) -> "SampleSettings":
+        """Defaults filled in (the tokenizer's sampling defaults) and every value checked against
+        its bound (ConfigError with one line otherwise)."""
+        defaults = (tokenizer or Tokenizer).sampling_defaults
         s = replace(self,
                     temperature=defaults["temperature"] if self.temperature is None else float(self.temperature),
                     top_p=defaults["top_p"] if self.top_p is None else float(self.top_p),
                     seed=random.SystemRandom().randrange(2**31) if self.seed is None else int(self.seed))
         if (s.length is None) == (s.bars is None):
             raise ConfigError("give exactly one of --length (tokens) or --bars")
-        checks = [
-            (s.length is None or s.length > 0, f"--length must be at least 1, got {s.length}"),
-            (s.bars is None or s.bars > 0, f"--bars must be at least 1, got {s.bars}"),
-            (0.0 < s.top_p <= 1.0, f"--top-p must be in (0, 1], got {s.top_p}"),
-            (s.temperature > 0 and math.isfinite(s.temperature), f"--temperature must be > 0, got {s.temperature}"),
-            (s.top_k >= 0, f"--top-k must be >= 0, got {s.top_k}"),
-            (s.num_samples >= 1, f"--num-samples must be at least 1, got {s.num_samples}"),
-            (s.prompt_bars is None or s.prompt_bars > 0, f"--prompt-bars must be at least 1, got {s.prompt_bars}"),
+        (low_t, high_t), low_p = TEMPERATURE_RANGE, TOP_P_RANGE[0]
+        checks = [  # option, value, whether it is within bounds, the bounds
+            ("--length", s.length, s.length is None or 1 <= s.length <= MAX_LENGTH, f"within 1..{MAX_LENGTH:,}"),
+            ("--bars", s.bars, s.bars is None or 1 <= s.bars <= MAX_BARS, f"within 1..{MAX_BARS:,}"),
+            ("--temperature", s.temperature, low_t <= s.temperature <= high_t, f"within [{low_t:g}, {high_t:g}]"),
+            ("--top-p", s.top_p, low_p <= s.top_p <= 1.0, f"within [{low_p:g}, 1]"),
+            ("--top-k", s.top_k, s.top_k >= 0, ">= 0"),
+            ("--num-samples", s.num_samples, s.num_samples >= 1, "at least 1"),
+            ("--seed", s.seed, 0 <= s.seed <= SEED_MAX, f"within 0..{SEED_MAX} (2**63 - 1)"),
+            ("--prompt-bars", s.prompt_bars, s.prompt_bars is None or 1 <= s.prompt_bars <= MAX_BARS,
+             f"within 1..{MAX_BARS:,}"),
         ]
-        for ok, message in checks:
-            if not ok:
-                raise ConfigError(message)
+        for option, value, ok, bounds in checks:
+            if not ok:  # NaN fails every comparison, so it lands here too
+                raise ConfigError(f"{option} must be {bounds}, got {value}")
         return s
 
 
 @dataclass
 class Prompt:
-    ids: np.ndarray  # open token sequence: the piece's end tokens removed so it can go on
+    """A token sequence to continue, open at its end (its closing tokens removed)."""
+
+    ids: np.ndarray
     report: dict[str, Any] = field(default_factory=dict)  # the tokenizer's encoding report
     source: str | None = None
+    state: Any = None  # the grammar state after `ids`; None: walked when first needed
+    bars: int | None = None  # whole bars before the continuation; None: counted when first needed
+    piece: miditoolkit.MidiFile | None = None  # the prompt alone, closed and decoded
+    mirex_offset: int | None = None  # JSON prompts: added to a decoded 16th to get the JSON's time
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """What decoding needs beyond the tokens (the encoding report's `meta`)."""
+        return self.report.get("meta") or {}
 
 
 @dataclass
@@ -101,60 +131,118 @@ class Sample:
         return self.violation is None and self.closed
 
 
+# ---- prompts ------------------------------------------------------------------------------------
+
+
 def load_prompt(tokenizer: Tokenizer, source: str | os.PathLike | bytes | None,
                 bars: int | None = None) -> Prompt:
-    """Encode a prompt with the checkpoint's tokenizer, keep its first `bars` bars, open its end."""
+    """Encode a prompt (MIDI file or bytes, or a MIREX task .json) with the checkpoint's tokenizer,
+    keep its first `bars` whole bars (all by default) and open its end."""
     if source is None:
         return Prompt(np.zeros(0, dtype=np.int64))
-    encoding = tokenizer.encode(source)
-    ids = np.asarray(encoding.ids, dtype=np.int64)
-    name = "<bytes>" if isinstance(source, (bytes, bytearray)) else str(source)
+    if isinstance(source, (bytes, bytearray)):
+        encoding = tokenizer.encode(source)
+        return prompt_from_ids(tokenizer, encoding.ids, bars, encoding.report)
+    path = Path(source)
+    if path.exists() and not path.is_file() and not path.is_dir():  # a FIFO would block the read
+        raise MidiError(f"{path}: not a regular file")
+    if path.suffix.lower() != ".json":
+        encoding = tokenizer.encode(path)
+        return prompt_from_ids(tokenizer, encoding.ids, bars, encoding.report, str(path))
+    if not path.is_file():
+        raise MidiError(f"{path}: no such file")
+    notes = mirex.read_prompt(path)
+    try:
+        encoding = tokenizer.encode(mirex.prompt_midi(notes))
+    except MusegenError as exc:  # the tokenizer names the MIDI it was given "<bytes>"
+        raise type(exc)(str(exc).replace("<bytes>", str(path), 1)) from None
+    prompt = prompt_from_ids(tokenizer, encoding.ids, bars, encoding.report, str(path))
+    return replace(prompt, mirex_offset=mirex.origin_offset(notes, prompt.piece))
+
+
+def prompt_from_ids(tokenizer: Tokenizer, ids, bars: int | None = None, report: dict[str, Any] | None = None,
+                    source: str | None = None) -> Prompt:
+    """A prompt from an encoded piece: its first `bars` bars (all by default), closed as a piece
+    of their own and opened again, so that the continuation begins a new bar."""
+    name = source or "the prompt"
     grammar = tokenizer.grammar()
-    if grammar.first_violation(ids) is not None:
-        raise TokenError(f"{name}: the tokenizer produced tokens its own grammar rejects")
-    ids = open_end(grammar, ids)
-    if bars is not None:
-        starts = tokenizer.bar_starts(ids)
-        if len(starts) > bars:
-            ids = ids[:starts[bars]]
-    prompt = Prompt(ids, dict(encoding.report), None if isinstance(source, (bytes, bytearray)) else str(source))
-    if not any(inst.notes for inst in decode(tokenizer, with_ending(grammar, ids), prompt.report).instruments):
-        raise MidiError(f"{name}: the prompt holds no notes the {tokenizer.kind} tokenizer can represent")
-    return prompt
+    ids = [int(t) for t in tokenizer.check_ids(ids)]
+    try:
+        states = grammar.states(ids)
+    except TokenError as exc:
+        raise TokenError(f"{name}: the tokenizer produced tokens its own grammar rejects ({exc})") from None
+    content = _content_end(grammar, ids, states)
+    starts = tokenizer.bar_starts(ids[:content])
+    whole = len(starts) if bars is None else min(bars, len(starts))
+    if whole < len(starts):  # cut at a bar line: time moves to it, and what sounds ends there
+        kept = ids[:starts[whole]]
+        kept += tokenizer.to_bar_line(states[starts[whole]], whole)
+        state = grammar.states(kept[starts[whole]:], states[starts[whole]])[-1]
+    else:
+        kept, state = ids[:content], states[content]
+    opened, state, closed = _reopen(grammar, kept, state)
+    report = dict(report or {})
+    piece = tokenizer.decode(closed, report.get("meta"))
+    if not any(inst.notes for inst in piece.instruments):
+        raise MidiError(_no_notes(tokenizer, name, ids, report, bars))
+    return Prompt(np.asarray(opened, dtype=np.int64), report, source, state, whole, piece)
 
 
-def open_end(grammar: Grammar, ids: np.ndarray) -> np.ndarray:
-    """`ids` without the shortest ending that equals the grammar's closing tokens at that point."""
-    states = _states(grammar, ids)
-    for k in range(len(ids) - 1, -1, -1):
-        state = states[k]
-        if grammar.can_close(state) and [int(t) for t in ids[k:]] == [int(t) for t in grammar.close(state)]:
-            return ids[:k]
-    return ids
+def _no_notes(tokenizer: Tokenizer, name: str, ids: list[int], report: dict[str, Any], bars: int | None) -> str:
+    """Why a prompt holds no notes: none the tokenizer could represent, or none before the cut."""
+    whole = tokenizer.decode(ids, report.get("meta"))
+    onsets = [n.start for inst in whole.instruments for n in inst.notes]
+    if bars is None or not onsets:
+        return f"{name}: the prompt holds no notes the {tokenizer.kind} tokenizer can represent"
+    first = min(onsets) // (4 * whole.ticks_per_beat) + 1
+    return (f"{name}: the prompt's first {bars} bars hold no notes; its first note comes in bar {first} "
+            f"(--prompt-bars {first} or more)")
+
+
+def _content_end(grammar: Grammar, ids: list[int], states: list) -> int:
+    """Where the piece's music ends: before the longest tail of `ids` that is (the start of) the
+    grammar's closing tokens at that point. A closing is short (one note-off per sounding note
+    at most), so only the last vocab_size + 1 tokens are searched."""
+    end = len(ids)
+    for k in range(len(ids) - 1, max(len(ids) - grammar.vocab_size - 2, -1), -1):
+        if grammar.can_close(states[k]):
+            closing = [int(t) for t in grammar.close(states[k])]
+            if ids[k:] == closing[:len(ids) - k]:
+                end = k
+    return end
+
+
+def _reopen(grammar: Grammar, ids: list[int], state) -> tuple[list[int], Any, list[int]]:
+    """`ids` closed as a piece, then opened by its shortest closing tail: (open ids, their
+    state, closed ids). Where the piece cannot close there, it stays as it is."""
+    if not grammar.can_close(state):
+        return ids, state, ids
+    tail = [int(t) for t in grammar.close(state)]
+    trail = grammar.states(tail, state)
+    for j in range(len(tail) - 1, -1, -1):
+        if grammar.can_close(trail[j]) and [int(t) for t in grammar.close(trail[j])] == tail[j:]:
+            return ids + tail[:j], trail[j], ids + tail
+    return ids, state, ids + tail
+
+
+def _walked(tokenizer: Tokenizer, prompt: Prompt) -> Prompt:
+    """The prompt with its end state and bar count (for a Prompt built from bare ids)."""
+    if prompt.state is not None and prompt.bars is not None:
+        return prompt
+    grammar = tokenizer.grammar()
+    ids = [int(t) for t in tokenizer.check_ids(prompt.ids)]
+    states = grammar.states(ids)
+    bars = len(tokenizer.bar_starts(ids[:_content_end(grammar, ids, states)])) if ids else 0
+    return replace(prompt, state=states[-1], bars=bars)
 
 
 def with_ending(grammar: Grammar, ids) -> list[int]:
     """`ids` followed by the grammar's closing tokens, where the piece can close there."""
-    state = _states(grammar, ids)[-1]
+    state = grammar.states(ids)[-1]
     return [int(t) for t in ids] + ([int(t) for t in grammar.close(state)] if grammar.can_close(state) else [])
 
 
-def _states(grammar: Grammar, ids) -> list:
-    states = [grammar.start()]
-    for tok in ids:
-        states.append(grammar.step(states[-1], int(tok)))
-    return states
-
-
-def end_token(grammar: Grammar) -> int:
-    """The token that ends a piece: the last of the grammar's closing tokens."""
-    for pick in (0, -1):  # walk on the first allowed token, else the last (REMI's first is always Bar)
-        state = grammar.start()
-        for _ in range(64):
-            if grammar.can_close(state):
-                return int(grammar.close(state)[-1])
-            state = grammar.step(state, int(np.flatnonzero(grammar.allowed(state))[pick]))
-    raise TokenError("the tokenizer's grammar never allows the piece to end")
+# ---- sampling -----------------------------------------------------------------------------------
 
 
 def filter_logits(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
@@ -193,114 +281,106 @@ def generate(model: torch.nn.Module, tokenizer: Tokenizer, prompt: Prompt, setti
     `threads`: torch CPU threads while sampling (default DEFAULT_CPU_THREADS on CPU).
     Returns the samples and run statistics (tokens/s of the sampling loop, counts).
     """
-    if threads is not None and threads < 1:
-        raise ConfigError(f"--threads must be at least 1, got {threads}")
-    if threads is None and torch.device(device).type == "cpu":
+    check_threads(threads)
+    device = checked_device(device)
+    if threads is None and device.type == "cpu":
         threads = DEFAULT_CPU_THREADS
     with _cpu_threads(threads):
-        return _generate(model, tokenizer, prompt, settings, device, progress)
+        return _generate(model, tokenizer, prompt, settings.resolved(tokenizer), device, progress)
 
 
-def _generate(model, tokenizer, prompt, settings, device, progress):
-    s = settings.resolved(tokenizer.kind)
-    grammar = tokenizer.grammar()
-    end = end_token(grammar)
-    batch, device = s.num_samples, torch.device(device)
-    gen = torch.Generator(device=device).manual_seed(s.seed)
-
-    prompt_ids = [int(t) for t in prompt.ids]
-    if not prompt_ids:  # from scratch: the grammar's first token, drawn uniformly when there is a choice
-        first = np.flatnonzero(grammar.allowed(grammar.start()))
-        prompt_ids = [int(first[torch.randint(len(first), (1,), generator=torch.Generator().manual_seed(s.seed))])]
-    prompt_state = _states(grammar, prompt_ids)[-1]
-    prompt_bar_count = len(tokenizer.bar_starts(prompt_ids)) if s.bars else 0
-    budget = s.length if s.length else s.bars * MAX_TOKENS_PER_BAR
-    model.config.check_length(len(prompt_ids) + (s.length or 0), "the prompt plus --length")
-    limit = model.config.max_positions  # synthesizer attention reads at most max_len positions
-
-    seqs = [list(prompt_ids) for _ in range(batch)]
-    states: list[Any] = [prompt_state] * batch  # None once a sample breaks the grammar
-    closed = [False] * batch
-    done = [False] * batch
-    new = [0] * batch
-    masks = np.tile(grammar.allowed(prompt_state), (batch, 1))  # row b: what may follow sample b
-
-    bar = tqdm(total=batch * budget if s.length else None, unit="tok", unit_scale=True,
-               desc="sampling", disable=not progress, leave=False)
-    started = time.perf_counter()
-    with torch.inference_mode(), model.streaming(batch, seed=s.seed):
-        logits = _ingest(model, prompt_ids, batch, device)
-        for _ in range(budget + FINISH_LIMIT):
-            active = [b for b in range(batch) if not done[b]]
-            if not active:
-                break
-            allow = torch.zeros(logits.shape, dtype=torch.bool)  # the model may have more ids (PAD)
-            if s.grammar:
-                allow[:, :grammar.vocab_size] = torch.from_numpy(masks)
-                for b in active:  # no end before the requested length (unless nothing else is allowed)
-                    if new[b] < budget and states[b] is not None and masks[b].sum() > 1:
-                        allow[b, end] = False
-                for b in range(batch):  # finished or broken rows: anything, the token is ignored
-                    if done[b] or states[b] is None:
-                        allow[b] = True
-            else:
-                allow[:] = True
-            filtered = filter_logits(logits.masked_fill(~allow.to(logits.device), -math.inf),
-                                     s.temperature, s.top_k, s.top_p)
-            tokens = torch.multinomial(filtered.softmax(-1), 1, generator=gen).squeeze(1)
-            picked = tokens.tolist()
-            for b in active:
-                tok = picked[b]
-                seqs[b].append(tok)
-                new[b] += 1
-                state = states[b]
-                if state is not None and tok < grammar.vocab_size and masks[b, tok]:
-                    state = grammar.step(state, tok)
-                    masks[b] = grammar.allowed(state)
-                    if new[b] >= budget and not grammar.can_close(state):
-                        masks[b] = finishing_mask(grammar, state, masks[b])
-                else:
-                    state = None
-                states[b] = state
-                if state is None:
-                    done[b] = new[b] >= budget  # a broken sample runs to the length, for comparison
-                elif not masks[b].any():  # the piece has ended
-                    done[b] = closed[b] = True
-                elif s.bars and new[b] % 16 == 0:
-                    _stop_at_bar(tokenizer, grammar, seqs, states, closed, done, b, prompt_bar_count + s.bars,
-                                 len(prompt_ids))
-                if not done[b] and new[b] >= budget and state is not None and grammar.can_close(state):
-                    seqs[b].extend(int(t) for t in grammar.close(state))
-                    done[b] = closed[b] = True
-            bar.update(len(active))
-            finishing = all(done[b] or new[b] >= budget for b in range(batch))
-            if limit is not None and model.position >= limit and finishing:
-                break  # only notes to finish are left, past the last position: they stay unfinished
-            logits = model.step(tokens.to(device))  # past the last position: a ConfigError
-        state_bytes = model.state_bytes // batch
-    elapsed = time.perf_counter() - started
-    bar.close()
-
-    samples = []
-    for b in range(batch):
-        ids = np.array(seqs[b], dtype=np.int64)
-        violation = None if states[b] is not None else grammar.first_violation(ids)
-        samples.append(Sample(ids, len(prompt.ids), new[b], closed[b] and violation is None, violation))
-    stats = {"seconds": round(elapsed, 3), "new_tokens": int(sum(new)),
-             "tokens_per_second": round(sum(new) / max(elapsed, 1e-9), 1),
-             "state_bytes": int(state_bytes),  # per sample, at the end: what each step reads and updates
-             "invalid": sum(not x.valid for x in samples),
-             "grammar_violations": sum(x.violation is not None for x in samples),
-             "unfinished": sum(x.violation is None and not x.closed for x in samples)}
-    return samples, stats
+def check_threads(threads: int | None) -> None:
+    if threads is not None and not 1 <= threads <= MAX_THREADS:
+        raise ConfigError(f"--threads must be within 1..{MAX_THREADS}, got {threads}")
 
 
-def _ingest(model, prompt_ids: list[int], batch: int, device, chunk: int = 512) -> torch.Tensor:
-    """Feed the prompt to the streaming model in parallel chunks; the logits after its last token."""
-    ids = torch.tensor(prompt_ids, dtype=torch.long, device=device).expand(batch, -1)
-    for t0 in range(0, len(prompt_ids), chunk):
-        logits = model.step(ids[:, t0:t0 + chunk])
-    return logits[:, -1]
+def checked_device(device: str | torch.device | None) -> torch.device:
+    """The device to sample on: auto, cpu, cuda or cuda:N (ConfigError for anything else)."""
+    resolved = resolve_device(device)
+    if resolved.type not in ("cpu", "cuda"):
+        raise ConfigError(f"device {str(resolved)!r} is not supported for sampling; use auto, cpu, cuda or cuda:N")
+    return resolved
+
+
+@dataclass
+class _Row:
+    """One sample being written."""
+
+    ids: list[int]  # the tokens given (prompt, or the first token) and those sampled
+    base: int  # how many of `ids` were given
+    base_state: Any  # the grammar state after the given tokens
+    target_bar: int | None  # --bars: the bar whose start ends the sample
+    state: Any = None  # the grammar state after `ids`; None once the grammar rejected a token
+    mask: np.ndarray | None = None  # what may be drawn next, with the grammar on
+    new: int = 0
+    done: bool = False
+    closed: bool = False
+    violation: int | None = None  # index of the first token the grammar rejected
+
+
+@dataclass
+class _Rules:
+    """What every row of one run follows: the grammar, the length, the end tokens."""
+
+    tokenizer: Tokenizer
+    grammar: Grammar
+    budget: int  # new tokens before a piece may end
+    ends: np.ndarray  # bool over the vocabulary: the end tokens
+
+    def start(self, ids: list[int], state, target_bar: int | None) -> _Row:
+        row = _Row(list(ids), len(ids), state, target_bar, state)
+        allowed = self.grammar.allowed(state)
+        row.mask = self.next_mask(row, allowed)
+        row.done = row.closed = not allowed.any()  # a prompt that is a whole piece, end included
+        return row
+
+    def next_mask(self, row: _Row, allowed: np.ndarray) -> np.ndarray:
+        """Before the length: no end token (unless nothing else is allowed). After it: the tokens
+        after which the piece can close, when there are any, so it ends as soon as it cleanly can."""
+        if row.new < self.budget:
+            held = allowed & ~self.ends
+            return held if held.any() else allowed
+        return finishing_mask(self.grammar, row.state, allowed)
+
+    def advance(self, row: _Row, token: int) -> None:
+        """Append a drawn token and decide whether the row is done."""
+        row.ids.append(token)
+        row.new += 1
+        grammar = self.grammar
+        if row.state is not None and grammar.accepts(row.state, token):
+            row.state = grammar.step(row.state, token)
+        elif row.state is not None:
+            row.state, row.violation = None, len(row.ids) - 1
+        if row.state is None:
+            row.done = row.new >= self.budget  # a broken sample runs to the length, for comparison
+            return
+        allowed = grammar.allowed(row.state)
+        if not allowed.any():  # the piece has ended
+            row.done = row.closed = True
+        elif row.target_bar is not None and len(self.tokenizer.bar_starts(row.ids)) > row.target_bar:
+            self.stop_at_bar(row)
+        elif row.new >= self.budget and grammar.can_close(row.state):
+            self.close(row)
+        else:
+            row.mask = self.next_mask(row, allowed)
+
+    def stop_at_bar(self, row: _Row) -> None:
+        """Cut the row where its target bar starts and close it. Where the piece cannot close at
+        the cut (it ends in silence or on a bare position), cut back to the last place it can,
+        never into the given tokens (walking the new tokens only)."""
+        cut = max(self.tokenizer.bar_starts(row.ids)[row.target_bar], row.base)
+        trail = self.grammar.states(row.ids[row.base:cut], row.base_state)
+        closable = next((k for k in range(len(trail) - 1, -1, -1) if self.grammar.can_close(trail[k])), None)
+        keep = len(trail) - 1 if closable is None else closable
+        del row.ids[row.base + keep:]
+        row.state, row.done = trail[keep], True
+        if closable is not None:
+            self.close(row)
+
+    def close(self, row: _Row) -> None:
+        """End the row with the grammar's closing tokens (its state stays the one they follow)."""
+        row.ids.extend(int(t) for t in self.grammar.close(row.state))
+        row.done = row.closed = True
 
 
 def finishing_mask(grammar: Grammar, state, allowed: np.ndarray) -> np.ndarray:
@@ -312,77 +392,176 @@ def finishing_mask(grammar: Grammar, state, allowed: np.ndarray) -> np.ndarray:
     return closing if closing.any() else allowed
 
 
-def _stop_at_bar(tokenizer, grammar, seqs, states, closed, done, b: int, bars: int, keep: int) -> None:
-    """With --bars: once bar number `bars` has begun, cut the sample there and close it. Where the
-    piece cannot close at the cut (it ends in silence or on a bare position), cut back to the last
-    place it can, never into the first `keep` (prompt) tokens."""
-    starts = tokenizer.bar_starts(seqs[b])
-    if len(starts) <= bars:
-        return
-    del seqs[b][starts[bars]:]
-    trail = _states(grammar, seqs[b])
-    cut = next((k for k in range(len(seqs[b]), keep - 1, -1) if grammar.can_close(trail[k])), len(seqs[b]))
-    del seqs[b][cut:]
-    states[b] = trail[cut]
-    done[b] = True
-    if grammar.can_close(trail[cut]):
-        seqs[b].extend(int(t) for t in grammar.close(trail[cut]))
-        closed[b] = True
+def _start(grammar: Grammar, prompt: Prompt, seed: int) -> tuple[list[int], Any]:
+    """The tokens sampling starts from and their grammar state: the prompt, or without one the
+    grammar's first token (drawn uniformly when there is a choice)."""
+    ids = [int(t) for t in prompt.ids]
+    if ids:
+        return ids, prompt.state
+    first = np.flatnonzero(grammar.allowed(grammar.start()))
+    token = int(first[torch.randint(len(first), (1,), generator=torch.Generator().manual_seed(seed))])
+    return [token], grammar.step(grammar.start(), token)
+
+
+def _generate(model, tokenizer: Tokenizer, prompt: Prompt, s: SampleSettings, device: torch.device, progress: bool):
+    """The batch loop. Each row carries its own given tokens, their grammar state and its target
+    bar, so rows could come from different prompts; what is missing for that is ingesting each
+    row's prompt into its own streaming state (rows at different positions)."""
+    grammar = tokenizer.grammar()
+    prompt = _walked(tokenizer, prompt)
+    start_ids, start_state = _start(grammar, prompt, s.seed)
+    budget = s.length if s.length else s.bars * MAX_TOKENS_PER_BAR
+    model.config.check_length(len(start_ids) + (s.length or 0), "the prompt plus --length")
+    check_memory(model, s.num_samples, len(start_ids) + budget + FINISH_LIMIT, device)
+    ends = np.zeros(grammar.vocab_size, dtype=bool)
+    ends[list(tokenizer.end_ids)] = True
+    rules = _Rules(tokenizer, grammar, budget, ends)
+    target = None if s.bars is None else prompt.bars + s.bars
+    rows = [rules.start(start_ids, start_state, target) for _ in range(s.num_samples)]
+    limit = model.config.max_positions  # synthesizer attention reads at most max_len positions
+    gen = torch.Generator(device=device).manual_seed(s.seed)
+    bar = tqdm(total=len(rows) * budget if s.length else None, unit="tok", unit_scale=True,
+               desc="sampling", disable=not progress, leave=False)
+    started = time.perf_counter()
+    with torch.inference_mode(), model.streaming(len(rows), seed=s.seed):
+        logits = _ingest(model, start_ids, len(rows), device)
+        for _ in range(budget + FINISH_LIMIT):
+            active = [row for row in rows if not row.done]
+            if not active:
+                break
+            tokens = _draw(logits, rows, grammar.vocab_size, s, gen)
+            for row, token in zip(rows, tokens.tolist()):
+                if not row.done:
+                    rules.advance(row, token)
+            bar.update(len(active))
+            if limit is not None and model.position >= limit and all(r.done or r.new >= budget for r in rows):
+                break  # only notes to finish are left, past the last position: they stay unfinished
+            logits = model.step(tokens.to(device))  # past the last position: a ConfigError
+        state_bytes = model.state_bytes // len(rows)
+    elapsed = time.perf_counter() - started
+    bar.close()
+    samples = [Sample(np.array(r.ids, dtype=np.int64), len(prompt.ids), r.new, r.closed and r.violation is None,
+                      r.violation) for r in rows]
+    return samples, _stats(samples, elapsed, state_bytes)
+
+
+def _draw(logits: torch.Tensor, rows: list[_Row], vocab_size: int, s: SampleSettings,
+          gen: torch.Generator) -> torch.Tensor:
+    """One token per row: the grammar mask (rows that are done or broken may draw anything: the
+    token is ignored), then temperature, top-k and top-p."""
+    allow = np.ones(tuple(logits.shape), dtype=bool)  # the model may have more ids (PAD)
+    if s.grammar:
+        for b, row in enumerate(rows):
+            if not row.done and row.state is not None:
+                allow[b, :vocab_size] = row.mask
+                allow[b, vocab_size:] = False
+    allowed = torch.from_numpy(allow).to(logits.device)
+    filtered = filter_logits(logits.masked_fill(~allowed, -math.inf), s.temperature, s.top_k, s.top_p)
+    return torch.multinomial(filtered.softmax(-1), 1, generator=gen).squeeze(1)
+
+
+def _stats(samples: list[Sample], elapsed: float, state_bytes: int) -> dict[str, Any]:
+    new = sum(x.new_tokens for x in samples)
+    return {"seconds": round(elapsed, 3), "new_tokens": int(new),
+            "tokens_per_second": round(new / max(elapsed, 1e-9), 1),
+            "state_bytes": int(state_bytes),  # per sample, at the end: what each step reads and updates
+            "invalid": sum(not x.valid for x in samples),
+            "grammar_violations": sum(x.violation is not None for x in samples),
+            "unfinished": sum(x.violation is None and not x.closed for x in samples)}
+
+
+def _ingest(model, prompt_ids: list[int], batch: int, device, chunk: int = 512) -> torch.Tensor:
+    """Feed the prompt to the streaming model in parallel chunks; the logits after its last token."""
+    ids = torch.tensor(prompt_ids, dtype=torch.long, device=device).expand(batch, -1)
+    for t0 in range(0, len(prompt_ids), chunk):
+        logits = model.step(ids[:, t0:t0 + chunk])
+    return logits[:, -1]
+
+
+def check_memory(model, num_samples: int, tokens: int, device: torch.device) -> None:
+    """ConfigError when `num_samples` sequences of `tokens` tokens cannot fit in the device's
+    memory: per sample, the model's streaming state (measured on two steps, so a cache that
+    grows per token is counted at full length), the logits' working copies and the tokens."""
+    with torch.inference_mode(), model.streaming(1, seed=0):
+        one = torch.zeros(1, dtype=torch.long, device=device)
+        model.step(one)
+        first = model.state_bytes
+        model.step(one)
+        growth = model.state_bytes - first
+    per_sample = first + growth * tokens + 64 * model.config.vocab_size + 64 * tokens
+    memory = _device_memory(device)
+    if memory and num_samples * per_sample > memory:
+        raise ConfigError(f"--num-samples {num_samples} needs about {num_samples * per_sample / 2**30:,.1f} GiB "
+                          f"with this model ({per_sample / 2**20:,.1f} MiB per sample) but {device} has "
+                          f"{memory / 2**30:,.1f} GiB: at most {memory // per_sample:,} fit")
+
+
+def _device_memory(device: torch.device) -> int | None:
+    """The device's memory in bytes (the machine's for the CPU), or None when unknown."""
+    try:
+        if device.type == "cuda":
+            return int(torch.cuda.mem_get_info(device)[1])
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError, RuntimeError):
+        return None
 
 
 # ---- writing the outputs ------------------------------------------------------------------------
 
 
-def decode(tokenizer: Tokenizer, ids, report: dict[str, Any] | None = None) -> miditoolkit.MidiFile:
-    """Decode `ids`, handing the prompt's encoding facts (programs, tempo) to decoders that take them."""
-    import inspect
-
-    meta = (report or {}).get("meta") or {}
-    accepted = inspect.signature(tokenizer.decode).parameters
-    extra = {}
-    if "programs" in accepted and meta:
-        extra["programs"] = meta
-    if "tempo" in accepted and meta.get("tempo"):
-        extra["tempo"] = float(meta["tempo"])
-    return tokenizer.decode(ids, **extra)
+def new_notes(prompt: Prompt, full: miditoolkit.MidiFile) -> list[miditoolkit.Note]:
+    """The notes of a decoded sample that the prompt alone does not have (by track, onset, pitch)."""
+    alone = prompt.piece.instruments if prompt.piece is not None else []
+    own = {(i, n.start, n.pitch) for i, inst in enumerate(alone) for n in inst.notes}
+    return [n for i, inst in enumerate(full.instruments) for n in inst.notes if (i, n.start, n.pitch) not in own]
 
 
-def prompt_end_tick(tokenizer: Tokenizer, prompt: Prompt, full: miditoolkit.MidiFile) -> int | None:
+def prompt_end_tick(prompt: Prompt, full: miditoolkit.MidiFile) -> int | None:
     """Where the continuation begins: the earliest of the prompt's last note end and the first
     note onset that the prompt alone does not have (a long prompt note may overlap the cut)."""
     if not len(prompt.ids):
         return None
-    alone = decode(tokenizer, with_ending(tokenizer.grammar(), prompt.ids), prompt.report)
-    prompt_notes = {(i, n.start, n.pitch) for i, inst in enumerate(alone.instruments) for n in inst.notes}
-    ends = [n.end for inst in alone.instruments for n in inst.notes]
-    fresh = [n.start for i, inst in enumerate(full.instruments) for n in inst.notes
-             if (i, n.start, n.pitch) not in prompt_notes]
+    ends = [n.end for inst in prompt.piece.instruments for n in inst.notes]
+    fresh = [n.start for n in new_notes(prompt, full)]
     candidates = ([max(ends)] if ends else []) + ([min(fresh)] if fresh else [])
     return min(candidates) if candidates else 0
 
 
+def _with_piece(tokenizer: Tokenizer, prompt: Prompt) -> Prompt:
+    """The prompt with its decoded piece (for a Prompt built from bare ids)."""
+    if prompt.piece is not None or not len(prompt.ids):
+        return prompt
+    return replace(prompt, piece=tokenizer.decode(with_ending(tokenizer.grammar(), prompt.ids), prompt.meta))
+
+
 def write_samples(samples: list[Sample], tokenizer: Tokenizer, prompt: Prompt, out_dir: str | os.PathLike,
                   stem: str, audio: bool = False, pianoroll: bool = False) -> list[dict[str, Any]]:
-    """One MIDI per sample (prompt kept at the start, prompt end marked); optional WAV and PNG."""
+    """One MIDI per sample (prompt kept at the start, prompt end marked); optional WAV and PNG;
+    for a MIREX .json prompt also the continuation's notes as `<stem>_<i>.json`. A sample the
+    grammar rejects (sampled without the mask) is decoded leniently: the tokens the grammar
+    rejects are dropped and counted (`dropped_tokens`), and the piece is closed."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    prompt = _with_piece(tokenizer, prompt)
     records = []
     for i, sample in enumerate(samples):
         record = {"index": i, "tokens": int(len(sample.ids)), "new_tokens": sample.new_tokens,
                   "valid": sample.valid, "closed": sample.closed, "first_violation": sample.violation}
-        try:
-            midi = decode(tokenizer, sample.ids, prompt.report)
-        except TokenError as exc:
-            record["error"] = f"cannot decode: {exc}"
-            records.append(record)
-            continue
-        tick = prompt_end_tick(tokenizer, prompt, midi)
+        ids = sample.ids
+        if not sample.valid:
+            ids, record["dropped_tokens"] = tokenizer.grammar().repair(sample.ids)
+        midi = tokenizer.decode(ids, prompt.meta)
+        tick = prompt_end_tick(prompt, midi)
         if tick is not None:
             midi.markers.append(miditoolkit.Marker(PROMPT_END_MARKER, int(tick)))
         path = out_dir / f"{stem}_{i:03d}.mid"
         with atomic_path(path) as tmp:
             midi.dump(str(tmp))
         record["midi"] = path.name
+        if prompt.mirex_offset is not None:
+            notes = mirex.generation(new_notes(prompt, midi), midi.ticks_per_beat, prompt.mirex_offset)
+            mirex.write_generation(path.with_suffix(".json"), notes)
+            record["json"] = path.with_suffix(".json").name
         if not any(inst.notes for inst in midi.instruments):
             record["error"] = "no notes"  # nothing to listen to or draw
         else:
@@ -394,76 +573,185 @@ def write_samples(samples: list[Sample], tokenizer: Tokenizer, prompt: Prompt, o
     return records
 
 
+@contextlib.contextmanager
+def output_set(out_dir: Path, manifest: str) -> Iterator[Path]:
+    """A hidden scratch folder for one prompt's files. When the block succeeds they replace the
+    prompt's previous set: its manifest (`<stem>.json`) is removed first, the new files moved in,
+    files of the old set that the new one lacks removed, the new manifest moved in last. So a run
+    killed while sampling or writing leaves the old set, and a reader that trusts the manifest
+    never sees two runs mixed. Scratch folders of killed runs are removed by the next run."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _remove_dead_scratch(out_dir)
+    scratch = Path(tempfile.mkdtemp(dir=out_dir, prefix=f"{SCRATCH_PREFIX}{os.getpid()}-"))
+    try:
+        yield scratch
+        old = _set_files(out_dir / manifest)
+        new = {p.name for p in scratch.iterdir()} - {manifest}
+        (out_dir / manifest).unlink(missing_ok=True)
+        for name in sorted(new):
+            os.replace(scratch / name, out_dir / name)
+        for name in sorted(old - new):
+            (out_dir / name).unlink(missing_ok=True)
+        os.replace(scratch / manifest, out_dir / manifest)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _set_files(manifest: Path) -> set[str]:
+    """The files an earlier run's manifest lists as its set (only names the set's pattern allows)."""
+    try:
+        records = read_json(manifest)["samples"]
+        names = {r[k] for r in records for k in ("midi", "wav", "pianoroll", "json") if isinstance(r.get(k), str)}
+    except (OSError, ValueError, UnicodeDecodeError, KeyError, TypeError, RecursionError):
+        return set()
+    pattern = re.escape(manifest.stem) + r"_\d{3,}\.(mid|wav|png|json)"
+    return {name for name in names if re.fullmatch(pattern, name)}
+
+
+def _remove_dead_scratch(out_dir: Path) -> None:
+    for folder in out_dir.glob(f"{SCRATCH_PREFIX}*"):
+        pid = folder.name[len(SCRATCH_PREFIX):].split("-")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # someone else's process
+        return True
+    return True
+
+
+def output_names(stem: str, num_samples: int, mirex_prompt: bool) -> list[str]:
+    """Every file a prompt's output set may hold."""
+    kinds = (".mid", ".wav", ".png") + ((".json",) if mirex_prompt else ())
+    return [f"{stem}.json"] + [f"{stem}_{i:03d}{ext}" for i in range(num_samples) for ext in kinds]
+
+
 def sample_to_folder(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, settings: SampleSettings,
                      prompt_path: str | os.PathLike | None = None, audio: bool = False, pianoroll: bool = False,
                      device: str = "auto", progress: bool = True, threads: int | None = None) -> dict[str, Any]:
     """The whole `musegen sample` run: returns (and writes as <prompt stem>.json) what was done and how.
 
-    A folder of prompts continues every MIDI file under it with one loaded model, into the same
-    sub-folders of `out_dir`; prompt i gets seed `seed + i`. A prompt that cannot be used is
+    A folder of prompts continues every MIDI (and MIREX .json) file under it with one loaded
+    model, into the same sub-folders of `out_dir`; prompt i gets seed `seed + i`. A prompt that
+    cannot be used, or whose outputs would overwrite another prompt's or an input file, is
     skipped, counted and listed (in the returned summary and `out_dir/batch.json`).
     """
     from .checkpoint import load_checkpoint
 
     if audio:  # fail before spending minutes sampling
-        import shutil
-
         from .render import INSTALL_HINT, find_soundfont
 
         if shutil.which("fluidsynth") is None:
             raise MusegenError(f"fluidsynth not found; install it with `{INSTALL_HINT}`")
         find_soundfont()
-    device = resolve_device(device)
+    settings.resolved()  # every bound checked before the model is loaded (the defaults come with it)
+    check_threads(threads)
+    device = checked_device(device)
     model, tokenizer, _, _ = load_checkpoint(checkpoint, device=device)
-    settings = settings.resolved(tokenizer.kind)
+    settings = settings.resolved(tokenizer)
     run = dict(model=model, tokenizer=tokenizer, checkpoint=checkpoint, device=device, audio=audio,
                pianoroll=pianoroll, threads=threads)
+    out_dir = Path(out_dir)
     if prompt_path is None or not Path(prompt_path).is_dir():
-        return _sample_prompt(**run, out_dir=Path(out_dir), settings=settings, prompt_path=prompt_path,
-                              progress=progress)
+        if prompt_path is not None:
+            check_regular(prompt_path, "prompt")  # before any path is resolved (a link loop, a FIFO)
+            clash = _clashes({Path(prompt_path)}, None, [(Path(prompt_path), out_dir)], settings.num_samples)
+            if clash:
+                raise ConfigError(next(iter(clash.values())) + "; choose another --out")
+        return _sample_prompt(**run, out_dir=out_dir, settings=settings, prompt_path=prompt_path, progress=progress)
+    return _sample_folder(run, Path(prompt_path), out_dir, settings, progress)
 
-    prompt_dir = Path(prompt_path)
-    files = find_midi_files(prompt_dir)
-    done, skipped = [], {}
-    for i, path in enumerate(tqdm(files, desc="prompts", unit="prompt", disable=not progress)):
-        rel = path.relative_to(prompt_dir)
+
+def _sample_folder(run: dict[str, Any], prompt_dir: Path, out_dir: Path, settings: SampleSettings,
+                   progress: bool) -> dict[str, Any]:
+    files, skipped = _prompt_files(prompt_dir)
+    jobs = [(path, out_dir / path.relative_to(prompt_dir).parent) for path in files]
+    skipped.update(_clashes(set(files), out_dir / "batch.json", jobs, settings.num_samples, prompt_dir))
+    done = []
+    for i, (path, folder) in enumerate(tqdm(jobs, desc="prompts", unit="prompt", disable=not progress)):
+        rel = str(path.relative_to(prompt_dir))
+        if rel in skipped:
+            continue
         try:
-            done.append(_sample_prompt(**run, out_dir=Path(out_dir) / rel.parent, prompt_path=path,
-                                       settings=replace(settings, seed=settings.seed + i), progress=False))
+            done.append(_sample_prompt(**run, out_dir=folder, prompt_path=path, progress=False,
+                                       settings=replace(settings, seed=(settings.seed + i) % (SEED_MAX + 1))))
         except MusegenError as exc:
-            skipped[str(rel)] = str(exc).splitlines()[0]
+            skipped[rel] = str(exc).splitlines()[0]
     if not done:
+        if not skipped:
+            raise MidiError(f"{prompt_dir}: no MIDI or MIREX .json files found")
         first = next(iter(skipped.items()))
-        raise MidiError(f"{prompt_dir}: none of its {len(files)} prompts could be continued ({first[0]}: {first[1]})")
-    seconds = sum(d["stats"]["seconds"] for d in done)
-    new_tokens = sum(d["stats"]["new_tokens"] for d in done)
-    summary = {"checkpoint": str(checkpoint), "prompts": str(prompt_dir), "continued": len(done),
-               "skipped": skipped, "settings": asdict(settings),
+        raise MidiError(f"{prompt_dir}: none of its {len(skipped)} prompts could be continued "
+                        f"({first[0]}: {first[1]})")
+    stats = [d["stats"] for d in done]
+    seconds, new_tokens = sum(x["seconds"] for x in stats), sum(x["new_tokens"] for x in stats)
+    summary = {"checkpoint": str(run["checkpoint"]), "prompts": str(prompt_dir), "continued": len(done),
+               "skipped": dict(sorted(skipped.items())), "settings": asdict(settings),
                "stats": {"seconds": round(seconds, 3), "new_tokens": new_tokens,
                          "tokens_per_second": round(new_tokens / max(seconds, 1e-9), 1),
-                         "state_bytes": max(d["stats"]["state_bytes"] for d in done),
-                         **{k: sum(d["stats"][k] for d in done)
-                            for k in ("invalid", "grammar_violations", "unfinished")}},
+                         "state_bytes": max(x["state_bytes"] for x in stats),
+                         **{k: sum(x[k] for x in stats) for k in ("invalid", "grammar_violations", "unfinished")}},
                "samples": [r for d in done for r in d["samples"]]}
-    write_json(Path(out_dir) / "batch.json", summary)
+    write_json(out_dir / "batch.json", summary)
     return summary
+
+
+def _prompt_files(folder: Path) -> tuple[list[Path], dict[str, str]]:
+    """The prompt files under `folder` (MIDI and .json, hidden ones left out), sorted, and
+    those that are not regular files (FIFOs, devices: reading them would block) with why."""
+    files, skipped = [], {}
+    for path in sorted(folder.rglob("*")):
+        rel = path.relative_to(folder)
+        if any(part.startswith(".") for part in rel.parts) or path.is_dir():
+            continue
+        if path.suffix in MIDI_SUFFIXES or path.suffix.lower() == ".json":
+            files.append(path)
+            if not path.is_file():
+                skipped[str(rel)] = "not a regular file"
+    return files, skipped
+
+
+def _clashes(inputs: set[Path], reserved: Path | None, jobs: list[tuple[Path, Path]], num_samples: int,
+             root: Path | None = None) -> dict[str, str]:
+    """Prompts whose outputs would overwrite an input file, `reserved` (the batch summary) or an
+    earlier prompt's outputs (`song.mid` and `song.midi`), by name relative to `root`, with why."""
+    owner = {p.resolve(): f"the input {p.name}" for p in inputs}
+    if reserved is not None:
+        owner[reserved.resolve()] = f"the run's {reserved.name}"
+    clashes = {}
+    for path, folder in jobs:
+        rel = str(path.relative_to(root)) if root else str(path)
+        names = output_names(path.stem, num_samples, path.suffix.lower() == ".json")
+        targets = [(folder / name).resolve() for name in names]
+        taken = [t for t in targets if t in owner]
+        if taken:
+            clashes[rel] = f"{rel}: its output {taken[0].name} would overwrite {owner[taken[0]]}"
+        else:
+            owner.update({t: f"the outputs of {rel}" for t in targets})
+    return clashes
 
 
 def _sample_prompt(model, tokenizer, checkpoint, device, out_dir: Path, settings: SampleSettings, prompt_path,
                    audio: bool, pianoroll: bool, threads: int | None, progress: bool) -> dict[str, Any]:
-    """Continue one prompt (or none) with a loaded model; write the samples and <stem>.json."""
+    """Continue one prompt (or none) with a loaded model; write its output set and <stem>.json."""
     prompt = load_prompt(tokenizer, prompt_path, settings.prompt_bars)
     samples, stats = generate(model, tokenizer, prompt, settings, device=device, progress=progress,
                               threads=threads)
     stem = Path(prompt_path).stem if prompt_path else "sample"
-    records = write_samples(samples, tokenizer, prompt, out_dir, stem, audio, pianoroll)
-    summary = {
-        "checkpoint": str(checkpoint), "tokenizer": tokenizer.kind, "device": str(device),
-        "prompt": str(prompt_path) if prompt_path else None, "prompt_tokens": int(len(prompt.ids)),
-        "prompt_report": _jsonable(prompt.report),
-        "settings": asdict(settings), "stats": stats, "samples": records,
-    }
-    write_json(out_dir / f"{stem}.json", summary)
+    with output_set(out_dir, f"{stem}.json") as scratch:
+        records = write_samples(samples, tokenizer, prompt, scratch, stem, audio, pianoroll)
+        summary = {
+            "checkpoint": str(checkpoint), "tokenizer": tokenizer.kind, "device": str(device),
+            "prompt": str(prompt_path) if prompt_path else None, "prompt_tokens": int(len(prompt.ids)),
+            "prompt_bars": prompt.bars, "prompt_report": _jsonable(prompt.report),
+            "settings": asdict(settings), "stats": stats, "samples": records,
+        }
+        write_json(scratch / f"{stem}.json", summary)
     return summary
 
 

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
 from .errors import CheckpointError, DataError, MusegenError
-from .io import atomic_path, read_json, write_json
+from .io import atomic_path, read_head, read_json, write_json
 from .tokenizers.base import Tokenizer, load_tokenizer
 
 FORMAT, VERSION = "musegen-shards", 1
@@ -46,13 +47,24 @@ def write_shards(folder: str | os.PathLike, tokenizer: Tokenizer,
                 np.save(f, tokens)
         index["splits"][split] = {"file": file, "names": [name for name, _ in pieces], "offsets": offsets,
                                   "lengths": lengths}
+    replaced = _indexed_files(folder)
     tokenizer.save(folder / TOKENIZER)
     write_json(folder / INDEX, index)
     kept = {entry["file"] for entry in index["splits"].values()}
-    for old in folder.glob("*.npy"):  # the previous index's files, now unreferenced
-        if old.name not in kept:
-            old.unlink()
+    for name in replaced - kept:  # the previous index's files, now unreferenced; never anything else
+        (folder / name).unlink(missing_ok=True)
     return folder
+
+
+def _indexed_files(folder: Path) -> set[str]:
+    """The shard files the folder's current index names (plain `<split>-<digest>.npy` names only:
+    an edited index must not make a rewrite delete files elsewhere)."""
+    try:
+        splits = read_json(folder / INDEX)["splits"]
+        names = {entry["file"] for entry in splits.values()}
+    except (MusegenError, ValueError, KeyError, TypeError, AttributeError):  # no index of ours: nothing to delete
+        return set()
+    return {n for n in names if isinstance(n, str) and re.fullmatch(r"[\w.-]+-[0-9a-f]{16}\.npy", n)}
 
 
 class Shards:
@@ -66,14 +78,17 @@ class Shards:
             raise DataError(f"{self.folder}: no {INDEX}; prepare it with `musegen data prepare`")
         try:
             self.index = read_json(self.folder / INDEX)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested too deeply
             raise DataError(f"{self.folder / INDEX}: not valid JSON") from None
-        if not isinstance(self.index, dict) or self.index.get("format") != FORMAT:
+        if (not isinstance(self.index, dict) or self.index.get("format") != FORMAT
+                or not isinstance(self.index.get("splits"), dict)):
             raise DataError(f"{self.folder / INDEX}: not a musegen shard index")
         try:
             self.tokenizer = load_tokenizer(self.folder / TOKENIZER)
         except MusegenError as exc:
             raise DataError(f"{self.folder}: {exc}") from None
+        except RecursionError:
+            raise DataError(f"{self.folder / TOKENIZER}: JSON nested too deeply") from None
         self._cache: dict[str, np.ndarray] = {}
 
     @property
@@ -87,16 +102,30 @@ class Shards:
         """Each piece of `split` as an int64 array (views into one memory-mapped file)."""
         entry = self._split(split)
         if split not in self._cache:
-            path = self.folder / entry.get("file", f"{split}.npy")  # (older folders: one name per split)
-            try:
-                self._cache[split] = np.load(path, mmap_mode="r", allow_pickle=False)
-            except (OSError, ValueError) as exc:
-                raise DataError(f"{path}: unreadable shard ({exc})") from None
+            self._cache[split] = self._load_tokens(split, entry)
         tokens = self._cache[split]
+        return [np.asarray(tokens[o:o + n], dtype=np.int64) for o, n in zip(entry["offsets"], entry["lengths"])]
+
+    def _load_tokens(self, split: str, entry: dict[str, Any]) -> np.ndarray:
+        """The split's token file, checked against the index and the tokenizer's vocabulary: an id
+        outside it would only fail later, deep inside the model's embedding."""
+        path = self.folder / entry.get("file", f"{split}.npy")  # (older folders: one name per split)
+        read_head(path, 8, "shard file", DataError)  # a FIFO or device would block or never end
+        try:
+            tokens = np.load(path, mmap_mode="r", allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise DataError(f"{path}: unreadable shard ({exc})") from None
+        if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
+            raise DataError(f"{path}: expected a flat array of integer token ids, got {tokens.dtype} {tokens.shape}")
         total = sum(entry["lengths"])
         if len(tokens) != total:
-            raise DataError(f"{self.folder / entry.get('file', split + '.npy')} holds {len(tokens)} tokens, the index says {total}")
-        return [np.asarray(tokens[o:o + n], dtype=np.int64) for o, n in zip(entry["offsets"], entry["lengths"])]
+            raise DataError(f"{path} holds {len(tokens)} tokens, the index says {total}")
+        if len(tokens) and not 0 <= int(tokens.min()) <= int(tokens.max()) < self.tokenizer.vocab_size:
+            bad = int(np.flatnonzero((tokens < 0) | (tokens >= self.tokenizer.vocab_size))[0])
+            piece = int(np.searchsorted(entry["offsets"], bad, side="right")) - 1
+            raise DataError(f"{path}: token id {int(tokens[bad])} (piece {entry['names'][piece]!r}) is outside "
+                            f"the tokenizer's vocabulary 0..{self.tokenizer.vocab_size - 1}")
+        return tokens
 
     def pieces_for(self, split: str, tokenizer: Tokenizer) -> tuple[str, list[np.ndarray]]:
         """(split name, pieces) for a model trained with `tokenizer`; either validation spelling."""
@@ -111,7 +140,25 @@ class Shards:
     def _split(self, split: str) -> dict[str, Any]:
         if split not in self.index["splits"]:
             raise DataError(f"{self.folder}: no split {split!r} (has {', '.join(self.splits) or 'none'})")
-        return self.index["splits"][split]
+        entry = self.index["splits"][split]
+        if not _valid_entry(entry):
+            raise DataError(f"{self.folder / INDEX}: malformed entry for split {split!r}")
+        return entry
+
+
+def _valid_entry(entry: Any) -> bool:
+    """A split entry whose names, offsets and lengths describe consecutive pieces."""
+    file = entry.get("file", "split.npy") if isinstance(entry, dict) else None
+    if not isinstance(file, str) or file != Path(file).name or file.startswith("."):  # a name inside the folder
+        return False
+    names, offsets, lengths = entry.get("names"), entry.get("offsets"), entry.get("lengths")
+    if not all(isinstance(x, list) for x in (names, offsets, lengths)):
+        return False
+    if not len(names) == len(offsets) == len(lengths):
+        return False
+    if not all(type(x) is int and x >= 0 for x in offsets + lengths):
+        return False
+    return not offsets or (offsets[0] == 0 and all(a + n == b for a, n, b in zip(offsets, lengths, offsets[1:])))
 
 
 def resolve_split(available: Sequence[str], split: str) -> str | None:

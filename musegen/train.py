@@ -1,14 +1,9 @@
 """The training loop: schedule, resumable checkpoints, validation, logs, DistributedDataParallel.
 
-A run folder holds:
-- `train_config.json`: the TrainConfig and the command line that started (or resumed) the run;
-- `checkpoints/step-NNNNNNNN/`: self-contained checkpoints (`musegen.checkpoint` files) plus
-  `trainer_state.safetensors` (optimiser tensors, RNG states) and `trainer_state.json`
-  (step, counters, optimiser groups, scheduler). Each is built in a hidden temporary folder and
-  renamed into place, and old ones are pruned only after a new one landed, so from the step-0
-  checkpoint on the folder always holds a complete one;
-- `log.jsonl` (every logged step, validations, starts), `valid/` (per-position NLL CSV + PNG),
-  `tensorboard/` when TensorBoard is installed.
+A run reads and checks everything it needs (data, the `--init` or resume checkpoint, the whole
+trainer state), takes the run folder's lock, and only then writes: `train_config.json`,
+`log.jsonl`, `checkpoints/step-NNNNNNNN/` (the layout is in `musegen.run_folder`), `valid/`
+(per-position NLL CSV + PNG), and `tensorboard/` when TensorBoard is installed.
 
 Reproducibility: randomness inside a step (dropout, SPE noise, feature redraws) is reseeded from
 (seed, step, micro-batch chunk) and the data from (seed, sample position), so a resumed run,
@@ -19,32 +14,50 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
 import os
-import shutil
 import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from tqdm import tqdm
 
-from .checkpoint import load_checkpoint, read_checkpoint_config, save_checkpoint
-from .device import resolve_device, use_bf16
+from .checkpoint import load_checkpoint, read_checkpoint_config
 from .data import CROP_CHOICES, SAMPLING_CHOICES, Augmenter, CropDataset, StepBatches, derive_seed
+from .device import resolve_device, use_bf16
 from .errors import CheckpointError, ConfigError, DataError, TrainingError
-from .io import read_json, write_json, write_text
+from .io import read_input, write_json
+from .metrics.loss import position_nll, summarize, write_position_nll
+from .model import MusicPerformer
 from .model.config import ModelConfig, preset, replace_checked
-from .shards import resolve_split
+from .run_folder import (RUN_CONFIG, RunLock, RunLog, TrainingState, clean_leftovers, latest_checkpoint,
+                         state_is_finite, write_checkpoint)
+from .shards import Shards, resolve_split
+from .tokenizers.base import Tokenizer
 
-CHECKPOINTS = "checkpoints"
-STATE_JSON, STATE_TENSORS = "trainer_state.json", "trainer_state.safetensors"
-LOG = "log.jsonl"
-RUN_CONFIG = "train_config.json"
+# Inclusive bounds of the numeric settings. Values past them are typos, or runs that can only
+# diverge (lr=1e30) or never end (steps=1e12). docs/training.md lists them (a test compares).
+LIMITS: dict[str, tuple[float, float]] = {
+    "seq_len": (1, 65536), "workers": (0, 64), "steps": (1, 10**9), "batch_size": (1, 65536),
+    "micro_batch": (0, 65536), "lr": (1e-8, 1.0), "lr_floor": (0.0, 1.0), "warmup": (0, 10**9),
+    "weight_decay": (0.0, 1.0), "grad_clip": (0.0, 1e6), "ckpt_every": (1, 10**9), "keep": (1, 1000),
+    "valid_every": (0, 10**9), "valid_len": (0, 262144), "valid_pieces": (0, 10**6), "log_every": (1, 10**9),
+    "max_nonfinite": (1, 10**6), "seed": (0, 2**63 - 1),
+}
+
+
+def format_limit(value: float) -> str:
+    """1,000 for ints, 1e-8 for floats: how the bounds are written in messages and docs."""
+    if isinstance(value, int):
+        return f"{value:,}"
+    return f"{value:g}".replace("e+0", "e").replace("e-0", "e-").replace("e+", "e")
 
 
 @dataclass
@@ -55,10 +68,11 @@ class TrainConfig:
     preset: str = "small"
     data: str = ""
     out: str = ""
+    init: str = ""  # checkpoint whose weights start the run (`--init`); empty: random weights
     # data
     seq_len: int = 2048  # training crop length (tokens fed to the model)
     sampling: str = "piece"  # "piece": one crop per piece per epoch | "length": pieces drawn by length
-    crop: str = "auto"  # "random" | "start" | "auto": random for REMI, start for groove (the paper's)
+    crop: str = "auto"  # "random" | "start" | "auto": the tokenizer's `default_crop`
     augment: bool = True
     workers: int = 2  # DataLoader worker processes (0: load in the training process)
     # optimisation
@@ -91,20 +105,79 @@ class TrainConfig:
             (self.crop in CROP_CHOICES + ("auto",), f"crop must be 'auto' or one of {CROP_CHOICES}, got {self.crop!r}"),
             (self.optimizer in ("adam", "adamw"), f"optimizer must be 'adam' or 'adamw', got {self.optimizer!r}"),
             (self.precision in ("auto", "fp32", "bf16"), f"precision must be auto, fp32 or bf16, got {self.precision!r}"),
-            (min(self.seq_len, self.steps, self.batch_size, self.ckpt_every, self.keep, self.log_every,
-                 self.max_nonfinite) > 0,
-             "seq_len, steps, batch_size, ckpt_every, keep, log_every and max_nonfinite must be positive"),
-            (min(self.micro_batch, self.workers, self.warmup, self.valid_every, self.valid_len,
-                 self.valid_pieces, self.seed) >= 0, "counts and the seed must not be negative"),
-            (self.lr > 0 and 0 <= self.lr_floor <= self.lr, "need lr > 0 and 0 <= lr_floor <= lr"),
-            (self.grad_clip >= 0 and self.weight_decay >= 0, "grad_clip and weight_decay must not be negative"),
         ]
+        for key, (low, high) in LIMITS.items():
+            value = getattr(self, key)
+            checks.append((low <= value <= high, f"{key} must be in {format_limit(low)}..{format_limit(high)}, "
+                                                 f"got {value!r}"))
+        checks.append((self.lr_floor <= self.lr, f"lr_floor {self.lr_floor!r} must not exceed lr {self.lr!r}"))
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+# ---- building the config ---------------------------------------------------------------------
+
+def build_config(preset_name: str | None, data: str | os.PathLike, out: str | os.PathLike,
+                 config_file: str | os.PathLike | None = None, sets: Iterable[str] = (),
+                 device: str | None = None, init: str | os.PathLike | None = None) -> TrainConfig:
+    """The model: the preset (default "small"), the YAML file's `model:` mapping, then each
+    `--set model.<field>`; with `init`, the checkpoint's model instead, which those may repeat
+    but not contradict. The rest: defaults, the YAML file's top level, each `--set`, `device`.
+    Settings of one layer are applied together, so settings that must agree can come in any order."""
+    top, model_file = _read_config_file(config_file)
+    top_sets, model_sets = _parse_sets(sets)
+    model_settings = {**model_file, **model_sets}
+    if init is None:
+        name = preset_name or "small"
+        model = replace_checked(preset(name), model_settings)
+    else:
+        model, name = _model_of_init(Path(init), preset_name, model_settings)
+    settings = {**top, **top_sets, "preset": name, "data": str(data), "out": str(out), "init": str(init or "")}
+    if device is not None:
+        settings["device"] = device
+    return replace_checked(TrainConfig(model=model), settings)
+
+
+def _read_config_file(path: str | os.PathLike | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(top-level settings, `model:` mapping) of a YAML file."""
+    import yaml
+
+    if path is None:
+        return {}, {}
+    try:
+        loaded = yaml.safe_load(read_input(path, "settings file", error=ConfigError).decode("utf-8")) or {}
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 text") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply for a settings file") from None
+    if not isinstance(loaded, dict) or not isinstance(loaded.get("model", {}), dict):
+        raise ConfigError(f"{path}: expected a mapping of settings (and a `model:` mapping)")
+    model = loaded.pop("model", {})
+    return loaded, model
+
+
+def _parse_sets(sets: Iterable[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`--set` items as (training settings, model settings), each value of its field's type."""
+    top: dict[str, Any] = {}
+    model: dict[str, Any] = {}
+    for item in sets:
+        key, sep, text = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--set expects key=value, got {item!r}")
+        key = key.strip()
+        if key in ("preset", "data", "out", "init"):
+            raise ConfigError(f"{key} is set with --{key}, not --set")
+        if key.startswith("model."):
+            model[key[len("model."):]] = _parse_value(ModelConfig(), key[len("model."):], text)
+        else:
+            top[key] = _parse_value(TrainConfig(), key, text)
+    return top, model
 
 
 def _parse_value(obj, key: str, text: str):
@@ -122,41 +195,23 @@ def _parse_value(obj, key: str, text: str):
         raise ConfigError(f"setting {key!r} expects {expected.__name__}, got {text!r}") from None
 
 
-def build_config(preset_name: str, data: str | os.PathLike, out: str | os.PathLike,
-                 config_file: str | os.PathLike | None = None, sets: Iterable[str] = (),
-                 device: str | None = None) -> TrainConfig:
-    """Preset, then the YAML file (top-level fields and a `model:` mapping), then each `--set`."""
-    import yaml
-
-    model = preset(preset_name)
-    top: dict[str, Any] = {}
-    if config_file is not None:
-        try:
-            loaded = yaml.safe_load(Path(config_file).read_text(encoding="utf-8")) or {}
-        except OSError as exc:
-            raise ConfigError(f"{config_file}: cannot read ({exc.strerror})") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{config_file}: not valid YAML ({str(exc).splitlines()[0]})") from None
-        if not isinstance(loaded, dict) or not isinstance(loaded.get("model", {}), dict):
-            raise ConfigError(f"{config_file}: expected a mapping of settings (and a `model:` mapping)")
-        model = replace_checked(model, loaded.pop("model", {}))
-        top = loaded
-    cfg = replace_checked(TrainConfig(model=model), {**top, "preset": preset_name, "data": str(data), "out": str(out)})
-    model_sets: dict[str, Any] = {}  # applied together: settings that must agree (attention and pe)
-    for item in sets:                # may then come in any order
-        key, sep, text = item.partition("=")
-        if not sep:
-            raise ConfigError(f"--set expects key=value, got {item!r}")
-        key = key.strip()
-        if key.startswith("model."):
-            name = key[len("model."):]
-            model_sets[name] = _parse_value(cfg.model, name, text)
-        else:
-            cfg = replace_checked(cfg, {key: _parse_value(cfg, key, text)})
-    cfg = replace_checked(cfg, {"model": replace_checked(cfg.model, model_sets)})
-    if device is not None:
-        cfg = replace_checked(cfg, {"device": device})
-    return cfg
+def _model_of_init(init: Path, preset_name: str | None, explicit: dict[str, Any]) -> tuple[ModelConfig, str]:
+    """The `--init` checkpoint's model config and preset name; a preset or model setting that
+    differs from it is an error (the weights fix the model)."""
+    model, meta = read_checkpoint_config(init)
+    if preset_name is not None:
+        wanted = preset(preset_name)
+        differ = [k for k in wanted.to_dict() if k != "vocab_size" and getattr(wanted, k) != getattr(model, k)]
+        if differ:
+            raise ConfigError(f"--preset {preset_name} contradicts the --init checkpoint's model ({differ[0]}: "
+                              f"{getattr(wanted, differ[0])!r} vs {getattr(model, differ[0])!r}); leave it out")
+    replace_checked(model, explicit)  # unknown settings and wrong types: the usual errors
+    for key, value in explicit.items():
+        if getattr(model, key) != value:
+            raise ConfigError(f"model.{key}={value!r} contradicts the --init checkpoint's {key}="
+                              f"{getattr(model, key)!r}; the model comes from the checkpoint")
+    meta_preset = meta.get("preset") if isinstance(meta, dict) else None
+    return model, preset_name or (meta_preset if isinstance(meta_preset, str) else "")
 
 
 def lr_factor(update: int, warmup: int, total: int, floor_ratio: float) -> float:
@@ -168,109 +223,7 @@ def lr_factor(update: int, warmup: int, total: int, floor_ratio: float) -> float
     return floor_ratio + (1.0 - floor_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-# ---- checkpoint folders ----------------------------------------------------------------------
-
-def checkpoint_dirs(run: str | os.PathLike) -> list[tuple[int, Path]]:
-    """(step, folder) of the run's checkpoint folders, oldest first (complete or not)."""
-    root = Path(run) / CHECKPOINTS
-    found = []
-    for path in root.glob("step-*") if root.is_dir() else []:
-        suffix = path.name[len("step-"):]
-        if suffix.isdigit() and path.is_dir():
-            found.append((int(suffix), path))
-    return sorted(found)
-
-
-def is_complete(folder: Path) -> bool:
-    files = ("model.safetensors", "config.json", "tokenizer.json", STATE_JSON, STATE_TENSORS)
-    return all((folder / f).is_file() for f in files)
-
-
-def latest_checkpoint(run: str | os.PathLike) -> Path | None:
-    """The newest checkpoint whose config reads back and whose files are all present."""
-    for _, folder in reversed(checkpoint_dirs(run)):
-        try:
-            read_checkpoint_config(folder)
-        except CheckpointError:
-            continue
-        if is_complete(folder):
-            return folder
-    return None
-
-
-def _optimizer_to_files(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    state = optimizer.state_dict()
-    tensors, scalars = {}, {}
-    for index, slots in state["state"].items():
-        for name, value in slots.items():
-            if torch.is_tensor(value):
-                tensors[f"optim.{index}.{name}"] = value.detach().cpu().contiguous()
-            else:
-                scalars[f"{index}.{name}"] = value
-    return tensors, {"param_groups": state["param_groups"], "scalars": scalars}
-
-
-def _optimizer_from_files(tensors: dict[str, torch.Tensor], info: dict[str, Any]) -> dict[str, Any]:
-    state: dict[int, dict[str, Any]] = {}
-    for key, value in tensors.items():
-        if key.startswith("optim."):
-            index, name = key[len("optim."):].split(".", 1)
-            state.setdefault(int(index), {})[name] = value
-    for key, value in info["scalars"].items():
-        index, name = key.split(".", 1)
-        state.setdefault(int(index), {})[name] = value
-    return {"state": state, "param_groups": info["param_groups"]}
-
-
-def write_checkpoint(run: Path, step: int, model: torch.nn.Module, model_cfg: ModelConfig, tokenizer,
-                     optimizer, scheduler, counters: dict[str, Any], meta: dict[str, Any], keep: int) -> Path:
-    """Build the checkpoint in a hidden folder, rename it into place, then prune to `keep`."""
-    from safetensors.torch import save_file
-
-    root = run / CHECKPOINTS
-    final = root / f"step-{step:08d}"
-    if final.exists():
-        return final
-    tmp = root / f".tmp-step-{step:08d}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    save_checkpoint(tmp, model, model_cfg, tokenizer, meta)
-    tensors, optim_info = _optimizer_to_files(optimizer)
-    tensors["rng.torch"] = torch.get_rng_state()
-    if torch.cuda.is_available():
-        for i, s in enumerate(torch.cuda.get_rng_state_all()):
-            tensors[f"rng.cuda.{i}"] = s
-    save_file(tensors, str(tmp / STATE_TENSORS))
-    write_json(tmp / STATE_JSON, {"step": step, **counters, "optimizer": optim_info,
-                                  "scheduler": scheduler.state_dict()})
-    _fsync_dir(tmp)
-    os.rename(tmp, final)
-    _fsync_dir(root)
-    complete = [path for _, path in checkpoint_dirs(run) if is_complete(path)]
-    for old in complete[:-keep]:
-        trash = root / f".trash-{old.name}-{os.getpid()}"
-        os.rename(old, trash)  # one atomic step out of sight, then the slow delete
-        shutil.rmtree(trash, ignore_errors=True)
-    return final
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _clean_leftovers(run: Path) -> None:
-    """Temporary and half-deleted folders of a killed run; never a complete checkpoint."""
-    root = run / CHECKPOINTS
-    for path in root.glob(".tmp-step-*") if root.is_dir() else []:
-        shutil.rmtree(path, ignore_errors=True)
-    for path in root.glob(".trash-*") if root.is_dir() else []:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-# ---- processes and devices -------------------------------------------------------------------
+# ---- processes, signals, data ----------------------------------------------------------------
 
 @dataclass
 class Processes:
@@ -312,64 +265,52 @@ def _ignore_interrupts(_worker_id: int) -> None:
 
 
 class _StopRequest:
-    """SIGINT/SIGTERM set a flag read between updates (never half an update); a second one
-    interrupts at once."""
+    """SIGINT/SIGTERM set `requested`, which the loop reads between updates (never half an
+    update). The first one also hands the signals back to their previous handlers, so that a
+    second one stops the process at once, the usual way."""
 
     def __init__(self):
         self.requested = False
         self._previous: dict[int, Any] = {}
 
-    def __enter__(self):
-        import threading
-
+    def __enter__(self) -> "_StopRequest":
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
-    def _handle(self, signum, frame):
-        if self.requested:
-            raise KeyboardInterrupt
+    def _handle(self, signum, frame) -> None:
         self.requested = True
+        self._restore()
 
-    def __exit__(self, *exc):
+    def _restore(self) -> None:
         for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        self._previous = {}
+
+    def __exit__(self, *exc) -> None:
+        self._restore()
 
 
-# ---- the run ---------------------------------------------------------------------------------
+@dataclass
+class TrainingData:
+    tokenizer: Tokenizer
+    train: list[np.ndarray]  # pieces of two tokens or more
+    valid: list[np.ndarray]  # the first `valid_pieces` of the validation split, if there is one
 
-class _Log:
-    """log.jsonl (and TensorBoard when installed) on the main process; nothing elsewhere."""
 
-    def __init__(self, run: Path, enabled: bool, resume_step: int | None):
-        self.path, self.enabled, self.tb = run / LOG, enabled, None
-        if not enabled:
-            return
-        if resume_step is not None and self.path.is_file():
-            # entries past the checkpoint belong to updates that are about to be redone
-            kept = [line for line in self.path.read_text(encoding="utf-8").splitlines()
-                    if line.strip() and json.loads(line).get("step", 0) <= resume_step]
-            write_text(self.path, "".join(line + "\n" for line in kept))
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-            self.tb = SummaryWriter(str(run / "tensorboard"), purge_step=resume_step)
-        except ImportError:
-            pass
-
-    def write(self, record: dict[str, Any]) -> None:
-        if not self.enabled:
-            return
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
-        if self.tb is not None and "step" in record:
-            for key, value in record.items():
-                if isinstance(value, (int, float)) and key != "step":
-                    self.tb.add_scalar(key, value, record["step"])
-
-    def close(self) -> None:
-        if self.tb is not None:
-            self.tb.close()
+def load_training_data(cfg: TrainConfig) -> TrainingData:
+    cfg.model.check_length(cfg.seq_len, "seq_len")
+    cfg.model.check_length(cfg.valid_len, "valid_len")
+    if not cfg.data:
+        raise DataError("no data folder given")
+    shards = Shards(cfg.data)
+    train_pieces = [p for p in shards.pieces("train") if len(p) >= 2]
+    if not train_pieces:
+        raise DataError(f"{cfg.data}: the train split holds no pieces")
+    valid_split = resolve_split(shards.splits, "valid")
+    valid_pieces = shards.pieces(valid_split)[:cfg.valid_pieces] if valid_split else []
+    return TrainingData(shards.tokenizer, train_pieces, valid_pieces)
 
 
 def _resolve_batching(cfg: TrainConfig, world: int) -> tuple[int, int]:
@@ -384,206 +325,267 @@ def _resolve_batching(cfg: TrainConfig, world: int) -> tuple[int, int]:
     return micro, share // micro
 
 
-def _model_differences(a: ModelConfig, b: ModelConfig) -> list[str]:
-    return [k for k, v in a.to_dict().items() if b.to_dict().get(k) != v]
+def _latest_or_refuse(run: Path) -> Path:
+    source = latest_checkpoint(run)
+    if source is None:
+        raise CheckpointError(f"{run}: no checkpoint to resume from")
+    return source
 
+
+def _compatible_weights(folder: Path, tokenizer: Tokenizer, model_cfg: ModelConfig, data: str) -> dict[str, Any]:
+    """A checkpoint's weights (fp32, whatever precision they were stored in), once its tokenizer
+    and model are those of this run."""
+    model, ckpt_tokenizer, ckpt_cfg, _ = load_checkpoint(folder)
+    if ckpt_tokenizer.to_dict() != tokenizer.to_dict():
+        raise CheckpointError(f"{folder}: trained on another tokenizer ({ckpt_tokenizer.kind}, "
+                              f"{ckpt_tokenizer.vocab_size} tokens) than the data in {data} "
+                              f"({tokenizer.kind}, {tokenizer.vocab_size} tokens)")
+    differ = [k for k, v in ckpt_cfg.to_dict().items() if model_cfg.to_dict().get(k) != v]
+    if differ:
+        raise ConfigError(f"{folder}: the checkpoint's model differs from this config in {', '.join(differ)}")
+    return model.state_dict()
+
+
+# ---- the run ---------------------------------------------------------------------------------
 
 def train(cfg: TrainConfig, resume: bool = False, command: str = "") -> dict[str, Any]:
-    """Train per `cfg`; returns {"step", "loss", "checkpoint", "valid"} of the last update."""
-    from .model import MusicPerformer
-    from .shards import Shards
-
+    """Train per `cfg`. Returns {"step", "loss", "checkpoint", "valid", "nonfinite", "stopped"}
+    of the last update; `stopped` is True when a stop request (Ctrl-C, SIGTERM) ended the run
+    early, after a checkpoint. A run that diverges raises TrainingError."""
     procs, device = _setup_processes(cfg.device)
     try:
-        return _train(cfg, resume, command, procs, device, MusicPerformer, Shards)
+        data = load_training_data(cfg)
+        model_cfg = dataclasses.replace(cfg.model, vocab_size=data.tokenizer.vocab_size)  # the data decides
+        init = None
+        if cfg.init and not resume:
+            init = _compatible_weights(Path(cfg.init), data.tokenizer, model_cfg, cfg.data)
+        if resume:
+            _latest_or_refuse(Path(cfg.out))  # before the lock creates the folder
+        with RunLock(Path(cfg.out), enabled=procs.main):
+            return Trainer(cfg, procs, device, data, model_cfg, init, resume, command).run()
     finally:
         if procs.world > 1 and dist.is_initialized():
             dist.destroy_process_group()
 
 
-def _train(cfg, resume, command, procs, device, MusicPerformer, Shards) -> dict[str, Any]:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+class Trainer:
+    """One process's share of a run: `__init__` sets up (resume state, model, optimiser, data,
+    run folder), `run()` trains to `cfg.steps` updates or a stop request."""
 
-    cfg.model.check_length(cfg.seq_len, "seq_len")
-    cfg.model.check_length(cfg.valid_len, "valid_len")
-    if not cfg.data:
-        raise DataError("no data folder given")
-    shards = Shards(cfg.data)
-    tokenizer = shards.tokenizer
-    train_pieces = [p for p in shards.pieces("train") if len(p) >= 2]
-    if not train_pieces:
-        raise DataError(f"{cfg.data}: the train split holds no pieces")
-    valid_split = resolve_split(shards.splits, "valid")
-    valid_pieces = shards.pieces(valid_split)[:cfg.valid_pieces] if valid_split else []
-    model_cfg = dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size)  # the data decides
-    micro, accumulation = _resolve_batching(cfg, procs.world)
-    run = Path(cfg.out)
+    def __init__(self, cfg: TrainConfig, procs: Processes, device: torch.device, data: TrainingData,
+                 model_cfg: ModelConfig, init: dict[str, Any] | None, resume: bool, command: str):
+        self.cfg, self.procs, self.device, self.command = cfg, procs, device, command
+        self.run_dir, self.tokenizer, self.model_cfg = Path(cfg.out), data.tokenizer, model_cfg
+        self.valid_pieces = data.valid
+        self.micro, self.accumulation = _resolve_batching(cfg, procs.world)
+        # Everything is read and checked before the first write (and all ranks must agree).
+        source = _latest_or_refuse(self.run_dir) if resume else self._refuse_used_folder()
+        self._build(init)
+        self.step, self.counters = 0, {"nonfinite_total": 0, "nonfinite_streak": 0, "tokens_seen": 0}
+        if source is not None:
+            self._restore(source)
+        procs.barrier()
+        self.net = self._wrap()
+        self.loader = self._make_loader(data.train)
+        self.bf16 = use_bf16(cfg.precision, device)
+        self.latest, self.last_loss, self.rate = source, math.nan, None
+        self.valid_result: dict[str, Any] | None = None
+        self.stopped = False
+        self._open_run_folder(source)
 
-    # Decide fresh start or resume before anything is written (all ranks must agree).
-    source = None
-    if resume:
-        source = latest_checkpoint(run)
+    # -- set-up and resume --
+
+    def _refuse_used_folder(self) -> None:
+        if latest_checkpoint(self.run_dir) is not None:
+            raise ConfigError(f"{self.run_dir} already holds checkpoints: add --resume to continue it, "
+                              f"or choose another --out")
+
+    def _build(self, init: dict[str, Any] | None) -> None:
+        cfg = self.cfg
+        torch.manual_seed(derive_seed(cfg.seed, 0))  # the same initial weights on every process
+        self.raw = MusicPerformer(self.model_cfg).to(self.device)
+        if init is not None:
+            self.raw.load_state_dict(init)
+        optim_cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
+        self.optimizer = optim_cls(self.raw.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        floor_ratio = cfg.lr_floor / cfg.lr
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda u: lr_factor(u, cfg.warmup, cfg.steps, floor_ratio))
+
+    def _restore(self, source: Path) -> None:
+        """Load the checkpoint's weights and trainer state, all checked before anything is set."""
+        weights = _compatible_weights(source, self.tokenizer, self.model_cfg, self.cfg.data)
+        state = TrainingState.read(source, self.optimizer, self.scheduler)
+        self.raw.load_state_dict(weights)
+        state.apply(self.optimizer, self.scheduler)
+        self.step, self.counters = state.step, dict(state.counters)
+        self._apply_schedule_settings()
+
+    def _apply_schedule_settings(self) -> None:
+        """This run's lr, schedule and weight decay replace the checkpoint's (the optimiser's
+        moments and the update count carry over): `--set lr=...` on resume takes effect."""
+        cfg = self.cfg
+        factor = lr_factor(self.step, cfg.warmup, cfg.steps, cfg.lr_floor / cfg.lr)
+        for group in self.optimizer.param_groups:
+            group.update(lr=cfg.lr * factor, initial_lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.scheduler.base_lrs = [cfg.lr for _ in self.optimizer.param_groups]
+
+    def _wrap(self) -> torch.nn.Module:
+        net: torch.nn.Module = self.raw
+        if self.procs.world > 1:
+            net = torch.nn.parallel.DistributedDataParallel(
+                self.raw, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        return torch.compile(net) if self.cfg.compile else net
+
+    def _make_loader(self, pieces: list[np.ndarray]) -> torch.utils.data.DataLoader:
+        cfg, procs = self.cfg, self.procs
+        crop = cfg.crop if cfg.crop != "auto" else self.tokenizer.default_crop
+        augmenter = Augmenter.for_tokenizer(self.tokenizer) if cfg.augment else None
+        dataset = CropDataset(pieces, cfg.seq_len, self.tokenizer.pad_id, cfg.seed, augmenter, crop)
+        batches = StepBatches([len(p) for p in pieces], cfg.seq_len, self.micro, self.accumulation,
+                              procs.rank, procs.world, cfg.seed, cfg.sampling, self.step)
+        return torch.utils.data.DataLoader(
+            dataset, batch_sampler=batches, num_workers=cfg.workers, pin_memory=self.device.type == "cuda",
+            worker_init_fn=_ignore_interrupts if cfg.workers else None, persistent_workers=False)
+
+    def _open_run_folder(self, source: Path | None) -> None:
+        """The first writes: the run's config, the log's start (or resume) entry, the step-0 checkpoint."""
+        cfg, procs = self.cfg, self.procs
+        if procs.main:
+            clean_leftovers(self.run_dir)
+            write_json(self.run_dir / RUN_CONFIG, {
+                "config": cfg.to_dict(), "command": self.command, "world_size": procs.world,
+                "micro_batch": self.micro, "accumulation": self.accumulation,
+                "resumed_from": str(source) if source else None, "init": cfg.init or None})
+        self.log = RunLog(self.run_dir, procs.main, self.step if source is not None else None)
+        record = {"step": self.step, "event": "resume" if source else "start", "command": self.command,
+                  "parameters": self.raw.num_parameters(), "world_size": procs.world}
+        if cfg.init:
+            record["init"] = cfg.init
+        if self.log.dropped:
+            record["log_lines_dropped"] = self.log.dropped  # cut short by a full disk or a kill
+        self.log.write(record)
         if source is None:
-            raise CheckpointError(f"{run}: no checkpoint to resume from")
-        ckpt_model, ckpt_tokenizer, ckpt_cfg, _ = load_checkpoint(source)
-        if ckpt_tokenizer.to_dict() != tokenizer.to_dict():
-            raise CheckpointError(f"{source}: trained on another tokenizer ({ckpt_tokenizer.kind}, "
-                                  f"{ckpt_tokenizer.vocab_size} tokens) than the data in {cfg.data} "
-                                  f"({tokenizer.kind}, {tokenizer.vocab_size} tokens)")
-        differ = _model_differences(ckpt_cfg, model_cfg)
-        if differ:
-            raise ConfigError(f"{source}: the checkpoint's model differs from this config in {', '.join(differ)}")
-    elif latest_checkpoint(run) is not None:
-        raise ConfigError(f"{run} already holds checkpoints: add --resume to continue it, or choose another --out")
-    procs.barrier()
+            self._checkpoint()
 
-    torch.manual_seed(derive_seed(cfg.seed, 0))  # the same initial weights on every process
-    raw = MusicPerformer(model_cfg).to(device)
-    decay = cfg.weight_decay
-    optim_cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
-    optimizer = optim_cls(raw.parameters(), lr=cfg.lr, weight_decay=decay)
-    floor_ratio = cfg.lr_floor / cfg.lr
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda u: lr_factor(u, cfg.warmup, cfg.steps, floor_ratio))
-    counters = {"nonfinite_total": 0, "nonfinite_streak": 0, "tokens_seen": 0}
-    start_step = 0
-    if source is not None:
-        raw.load_state_dict(ckpt_model.state_dict())
-        try:  # a tampered or truncated state must be refused in one line, before anything is written
-            state = read_json(source / STATE_JSON)
-            tensors = load_file(str(source / STATE_TENSORS))
-            optimizer.load_state_dict(_optimizer_from_files(tensors, state["optimizer"]))
-            scheduler.load_state_dict(state["scheduler"])
-            torch.set_rng_state(tensors["rng.torch"])
-            start_step = int(state["step"])
-        except (SafetensorError, ValueError, KeyError, TypeError, AttributeError, RuntimeError) as exc:
-            raise CheckpointError(f"{source}: unreadable training state ({type(exc).__name__}: {exc})") from None
-        counters = {k: state.get(k, v) for k, v in counters.items()}
+    # -- training --
 
-    net: torch.nn.Module = raw
-    if procs.world > 1:
-        net = torch.nn.parallel.DistributedDataParallel(
-            raw, device_ids=[device.index] if device.type == "cuda" else None)
-    if cfg.compile:
-        net = torch.compile(net)
+    def run(self) -> dict[str, Any]:
+        bar = tqdm(total=self.cfg.steps, initial=self.step, disable=not self.procs.main, unit="step",
+                   dynamic_ncols=True)
+        batches = iter(self.loader)
+        self.raw.train()
+        try:
+            with _StopRequest() as stop:
+                while self.step < self.cfg.steps and not self.stopped:
+                    self._train_step(batches, stop, bar)
+        finally:
+            bar.close()
+            self.log.close()
+            del batches
+        streak = self.counters["nonfinite_streak"]
+        if streak and not self.stopped:
+            self._diverged(f"the run ended diverged: its last {streak} updates were non-finite and skipped")
+        return {"step": self.step, "loss": self.last_loss, "checkpoint": str(self.latest) if self.latest else None,
+                "valid": self.valid_result, "nonfinite": self.counters["nonfinite_total"], "stopped": self.stopped}
 
-    crop = cfg.crop if cfg.crop != "auto" else ("start" if tokenizer.kind == "groove" else "random")
-    augmenter = Augmenter.for_tokenizer(tokenizer) if cfg.augment else None
-    dataset = CropDataset(train_pieces, cfg.seq_len, tokenizer.pad_id, cfg.seed, augmenter, crop)
-    batches = StepBatches([len(p) for p in train_pieces], cfg.seq_len, micro, accumulation,
-                          procs.rank, procs.world, cfg.seed, cfg.sampling, start_step)
-    loader = torch.utils.data.DataLoader(
-        dataset, batch_sampler=batches, num_workers=cfg.workers, pin_memory=device.type == "cuda",
-        worker_init_fn=_ignore_interrupts if cfg.workers else None,
-        persistent_workers=False)
-
-    bf16 = use_bf16(cfg.precision, device)
-    pad = tokenizer.pad_id
-    valid_len = cfg.valid_len or min(2 * cfg.seq_len, model_cfg.max_positions or 2 * cfg.seq_len)
-    meta_base = {"train_len": cfg.seq_len, "preset": cfg.preset, "data": cfg.data, "tokenizer": tokenizer.kind}
-    last_loss = float("nan")
-
-    def checkpoint(step: int) -> Path | None:
-        if not procs.main:
-            return None
-        return write_checkpoint(run, step, raw, model_cfg, tokenizer, optimizer, scheduler, counters,
-                                {**meta_base, "step": step,  # JSON has no NaN: no loss yet is null
-                                 "train_loss": last_loss if math.isfinite(last_loss) else None}, cfg.keep)
-
-    valid_result: dict[str, Any] | None = None
-
-    def validate(step: int) -> None:
-        nonlocal valid_result
-        if not procs.main or not valid_pieces:
+    def _train_step(self, batches: Iterator[torch.Tensor], stop: _StopRequest, bar: tqdm) -> None:
+        """One update, or the checkpoint that answers a stop request; then logs, validation and
+        checkpoints as scheduled."""
+        cfg, started = self.cfg, time.perf_counter()
+        micro_batches = [next(batches).to(self.device, non_blocking=True) for _ in range(self.accumulation)]
+        local = sum(int((mb[:, 1:] != self.tokenizer.pad_id).sum()) for mb in micro_batches)
+        shared = self.procs.sum(torch.tensor([float(local), float(stop.requested)], device=self.device))
+        if shared[1] > 0:  # every process stops at the same update
+            self._checkpoint()
+            self.log.write({"step": self.step, "event": "stopped", "reason": "stop request"})
+            self.stopped = True
             return
-        from .metrics.loss import position_nll, summarize, write_position_nll
+        n_tokens = max(1.0, float(shared[0]))
+        loss, grad_norm, lr = self._update(micro_batches, n_tokens)
+        self._report(bar, loss, lr, grad_norm, n_tokens / (time.perf_counter() - started))
+        if self.counters["nonfinite_streak"] >= cfg.max_nonfinite:
+            self._diverged(f"the loss was non-finite {self.counters['nonfinite_streak']} updates in a row "
+                           f"(step {self.step}); stopped")
+        last = self.step == cfg.steps
+        if cfg.valid_every and (self.step % cfg.valid_every == 0 or last):
+            self._validate()
+        if self.step % cfg.ckpt_every == 0 or last:
+            self._checkpoint()
 
-        sums, counts = position_nll(raw, valid_pieces, valid_len, pad, seed=derive_seed(cfg.seed, 3))
-        valid_result = summarize(sums, counts, cfg.seq_len)
-        write_position_nll(run / "valid", f"step-{step:08d}", sums, counts, cfg.seq_len,
+    def _update(self, micro_batches: list[torch.Tensor], n_tokens: float) -> tuple[float, float, float]:
+        """Forward and backward over the micro-batches, then the optimiser step unless the loss or
+        the gradient is non-finite (that update is skipped and counted). Returns (loss, grad norm, lr)."""
+        cfg, procs, step = self.cfg, self.procs, self.step
+        torch.manual_seed(derive_seed(cfg.seed, 4, step))
+        self.raw.on_train_step(step)
+        total = torch.zeros((), device=self.device)
+        for a, mb in enumerate(micro_batches):
+            torch.manual_seed(derive_seed(cfg.seed, 5, step, a * procs.world + procs.rank))
+            sync = (self.net.no_sync() if procs.world > 1 and a < self.accumulation - 1 and hasattr(self.net, "no_sync")
+                    else contextlib.nullcontext())
+            with sync, torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+                logits = self.net(mb[:, :-1])
+                nll = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), mb[:, 1:].reshape(-1),
+                                      ignore_index=self.tokenizer.pad_id, reduction="sum")
+                # DDP averages gradients over processes: scale so the result is the
+                # gradient of the mean over every real target token of the global batch
+                (nll * (procs.world / n_tokens)).backward()
+            total += nll.detach()
+        loss = float(procs.sum(total)) / n_tokens
+        clip = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.raw.parameters(), clip))
+        lr = self.optimizer.param_groups[0]["lr"]
+        finite = math.isfinite(loss) and math.isfinite(grad_norm)
+        if finite:
+            self.optimizer.step()
+            self.last_loss = loss
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        self.step += 1
+        self.counters["nonfinite_streak"] = 0 if finite else self.counters["nonfinite_streak"] + 1
+        self.counters["nonfinite_total"] += not finite
+        self.counters["tokens_seen"] += int(n_tokens)
+        return loss, grad_norm, lr
+
+    def _report(self, bar: tqdm, loss: float, lr: float, grad_norm: float, speed: float) -> None:
+        self.rate = speed if self.rate is None else 0.9 * self.rate + 0.1 * speed
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{self.rate:,.0f}", refresh=False)
+        if self.step % self.cfg.log_every == 0 or self.step == self.cfg.steps:
+            self.log.write({"step": self.step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
+                            "tokens_per_s": speed, "tokens": self.counters["tokens_seen"],
+                            "nonfinite": self.counters["nonfinite_total"], "time": time.time()})
+
+    def _validate(self) -> None:
+        if not self.procs.main or not self.valid_pieces:
+            return
+        cfg, step = self.cfg, self.step
+        valid_len = cfg.valid_len or min(2 * cfg.seq_len, self.model_cfg.max_positions or 2 * cfg.seq_len)
+        sums, counts = position_nll(self.raw, self.valid_pieces, valid_len, self.tokenizer.pad_id,
+                                    seed=derive_seed(cfg.seed, 3))
+        self.valid_result = summarize(sums, counts, cfg.seq_len)
+        write_position_nll(self.run_dir / "valid", f"step-{step:08d}", sums, counts, cfg.seq_len,
                            title=f"validation NLL at step {step}")
-        log.write({"step": step, "valid_loss": valid_result["within"],
-                   "valid_extrapolation": valid_result["extrapolation"]})
+        self.log.write({"step": step, "valid_loss": self.valid_result["within"],
+                        "valid_extrapolation": self.valid_result["extrapolation"]})
 
-    if procs.main:
-        run.mkdir(parents=True, exist_ok=True)
-        _clean_leftovers(run)
-        write_json(run / RUN_CONFIG, {"config": cfg.to_dict(), "command": command, "world_size": procs.world,
-                                      "micro_batch": micro, "accumulation": accumulation,
-                                      "resumed_from": str(source) if source else None})
-    log = _Log(run, procs.main, start_step if source is not None else None)
-    log.write({"step": start_step, "event": "resume" if source else "start", "command": command,
-               "parameters": raw.num_parameters(), "world_size": procs.world})
-    latest = checkpoint(start_step) if source is None else source
+    def _checkpoint(self) -> None:
+        """Write this step's checkpoint (main process), unless the state went non-finite: such a
+        checkpoint is never written, so every one on disk is good and pruning keeps the newest."""
+        if not state_is_finite(self.raw, self.optimizer):
+            self._diverged(f"the weights or optimiser moments became non-finite by step {self.step}; "
+                           f"not saved")
+        if not self.procs.main:
+            return
+        cfg, loss = self.cfg, self.last_loss
+        meta = {"train_len": cfg.seq_len, "preset": cfg.preset, "data": cfg.data, "tokenizer": self.tokenizer.kind,
+                "step": self.step, "train_loss": loss if math.isfinite(loss) else None}  # JSON has no NaN
+        if cfg.init:
+            meta["init"] = cfg.init
+        self.latest = write_checkpoint(self.run_dir, self.step, self.raw, self.model_cfg, self.tokenizer,
+                                       self.optimizer, self.scheduler, self.counters, meta, cfg.keep)
 
-    from tqdm import tqdm
-
-    bar = tqdm(total=cfg.steps, initial=start_step, disable=not procs.main, unit="step", dynamic_ncols=True)
-    data = iter(loader)
-    rate = None
-    step = start_step
-    raw.train()
-    try:
-        with _StopRequest() as stop:
-            while step < cfg.steps:
-                t0 = time.perf_counter()
-                micro_batches = [next(data).to(device, non_blocking=True) for _ in range(accumulation)]
-                local = sum(int((mb[:, 1:] != pad).sum()) for mb in micro_batches)
-                shared = procs.sum(torch.tensor([float(local), float(stop.requested)], device=device))
-                if shared[1] > 0:
-                    latest = checkpoint(step) or latest
-                    raise KeyboardInterrupt
-                n_tokens = max(1.0, float(shared[0]))
-                torch.manual_seed(derive_seed(cfg.seed, 4, step))
-                raw.on_train_step(step)
-                total = torch.zeros((), device=device)
-                for a, mb in enumerate(micro_batches):
-                    torch.manual_seed(derive_seed(cfg.seed, 5, step, a * procs.world + procs.rank))
-                    sync = (net.no_sync() if procs.world > 1 and a < accumulation - 1 and hasattr(net, "no_sync")
-                            else contextlib.nullcontext())
-                    with sync, torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-                        logits = net(mb[:, :-1])
-                        nll = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), mb[:, 1:].reshape(-1),
-                                              ignore_index=pad, reduction="sum")
-                        # DDP averages gradients over processes: scale so the result is the
-                        # gradient of the mean over every real target token of the global batch
-                        (nll * (procs.world / n_tokens)).backward()
-                    total += nll.detach()
-                loss = float(procs.sum(total)) / n_tokens
-                clip = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(raw.parameters(), clip))
-                lr = scheduler.get_last_lr()[0]
-                if math.isfinite(loss) and math.isfinite(grad_norm):
-                    optimizer.step()
-                    counters["nonfinite_streak"] = 0
-                    last_loss = loss
-                else:
-                    counters["nonfinite_total"] += 1
-                    counters["nonfinite_streak"] += 1
-                optimizer.zero_grad(set_to_none=True)
-                scheduler.step()
-                step += 1
-                counters["tokens_seen"] += int(n_tokens)
-                if counters["nonfinite_streak"] >= cfg.max_nonfinite:
-                    log.write({"step": step, "event": "stopped", "reason": "non-finite loss"})
-                    raise TrainingError(f"the loss was non-finite {counters['nonfinite_streak']} updates in a row "
-                                        f"(step {step}); stopped, last good checkpoint: {latest}")
-                speed = n_tokens / (time.perf_counter() - t0)
-                rate = speed if rate is None else 0.9 * rate + 0.1 * speed
-                bar.update(1)
-                bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{rate:,.0f}", refresh=False)
-                if step % cfg.log_every == 0 or step == cfg.steps:
-                    log.write({"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
-                               "tokens_per_s": speed, "tokens": counters["tokens_seen"],
-                               "nonfinite": counters["nonfinite_total"], "time": time.time()})
-                if cfg.valid_every and (step % cfg.valid_every == 0 or step == cfg.steps):
-                    validate(step)
-                if step % cfg.ckpt_every == 0 or step == cfg.steps:
-                    latest = checkpoint(step) or latest
-    finally:
-        bar.close()
-        log.close()
-        del data
-    return {"step": step, "loss": last_loss, "checkpoint": str(latest) if latest else None,
-            "valid": valid_result, "nonfinite": counters["nonfinite_total"]}
+    def _diverged(self, what: str) -> None:
+        self.log.write({"step": self.step, "event": "stopped", "reason": "non-finite"})
+        raise TrainingError(f"{what}; last good checkpoint: {self.latest}")

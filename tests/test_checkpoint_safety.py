@@ -15,8 +15,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from musegen.checkpoint import load_checkpoint, save_checkpoint
+from musegen.checkpoint import export_checkpoint, load_checkpoint, save_checkpoint
 from musegen.cli import main
+from musegen.errors import CheckpointError
 from musegen.model import MusicPerformer, preset
 from musegen.tokenizers import tokenizer_from_dict
 from musegen.train import build_config, latest_checkpoint, train
@@ -242,3 +243,41 @@ def test_tampered_training_state_is_refused_on_resume(case, run, tmp_path, capsy
                      *[x for s in TINY_RUN for x in ("--set", s)], "--resume"], capsys)
     assert code == 1 and len(err) == 1 and "training state" in err[0], err
     load_checkpoint(folder)  # the model files themselves are still fine for sampling
+
+
+# ---- nothing allocated on the files' word alone ---------------------------------------------------
+
+def test_shapes_are_compared_before_the_real_model_is_built(checkpoint, tmp_path, monkeypatch):
+    """A mismatched weight file is refused having built the model only on the meta device (which
+    allocates nothing), and an oversized config before building it at all."""
+    import musegen.model as model_module
+
+    folder = copy(checkpoint, tmp_path / "c")
+    _smaller_model(folder / "model.safetensors")
+    built_on = []
+    real_init = MusicPerformer.__init__
+
+    def spy(self, config):
+        built_on.append(torch.get_default_device().type)
+        real_init(self, config)
+    monkeypatch.setattr(model_module.MusicPerformer, "__init__", spy)
+    with pytest.raises(CheckpointError, match="has shape"):
+        load_checkpoint(folder)
+    assert built_on == ["meta"]
+    _edit_json(folder / "config.json", lambda d: d["model"].update(n_layers=10**30))
+    built_on.clear()
+    with pytest.raises(CheckpointError, match=r"n_layers = 10{30}; a checkpoint may ask for at most 256"):
+        load_checkpoint(folder)
+    assert built_on == []
+    load_checkpoint(checkpoint)
+    assert built_on == ["meta", "cpu"]
+
+
+def test_export_to_fp16_refuses_what_fp16_cannot_hold(checkpoint, tmp_path):
+    folder = copy(checkpoint, tmp_path / "c")
+    _edit_weights(folder / "model.safetensors", lambda t: t["head.bias"].__setitem__(3, -70000.0))
+    with pytest.raises(CheckpointError, match=r"head.bias holds values up to 70000, beyond the range of torch.float16"):
+        export_checkpoint(folder, tmp_path / "fp16", torch.float16)
+    assert not (tmp_path / "fp16").exists()
+    export_checkpoint(folder, tmp_path / "bf16", torch.bfloat16)  # bf16 has fp32's range
+    assert load_file(str(tmp_path / "bf16" / "model.safetensors"))["head.bias"][3].item() == -70144.0  # (rounded)

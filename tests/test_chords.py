@@ -111,3 +111,22 @@ def test_silence_and_empty_input():
     assert len(beats) == 5 and (beats.root[:4] == -1).all()
     assert (beats.root[4], beats.quality[4], beats.bass[4]) == (0, QUALITIES.index("M"), 0)
     assert len(detect_chords([], [], [], 480)) == 0
+
+
+def test_a_range_of_beats_gets_the_labels_the_whole_song_gives_them(pop909_songs):
+    start, end, pitch, tpq = _notes_of(pop909_songs[0])
+    whole = _ours(start, end, pitch, tpq)
+    part = detect_chords(start, end, pitch, tpq, max_tick=100 * tpq, first_beat=40)
+    np.testing.assert_array_equal(np.stack([part.root, part.quality, part.bass], axis=1), whole[40:100])
+    assert len(set(map(tuple, whole[40:100]))) > 5  # real chord changes, not a silent stretch
+    with pytest.raises(ValueError, match="even"):
+        detect_chords(start, end, pitch, tpq, first_beat=41)
+
+
+def test_windows_counted_in_small_chunks_give_the_same_labels(pop909_songs, monkeypatch):
+    from musegen import chords
+
+    notes = _notes_of(pop909_songs[1])
+    whole = _ours(*notes)
+    monkeypatch.setattr(chords, "_PAIRS_PER_CHUNK", 64)  # hundreds of chunks instead of one
+    np.testing.assert_array_equal(_ours(*notes), whole)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from musegen.data import Augmenter, CropDataset, StepBatches, derive_seed
-from musegen.shards import resolve_split
+from musegen.shards import Shards, resolve_split, write_shards
 from musegen.errors import ConfigError, DataError
 from musegen.tokenizers.groove import GrooveTokenizer
 from musegen.tokenizers.remi import RemiTokenizer
@@ -101,6 +101,50 @@ def test_validation_split_spellings():
     assert resolve_split(["train", "valid"], "validation") == "valid"
     assert resolve_split(["train", "test"], "valid") is None
     assert resolve_split(["train", "test"], "test") == "test"
+
+
+# ---- shards that do not fit their tokenizer ------------------------------------------------------
+
+def _shards_with(folder, pieces, tok=None):
+    """A prepared folder holding `pieces` (lists of ids) as its train split."""
+    write_shards(folder, tok or RemiTokenizer(), {"train": [(f"p{i}", np.asarray(p)) for i, p in enumerate(pieces)]}, {})
+    return folder
+
+
+@pytest.mark.parametrize("bad_id", [333, 30000, -1])
+def test_shard_ids_outside_the_vocabulary_are_refused_in_one_line(bad_id, tmp_path, pop909_songs):
+    tok = RemiTokenizer()
+    good = tok.encode(pop909_songs[0]).ids[:50].tolist()
+    folder = _shards_with(tmp_path / "s", [good, good[:10] + [bad_id] + good[10:]])
+    with pytest.raises(DataError, match=rf"token id {bad_id} \(piece 'p1'\) is outside the tokenizer's vocabulary 0..332"):
+        Shards(folder).pieces("train")
+
+
+def test_float_shards_and_malformed_indexes_are_refused(tmp_path):
+    import json
+
+    folder = _shards_with(tmp_path / "s", [[1, 2, 3], [4, 5]])
+    index = json.loads((folder / "index.json").read_text())
+    npy = folder / index["splits"]["train"]["file"]
+    np.save(npy, np.array([1, 2, np.nan, 4, 5]))  # what a NaN id would look like
+    with pytest.raises(DataError, match="integer token ids, got float64"):
+        Shards(folder).pieces("train")
+    for name, edit in {"offsets as text": lambda e: e.update(offsets=["0", "3"]),
+                       "overlapping pieces": lambda e: e.update(offsets=[0, 1]),
+                       "a path outside the folder": lambda e: e.update(file="../elsewhere.npy"),
+                       "fewer names than pieces": lambda e: e.update(names=["a"])}.items():
+        broken = json.loads(json.dumps(index))
+        edit(broken["splits"]["train"])
+        (folder / "index.json").write_text(json.dumps(broken))
+        with pytest.raises(DataError, match="malformed entry for split 'train'"):
+            Shards(folder).pieces("train")
+    (folder / "index.json").write_text("[" * 100000 + "]" * 100000)
+    with pytest.raises(DataError, match="not valid JSON"):
+        Shards(folder)
+    (folder / "index.json").write_text(json.dumps(index))
+    (folder / "tokenizer.json").write_text("[" * 100000 + "]" * 100000)
+    with pytest.raises(DataError, match="tokenizer"):
+        Shards(folder)
 
 
 # ---- augmentation on real music -------------------------------------------------------------

@@ -13,9 +13,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import symusic
 
 from data_prep import chorales, pop1k7
 from data_prep.download import extract, fetch, zenodo_file
+from musegen.beats import synchronise
 from musegen.errors import DataError
 from musegen.shards import Shards
 from musegen.tokenizers.remi import RemiTokenizer
@@ -149,12 +151,15 @@ def test_prepare_pop909_cli_writes_readable_shards(pop909_dir, tmp_path):
     assert triple  # song 034 is in 3/4 (its MIDI says 1/4)
     assert sorted(names + triple) == [p.stem for p in songs]
     reasons = [e["reason"] for e in shards.index["report"]["skipped_files"]]
-    assert len(reasons) == len(triple) and all("triple meter" in r for r in reasons)
+    assert len(reasons) == len(triple) and all("annotated bars of 6 beats" in r for r in reasons)
     assert 0 < len(shards.names("validation")) < 10  # about 5%, split by song
     piece = shards.pieces("train")[0]
     assert shards.tokenizer.kind == "remi" and shards.tokenizer.grammar().first_violation(piece) is None
-    expected = shards.tokenizer.encode(pop909_dir / names[0] / f"{names[0]}.mid").ids
-    assert np.array_equal(shards.pieces("train")[0], expected)
+    # each song was synchronised to its annotated beats before encoding
+    song = pop909_dir / names[0] / f"{names[0]}.mid"
+    beats = np.loadtxt(song.parent / "beat_midi.txt")
+    expected = shards.tokenizer.encode(synchronise(symusic.Score(str(song)), beats[:, 0], beats[:, 2] == 1)).ids
+    assert np.array_equal(piece, expected) and not np.array_equal(piece, shards.tokenizer.encode(song).ids)
     assert f"files: {len(songs)}  encoded: {len(songs) - len(triple)}  skipped: {len(triple)}" in stdout
 
 
@@ -213,8 +218,8 @@ def test_prepare_chorales_from_music21(tmp_path):
     name = shards.names("train")[0]
     ids = shards.pieces("train")[0]
     score = corpus.parse(str(next(p for p in chorales.chorale_paths() if p.stem == name))).stripTies()
-    # voices singing the same pitch at the same time become one playable note
-    n_notes = len({(n.offset, p.midi) for part in score.parts for n in part.flatten().notes for p in n.pitches})
+    # every note of every voice, also where two voices sing the same pitch at once
+    n_notes = sum(len(n.pitches) for part in score.parts for n in part.flatten().notes)
     assert sum(1 for i in ids if tok.pitch_of[i] >= 0) == n_notes
     # the pickup is padded so the first full bar starts on a REMI Bar
     pickup = float(score.parts[0].getElementsByClass("Measure")[0].paddingLeft or 0)
@@ -236,37 +241,28 @@ def _events_of(tok, ids):
     return events
 
 
-def _descending_chords(tok, ids):
-    """The same notes with each position's (Pitch, Velocity, Duration) triples in falling pitch."""
-    out, run = [], []
-    for i in list(ids) + [None]:
-        if i is not None and tok.vocab[i].startswith(("Note_Pitch", "Note_Velocity", "Note_Duration")):
-            run.append(i)
-            continue
-        triples = [run[j:j + 3] for j in range(0, len(run), 3)]
-        out += [t for triple in reversed(triples) for t in triple]
-        run = []
-        if i is not None:
-            out.append(i)
-    assert out != list(ids)
-    return np.array(out)
-
-
-def test_prepare_pop1k7_converts_a_local_archive(pop909_songs, tmp_path):
+def test_prepare_pop1k7_stores_the_reference_pieces_unchanged(tmp_path):
+    """Pieces the Pop1K7 pipeline wrote (the golden POP909 encodings) load token for token."""
+    import gzip
+    import json
     import pickle
 
+    from conftest import GOLDEN
+
     tok = RemiTokenizer()
+    index = {name: i for i, name in enumerate(tok.vocab)}
     pieces = tmp_path / "build" / "remi_dataset"
     pieces.mkdir(parents=True)
     originals = {}
-    for k, song in enumerate(pop909_songs[:4]):
-        ids = tok.encode(song).ids
-        originals[f"{k:04d}"] = ids
-        stored = _descending_chords(tok, ids) if k == 3 else ids  # not musegen's canonical order
-        (pieces / f"{k:04d}.pkl").write_bytes(pickle.dumps((tok.bar_starts(ids), _events_of(tok, stored))))
+    with gzip.open(GOLDEN / "remi_pop1k7" / "pop909_events.jsonl.gz", "rt") as f:
+        for line in list(f)[:4]:
+            song = json.loads(line)
+            ids = np.array([index[n] for n in song["events"]])
+            originals[song["song"]] = ids
+            (pieces / f"{song['song']}.pkl").write_bytes(pickle.dumps((tok.bar_starts(ids), _events_of(tok, ids))))
     (pieces / "9000.pkl").write_bytes(pickle.dumps(([0], [{"name": "Bar", "value": None},
                                                           {"name": "Whistle", "value": 3}])))
-    (pieces / "9001.pkl").write_bytes(pickle.dumps(([0], _events_of(tok, originals["0000"][::-1]))))
+    (pieces / "9001.pkl").write_bytes(pickle.dumps(([0], _events_of(tok, originals["001"][::-1]))))
     marker = tmp_path / "pwned"
     evil = b"cos\nsystem\n(S'touch " + str(marker).encode() + b"'\ntR."  # a pickle that runs a command
     (pieces / "9002.pkl").write_bytes(evil)
@@ -279,7 +275,7 @@ def test_prepare_pop1k7_converts_a_local_archive(pop909_songs, tmp_path):
     assert report["encoded"] == 4 and report["skipped"] == 3
     reasons = {e["name"]: e["reason"] for e in report["skipped_files"]}
     assert "unknown event 'Whistle_3'" in reasons["9000"]
-    assert "cannot be re-encoded" in reasons["9001"] and "refusing to load" in reasons["9002"]
+    assert "not a REMI piece musegen writes" in reasons["9001"] and "refusing to load" in reasons["9002"]
     shards = Shards(tmp_path / "out")
     got = dict(zip(shards.names("train") + shards.names("validation"),
                    shards.pieces("train") + shards.pieces("validation")))

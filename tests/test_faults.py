@@ -1,7 +1,8 @@
 """Fault injection on every write path: data preparation, training checkpoints, sample output.
 
 Faults: SIGKILL at seeded random moments (subprocesses), a full disk (OSError(ENOSPC) injected at
-the n-th fsync, where musegen makes written bytes durable), a read-only output folder (chmod;
+the n-th fsync, where musegen makes written bytes durable, and at the real writes of the training
+log and of safetensors files, which then hold a partial file), a read-only output folder (chmod;
 when the tests run as root, which ignores modes, the same EROFS error is injected where files
 are created). After each fault the earlier complete output must be intact and loadable and no
 file under its final name may be partial; a rerun or resume then finishes. Counts print with -s.
@@ -10,6 +11,7 @@ file under its final name may be partial; a rerun or resume then finishes. Count
 from __future__ import annotations
 
 import errno
+import json
 import os
 import random
 import signal
@@ -31,7 +33,7 @@ from musegen.model import MusicPerformer, preset
 from musegen.sample import SampleSettings, sample_to_folder
 from musegen.shards import Shards
 from musegen.tokenizers import tokenizer_from_dict
-from musegen.train import checkpoint_dirs, is_complete, latest_checkpoint
+from musegen.run_folder import checkpoint_dirs, is_complete, latest_checkpoint
 
 from train_fixtures import prepare_pop909
 
@@ -206,6 +208,69 @@ def test_training_survives_full_disk_read_only_and_kill(data, tmp_path, capsys, 
     assert cli(train_args(last + 2) + ["--resume"], capsys)[0] == 0  # resume finishes the job
     assert latest_checkpoint(run).name == f"step-{last + 2:08d}"
     assert FAULTS["training", "intact"] == FAULTS["training", "injected"]
+
+
+class FullDiskWrites:
+    """The writes to files named `name` put down half their bytes, then fail with ENOSPC (from the
+    `after`-th such write on): what a disk that fills up mid-write does."""
+
+    def __init__(self, monkeypatch, name: str, after: int = 1):
+        self.calls, real = 0, os.write
+
+        def write(fd, data):
+            if not os.readlink(f"/proc/self/fd/{fd}").endswith(name):
+                return real(fd, data)
+            self.calls += 1
+            if self.calls < after:
+                return real(fd, data)
+            real(fd, bytes(data)[:len(data) // 2])
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        monkeypatch.setattr(os, "write", write)
+
+
+def full_disk_safetensors(monkeypatch, module, name: str) -> None:
+    """`module.save_file` writes half of `name`'s bytes, then fails as safetensors does on a full disk."""
+    from safetensors import SafetensorError
+    from safetensors.torch import save
+
+    real = module.save_file
+
+    def save_file(tensors, path, *args, **kwargs):
+        if not Path(path).name.startswith((name, f".{name}")):
+            return real(tensors, path, *args, **kwargs)
+        Path(path).write_bytes(save(tensors)[:1000])
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+    monkeypatch.setattr(module, "save_file", save_file)
+
+
+def test_training_survives_a_full_disk_at_the_real_writes(data, tmp_path, capsys, monkeypatch):
+    from musegen import checkpoint as checkpoint_module, run_folder
+
+    run = tmp_path / "run"
+    train_args = lambda steps: ["train", "--data", data, "--out", run, "--preset", "tiny",  # noqa: E731
+                                *[x for s in TINY_RUN + [f"steps={steps}"] for x in ("--set", s)]]
+    assert cli(train_args(2), capsys)[0] == 0
+    faults = {"log line": lambda m: FullDiskWrites(m, "log.jsonl", after=2),
+              "weights": lambda m: full_disk_safetensors(m, checkpoint_module, "model.safetensors"),
+              "trainer state": lambda m: full_disk_safetensors(m, run_folder, "trainer_state.safetensors")}
+    for name, inject in faults.items():  # each hits before the step-3 checkpoint lands
+        earlier = latest_checkpoint(run)
+        files = {f.name: f.read_bytes() for f in earlier.iterdir()}
+        with monkeypatch.context() as m:
+            inject(m)
+            code, err = cli(train_args(6) + ["--resume"], capsys)
+        FAULTS["training", "injected"] += 1
+        assert code == 1 and len(err) == 1 and "No space left on device" in err[0], (name, err)
+        if name == "log line":
+            assert not (run / "log.jsonl").read_bytes().endswith(b"\n")  # half a line was written
+        intact = (complete_checkpoints_load(run) and latest_checkpoint(run) == earlier
+                  and {f.name: f.read_bytes() for f in earlier.iterdir()} == files)
+        FAULTS["training", "intact"] += intact
+        assert intact, name
+    assert cli(train_args(6) + ["--resume"], capsys)[0] == 0  # the resume repairs the log and finishes
+    assert latest_checkpoint(run).name == "step-00000006"
+    records = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "loss" in r] == list(range(1, 7))
 
 
 # ---- sample output ---------------------------------------------------------------------------------

@@ -19,16 +19,17 @@ BAR = 4 * TPQ
 
 
 def band_midi(path, numerator=4, bass_pitch=40):
-    """A Band-in-a-Box-like file: sticks count-in on bars 0-1, then 4 bars of drums, bass, piano."""
+    """A Band-in-a-Box-like file: sticks count-in on bars 0-1, then 4 bars of drums, bass (on a
+    guitar program: the role comes from the track name), piano."""
     bar = numerator * TPQ
     midi = miditoolkit.MidiFile(ticks_per_beat=TPQ)
     midi.time_signature_changes = [miditoolkit.TimeSignature(numerator, 4, 0)]
-    drums = miditoolkit.Instrument(0, is_drum=True, name="Drums")
+    drums = miditoolkit.Instrument(0, is_drum=True, name="BB Drums")
     drums.notes = [miditoolkit.Note(80, 37, b * TPQ, b * TPQ + 10) for b in range(2 * numerator)]
     drums.notes += [miditoolkit.Note(90, 36, 2 * bar + b * TPQ, 2 * bar + b * TPQ + 10) for b in range(4 * numerator)]
-    bass = miditoolkit.Instrument(33, name="Bass")
+    bass = miditoolkit.Instrument(26, name="BB Bass")
     bass.notes = [miditoolkit.Note(90, bass_pitch, 2 * bar + k * bar, 3 * bar + k * bar) for k in range(4)]
-    piano = miditoolkit.Instrument(0, name="Piano")
+    piano = miditoolkit.Instrument(0, name="BB Piano")
     piano.notes = [miditoolkit.Note(70, p, 2 * bar + k * bar, 2 * bar + k * bar + TPQ) for k in range(4) for p in (60, 64)]
     midi.instruments = [drums, bass, piano]
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -54,7 +55,7 @@ def archive(tmp_path, monkeypatch):
     return path
 
 
-def test_download_verify_extract_convert(tmp_path, archive):
+def test_download_verify_extract_encode(tmp_path, archive):
     out = tmp_path / "out"
     report = g2g.prepare(out=out, source=tmp_path / "raw", download=True, workers=2)
     assert (tmp_path / "raw" / g2g.ARCHIVE).is_file()
@@ -68,6 +69,7 @@ def test_download_verify_extract_convert(tmp_path, archive):
     for name, ids in zip(shards.names("train"), shards.pieces("train")):
         notes = tok.notes(ids)
         assert 37 not in notes[notes[:, 0] == 2][:, 1], "the count-in is gone"
+        assert set(notes[notes[:, 0] == 1][:, 1]) <= set(range(36, 41)), "the bass found by its name"
         assert notes[:, 2].min() == 0 and notes[:, 3].max() == 4 * 48  # 4 bars from time 0
         assert len(tok.bar_starts(ids)) == 4
         assert tok.grammar().first_violation(ids) is None

@@ -1,8 +1,9 @@
-"""The MMA groove corpus: style catalogue and split, chord conversion, rendering, and an exact
-round trip on every prepared piece of a 10-style trial corpus."""
+"""The MMA groove corpus: style catalogue and split, chord conversion, rendering, the
+Groove2Groove layout, and an exact round trip on every prepared piece of a 10-style trial corpus."""
 
 from __future__ import annotations
 
+import io
 import shutil
 from collections import Counter, defaultdict
 
@@ -14,12 +15,18 @@ from data_prep import mma_groove as mg
 from musegen.errors import DataError
 from musegen.io import read_json
 from musegen.shards import Shards
-from musegen.tokenizers.groove import GrooveTokenizer
+from musegen.tokenizers.groove import G2G_NAMES, GrooveTokenizer, read_parts, round_half_even
 
 pytestmark = pytest.mark.skipif(shutil.which("mma") is None, reason="the Debian package mma is not installed")
 
 TOK = GrooveTokenizer()
 TRIAL_PIECES = 40  # 10 styles x 4 pieces
+
+
+def dump(midi) -> bytes:
+    buffer = io.BytesIO()
+    midi.dump(file=buffer)
+    return buffer.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -96,26 +103,20 @@ def test_trial_corpus_has_every_split_and_references(corpus):
 
 
 def expected_trio(path, meta) -> set[tuple[int, int, int, int]]:
-    """The quantised notes of the tracks the tokenizer chose, computed here in plain Python."""
+    """The trio of a Groove2Groove-layout file, computed here from symusic's reading: the named
+    tracks, times on the 12-per-beat grid less the 2-bar count-in, and per track and pitch the
+    k-th onset ending at the k-th offset (what first-in-first-out decoding gives)."""
     score = symusic.Score(str(path))
-    tpq = score.tpq
-    grid = lambda tick: (24 * tick + tpq) // (2 * tpq)  # nearest 1/12 beat, halves up
-    roles = {meta["bass_index"]: 1, meta["other_index"]: 3}  # by index: track names repeat
-    by_slot = defaultdict(list)
-    for i, part in enumerate(score.tracks):
-        track = 2 if part.is_drum else roles.get(i)
-        for n in part.notes if track else []:
-            on = grid(n.time)
-            by_slot[(track, n.pitch)].append((on, max(grid(n.time + n.duration), on + 1)))
-    notes = set()
-    for (track, pitch), spans in by_slot.items():
-        spans.sort(key=lambda s: (s[0], -s[1]))
-        kept = [s for i, s in enumerate(spans) if i == 0 or s[0] != spans[i - 1][0]]
-        for i, (on, off) in enumerate(kept):
-            if i + 1 < len(kept):
-                off = min(off, kept[i + 1][0])  # cut where the next note of that pitch begins
-            notes.add((track, pitch, on, off))
-    return notes
+    role = {"BB Bass": 1, "BB Drums": 2, meta["other_track"]: 3}
+    times = defaultdict(lambda: ([], []))
+    for part in score.tracks:
+        for n in part.notes if part.name in role else []:
+            on, off = (int(round_half_even(12 * t, score.tpq)) - 96 for t in (n.time, n.time + n.duration))
+            if on >= 0:
+                times[(role[part.name], n.pitch)][0].append(on)
+                times[(role[part.name], n.pitch)][1].append(off)
+    return {(track, pitch, on, off) for (track, pitch), (ons, offs) in times.items()
+            for on, off in zip(sorted(ons), sorted(offs))}
 
 
 def test_round_trip_on_every_prepared_piece(corpus):
@@ -125,19 +126,43 @@ def test_round_trip_on_every_prepared_piece(corpus):
     mismatches, pieces, tracks = 0, 0, Counter()
     for split in shards.splits:
         for name, ids in zip(shards.names(split), shards.pieces(split)):
-            path = out / "rendered" / f"{name}.mid"
+            path = out / "g2g" / f"{name}.mid"
             enc = TOK.encode(path)
-            assert np.array_equal(enc.ids, ids)
+            assert np.array_equal(enc.ids, ids) and enc.report["meta"]["layout"] == "g2g"
+            assert enc.report["count_in_notes"] == 8  # the clicks, and nothing of the music
             assert grammar.first_violation(ids) is None, name
-            decoded = TOK.decode(ids, enc.report["meta"])
-            unit = decoded.ticks_per_beat // 12
-            got = {(k, n.pitch, n.start // unit, n.end // unit)
-                   for k, inst in zip((1, 2, 3), decoded.instruments) for n in inst.notes}
+            got = {tuple(n) for n in TOK.notes(ids).tolist()}
             mismatches += len(got ^ expected_trio(path, enc.report["meta"]))
+            decoded = TOK.decode(ids, enc.report["meta"])
+            assert np.array_equal(TOK.encode(dump(decoded)).ids, ids)
             tracks.update(k for k, inst in zip((1, 2, 3), decoded.instruments) if inst.notes)
             pieces += 1
     assert pieces == TRIAL_PIECES and mismatches == 0
     assert tracks == Counter({1: pieces, 2: pieces, 3: pieces})  # every piece is a full trio
+
+
+def test_the_groove2groove_layout_of_a_rendering(tmp_path):
+    """MMA's tracks get Groove2Groove names (bass by MMA's track name, whatever its program),
+    a 2-bar count-in comes first, and a tempo change moves with the music."""
+    text = mg.mma_text(mg.Style("stdlib/bossanova", "BossaNova", 100), [["C", "/", "Am", "/"]] * 2, seed=3)
+    text += "Tempo 140\n" + "F / G7 /\n" * 2
+    raw, g2g = tmp_path / "raw.mid", tmp_path / "g2g.mid"
+    raw.write_bytes(mg.render_mma(text))
+    mg.to_groove2groove(raw, g2g)
+    before, after = read_parts(raw), read_parts(g2g)
+    assert {p.name for p in after.parts if len(p.notes)} <= G2G_NAMES
+    bass = [p for p in after.parts if p.name == "BB Bass"]
+    mma_bass = [p for p in before.parts if p.name == "Bass"]
+    assert len(bass) == 1 and bass[0].program == mma_bass[0].program == 26  # a guitar program plays the bass
+    assert np.array_equal(bass[0].notes[:, :2] - 8 * after.tpq, mma_bass[0].notes[:, :2])
+    clicks = [p for p in after.parts if p.name == "BB Drums" and len(p.notes) == 8][0]
+    assert clicks.notes[:, 0].tolist() == [b * after.tpq for b in range(8)]
+    assert [qpm for _, qpm in after.tempos] == pytest.approx([100, 140], abs=0.01)
+    assert after.tempos[0][0] == 0 and after.tempos[1][0] == before.tempos[1][0] + 8 * after.tpq
+    meta = TOK.encode(g2g).report["meta"]
+    assert meta["bass_track"] == "BB Bass" and meta["tempos"] == [[0, 100.0], [96, 140.0]]
+    decoded = TOK.decode(TOK.encode(g2g).ids, meta)
+    assert [round(t.tempo) for t in decoded.tempo_changes] == [100, 140]
 
 
 def test_augmentations_stay_grammatical_on_real_pieces(corpus):
@@ -152,6 +177,9 @@ def test_augmentations_stay_grammatical_on_real_pieces(corpus):
 
 def test_rerun_reuses_renderings(corpus, pop909_dir):
     out, _ = corpus
+    again = mg.prepare(out=out, source=pop909_dir, limit=TRIAL_PIECES, workers=2)
+    assert again["rendered"] == 0 and again["tokens"] == corpus[1]["tokens"]
+    shutil.rmtree(out / "g2g")  # the layout is rebuilt from the raw renderings, without MMA
     again = mg.prepare(out=out, source=pop909_dir, limit=TRIAL_PIECES, workers=2)
     assert again["rendered"] == 0 and again["tokens"] == corpus[1]["tokens"]
 

@@ -1,4 +1,5 @@
-"""musegen render: FluidSynth WAV of the right duration, piano roll with the prompt-end mark."""
+"""musegen render: FluidSynth WAV of the right duration, piano roll with the prompt-end mark; files
+FluidSynth cannot read whole are merged, and only a real soundfont is passed to it."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 import symusic
 
+import extreme
 from musegen import render
 from musegen.cli import main
 from musegen.errors import MusegenError
@@ -76,3 +78,22 @@ def test_render_bad_input_is_one_line(tmp_path, capsys):
         err = capsys.readouterr().err.strip()
         assert exit_.value.code == 1 and err.startswith("error:") and "\n" not in err, err
     assert not (tmp_path / "x.wav").exists() and not (tmp_path / "x.png").exists()
+
+
+def test_more_tracks_than_fluidsynth_reads_are_merged_by_instrument():
+    score = symusic.Score.from_midi(extreme.thousand_tracks_trio())
+    merged = render.merge_by_instrument(score)
+    assert len(score.tracks) == 1000 and len(merged.tracks) == 3 <= render.MAX_FLUIDSYNTH_TRACKS
+    assert sorted((t.program, t.is_drum) for t in merged.tracks) == [(0, False), (0, True), (33, False)]
+    notes = lambda s: sorted((n.time, n.duration, n.pitch) for t in s.tracks for n in t.notes)  # noqa: E731
+    assert notes(merged) == notes(score) and merged.end() == score.end()
+
+
+def test_only_a_soundfont_2_file_is_taken_as_soundfont(tmp_path):
+    for path, words in (("/etc/passwd", "not a SoundFont 2 file"), (tmp_path, "is a folder"),
+                        (tmp_path / "none.sf2", "no such file")):
+        with pytest.raises(MusegenError, match=words):
+            render.find_soundfont(path)
+    real = next((p for p in render.soundfont_candidates() if p.is_file()), None)
+    if real is not None:
+        assert render.find_soundfont(real) == real

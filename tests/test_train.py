@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,15 +17,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from musegen.checkpoint import load_checkpoint
 from musegen.cli import main
 from musegen.errors import ConfigError
+from musegen.model import MusicPerformer
+from musegen.run_folder import checkpoint_dirs, is_complete, latest_checkpoint
 from musegen.shards import write_shards
 from musegen.tokenizers.groove import GrooveTokenizer
-from musegen.train import (TrainConfig, build_config, checkpoint_dirs, is_complete, latest_checkpoint, lr_factor,
-                           train)
+from musegen.train import LIMITS, TrainConfig, build_config, format_limit, lr_factor, train
 
 from train_fixtures import prepare_pop909
 
@@ -64,12 +67,42 @@ def test_config_layers_preset_file_and_sets(tmp_path):
     assert (cfg.lr, cfg.steps, cfg.compile, cfg.model.n_layers, cfg.model.pe) == (3e-4, 70, True, 3, "conv")
     assert cfg.model.d_model == 256  # the rest of the preset stays
     for bad in (["steps=ten"], ["model.dropout=high"], ["nosuch=1"], ["model.nosuch=1"], ["steps"], ["optimizer=sgd"],
-                ["compile=maybe"], ["batch_size=0"]):
+                ["compile=maybe"], ["batch_size=0"], ["data=elsewhere"]):
         with pytest.raises(ConfigError):
             build_config("small", "d", "o", sets=bad)
     yaml_file.write_text("lr: fast\n")
     with pytest.raises(ConfigError, match="'lr' expects float"):
         build_config("small", "d", "o", yaml_file)
+    yaml_file.write_text("model: " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        build_config("small", "d", "o", yaml_file)
+    # settings of one layer are applied together: the order of agreeing settings does not matter
+    assert build_config("small", "d", "o", sets=["lr=1e-6", "lr_floor=1e-7"]).lr_floor == 1e-7
+
+
+@pytest.mark.parametrize("setting", ["lr=inf", "lr=1e30", "lr=nan", "lr=0", "lr_floor=-1e-9", "steps=0",
+                                     "steps=10000000000", "seq_len=10000000", "batch_size=0", "batch_size=100000",
+                                     "grad_clip=-1", "grad_clip=inf", "weight_decay=2", "warmup=-1", "seed=-1",
+                                     "keep=0", "max_nonfinite=0", "valid_len=1000000", "workers=1000"])
+def test_numeric_settings_out_of_their_bounds_are_refused(setting):
+    key = setting.split("=")[0]
+    low, high = LIMITS[key]
+    with pytest.raises(ConfigError, match=rf"^{key} must be in {re.escape(format_limit(low))}\.\."
+                                          rf"{re.escape(format_limit(high))}, got "):
+        build_config("tiny", "d", "o", sets=[setting])
+    build_config("tiny", "d", "o", sets=[f"{key}={high}"] + (["lr=1"] if key == "lr_floor" else []))  # the bound is in
+
+
+def test_the_bounds_are_documented():
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "training.md").read_text()
+    for key, (low, high) in LIMITS.items():
+        assert re.search(rf"\| `{key}` \|[^|\n]*\| {re.escape(format_limit(low))}\.\.{re.escape(format_limit(high))} \|",
+                         docs), key
+    result = subprocess.run(_musegen("train", "--help"), capture_output=True, text=True, env={**_env(), "COLUMNS": "300"})
+    help_text = " ".join(result.stdout.replace("│", " ").split())
+    for key in ("lr", "seq_len", "batch_size"):
+        assert f"{key} {format_limit(LIMITS[key][0])}..{format_limit(LIMITS[key][1])}" in help_text, key
+    assert f"steps 1..10^{round(math.log10(LIMITS['steps'][1]))}" in help_text and LIMITS["steps"][0] == 1
 
 
 def test_lr_schedule_warms_up_then_decays_to_the_floor():
@@ -156,19 +189,169 @@ def test_sigkill_then_resume_reaches_the_same_weights(pop20, tmp_path):
     assert len(checkpoint_dirs(killed)) == 2  # keep=2
 
 
-def test_ctrl_c_writes_a_checkpoint_and_exits_130(pop20, tmp_path):
+def test_ctrl_c_writes_a_checkpoint_and_exits_130_and_a_second_run_is_locked_out(pop20, tmp_path, capsys):
     run = tmp_path / "run"
     proc = subprocess.Popen(_musegen("train", "--data", pop20, "--out", run, *TINY, "--set", "steps=1000",
-                                     "--set", "ckpt_every=500"), env=_env(), stderr=subprocess.DEVNULL)
+                                     "--set", "ckpt_every=500"), env=_env(), stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while not any(json.loads(line).get("step", 0) >= 3 for line in _log_lines(run)):
         assert proc.poll() is None and time.time() < deadline
         time.sleep(0.01)
+    config = (run / "train_config.json").read_bytes()
+    capsys.readouterr()
+    for extra in ([], ["--resume"]):  # a second run on the folder, fresh or resuming, refuses to start
+        code = _cli(["train", "--data", pop20, "--out", run, *TINY, "--set", "steps=5", "--set", "seed=7", *extra])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 1 and len(err) == 1 and f"in use by another `musegen train` (process {proc.pid})" in err[0], err
+    assert (run / "train_config.json").read_bytes() == config
     proc.send_signal(signal.SIGINT)
-    proc.communicate(timeout=120)
+    _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130
     steps = [s for s, p in checkpoint_dirs(run) if is_complete(p)]
     assert steps[0] == 0 and steps[-1] >= 3  # the interrupted step was saved, not only step 0
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and f"stopped at step {steps[-1]} on request" in errors[0] and "Traceback" not in stderr
+    assert json.loads(_log_lines(run)[-1]) == {"step": steps[-1], "event": "stopped", "reason": "stop request"}
+
+
+def test_a_partial_last_log_line_is_dropped_on_resume(pop20, tmp_path, capsys):
+    """A full disk (or a kill) mid-write leaves half a line; every later --resume used to fail on it."""
+    common = ["--data", pop20, *TINY, *CONSTANT_LR, "--set", "ckpt_every=2"]
+    straight, cut = tmp_path / "straight", tmp_path / "cut"
+    assert _cli(["train", "--out", straight, *common, "--set", "steps=4"]) == 0
+    assert _cli(["train", "--out", cut, *common, "--set", "steps=2"]) == 0
+    with open(cut / "log.jsonl", "a") as log:
+        log.write("[" * 100000 + "]" * 100000 + "\n")  # (nested too deeply for the json module)
+        log.write('{"step": 3, "loss": 4.12')
+    assert _cli(["train", "--out", cut, *common, "--set", "steps=4", "--resume"]) == 0
+    records = [json.loads(line) for line in (cut / "log.jsonl").read_text().splitlines()]  # every line parses
+    assert [r.get("log_lines_dropped") for r in records if r.get("event") == "resume"] == [2]
+    assert _losses(cut) == _losses(straight)
+
+
+# ---- starting from a checkpoint's weights (--init) -------------------------------------------------
+
+@pytest.fixture(scope="module")
+def pretrained(pop20, tmp_path_factory) -> Path:
+    """A tiny model trained for 40 updates: the starting point of the fine-tuning tests."""
+    run = tmp_path_factory.mktemp("pretrained") / "run"
+    assert _cli(["train", "--data", pop20, "--out", run, *TINY, *CONSTANT_LR, "--set", "steps=40",
+                 "--set", "ckpt_every=40"]) == 0
+    return run
+
+
+def test_init_fine_tunes_from_an_exported_model_with_a_fresh_optimiser(pop20, pretrained, tmp_path):
+    first_losses = [_losses(pretrained)[s] for s in range(1, 4)]
+    for dtype in ("fp16", "bf16"):
+        exported = tmp_path / f"model-{dtype}"
+        assert _cli(["export", latest_checkpoint(pretrained), "--out", exported, "--dtype", dtype]) == 0
+        run = tmp_path / f"tuned-{dtype}"
+        # no --preset: the model comes from the checkpoint; training settings are free
+        assert _cli(["train", "--data", pop20, "--out", run, *TINY[2:], *CONSTANT_LR, "--set", "lr=5e-4",
+                     "--set", "lr_floor=5e-4", "--set", "seq_len=32", "--set", "steps=3", "--init", exported]) == 0
+        # the run starts from the exported weights, stored in fp32
+        start, stored = _weights(run / "checkpoints" / "step-00000000"), _weights(exported)
+        assert all(start[k].dtype == torch.float32 and torch.equal(start[k], stored[k].float()) for k in stored)
+        assert stored["head.weight"].dtype == {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+        state = json.loads((run / "checkpoints" / "step-00000000" / "trainer_state.json").read_text())
+        assert state["optimizer"]["scalars"] == {} and state["scheduler"]["last_epoch"] == 0
+        assert not load_file(str(run / "checkpoints" / "step-00000000" / "trainer_state.safetensors")).keys() - {"rng.torch"}
+        # it learnt before: its first losses are far below those of the model it was fine-tuned from
+        tuned = _losses(run)
+        assert max(tuned.values()) < min(first_losses) - 1.0, (tuned, first_losses)
+        saved = json.loads((run / "train_config.json").read_text())
+        assert saved["init"] == saved["config"]["init"] == str(exported) and saved["config"]["seq_len"] == 32
+        start_record = json.loads((run / "log.jsonl").read_text().splitlines()[0])
+        assert start_record["event"] == "start" and start_record["init"] == str(exported)
+        assert load_checkpoint(latest_checkpoint(run))[3]["init"] == str(exported)
+    # the same command with --resume continues the fine-tuning run; its new lr takes effect
+    assert _cli(["train", "--data", pop20, "--out", run, *TINY[2:], *CONSTANT_LR, "--set", "lr=2e-4",
+                 "--set", "lr_floor=2e-4", "--set", "seq_len=32", "--set", "steps=5", "--init", exported,
+                 "--resume"]) == 0
+    lrs = {r["step"]: r["lr"] for r in map(json.loads, _log_lines(run)) if "lr" in r}
+    assert lrs[3] == 5e-4 and lrs[4] == lrs[5] == 2e-4
+
+
+def test_init_refuses_a_contradicting_model_or_another_tokenizer(pretrained, pop20, groove_data, tmp_path, capsys):
+    init = latest_checkpoint(pretrained)
+    cfg = build_config("tiny", pop20, tmp_path / "a", sets=["model.n_layers=2", "lr=1e-3", "steps=7"], init=init)
+    assert (cfg.model, cfg.preset, cfg.init, cfg.steps) == (load_checkpoint(init)[2], "tiny", str(init), 7)
+    cases = {
+        "other preset": (["--preset", "small"], "--preset small contradicts the --init checkpoint's model (n_layers: 4 vs 2)"),
+        "other model setting": (["--set", "model.n_layers=3"], "model.n_layers=3 contradicts the --init checkpoint's n_layers=2"),
+        "other tokenizer": (["--data", groove_data], "trained on another tokenizer (remi, 333 tokens) than the data"),
+        "no checkpoint": (["--init", tmp_path / "nowhere"], "checkpoint folder not found"),
+    }
+    for name, (args, expected) in cases.items():
+        data = [] if "--data" in args else ["--data", pop20]
+        start = [] if "--init" in args else ["--init", init]
+        code = _cli(["train", *data, *start, "--out", tmp_path / name, *TINY[2:], *args])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 1 and len(err) == 1 and expected in err[0], (name, err)
+        assert not (tmp_path / name).exists()  # refused before anything was written
+
+
+# ---- a tampered trainer state is refused before anything is written ----------------------------
+
+def _tamper_tensors(edit):
+    def tamper(folder: Path):
+        path = folder / "trainer_state.safetensors"
+        tensors = load_file(str(path))
+        edit(tensors)
+        save_file(tensors, str(path))
+    return tamper
+
+
+def _tamper_json(edit):
+    def tamper(folder: Path):
+        path = folder / "trainer_state.json"
+        state = json.loads(path.read_text())
+        edit(state)
+        path.write_text(json.dumps(state))
+    return tamper
+
+
+TAMPERED_STATES = {
+    "moment of another shape": _tamper_tensors(lambda t: t.update({"optim.0.exp_avg": torch.zeros(3)})),
+    "moment of another dtype": _tamper_tensors(lambda t: t.update({"optim.1.exp_avg": t["optim.1.exp_avg"].double()})),
+    "missing moment": _tamper_tensors(lambda t: t.pop("optim.2.exp_avg_sq")),
+    "NaN moment": _tamper_tensors(lambda t: t["optim.0.exp_avg"].view(-1).__setitem__(0, float("nan"))),
+    "negative second moment": _tamper_tensors(lambda t: t["optim.0.exp_avg_sq"].view(-1).__setitem__(0, -1.0)),
+    "moments of a parameter the model lacks": _tamper_tensors(lambda t: t.update({"optim.999.exp_avg": torch.zeros(1)})),
+    "truncated RNG state": _tamper_tensors(lambda t: t.update({"rng.torch": t["rng.torch"][:100]})),
+    "unexpected tensor": _tamper_tensors(lambda t: t.update({"extra": torch.zeros(1)})),
+    "scheduler at another update": _tamper_json(lambda s: s["scheduler"].update(last_epoch=99)),
+    "scheduler without base_lrs": _tamper_json(lambda s: s["scheduler"].pop("base_lrs")),
+    "scheduler lr not a number": _tamper_json(lambda s: s["scheduler"].update(_last_lr=["fast"])),
+    "negative counter": _tamper_json(lambda s: s.update(nonfinite_total=-1)),
+    "counter not an integer": _tamper_json(lambda s: s.update(tokens_seen="many")),
+    "step of another folder": _tamper_json(lambda s: s.update(step=1)),
+    "optimizer group of fewer parameters": _tamper_json(
+        lambda s: s["optimizer"]["param_groups"][0].update(params=s["optimizer"]["param_groups"][0]["params"][:-1])),
+    "optimizer setting of another type": _tamper_json(lambda s: s["optimizer"]["param_groups"][0].update(eps="small")),
+    "deeply nested JSON": lambda folder: (folder / "trainer_state.json").write_text("[" * 100000 + "]" * 100000),
+}
+
+
+@pytest.fixture(scope="module")
+def two_steps(pop20, tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("two") / "run"
+    assert _cli(["train", "--data", pop20, "--out", run, *TINY, "--set", "steps=2", "--set", "ckpt_every=2"]) == 0
+    return run
+
+
+@pytest.mark.parametrize("case", list(TAMPERED_STATES))
+def test_a_tampered_trainer_state_is_refused_before_anything_is_written(case, two_steps, pop20, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(two_steps, run)
+    TAMPERED_STATES[case](run / "checkpoints" / "step-00000002")
+    before = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != ".lock"}
+    capsys.readouterr()
+    code = _cli(["train", "--data", pop20, "--out", run, *TINY, "--set", "steps=4", "--set", "ckpt_every=2", "--resume"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1 and "training state" in err[0], err
+    after = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != ".lock"}
+    assert after == before
 
 
 def _log_lines(run: Path) -> list[str]:
@@ -176,16 +359,72 @@ def _log_lines(run: Path) -> list[str]:
     return [line for line in path.read_text().splitlines() if line.endswith("}")] if path.exists() else []
 
 
-def test_non_finite_losses_stop_the_run_and_keep_the_good_checkpoint(pop20, tmp_path, capsys):
+def _diverge_after(monkeypatch, updates: int):
+    """From training forward pass `updates` + 1 on, the model's logits are NaN: a diverged model."""
+    real, calls = MusicPerformer.forward, []
+
+    def forward(self, *args, **kwargs):
+        logits = real(self, *args, **kwargs)
+        if self.training:
+            calls.append(1)
+            if len(calls) > updates:
+                return logits * float("nan")
+        return logits
+    monkeypatch.setattr(MusicPerformer, "forward", forward)
+
+
+def _finite(folder: Path) -> bool:
+    return all(torch.isfinite(t).all() for t in _weights(folder).values())
+
+
+def test_non_finite_losses_stop_the_run_and_keep_the_good_checkpoint(pop20, tmp_path, capsys, monkeypatch):
     run = tmp_path / "run"
-    code = _cli(["train", "--data", pop20, "--out", run, *TINY, "--set", "lr=1e30", "--set", "warmup=0",
-                 "--set", "grad_clip=0", "--set", "steps=50", "--set", "max_nonfinite=3"])
+    _diverge_after(monkeypatch, 4)
+    code = _cli(["train", "--data", pop20, "--out", run, *TINY, "--set", "steps=50", "--set", "max_nonfinite=3",
+                 "--set", "ckpt_every=2", "--set", "keep=1"])
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
-    assert code == 1 and len(errors) == 1 and "non-finite" in errors[0]
-    model, *_ = load_checkpoint(latest_checkpoint(run))
-    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert code == 1 and len(errors) == 1 and "non-finite 3 updates in a row" in errors[0], errors
+    # step 6 skipped two updates but its weights are finite: it is written, and it is good
+    assert [s for s, _ in checkpoint_dirs(run)] == [6] and errors[0].endswith("step-00000006")
+    load_checkpoint(latest_checkpoint(run))  # loads: finite weights
     stopped = [json.loads(line) for line in _log_lines(run) if "stopped" in line]
-    assert stopped and stopped[0]["step"] < 10
+    assert [(r["step"], r["reason"]) for r in stopped] == [(7, "non-finite")]
+    assert [r["nonfinite"] for r in map(json.loads, _log_lines(run)) if "loss" in r] == [0, 0, 0, 0, 1, 2, 3]
+
+
+def test_a_run_that_ends_diverged_exits_non_zero(pop20, tmp_path, capsys, monkeypatch):
+    """Fewer steps than max_nonfinite: the run used to end with exit 0 on skipped updates."""
+    run = tmp_path / "run"
+    _diverge_after(monkeypatch, 2)
+    code = _cli(["train", "--data", pop20, "--out", run, *TINY, "--set", "steps=5", "--set", "ckpt_every=1",
+                 "--set", "keep=10"])
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert code == 1 and len(errors) == 1 and "ended diverged: its last 3 updates were non-finite" in errors[0]
+    folders = dict(checkpoint_dirs(run))
+    assert sorted(folders) == [0, 1, 2, 3, 4, 5] and all(_finite(f) for f in folders.values())
+    # skipped updates leave the weights alone: every checkpoint after step 2 holds step 2's weights
+    assert all(torch.equal(_weights(folders[2])[k], v) for k, v in _weights(folders[5]).items())
+
+
+def test_non_finite_weights_are_never_saved_and_the_good_checkpoint_is_never_pruned(pop20, tmp_path, capsys,
+                                                                                   monkeypatch):
+    run = tmp_path / "run"
+    real, calls = torch.optim.Adam.step, []
+
+    def step(self, *args, **kwargs):  # the third update leaves an infinite weight; the loss stays finite
+        result = real(self, *args, **kwargs)
+        calls.append(1)
+        if len(calls) == 3:
+            with torch.no_grad():
+                self.param_groups[0]["params"][0].view(-1)[0] = float("inf")
+        return result
+    monkeypatch.setattr(torch.optim.Adam, "step", step)
+    code = _cli(["train", "--data", pop20, "--out", run, *TINY, "--set", "steps=10", "--set", "ckpt_every=1",
+                 "--set", "keep=1"])
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert code == 1 and len(errors) == 1 and "became non-finite by step 3; not saved" in errors[0], errors
+    assert [s for s, _ in checkpoint_dirs(run)] == [2] and _finite(latest_checkpoint(run))
+    assert errors[0].endswith("last good checkpoint: " + str(latest_checkpoint(run)))
 
 
 # ---- distributed -----------------------------------------------------------------------------
@@ -232,7 +471,19 @@ def groove_data(tmp_path_factory) -> Path:
     return out
 
 
-def test_bad_inputs_give_one_line_and_a_non_zero_exit(pop20, groove_data, tmp_path, capsys):
+@pytest.fixture(scope="module")
+def out_of_vocabulary(pop20, tmp_path_factory) -> Path:
+    """REMI shards with one id past the vocabulary (it used to surface as an IndexError)."""
+    from musegen.shards import Shards
+
+    shards = Shards(pop20)
+    pieces = [("ok", shards.pieces("train")[0]), ("bad", np.append(shards.pieces("train")[1], 333))]
+    out = tmp_path_factory.mktemp("oov")
+    write_shards(out, shards.tokenizer, {"train": pieces}, {})
+    return out
+
+
+def test_bad_inputs_give_one_line_and_a_non_zero_exit(pop20, groove_data, out_of_vocabulary, tmp_path, capsys):
     run = tmp_path / "run"
     assert _cli(["train", "--data", pop20, "--out", run, *TINY, "--set", "steps=2"]) == 0
     empty = tmp_path / "empty"
@@ -245,6 +496,9 @@ def test_bad_inputs_give_one_line_and_a_non_zero_exit(pop20, groove_data, tmp_pa
         "unknown preset": (["--data", pop20, "--out", tmp_path / "r4", "--preset", "huge"], "unknown preset"),
         "wrong type": (["--data", pop20, "--out", tmp_path / "r5", "--set", "steps=many"], "expects int"),
         "existing run": (["--data", pop20, "--out", run], "--resume"),
+        "id outside the vocabulary": (["--data", out_of_vocabulary, "--out", tmp_path / "r6"],
+                                      "token id 333 (piece 'bad') is outside the tokenizer's vocabulary"),
+        "lr out of bounds": (["--data", pop20, "--out", tmp_path / "r7", "--set", "lr=1e30"], "lr must be in 1e-8..1"),
     }
     capsys.readouterr()
     for name, (args, expected) in cases.items():

@@ -1,22 +1,31 @@
 """The `musegen` command line. Thin: it parses options, calls the library, and prints.
 
 Each area registers its commands from its own module. Errors caused by the user's input
-arrive as MusegenError and are printed as one line with a non-zero exit; no traceback
-reaches the user unless MUSEGEN_DEBUG=1 is set.
+arrive as MusegenError and are printed as one line with a non-zero exit (a full disk too,
+whichever library was writing); no traceback reaches the user unless MUSEGEN_DEBUG=1 is set.
+SIGTERM unwinds like Ctrl-C, so temporary files are removed and child processes stopped.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 
 import typer
 
 from ..errors import MusegenError
+from ..io import is_disk_full, printable
 
 app = typer.Typer(
     name="musegen",
-    help="Long-context symbolic music generation: Performers with Stochastic Positional Encoding.",
+    help="Long-context symbolic music generation: Performers with Stochastic Positional Encoding.\n\n"
+         "Limits on inputs: MIDI, JSON, checkpoint, shard and soundfont files are read only when they are "
+         "regular files (not FIFOs, devices or folders); a MIDI file may have at most 16 MiB, every event "
+         "before tick 2^31, and (for the tokenizers) 10,000 bars; a JSON file 256 MiB and 64 levels of "
+         "nesting. `data prepare` skips, counts and lists a file that is bad, takes over 60 s, or whose "
+         "worker process is killed (e.g. out of memory).",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -24,16 +33,10 @@ app = typer.Typer(
 
 
 def _register_commands() -> None:
-    import importlib
+    from . import data, evaluate, export, inspect, render, sample, train
 
-    for module in ("data", "train", "export", "sample", "evaluate", "inspect"):
-        try:
-            mod = importlib.import_module(f"{__name__}.{module}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"{__name__}.{module}":
-                raise
-            continue  # that area is not built yet
-        mod.register(app)
+    for module in (data, train, export, sample, render, evaluate, inspect):
+        module.register(app)
 
 
 _register_commands()
@@ -41,12 +44,23 @@ _register_commands()
 
 def fail(message: str, code: int = 1) -> None:
     """Print one line to stderr and exit with `code`."""
-    typer.echo(f"error: {message}", err=True)
+    typer.echo(f"error: {printable(message)}", err=True)
     raise SystemExit(code)
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised where the program is so that `finally` blocks remove temporary files and
+    stop child processes (a BaseException: no `except Exception` in a library swallows it)."""
+
+
+def _terminate(signum, frame):
+    raise Terminated
 
 
 def main(argv: list[str] | None = None) -> None:
     debug = os.environ.get("MUSEGEN_DEBUG") == "1"
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if in_main_thread else None
     try:
         app(args=argv, standalone_mode=True)
     except MusegenError as exc:
@@ -55,15 +69,26 @@ def main(argv: list[str] | None = None) -> None:
         fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
     except KeyboardInterrupt:
         fail("interrupted", 130)
-    except OSError as exc:  # disk full, permissions, ...: the user's environment, not a bug
+    except Terminated:
+        fail("terminated", 143)
+    except Exception as exc:
         if debug:
             raise
-        fail(f"{exc.strerror or exc} ({exc.filename})" if exc.filename else str(exc))
-    except Exception as exc:  # a bug: still one line, with a pointer to the traceback
-        if debug:
-            raise
-        fail(f"internal error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} "
-             "(set MUSEGEN_DEBUG=1 for the traceback)", 3)
+        fail(*_describe(exc))
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _describe(exc: Exception) -> tuple[str, int]:
+    """(one line, exit code) for an exception that is not a MusegenError."""
+    if is_disk_full(exc):  # also when a library that writes by itself wraps the OS error
+        where = f" writing {exc.filename}" if getattr(exc, "filename", None) else ""
+        return f"disk full{where} (No space left on device)", 1
+    if isinstance(exc, OSError):  # permissions, missing folders, ...: the user's environment, not a bug
+        return (f"{exc.strerror or exc} ({exc.filename})" if exc.filename else str(exc)), 1
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"internal error: {type(exc).__name__}: {text} (set MUSEGEN_DEBUG=1 for the traceback)", 3
 
 
 if __name__ == "__main__":

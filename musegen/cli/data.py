@@ -1,4 +1,5 @@
-"""`musegen data ...`: prepare corpora into token shards, and look at how a MIDI file tokenises."""
+"""`musegen data ...`: prepare corpora into token shards, look at how a MIDI file tokenises, and
+decode shards back to MIDI."""
 
 from __future__ import annotations
 
@@ -36,8 +37,12 @@ def show(
     midi: Path = typer.Argument(..., help="A MIDI file."),
     tokenizer: str = typer.Option("remi", help="remi | groove, or a tokenizer.json file."),
     max_tokens: int = typer.Option(64, min=1, help="How many tokens to print."),
+    as_json: bool = typer.Option(False, "--json", help="Print the whole encoding (ids, event names, report) "
+                                                      "as one JSON object."),
 ):
     """Print how a MIDI file tokenises: the first tokens and the encoding report."""
+    import json
+
     from musegen.tokenizers import load_tokenizer
 
     if tokenizer.endswith(".json"):
@@ -47,10 +52,33 @@ def show(
 
         tok = tokenizer_from_dict({"kind": tokenizer})
     enc = tok.encode(midi)
+    if as_json:
+        ids = [int(i) for i in enc.ids]
+        whole = {"file": str(midi), "tokenizer": {"kind": tok.kind, "settings": tok.settings()}, "tokens": len(ids),
+                 "ids": ids, "events": [tok.vocab[i] for i in ids], "report": enc.report}
+        typer.echo(json.dumps(whole, default=lambda v: v.item() if hasattr(v, "item") else str(v)))
+        return
     typer.echo(f"{midi}: {len(enc.ids)} {tok.kind} tokens")
     typer.echo(" ".join(tok.vocab[i] for i in enc.ids[:max_tokens]) + (" ..." if len(enc.ids) > max_tokens else ""))
     for key, value in enc.report.items():
         typer.echo(f"  {key}: {value}")
+
+
+@data_app.command("export")
+def export(
+    data: Path = typer.Argument(..., help="Token shards folder (musegen data prepare)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Folder for the MIDI files (existing files are kept)."),
+    split: str = typer.Option("train", help="Which split to decode."),
+):
+    """Decode prepared shards back to MIDI, one file per piece named after it, to listen to the data."""
+    from musegen.shard_midi import export_midi
+
+    result = export_midi(data, split, out)
+    skipped = result["skipped"]
+    typer.echo(f"{result['split']}: {result['pieces']} pieces, {result['written']} written, "
+               f"{result['existing']} already in {out} (left as they were), {len(skipped)} skipped"
+               + "".join(f"\n  skipped {name}: {why}" for name, why in list(skipped.items())[:10])
+               + (f"\n  ... and {len(skipped) - 10} more" if len(skipped) > 10 else ""))
 
 
 def register(app: typer.Typer) -> None:

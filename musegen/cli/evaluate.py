@@ -1,4 +1,5 @@
-"""`musegen evaluate style` (Fig. 5 style similarity), `loss` (Fig. 3 NLL) and `compare` (models side by side)."""
+"""`musegen evaluate style` (Fig. 5 style similarity), `loss` (Fig. 3 NLL, and per token type),
+`continuation` (continuations beside the real ones) and `compare` (models side by side)."""
 
 from __future__ import annotations
 
@@ -18,36 +19,92 @@ def style(
                                              "(a single file is the reference for everything)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Folder for style.csv and style.png "
                                                                  "(default: the generated folder)."),
-    segments: int = typer.Option(4, min=1, help="Equal-duration segments the continuation is cut into."),
+    segments: str = typer.Option("4", help="Equal-duration segments the continuation is cut into (1..64)."),
+    other: str = typer.Option("busiest", help="Accompaniment role: the busiest harmonic track (as the paper) "
+                                              "or all of them merged."),
+    baselines: bool = typer.Option(False, help="Also score each reference's own later bars (ceiling) and "
+                                               "another style's reference (floor)."),
 ):
     """Time-pitch and onset-duration style similarity per track and segment (paper Fig. 5)."""
-    from musegen.metrics.style import evaluate_style
+    from musegen.metrics.style import check_segments, evaluate_style
 
+    n_segments = check_segments(segments)
     out = out or generated
-    result = evaluate_style(generated, reference, out / "style.csv", out / "style.png", segments)
+    result = evaluate_style(generated, reference, out / "style.csv", out / "style.png", n_segments, other, baselines)
     typer.echo(f"{result['pieces']} pieces scored" + (f", {len(result['unmatched'])} without a reference: "
                                                       f"{', '.join(result['unmatched'][:5])}" if result["unmatched"] else ""))
-    for metric, values in result["medians"].items():
-        typer.echo(f"  {metric:15s} median per segment: "
-                   + "  ".join("-" if math.isnan(v) else f"{v:.2f}" for v in values))
-    typer.echo(f"wrote {out / 'style.csv'} and {out / 'style.png'}")
+    for name, reason in list(result["skipped"].items())[:5]:
+        typer.echo(f"  skipped {name}: {reason}")
+    if len(result["skipped"]) > 5:
+        typer.echo(f"  ... and {len(result['skipped']) - 5} more skipped")
+    tables = {"model": result} | {kind: part for kind, part in result.get("baselines", {}).items()}
+    for label, table in tables.items():
+        for metric, values in table["medians"].items():
+            typer.echo(f"  {label:8s} {metric:15s} median (empty) per segment: " + "  ".join(
+                "-" if math.isnan(v) else f"{v:.2f} ({e:.0%})" for v, e in zip(values, table["empty"][metric])))
+    typer.echo(f"wrote {out / 'style.csv'} and {out / 'style.png'}"
+               + (f" and {out / 'style_baselines.csv'}" if baselines else ""))
 
 
 @evaluate_app.command("loss")
 def loss(
     checkpoint: Path = typer.Option(..., "--checkpoint", "-c", help="Checkpoint folder."),
     data: Path = typer.Option(..., help="Token shards folder (musegen data prepare)."),
-    max_len: int = typer.Option(..., min=1, help="Score positions 0..max_len-1 (e.g. 2x the training length)."),
+    max_len: int = typer.Option(..., help="Score positions 0..max_len-1 (e.g. 2x the training length); at most 65,536."),
     split: str = typer.Option("valid", help="Which split of the shards to score."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Folder for the CSV and PNG."),
 ):
-    """Teacher-forced NLL per token position, within and beyond the training length (paper Fig. 3)."""
+    """Teacher-forced NLL per token position, within and beyond the training length (paper Fig. 3),
+    and per token type beside baselines counted on the training split."""
+    from musegen.metrics.compare import fmt
     from musegen.metrics.loss import evaluate_loss
 
     result = evaluate_loss(checkpoint, data, max_len, split=split, out_dir=out)
     for key, value in result.items():
         if isinstance(value, (int, float, str)):
             typer.echo(f"{key}: {value:.4f}" if isinstance(value, float) else f"{key}: {value}")
+    typer.echo("NLL per token type (nats; the baselines know the type; see token_types_<split>.md):")
+    columns = (("model", 7), ("model_given_type", 16), ("unigram", 8), ("conditional", 11), ("uniform_allowed", 15))
+    typer.echo(f"  {'type':12s} {'tokens':>8s} " + " ".join(f"{c[:w]:>{w}s}" for c, w in columns))
+    for row in result["types"]:
+        typer.echo(f"  {row['type']:12s} {row['tokens']:8d} " + " ".join(f"{fmt(row[c]):>{w}s}" for c, w in columns))
+
+
+@evaluate_app.command("continuation")
+def continuation(
+    checkpoint: Path = typer.Option(..., "--checkpoint", "-c", help="Checkpoint folder."),
+    data: Path = typer.Option(..., help="Token shards folder (musegen data prepare)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Folder for the table, plot, samples and per-piece "
+                                                     "results (a rerun with the same settings resumes)."),
+    split: str = typer.Option("valid", help="Which split's pieces to continue."),
+    prompt_bars: int = typer.Option(4, help="Prompt bars after the pickup bar (the piece's first bar with a note)."),
+    bars: int = typer.Option(12, help="Bars to generate and measure after the prompt."),
+    samples_per_piece: int = typer.Option(2, help="Continuations sampled per piece."),
+    pieces: Optional[int] = typer.Option(None, help="Use only the first N usable pieces."),
+    seed: int = typer.Option(0, help="Piece i is sampled with seed + i."),
+    temperature: Optional[float] = typer.Option(None, help="Default: the paper's (REMI 1.2, groove 0.6)."),
+    top_p: Optional[float] = typer.Option(None, help="Nucleus mass in (0, 1]. Default: REMI 0.9, groove 1.0."),
+    top_k: int = typer.Option(0, help="Keep only the k most likely tokens (0: off)."),
+    device: str = typer.Option("auto", help="auto (CUDA when present), cpu, cuda or cuda:N."),
+    threads: Optional[int] = typer.Option(None, min=1, help="CPU threads while sampling (default 1)."),
+):
+    """Continue held-out pieces (pickup bar + N bars in, M bars out, as MIREX 2025) and compare the
+    continuations with the real bars and with another piece's: a table (CSV + Markdown) and a plot."""
+    from musegen.metrics.continuation import ContinuationSettings, evaluate_continuation
+
+    settings = ContinuationSettings(prompt_bars=prompt_bars, bars=bars, samples_per_piece=samples_per_piece,
+                                    seed=seed, temperature=temperature, top_p=top_p, top_k=top_k)
+    result = evaluate_continuation(checkpoint, data, out, settings, split=split, limit=pieces, device=device,
+                                   threads=threads)
+    skipped = result["skipped"]
+    listed = "".join(f"\n  skipped {name}: {why}" for name, why in list(skipped.items())[:5])
+    more = f"\n  ... and {len(skipped) - 5} more" if len(skipped) > 5 else ""
+    typer.echo(f"{result['pieces']} pieces of {result['split']} continued ({result['resumed']} from an earlier run), "
+               f"{len(skipped)} skipped{listed}{more}")
+    if result["invalid_samples"] or result["undecodable_samples"]:
+        typer.echo(f"invalid samples: {result['invalid_samples']}, undecodable: {result['undecodable_samples']}")
+    typer.echo(Path(result["files"]["md"]).read_text().rstrip())
+    typer.echo(f"wrote {', '.join(Path(f).name for f in result['files'].values())} to {out}")
 
 
 @evaluate_app.command("compare")

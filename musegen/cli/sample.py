@@ -1,4 +1,4 @@
-"""`musegen sample` (continue a MIDI prompt) and `musegen render` (MIDI -> WAV / piano roll)."""
+"""`musegen sample`: continue a MIDI prompt (`musegen render` lives in cli/render.py)."""
 
 from __future__ import annotations
 
@@ -11,22 +11,29 @@ import typer
 def sample(
     checkpoint: Path = typer.Option(..., "--checkpoint", "-c", help="Checkpoint folder (model, config, tokenizer)."),
     out: Path = typer.Option(..., "--out", "-o", help="Folder for the MIDI files, WAV/PNG and the settings JSON."),
-    prompt: Optional[Path] = typer.Option(None, help="MIDI file to continue, or a folder: each MIDI file under it "
-                                                     "(default: start from scratch)."),
-    prompt_bars: Optional[int] = typer.Option(None, help="Keep only the prompt's first N bars (groove protocol: 2)."),
-    length: Optional[int] = typer.Option(None, help="Tokens to generate after the prompt."),
-    bars: Optional[int] = typer.Option(None, help="Or: bars to generate after the prompt."),
-    temperature: Optional[float] = typer.Option(None, help="Default: the paper's (REMI 1.2, groove 0.6)."),
-    top_p: Optional[float] = typer.Option(None, help="Nucleus mass in (0, 1]. Default: REMI 0.9, groove 1.0."),
+    prompt: Optional[Path] = typer.Option(None, help="MIDI file to continue, a MIREX 2025 task .json prompt (the "
+                                                     "continuation is also written as that task's JSON), or a "
+                                                     "folder: each such file under it (default: from scratch)."),
+    prompt_bars: Optional[int] = typer.Option(None, help="Keep only the prompt's first N whole bars, 1..10,000 "
+                                                         "(groove protocol: 2)."),
+    length: Optional[int] = typer.Option(None, help="Tokens to generate after the prompt, 1..10,240,000."),
+    bars: Optional[int] = typer.Option(None, help="Or: bars to generate after the prompt, 1..10,000."),
+    temperature: Optional[float] = typer.Option(None, help="Within [0.001, 100]. Default: the tokenizer's "
+                                                           "(REMI 1.2, groove 0.6, as in the paper)."),
+    top_p: Optional[float] = typer.Option(None, help="Nucleus mass within [1e-06, 1]. Default: REMI 0.9, groove 1.0."),
     top_k: int = typer.Option(0, help="Keep only the k most likely tokens (0: off)."),
-    num_samples: int = typer.Option(1, "--num-samples", "-n", help="Samples generated together in one batch."),
-    seed: Optional[int] = typer.Option(None, help="Random seed (default: drawn and recorded in the JSON)."),
+    num_samples: int = typer.Option(1, "--num-samples", "-n", help="Samples generated together in one batch "
+                                                                   "(at least 1, as many as the memory holds)."),
+    seed: Optional[int] = typer.Option(None, help="Random seed within 0..2**63-1 (default: drawn and recorded in "
+                                                  "the JSON)."),
     audio: bool = typer.Option(False, "--audio", help="Also render each sample to WAV with FluidSynth."),
     pianoroll: bool = typer.Option(False, "--pianoroll", help="Also draw each sample as a piano-roll PNG."),
-    no_grammar: bool = typer.Option(False, "--no-grammar", help="Sample without the grammar mask (for comparison)."),
+    no_grammar: bool = typer.Option(False, "--no-grammar", help="Sample without the grammar mask (for comparison); "
+                                                                "tokens the grammar rejects are skipped and counted "
+                                                                "when decoding."),
     device: str = typer.Option("auto", help="auto (CUDA when present), cpu, cuda or cuda:N."),
-    threads: Optional[int] = typer.Option(None, min=1, help="CPU threads while sampling (default 1: small "
-                                                            "per-token work runs faster on one thread)."),
+    threads: Optional[int] = typer.Option(None, help="CPU threads while sampling, 1..256 (default 1: small "
+                                                     "per-token work runs faster on one thread)."),
 ):
     """Continue a MIDI prompt (or start from scratch) with a trained checkpoint."""
     from musegen.sample import SampleSettings, sample_to_folder
@@ -49,31 +56,14 @@ def sample(
                f"({stats['tokens_per_second']} tokens/s); T={used['temperature']} top-p={used['top_p']} "
                f"top-k={used['top_k']} seed={used['seed']}")
     if stats["invalid"]:
+        dropped = [r["dropped_tokens"] for r in summary["samples"] if "dropped_tokens" in r]
         typer.echo(f"invalid samples: {stats['invalid']} of {len(summary['samples'])} "
-                   f"({stats['grammar_violations']} break the grammar, {stats['unfinished']} not closed)")
+                   f"({stats['grammar_violations']} break the grammar, {stats['unfinished']} not closed); "
+                   f"decoded leniently, skipping {sum(dropped)} unplayable tokens")
     else:
         typer.echo("invalid samples: 0")
     typer.echo(f"written to {out}")
 
 
-def render(
-    midi: Path = typer.Argument(..., help="A MIDI file."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="WAV file to write."),
-    pianoroll: Optional[Path] = typer.Option(None, help="Piano-roll PNG to write."),
-    soundfont: Optional[Path] = typer.Option(None, help="A General MIDI .sf2 (default: FluidR3_GM, else TimGM6mb)."),
-):
-    """Render a MIDI file to WAV (FluidSynth) and/or a piano-roll PNG."""
-    from musegen.errors import MusegenError
-    from musegen.render import pianoroll_png, render_wav
-
-    if out is None and pianoroll is None:
-        raise MusegenError("nothing to do: give --out file.wav and/or --pianoroll file.png")
-    if out is not None:
-        typer.echo(f"wrote {render_wav(midi, out, soundfont)}")
-    if pianoroll is not None:
-        typer.echo(f"wrote {pianoroll_png(midi, pianoroll)}")
-
-
 def register(app: typer.Typer) -> None:
     app.command("sample")(sample)
-    app.command("render")(render)

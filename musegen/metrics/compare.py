@@ -169,13 +169,13 @@ def compare_training(runs: dict[str, Path], out_dir: Path) -> list[dict[str, Any
     """Compute per model: parameters, steps, tokens, wall minutes and the last logged training loss."""
     rows = [{"model": name, **read_training(folder)} for name, folder in runs.items()]
     header = ["model", "parameters", "steps", "tokens", "wall minutes", "last training loss"]
-    _write_table(out_dir, "training", header, [
+    write_table(out_dir, "training", header, [
         [r["model"], f"{r['parameters']:,}" if r["parameters"] else "-", str(r["steps"]), f"{r['tokens']:,}",
-         f"{r['minutes']:.0f}", _fmt(r["loss"])] for r in rows])
+         f"{r['minutes']:.0f}", fmt(r["loss"])] for r in rows])
     return rows
 
 
-def _fmt(value: float, digits: int = 3) -> str:
+def fmt(value: float, digits: int = 3) -> str:
     return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
 
 
@@ -185,8 +185,9 @@ def _markdown(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _write_table(out_dir: Path, name: str, header: list[str], rows: list[list[str]]) -> None:
-    write_text(out_dir / f"{name}.md", _markdown(header, rows))
+def write_table(out_dir: Path, name: str, header: list[str], rows: list[list[str]], note: str = "") -> None:
+    """`<name>.md` (the table, then `note`) and `<name>.csv` (the table) in `out_dir`."""
+    write_text(out_dir / f"{name}.md", _markdown(header, rows) + (f"\n{note}\n" if note else ""))
     buffer = io.StringIO()  # the csv module quotes cells such as "3,329,869"
     csv.writer(buffer, lineterminator="\n").writerows([header] + rows)
     write_text(out_dir / f"{name}.csv", buffer.getvalue())
@@ -209,11 +210,11 @@ def compare_loss(runs: dict[str, Path], train_len: int, out_dir: Path) -> list[d
     header += ["ms / generated token", "state KiB"] if with_sampling else []
     rows = []
     for r in results:
-        row = [r["model"], _fmt(r["within"]), _fmt(r["extrapolation"]), _fmt(r["mean"])]
+        row = [r["model"], fmt(r["within"]), fmt(r["extrapolation"]), fmt(r["mean"])]
         if with_sampling:
-            row += [_fmt(r.get("ms_per_token", math.nan), 2), _fmt(r.get("state_kib", math.nan), 0)]
+            row += [fmt(r.get("ms_per_token", math.nan), 2), fmt(r.get("state_kib", math.nan), 0)]
         rows.append(row)
-    _write_table(out_dir, "nll", header, rows)
+    write_table(out_dir, "nll", header, rows)
     return results
 
 
@@ -223,7 +224,7 @@ def compare_style(runs: dict[str, Path], out_dir: Path) -> dict[str, dict[str, l
     table = plot_style_comparison(tables, out_dir / "style.png")
     segments = max(len(values) for t in table.values() for values in t.values())
     header = ["model", "metric"] + [f"Q{s}" for s in range(1, segments + 1)]
-    _write_table(out_dir, "style", header, [[name, metric] + [_fmt(v, 2) for v in values]
+    write_table(out_dir, "style", header, [[name, metric] + [fmt(v, 2) for v in values]
                                             for name, t in table.items() for metric, values in t.items()])
     return table
 

@@ -1,21 +1,31 @@
-"""Style similarity of generated continuations (Cífka et al. 2019/2020; paper Fig. 5).
+"""Style similarity of generated continuations (Cífka et al. 2019/2020; paper Fig. 5; docs/method.md).
 
 A *style profile* is a 2-D histogram of note statistics; two pieces are compared by the cosine
-similarity of their profiles. Times are in beats (quarter notes) and bars are 4 beats, as in the
-paper's data.
+similarity of their profiles. Times are integer ticks and every bin is computed exactly from
+them (a 1/6-beat bin is `6 * ticks // ticks_per_beat`), so notes on a triplet or 1/12-beat grid
+never slip into the bin below. Bars are 4 beats, as in the paper's data.
 
 - time-pitch (24 x 41): for each ordered pair of distinct notes (a, b) of one track with
   0 <= onset(b) - onset(a) < 4 beats: (onset difference in 1/6-beat bins) x (pitch(b) - pitch(a)
-  in -20..20). Pairs with a larger interval are not counted.
-- onset-duration (24 x 12): (onset mod 4 beats in 1/6-beat bins) x (duration over 0..2 beats
-  in 1/6-beat bins; a note of exactly 2 beats counts in the last bin, longer ones are not counted).
+  in -20..20); notes that start together count in both orders. Only notes within 4 beats of
+  each other are paired, so time and memory grow with those pairs, not with the square of the
+  notes.
+- onset-duration (24 x 12): (onset mod 4 beats in 1/6-beat bins) x (duration over 0..2 beats in
+  1/6-beat bins; exactly 2 beats counts in the last bin, longer notes are not counted). The
+  reference code took the onset in ticks here; it is in beats.
 - onset-drum (24 x 128), drums only, replacing both: (onset mod 4 beats) x (drum pitch).
 
-Tracks are compared by *role*: drums (the drum channel), bass (GM programs 32-39) and other
-(every other track, merged). This matches the groove trio and makes a one-piano REMI piece
-comparable with a multi-track reference. A generated piece's continuation (the notes from
-musegen's prompt-end marker on, or the whole piece without one) is cut into 4 segments of equal
-duration; each segment's profile is scored against the whole reference piece of the same role.
+Tracks are compared by role, found as the groove tokenizer finds them: by name in a
+Groove2Groove file (whose 2-bar count-in is left out) or one `decode` wrote, else drums on the
+drum channel and bass by GM program 32-39, else a bass-like name, else the lowest track. "other"
+is the single busiest harmonic track, as the reference scores it (`other="merged"`: all of them).
+
+A generated piece's continuation (from musegen's prompt-end marker on, or the whole piece
+without one) is cut into equal-duration segments by onset; each segment's profile is scored
+against the whole reference piece of the same role. A segment that is empty (or too short for
+a profile) scores 0 where the reference has that profile; where the reference has none there is
+nothing to compare (NaN, left out of the medians). Tables show the share of empty segments
+beside each median, so a model that stops playing cannot look good.
 """
 
 from __future__ import annotations
@@ -29,26 +39,31 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import MidiError
+from ..errors import ConfigError, MidiError, MusegenError
 from ..io import write_text
-from ..midi import find_midi_files, load_score
+from ..midi import find_midi_files
 from ..plots import pyplot, save_png
 from ..render import PROMPT_END_MARKER
+from ..tokenizers.groove import merged_notes, read_trio
 
-BIN = 1 / 6  # beats
+BINS_PER_BEAT = 6
 TIME_BINS = 24  # 4 beats of onset difference / onset within the bar
-BAR = 4.0  # beats
+WINDOW_BEATS = 4
+BAR_BEATS = 4
 PITCH_RANGE = 20
 DURATION_BINS = 12  # 0..2 beats
-EPS = 1e-9
 METRICS = ("time-pitch", "onset-duration", "onset-drum")
 ROLES = ("bass", "drums", "other")
+OTHER_CHOICES = ("busiest", "merged")
+MAX_SEGMENTS = 64  # segments of a continuation; more would cut it finer than its notes
+BASELINE_PROMPT_BARS = 2  # the baselines' "continuation" starts where the protocol's prompt ends
 
 
 @dataclass
 class Notes:
-    """One role's notes, times in beats."""
+    """One role's notes: integer tick arrays and the ticks per beat they are counted in."""
 
+    tpq: int
     start: np.ndarray
     duration: np.ndarray
     pitch: np.ndarray
@@ -57,35 +72,62 @@ class Notes:
         return len(self.start)
 
     def select(self, keep: np.ndarray) -> "Notes":
-        return Notes(self.start[keep], self.duration[keep], self.pitch[keep])
+        return Notes(self.tpq, self.start[keep], self.duration[keep], self.pitch[keep])
+
+    @classmethod
+    def empty(cls, tpq: int) -> "Notes":
+        none = np.zeros(0, dtype=np.int64)
+        return cls(tpq, none, none, none)
 
 
 def time_pitch_profile(notes: Notes) -> np.ndarray:
-    dt = notes.start[None, :] - notes.start[:, None]  # dt[a, b] = onset(b) - onset(a)
-    interval = notes.pitch[None, :].astype(int) - notes.pitch[:, None].astype(int)
-    pair = (dt >= 0) & (dt < BAR - EPS) & ~np.eye(len(notes), dtype=bool) & (np.abs(interval) <= PITCH_RANGE)
-    hist = np.zeros((TIME_BINS, 2 * PITCH_RANGE + 1))
-    np.add.at(hist, (_bins(dt[pair], TIME_BINS), interval[pair] + PITCH_RANGE), 1)
+    """Pairs within 4 beats, swept by lag over notes sorted by onset; notes with the same onset
+    and pitch are counted once with their multiplicity, so stacked duplicates cost nothing."""
+    keys, counts = np.unique(np.stack([notes.start, notes.pitch], 1), axis=0, return_counts=True)
+    start, pitch = keys[:, 0], keys[:, 1]  # sorted by onset, then pitch
+    window = WINDOW_BEATS * notes.tpq
+    hist = np.zeros((TIME_BINS, 2 * PITCH_RANGE + 1), dtype=np.int64)
+    _add_pairs(hist, np.zeros(len(keys), dtype=np.int64), np.zeros(len(keys), dtype=np.int64),
+               counts * (counts - 1), notes.tpq)  # equal notes: every ordered pair of them
+    for lag in range(1, len(keys)):
+        dt = start[lag:] - start[:-lag]
+        near = dt < window
+        if not near.any():
+            break  # onsets are sorted: a longer lag only moves further apart
+        weight = (counts[lag:] * counts[:-lag])[near]
+        interval = (pitch[lag:] - pitch[:-lag])[near]
+        _add_pairs(hist, dt[near], interval, weight, notes.tpq)
+        together = dt[near] == 0  # notes that start together also pair the other way round
+        _add_pairs(hist, dt[near][together], -interval[together], weight[together], notes.tpq)
     return hist
 
 
+def _add_pairs(hist: np.ndarray, dt: np.ndarray, interval: np.ndarray, weight: np.ndarray, tpq: int) -> None:
+    keep = (np.abs(interval) <= PITCH_RANGE) & (weight > 0)
+    np.add.at(hist, (_bins(dt[keep], tpq), interval[keep] + PITCH_RANGE), weight[keep])
+
+
 def onset_duration_profile(notes: Notes) -> np.ndarray:
-    keep = notes.duration <= DURATION_BINS * BIN + EPS
-    hist = np.zeros((TIME_BINS, DURATION_BINS))
-    np.add.at(hist, (_bins(np.mod(notes.start[keep], BAR), TIME_BINS),
-                     _bins(notes.duration[keep], DURATION_BINS)), 1)
+    keep = notes.duration <= 2 * notes.tpq
+    hist = np.zeros((TIME_BINS, DURATION_BINS), dtype=np.int64)
+    durations = np.minimum(_bins(notes.duration[keep], notes.tpq), DURATION_BINS - 1)  # 2 beats: last bin
+    np.add.at(hist, (_onset_bins(notes.select(keep)), durations), 1)
     return hist
 
 
 def onset_drum_profile(notes: Notes) -> np.ndarray:
-    hist = np.zeros((TIME_BINS, 128))
-    np.add.at(hist, (_bins(np.mod(notes.start, BAR), TIME_BINS), notes.pitch.astype(int)), 1)
+    hist = np.zeros((TIME_BINS, 128), dtype=np.int64)
+    np.add.at(hist, (_onset_bins(notes), notes.pitch), 1)
     return hist
 
 
-def _bins(beats: np.ndarray, n: int) -> np.ndarray:
-    # EPS absorbs float error from tick -> beat conversion (e.g. 2/6 landing at 0.33333).
-    return np.clip(np.floor(beats / BIN + EPS).astype(int), 0, n - 1)
+def _bins(ticks: np.ndarray, tpq: int) -> np.ndarray:
+    """1/6-beat bins of non-negative tick counts, exactly."""
+    return (BINS_PER_BEAT * np.asarray(ticks, dtype=np.int64)) // tpq
+
+
+def _onset_bins(notes: Notes) -> np.ndarray:
+    return _bins(np.mod(notes.start, BAR_BEATS * notes.tpq), notes.tpq)
 
 
 def profiles(notes: Notes, role: str) -> dict[str, np.ndarray]:
@@ -95,65 +137,131 @@ def profiles(notes: Notes, role: str) -> dict[str, np.ndarray]:
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
-    """Cosine similarity of two histograms; NaN when either is empty (no notes to compare)."""
+    """Cosine similarity of two histograms; NaN when either is empty."""
     na, nb = np.linalg.norm(a), np.linalg.norm(b)
     if na == 0 or nb == 0:
         return math.nan
-    return float(np.dot(a.ravel(), b.ravel()) / (na * nb))
+    return float(np.dot(a.ravel().astype(float), b.ravel().astype(float)) / (na * nb))
 
 
-def track_role(is_drum: bool, program: int) -> str:
-    if is_drum:
-        return "drums"
-    return "bass" if 32 <= program <= 39 else "other"
+def similarity(generated: np.ndarray, reference: np.ndarray) -> float:
+    """The score of a segment's profile: NaN when the reference has nothing to compare with,
+    0 when the segment has nothing (it played nothing in that role), else the cosine."""
+    if not reference.any():
+        return math.nan
+    return cosine(generated, reference) if generated.any() else 0.0
 
 
-def read_piece(path: str | os.PathLike) -> tuple[dict[str, Notes], float | None]:
-    """Notes per role (times in beats) and the prompt end in beats (None without a marker)."""
-    score = load_score(path).to("quarter")
-    parts: dict[str, list[dict]] = {}
-    for track in score.tracks:
-        if len(track.notes):
-            parts.setdefault(track_role(track.is_drum, track.program), []).append(track.notes.numpy())
-    by_role = {role: Notes(*(np.concatenate([a[key] for a in arrays]).astype(float if key != "pitch" else int)
-                             for key in ("time", "duration", "pitch")))
-               for role, arrays in parts.items()}
-    ends = [m.time for m in score.markers if m.text == PROMPT_END_MARKER]
-    return by_role, (float(ends[0]) if ends else None)
+# ---- reading pieces ---------------------------------------------------------------------------------
+
+def read_piece(path: str | os.PathLike, other: str = "busiest") -> tuple[dict[str, Notes], int | None]:
+    """Notes per role (ticks) and the prompt end tick (None without a marker)."""
+    if other not in OTHER_CHOICES:
+        raise ConfigError(f"--other must be one of {', '.join(OTHER_CHOICES)}, got {other!r}")
+    parsed, roles, _ = read_trio(path)
+    others = roles.busiest() if other == "busiest" else [p for group in roles.harmonic for p in group]
+    by_role = {}
+    for role, parts in (("bass", roles.bass), ("drums", roles.drums), ("other", others)):
+        rows = merged_notes(parts)
+        if len(rows):
+            start = np.maximum(rows[:, 0], 0)  # a count-in cut may leave an onset half a grid unit early
+            by_role[role] = Notes(parsed.tpq, start, rows[:, 1] - start, rows[:, 2])
+    ends = [tick for tick, text in parsed.markers if text == PROMPT_END_MARKER]
+    return by_role, (max(ends[0], 0) if ends else None)
 
 
-def continuation_segments(by_role: dict[str, Notes], prompt_end: float | None,
-                          n_segments: int = 4) -> list[dict[str, Notes]]:
-    """The continuation's notes cut into `n_segments` spans of equal duration (assigned by onset)."""
-    start = prompt_end if prompt_end is not None else min(n.start.min() for n in by_role.values())
-    cont = {role: n.select(n.start >= start - EPS) for role, n in by_role.items()}
-    ends = [float((n.start + n.duration).max()) for n in cont.values() if len(n)]
-    if not ends:
-        return [{} for _ in range(n_segments)]
-    edges = np.linspace(start, max(ends), n_segments + 1)
-    edges[-1] += EPS  # the last note onset belongs to the last segment
-    return [{role: n.select((n.start >= lo - EPS) & (n.start < hi - EPS)) for role, n in cont.items()}
-            for lo, hi in zip(edges[:-1], edges[1:])]
+def continuation_segments(by_role: dict[str, Notes], start: int | None, n_segments: int = 4) -> list[dict[str, Notes]]:
+    """The notes from `start` (default: the first onset) to the last note end, cut into
+    `n_segments` spans of equal duration by onset (the last onset belongs to the last span)."""
+    check_segments(n_segments)
+    if start is None:
+        start = min((int(n.start.min()) for n in by_role.values() if len(n)), default=0)
+    cont = {role: n.select(n.start >= start) for role, n in by_role.items()}
+    end = max((int((n.start + n.duration).max()) for n in cont.values() if len(n)), default=start)
+    span = max(end - start, 1)
+    segments: list[dict[str, Notes]] = [{} for _ in range(n_segments)]
+    for role, n in cont.items():
+        index = np.minimum((n.start - start) * n_segments // span, n_segments - 1)
+        for k in range(n_segments):
+            segments[k][role] = n.select(index == k)
+    return segments
 
 
-def score_piece(generated: str | os.PathLike, reference: str | os.PathLike, n_segments: int = 4) -> list[dict]:
-    """One row per (role, metric, segment): the similarity and the note counts behind it."""
-    gen_roles, prompt_end = read_piece(generated)
-    ref_roles, _ = read_piece(reference)
-    segments = continuation_segments(gen_roles, prompt_end, n_segments)
+def check_segments(n_segments) -> int:
+    """The number of segments as an int in 1..MAX_SEGMENTS (ConfigError otherwise); accepts
+    text such as "4" or "1e9" (the CLI's option)."""
+    try:
+        value = float(n_segments)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not (math.isfinite(value) and value == int(value) and 1 <= value <= MAX_SEGMENTS):
+        raise ConfigError(f"--segments must be a whole number from 1 to {MAX_SEGMENTS}, got {n_segments}")
+    return int(value)
+
+
+# ---- scoring --------------------------------------------------------------------------------------
+
+def score_segments(segments: list[dict[str, Notes]], reference: dict[str, Notes]) -> list[dict]:
+    """One row per (role, metric, segment) for the roles the reference has."""
     rows = []
     for role in ROLES:
-        if role not in ref_roles:
+        if role not in reference:
             continue  # nothing to compare this role's output with
-        ref_profiles = profiles(ref_roles[role], role)
+        ref_profiles = profiles(reference[role], role)
         for index, segment in enumerate(segments, start=1):
-            notes = segment.get(role, Notes(np.zeros(0), np.zeros(0), np.zeros(0, dtype=int)))
+            notes = segment.get(role, Notes.empty(reference[role].tpq))
             for metric, profile in profiles(notes, role).items():
-                rows.append({"generated": Path(generated).name, "reference": Path(reference).name,
-                             "track": role, "metric": metric, "segment": index,
-                             "similarity": cosine(profile, ref_profiles[metric]),
-                             "generated_notes": len(notes), "reference_notes": len(ref_roles[role])})
+                rows.append({"track": role, "metric": metric, "segment": index,
+                             "similarity": similarity(profile, ref_profiles[metric]),
+                             "generated_notes": len(notes), "reference_notes": len(reference[role])})
     return rows
+
+
+def score_piece(generated: str | os.PathLike, reference: str | os.PathLike, n_segments: int = 4,
+                other: str = "busiest") -> list[dict]:
+    """One row per (role, metric, segment): the similarity and the note counts behind it."""
+    gen_roles, prompt_end = read_piece(generated, other)
+    ref_roles, _ = read_piece(reference, other)
+    names = {"generated": Path(generated).name, "reference": Path(reference).name}
+    return [names | row for row in score_segments(continuation_segments(gen_roles, prompt_end, n_segments),
+                                                  ref_roles)]
+
+
+def baseline_rows(references: dict[str, Path], n_segments: int = 4, other: str = "busiest") -> list[dict]:
+    """Scores that bracket a model's: each reference's own bars after the prompt against itself
+    (ceiling: the true continuation), and another style's reference after the prompt against it
+    (floor). The other style is the reference half the sorted list away whose style (folder,
+    else file stem) differs. Unreadable references are left out."""
+    pieces = {}
+    for name, path in sorted(references.items()):
+        try:
+            roles = read_piece(path, other)[0]
+        except MusegenError:
+            continue
+        if roles:
+            pieces[name] = roles
+    names = list(pieces)
+    rows = []
+    for i, name in enumerate(names):
+        rows += [{"baseline": "ceiling", "generated": name, "reference": name} | row
+                 for row in score_segments(_after_prompt(pieces[name], n_segments), pieces[name])]
+        others = [names[(i + len(names) // 2 + k) % len(names)] for k in range(len(names))]
+        floor = next((o for o in others if _style_of(o) != _style_of(name)), None)
+        if floor is not None:
+            rows += [{"baseline": "floor", "generated": floor, "reference": name} | row
+                     for row in score_segments(_after_prompt(pieces[floor], n_segments), pieces[name])]
+    return rows
+
+
+def _after_prompt(by_role: dict[str, Notes], n_segments: int) -> list[dict[str, Notes]]:
+    """A reference played on from where the protocol's prompt ends, in segments."""
+    tpq = next(iter(by_role.values())).tpq
+    return continuation_segments(by_role, BASELINE_PROMPT_BARS * BAR_BEATS * tpq, n_segments)
+
+
+def _style_of(name: str) -> str:
+    path = Path(name)
+    return str(path.parent) if str(path.parent) != "." else path.stem
 
 
 def match_reference(generated: str, references: dict[str, Path]) -> Path | None:
@@ -179,41 +287,78 @@ def _relative_names(folder: Path) -> dict[str, Path]:
 
 def evaluate_style(generated_dir: str | os.PathLike, reference_dir: str | os.PathLike,
                    out_csv: str | os.PathLike, out_png: str | os.PathLike | None = None,
-                   n_segments: int = 4) -> dict:
-    """Score every generated file against its reference; write the CSV (and box plot)."""
+                   n_segments: int = 4, other: str = "busiest", baselines: bool = False) -> dict:
+    """Score every generated file against its reference; write the CSV (and box plot). Files
+    that cannot be read are skipped, counted and listed with their reason. With `baselines`,
+    also the ceiling and floor (`baseline_rows`), written beside the CSV as
+    `<stem>_baselines.csv`."""
+    n_segments = check_segments(n_segments)
     generated = _relative_names(Path(generated_dir))
     references = _relative_names(Path(reference_dir))
-    rows, unmatched = [], []
+    name_of = {path: name for name, path in references.items()}
+    rows, unmatched, skipped, used = [], [], {}, {}
     for name, path in generated.items():
         reference = match_reference(name, references)
         if reference is None:
             unmatched.append(name)
             continue
-        rows.extend(row | {"generated": name} for row in score_piece(path, reference, n_segments))
+        try:
+            rows.extend(row | {"generated": name} for row in score_piece(path, reference, n_segments, other))
+            used[name_of[reference]] = reference
+        except MusegenError as exc:  # one unreadable file must not end the whole evaluation
+            skipped[name] = str(exc).splitlines()[0]
     if not rows:
-        raise MidiError(f"{generated_dir}: no generated file matches a reference in {reference_dir} "
-                        "(name references like the prompt: song.mid for song_000.mid)")
+        reason = f" ({next(iter(skipped.items()))[1]})" if skipped else ""
+        raise MidiError(f"{generated_dir}: no generated file could be scored against a reference in "
+                        f"{reference_dir}{reason} (name references like the prompt: song.mid for song_000.mid)")
     write_csv(out_csv, rows)
     if out_png is not None:
         boxplot_png(rows, out_png, n_segments)
-    return {"pieces": len(generated) - len(unmatched), "unmatched": unmatched, "rows": len(rows),
-            "medians": medians(rows, n_segments)}
+    result = {"pieces": len(generated) - len(unmatched) - len(skipped), "unmatched": unmatched,
+              "skipped": skipped, "rows": len(rows), "medians": medians(rows, n_segments),
+              "empty": empty_shares(rows, n_segments)}
+    if baselines:
+        extra = baseline_rows(used, n_segments, other)
+        write_csv(Path(out_csv).with_name(Path(out_csv).stem + "_baselines.csv"), extra)
+        result["baselines"] = {kind: {"medians": medians(part, n_segments), "empty": empty_shares(part, n_segments)}
+                               for kind in ("ceiling", "floor")
+                               for part in [[r for r in extra if r["baseline"] == kind]] if part}
+    return result
+
+
+def _per_segment(rows: list[dict], metric: str, n_segments: int) -> list[list[dict]]:
+    """The rows of `metric` that compare something (finite similarity), per segment."""
+    return [[r for r in rows if r["metric"] == metric and r["segment"] == s and not math.isnan(r["similarity"])]
+            for s in range(1, n_segments + 1)]
 
 
 def medians(rows: list[dict], n_segments: int = 4) -> dict[str, list[float]]:
-    """Median similarity per metric and segment, ignoring empty (NaN) comparisons."""
+    """Median similarity per metric and segment over the comparisons made (an empty segment
+    counts as 0; a role the reference lacks compares nothing)."""
     out = {}
     for metric in METRICS:
-        per_segment = [[r["similarity"] for r in rows if r["metric"] == metric and r["segment"] == s
-                        and not math.isnan(r["similarity"])] for s in range(1, n_segments + 1)]
+        per_segment = _per_segment(rows, metric, n_segments)
         if any(per_segment):
-            out[metric] = [float(np.median(v)) if v else math.nan for v in per_segment]
+            out[metric] = [float(np.median([r["similarity"] for r in v])) if v else math.nan for v in per_segment]
+    return out
+
+
+def empty_shares(rows: list[dict], n_segments: int = 4) -> dict[str, list[float]]:
+    """Per metric and segment, the share of those comparisons whose generated segment played
+    no note in that role."""
+    out = {}
+    for metric in METRICS:
+        per_segment = _per_segment(rows, metric, n_segments)
+        if any(per_segment):
+            out[metric] = [float(np.mean([r["generated_notes"] == 0 for r in v])) if v else math.nan
+                           for v in per_segment]
     return out
 
 
 def write_csv(path: str | os.PathLike, rows: list[dict]) -> None:
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]), lineterminator="\n")
+    fields = list(dict.fromkeys(key for row in rows for key in row)) if rows else ["generated"]
+    writer = csv.DictWriter(buffer, fieldnames=fields, lineterminator="\n")
     writer.writeheader()
     writer.writerows(rows)
     write_text(path, buffer.getvalue())
@@ -226,8 +371,7 @@ def boxplot_png(rows: list[dict], path: str | os.PathLike, n_segments: int = 4) 
     metrics = [m for m in METRICS if any(r["metric"] == m for r in rows)]
     fig, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 3.5), squeeze=False)
     for ax, metric in zip(axes[0], metrics):
-        data = [[r["similarity"] for r in rows if r["metric"] == metric and r["segment"] == s
-                 and not math.isnan(r["similarity"])] for s in range(1, n_segments + 1)]
+        data = [[r["similarity"] for r in v] for v in _per_segment(rows, metric, n_segments)]
         ax.boxplot([d if d else [math.nan] for d in data], showfliers=False)
         ax.set_xticks(range(1, n_segments + 1), [f"Q{s}" for s in range(1, n_segments + 1)])
         ax.set_ylim(0, 1)

@@ -13,10 +13,10 @@ every variant against it) with per-layer work merged into a few large operations
 - the FAVOR+ exponents of q and k come from one matmul with [w, -w] (FeatureMap.signed_projection);
 - the value projection has an extra constant-1 output per head (zero weights, bias 1), so the
   recurrent sums S and z live in one [H * B, M, Dv + 1] tensor, updated by one in-place
-  baddbmm and read by one bmm (numerator and denominator together);
+  outer-product add and read by one bmm (numerator and denominator together);
 - weights are prepared once per model version: in bf16 where the device computes bf16
-  natively, on CPU also reordered by oneDNN for the session's batch size (`_Linear`); the
-  residual stream, attention sums and the output head stay fp32.
+  natively, on CPU also reordered by oneDNN (`_Linear`); the residual stream, the attention
+  sums and the output head stay fp32.
 """
 
 from __future__ import annotations
@@ -62,16 +62,17 @@ def _onednn_bf16(device: torch.device) -> bool:
 
 class _Linear:
     """y = activation(x W^T + b) for inference, weights cast once to `dtype`. On CPU in bf16 the
-    weights are also reordered by oneDNN for `batch` rows: a 1-row bf16 product then runs near
-    the memory bandwidth (an unpacked one reaches about half of it), with the activation fused."""
+    weights are also reordered by oneDNN (for one row; measured as fast for 8): a 1-row bf16
+    product then runs near the memory bandwidth (an unpacked one reaches about half of it),
+    with the activation fused."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor, dtype: torch.dtype, batch: int,
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor, dtype: torch.dtype,
                  activation: Optional[str] = None):
         self.activation = activation
         self.weight, self.bias = weight.detach().to(dtype), bias.detach().to(dtype)
         self.packed = dtype == torch.bfloat16 and _onednn_bf16(weight.device)
         if self.packed:
-            self.weight = torch.ops.mkldnn._reorder_linear_weight(self.weight, batch)
+            self.weight = torch.ops.mkldnn._reorder_linear_weight(self.weight, 1)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed:
@@ -107,26 +108,26 @@ class _LayerWeights:
     ff_out: _Linear
 
 
-def prepared_weights(model, dtype: torch.dtype, batch: int) -> list:
-    """Every layer's `_LayerWeights` plus the head, built once per (dtype, batch, device) and kept
-    on the model until a parameter changes (an optimiser step or a load bumps its version)."""
+def prepared_weights(model, dtype: torch.dtype) -> list:
+    """Every layer's `_LayerWeights` plus the head, built once per (dtype, device) and kept on
+    the model until a parameter changes (an optimiser step or a load bumps its version)."""
     version = tuple((p.data_ptr(), p._version) for p in model.parameters())
     cache = model.__dict__.setdefault("_prepared", {})
     for key in [key for key, (seen, _) in cache.items() if seen != version]:
         del cache[key]  # stale: free it before building anything new
-    key = (dtype, batch, model.device)
+    key = (dtype, model.device)
     if key in cache:
         return cache[key][1]
     activation = "relu" if model.config.activation == "relu" else "gelu"
     layers = []
     for layer in model.layers:
         ff_in, ff_out = layer.ff[0], layer.ff[3]
-        layers.append(_LayerWeights(_Linear(*_qkv_with_ones(layer.attention), dtype, batch),
-                                    _Linear(layer.attention.out.weight, layer.attention.out.bias, dtype, batch),
-                                    _Linear(ff_in.weight, ff_in.bias, dtype, batch, activation),
-                                    _Linear(ff_out.weight, ff_out.bias, dtype, batch)))
+        layers.append(_LayerWeights(_Linear(*_qkv_with_ones(layer.attention), dtype),
+                                    _Linear(layer.attention.out.weight, layer.attention.out.bias, dtype),
+                                    _Linear(ff_in.weight, ff_in.bias, dtype, activation),
+                                    _Linear(ff_out.weight, ff_out.bias, dtype)))
     # The head stays fp32: it is small (vocab x d_model), and bf16 logits would be rounded to 2^-8.
-    prepared = layers + [_Linear(model.head.weight, model.head.bias, torch.float32, batch)]
+    prepared = layers + [_Linear(model.head.weight, model.head.bias, torch.float32)]
     cache[key] = (version, prepared)
     return prepared
 
@@ -141,7 +142,7 @@ class RecurrentStep:
         self.model, self.dtype, self.batch = model, dtype, batch_size
         self.H, self.D = c.n_heads, c.d_model // c.n_heads
         self.pre_norm, self.kind = c.norm == "pre", c.attention
-        self.weights = prepared_weights(model, dtype, batch_size)
+        self.weights = prepared_weights(model, dtype)
         self.embedding = model.embedding.weight.detach() * math.sqrt(c.d_model)
         attentions = [layer.attention for layer in model.layers]
         self.use_noise(noise)

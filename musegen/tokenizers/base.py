@@ -1,16 +1,21 @@
 """What every tokenizer offers: a vocabulary, encode/decode, a grammar, JSON persistence.
 
 Tokenizers know nothing about torch: ids are numpy int arrays. The grammar is a small state
-machine the sampler uses to mask logits and the tests use to check validity.
+machine the sampler uses to mask logits and the tests use to check validity. Everything the
+sampler and the trainer need from a representation is declared here, so they never ask which
+kind a tokenizer is: a new representation is one module in this package (it is registered
+when the package is imported) that subclasses `Tokenizer` with its `kind`, `version` and
+`sampling_defaults`.
 """
 
 from __future__ import annotations
 
 import abc
+import functools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Mapping
 
 import miditoolkit
 import numpy as np
@@ -28,6 +33,11 @@ class Encoding:
 
     ids: np.ndarray  # int32 token ids, start to end of the piece
     report: dict[str, Any] = field(default_factory=dict)  # counts of folded/dropped notes etc.
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """What `decode` needs to restore beyond the tokens (e.g. programs, tempo): report["meta"]."""
+        return self.report.get("meta") or {}
 
 
 class Grammar(abc.ABC):
@@ -59,24 +69,74 @@ class Grammar(abc.ABC):
         """Index of the first token the grammar rejects, or None when all are accepted."""
         state = self.start()
         for i, tok in enumerate(ids):
-            if not self.allowed(state)[int(tok)]:
+            if not self.accepts(state, int(tok)):
                 return i
             state = self.step(state, int(tok))
         return None
+
+    def accepts(self, state: Any, token: int) -> bool:
+        """Whether `token` may follow `state` (any int: ids outside the vocabulary are refused)."""
+        return 0 <= token < self.vocab_size and bool(self.allowed(state)[token])
+
+    def states(self, ids, state: Any = None) -> list:
+        """The state before each token and after the last (len(ids) + 1 states), walking from
+        `state` (default: the start). Raises TokenError at the first token it rejects."""
+        out = [self.start() if state is None else state]
+        for i, tok in enumerate(ids):
+            if not self.accepts(out[-1], int(tok)):
+                raise TokenError(f"token {i} ({int(tok)}) is not allowed there by the grammar")
+            out.append(self.step(out[-1], int(tok)))
+        return out
+
+    def repair(self, ids) -> tuple[list[int], int]:
+        """A piece this grammar accepts, made of `ids` as far as they go: every token it rejects
+        is dropped, then the piece is closed (or cut back to the last point where it can close).
+        Returns the ids and how many tokens were dropped. Unmasked samples decode this way."""
+        kept, states = [], [self.start()]
+        for tok in (int(t) for t in ids):
+            if self.accepts(states[-1], tok):
+                kept.append(tok)
+                states.append(self.step(states[-1], tok))
+        if not self.allowed(states[-1]).any():  # the piece has ended by itself
+            return kept, len(ids) - len(kept)
+        end = next((k for k in range(len(kept), 0, -1) if self.can_close(states[k])), 0)
+        return kept[:end] + ([int(t) for t in self.close(states[end])] if end else []), len(ids) - end
+
+
+class RepresentationError(TokenError):
+    """Tokens made by another version of a representation than the one this musegen reads."""
 
 
 class Tokenizer(abc.ABC):
     """One symbolic representation. Subclasses register themselves under `kind`."""
 
     kind: ClassVar[str]
+    # The representation's version, stored in tokenizer.json (so with shards and checkpoints).
+    # Raise it whenever the same music would get other ids: older data is then refused.
+    version: ClassVar[int]
+    # The sampler's temperature and nucleus (top-p) when the user gives none.
+    sampling_defaults: ClassVar[Mapping[str, float]] = {"temperature": 1.0, "top_p": 1.0}
     registry: ClassVar[dict[str, type["Tokenizer"]]] = {}
+    # Training augmentation: keyword arguments of musegen.data.Augmenter (none: the data as it is).
+    augmentation: ClassVar[dict[str, Any]] = {}
+    # Where training crops start under `crop=auto`: a "random" window or the piece's "start".
+    default_crop: ClassVar[str] = "random"
+    # The roles its tracks play (e.g. bass, drums, other), which evaluation scores one by one;
+    # () for a single stream of notes.
+    roles: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         if "kind" in cls.__dict__:
+            if not isinstance(cls.__dict__.get("version"), int):
+                raise TypeError(f"tokenizer kind {cls.kind!r} must declare an int `version`")
             Tokenizer.registry[cls.kind] = cls
 
     vocab: list[str]  # id -> event name
+    # Token types for per-type metrics: type name -> event-name prefix, in order (an id has the
+    # first type whose prefix starts its name; PAD has none). `position_type` moves time in a bar.
+    token_types: ClassVar[dict[str, str]] = {}
+    position_type: ClassVar[str | None] = None
 
     @property
     def vocab_size(self) -> int:
@@ -86,13 +146,44 @@ class Tokenizer(abc.ABC):
     @abc.abstractmethod
     def pad_id(self) -> int: ...
 
+    def token_type_ids(self) -> np.ndarray:
+        """For every id, the index of its type in `list(token_types)`, or -1 when it has none."""
+        prefixes = list(self.token_types.values())
+        return np.array([next((k for k, p in enumerate(prefixes) if name.startswith(p)), -1)
+                         for name in self.vocab], dtype=np.int64)
+    @functools.cached_property
+    def end_ids(self) -> tuple[int, ...]:
+        """The tokens that end a piece (the sampler holds them back until the requested length).
+        By default: the last of the grammar's closing tokens, found by walking the grammar."""
+        grammar = self.grammar()
+        for pick in (0, -1):  # walk on the first allowed token, else the last
+            state = grammar.start()
+            for _ in range(64):
+                if grammar.can_close(state):
+                    return (int(grammar.close(state)[-1]),)
+                state = grammar.step(state, int(np.flatnonzero(grammar.allowed(state))[pick]))
+        raise TokenError(f"the {self.kind} grammar never lets a piece end")
+
+    def check_ids(self, ids) -> np.ndarray:
+        """`ids` as a 1-D int64 array, or a TokenError when they are not integer ids of this vocabulary."""
+        arr = np.asarray(ids)
+        if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+            raise TokenError("token ids must be a 1-D sequence of integers")
+        arr = arr.astype(np.int64, copy=False)
+        bad = np.flatnonzero((arr < 0) | (arr >= self.vocab_size))
+        if len(bad):
+            raise TokenError(f"token {bad[0]} has id {arr[bad[0]]}, outside the vocabulary (0..{self.vocab_size - 1})")
+        return arr
+
     @abc.abstractmethod
     def encode(self, source: str | os.PathLike | bytes) -> Encoding:
         """Encode a MIDI file (path or bytes). Raises MidiError for unusable input."""
 
     @abc.abstractmethod
-    def decode(self, ids) -> miditoolkit.MidiFile:
-        """Decode ids to MIDI. Raises TokenError when the ids cannot be decoded."""
+    def decode(self, ids, meta: Mapping[str, Any] | None = None) -> miditoolkit.MidiFile:
+        """Decode ids to MIDI. `meta`: an encoding's `meta` (what the tokens do not hold, e.g.
+        programs or tempo), to restore it; None: the tokenizer's defaults. Raises TokenError
+        when the ids cannot be decoded."""
 
     @abc.abstractmethod
     def grammar(self) -> Grammar: ...
@@ -103,28 +194,45 @@ class Tokenizer(abc.ABC):
 
     @abc.abstractmethod
     def bar_starts(self, ids) -> list[int]:
-        """Indices at which each bar starts (used to cut prompts to N bars)."""
+        """For each bar that holds a token of the piece, where its tokens start: ids[:starts[b]]
+        is the piece before bar b. A bar is listed once a token of it is there, so the list
+        grows as a sampler writes. The sampler relies on this, and on the grammar closing
+        ids[:starts[b]] as a piece of b bars (`Grammar.close`)."""
+
+    def to_bar_line(self, state, bar: int) -> list[int]:
+        """Tokens to append to a piece cut where bar `bar` starts (`ids[:bar_starts(...)[bar]]`,
+        whose grammar state is `state`) so that time stands at that bar line with nothing
+        sounding from before it, and a continuation begins exactly at the bar. None are needed
+        where the grammar's closing already does it (REMI's Bar)."""
+        return []
 
     @abc.abstractmethod
     def settings(self) -> dict[str, Any]:
         """The constructor keyword arguments; `type(self)(**settings())` rebuilds the tokenizer."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "settings": self.settings(), "vocab": list(self.vocab)}
+        return {"kind": self.kind, "version": self.version, "settings": self.settings(), "vocab": list(self.vocab)}
 
     def save(self, path: str | os.PathLike) -> None:
         write_json(path, self.to_dict())
 
 
-def tokenizer_from_dict(data: dict[str, Any]) -> Tokenizer:
-    """Rebuild a tokenizer from `to_dict()` output, checking the stored vocabulary matches."""
-    from . import groove, remi  # noqa: F401  (registers the kinds)
+# What to do about data of another representation version, by what holds it.
+REMEDY = "re-prepare the data / retrain"
 
+
+def tokenizer_from_dict(data: dict[str, Any], source: str = "the tokenizer", remedy: str = REMEDY) -> Tokenizer:
+    """Build a tokenizer from `to_dict()` output (or just {"kind": ...} for the defaults),
+    checking its representation version (when stored) and vocabulary."""
     kind = data.get("kind") if isinstance(data, dict) else None
     if kind not in Tokenizer.registry:
         raise TokenError(f"unknown tokenizer kind {kind!r}")
+    cls = Tokenizer.registry[kind]
+    if "version" in data and data["version"] != cls.version:
+        raise RepresentationError(f"{source} was made with {kind.upper()} representation v{data['version']}; "
+                                  f"this musegen reads v{cls.version}: {remedy} or use an older musegen")
     try:
-        tok = Tokenizer.registry[kind](**data.get("settings", {}))
+        tok = cls(**data.get("settings", {}))
     except TypeError as exc:
         raise TokenError(f"invalid {kind} tokenizer settings: {exc}") from None
     if "vocab" in data and list(data["vocab"]) != list(tok.vocab):
@@ -132,7 +240,9 @@ def tokenizer_from_dict(data: dict[str, Any]) -> Tokenizer:
     return tok
 
 
-def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
+def load_tokenizer(path: str | os.PathLike, remedy: str = REMEDY) -> Tokenizer:
+    """The tokenizer stored in a tokenizer.json. Files from before representation versions
+    count as version 1, so they are refused like any other version this musegen does not read."""
     path = Path(path)
     if not path.is_file():
         raise TokenError(f"{path}: tokenizer file not found")
@@ -140,4 +250,6 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
         data = read_json(path)
     except (ValueError, UnicodeDecodeError) as exc:
         raise TokenError(f"{path}: not valid JSON ({exc})") from None
-    return tokenizer_from_dict(data)
+    if isinstance(data, dict):
+        data = {"version": 1, **data}
+    return tokenizer_from_dict(data, str(path), remedy)

@@ -1,28 +1,53 @@
-"""The groove representation (PAPER_NOTES §4): a bass, drums and accompaniment trio as
-note_on / note_off / time_shift events on a 12-per-beat grid.
+"""The groove representation (docs/method.md, experiment B): a bass, drums and accompaniment
+trio as note_on / note_off / time_shift events on a 12-per-beat grid, token for token as the
+SPE paper's reference pipeline writes it (aliutkus/spe, experiments/groove: MusPy 0.3.0's MIDI
+reader, then `EventRepresentationProcessor` with `BeatShiftTiming(12, 2)`).
 
 Vocabulary (794 events + PAD = 795 ids):
 - `NoteOn_<track>_<pitch>`   ids 0..383    (track 1 bass, 2 drums, 3 other; pitch 0..127)
 - `NoteOff_<track>_<pitch>`  ids 384..767
-- `TimeShift_<units>`        ids 768..791  (1..24 units of 1/12 beat: at most 2 beats)
-- `Start` 792, `End` 793, `PAD` 794.
+- `TimeShift_<b>_<t>`        ids 768..791  an absolute position: tick t (of 12) of the beat b
+                                           beats after the current one: (0, 1..11), (1, 0..11),
+                                           (2, 0). Id 768 + k goes to tick k + 1 counted from
+                                           the start of the current beat.
+- `End` 792, `Start` 793 (the reference's EOS and BOS), `PAD` 794.
 
-Encoding writes, at each grid time, the note_offs before the note_ons (so a re-struck note
-is released first), each group in increasing id order, and splits time shifts at bar lines
-(4 beats) and at MAX_SHIFT, so every bar starts at a token boundary. The grammar accepts
-exactly this canonical form, so encode(decode(ids)) == ids for every sequence it accepts.
-There is no velocity and no program in the tokens: the programs and tempo found in the
-input are returned in the encoding report (`report["meta"]`) and can be given back to
-`decode`; otherwise the `programs` setting is used.
+Encoding, as the reference: each note gives a note_on at its onset and a note_off at its offset,
+in the order of the notes sorted by (onset, pitch, duration, velocity, track); the events are
+then stably sorted by time. Before every event, the shift from the previous event's time: as
+many `(2, 0)` as whole pairs of beats, then `(beats mod 2, tick)` unless both are 0. So an event
+on a tick other than 0 always has a shift before it, even at the time of the event before
+(a "restating" shift). Same-pitch notes may overlap; decoding ends the oldest (first in, first
+out), as the reference's decoder. Zero-length notes are kept.
+
+Reading a file (`read_parts`) follows MusPy 0.3.0: one part per (MIDI track, channel, program),
+note_offs close the oldest note_on of their channel and pitch, notes still sounding at the end
+of their track end there. Where merged parts make notes of one track and pitch cross, they are
+paired first in, first out before encoding (`crossing_notes` in the report), so that the ids
+decode to the notes they came from. Track roles (`assign_roles`):
+- Groove2Groove layout (every track with notes named `BB Bass`, `BB Drums`, `BB Guitar`,
+  `BB Piano` or `BB Strings`): roles by name, same names merged, and the 2-bar count-in these
+  files start with is dropped (notes whose onset rounds before bar 3 are left out);
+- musegen's own layout (`Bass`, `Drums` on the drum channel, `Other`, as `decode` writes): by name;
+- any other file: drums are the drum-channel tracks; bass is the busiest track with a GM bass
+  program (32-39), else with "bass" in its name, else the lowest (mean pitch) melodic track.
+"Other" is the busiest remaining harmonic track (ties: the first by name, or in file order).
+The tokens hold neither velocity, programs nor tempo: `encode(...).report["meta"]` keeps the
+programs and tempo changes, and `decode(ids, meta)` writes them back.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import random
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import miditoolkit
+import mido
 import numpy as np
 
 from ..errors import MidiError, TokenError
@@ -30,25 +55,35 @@ from ..midi import load_score
 from .base import MAX_BARS, Encoding, Grammar, Tokenizer
 
 UNITS_PER_BEAT = 12
-MAX_SHIFT = 2 * UNITS_PER_BEAT  # the longest single time shift, in units
+MAX_SHIFT_BEATS = 2
 BEATS_PER_BAR = 4
 BAR = BEATS_PER_BAR * UNITS_PER_BEAT
 TRACKS = {1: "bass", 2: "drums", 3: "other"}
 BASS, DRUMS, OTHER = 1, 2, 3
-ROLE_NAMES = {BASS: "Bass", DRUMS: "Drums", OTHER: "Other"}  # the track names `decode` writes
 BASS_PROGRAMS = range(32, 40)  # General MIDI: acoustic bass .. synth bass 2
 
 N_PITCH = 128
 NOTE_ON = 0
 NOTE_OFF = NOTE_ON + len(TRACKS) * N_PITCH  # 384
-TIME_SHIFT = NOTE_OFF + len(TRACKS) * N_PITCH  # 768: TimeShift_1
-START = TIME_SHIFT + MAX_SHIFT  # 792
-END = START + 1  # 793
-PAD = END + 1  # 794
+TIME_SHIFT = NOTE_OFF + len(TRACKS) * N_PITCH  # 768: TimeShift_0_1
+N_SHIFTS = MAX_SHIFT_BEATS * UNITS_PER_BEAT  # 24
+WIDE_SHIFT = TIME_SHIFT + N_SHIFTS - 1  # 791: TimeShift_2_0
+END = TIME_SHIFT + N_SHIFTS  # 792, the reference's EOS
+START = END + 1  # 793, the reference's BOS
+PAD = START + 1  # 794
 N_NOTES = NOTE_OFF  # number of (track, pitch) slots
+
+# Groove2Groove's track names (Band-in-a-Box exports) and the names `decode` writes.
+G2G_BASS, G2G_DRUMS = "BB Bass", "BB Drums"
+G2G_HARMONIC = ("BB Guitar", "BB Piano", "BB Strings")
+G2G_NAMES = frozenset((G2G_BASS, G2G_DRUMS) + G2G_HARMONIC)
+COUNT_IN_BEATS = 8  # Groove2Groove files open with a 2-bar count-in
+ROLE_NAMES = {BASS: "Bass", DRUMS: "Drums", OTHER: "Other"}
+BASS_NAME = re.compile("bass", re.IGNORECASE)
 
 TICKS_PER_BEAT_OUT = 480  # decoded files; a multiple of UNITS_PER_BEAT
 DEFAULT_VELOCITY = 100
+DEFAULT_TEMPO = 120.0
 
 
 def note_on_id(track: int, pitch: int) -> int:
@@ -57,6 +92,32 @@ def note_on_id(track: int, pitch: int) -> int:
 
 def note_off_id(track: int, pitch: int) -> int:
     return NOTE_OFF + (track - 1) * N_PITCH + pitch
+
+
+def shift_id(beats: int, tick: int) -> int:
+    """The token of time_shift(beats, tick)."""
+    return TIME_SHIFT + beats * UNITS_PER_BEAT + tick - 1
+
+
+def shift_target(time: int, token: int) -> int:
+    """The time a shift token moves to from `time`: a position counted from the current beat."""
+    return time - time % UNITS_PER_BEAT + token - TIME_SHIFT + 1
+
+
+def shifts_between(before: int, after: int) -> list[int]:
+    """The shift tokens the encoder writes before an event at `after` that follows one at `before`."""
+    beats = after // UNITS_PER_BEAT - before // UNITS_PER_BEAT
+    pairs, rest = divmod(beats, MAX_SHIFT_BEATS)
+    tick = after % UNITS_PER_BEAT
+    return [WIDE_SHIFT] * pairs + ([shift_id(rest, tick)] if rest or tick else [])
+
+
+def round_half_even(numerator: np.ndarray, denominator: int) -> np.ndarray:
+    """numerator / denominator rounded to the nearest integer, halves to even, in integers
+    (Python's `round`, which the reference applies to `ticks * 12 / resolution`)."""
+    quotient, remainder = np.divmod(np.asarray(numerator, dtype=np.int64), denominator)
+    up = (2 * remainder > denominator) | ((2 * remainder == denominator) & (quotient % 2 == 1))
+    return quotient + up
 
 
 def _pitched_slots() -> np.ndarray:
@@ -69,11 +130,198 @@ def _pitched_slots() -> np.ndarray:
 _PITCHED = _pitched_slots()
 
 
+# ---- reading MIDI as MusPy 0.3.0 does ------------------------------------------------------------
+
+@dataclass
+class Part:
+    """The notes of one (MIDI track, channel, program): int64 rows (onset, offset, pitch,
+    velocity) in ticks."""
+
+    name: str | None
+    program: int
+    is_drum: bool
+    notes: np.ndarray
+
+
+@dataclass
+class Parsed:
+    """A MIDI file's parts and the time-stamped facts the groove tools use (ticks)."""
+
+    name: str
+    tpq: int
+    parts: list[Part]
+    tempos: list[tuple[int, float]] = field(default_factory=list)  # (tick, quarter notes per minute)
+    time_signatures: list[tuple[int, int, int]] = field(default_factory=list)  # (tick, numerator, denominator)
+    markers: list[tuple[int, str]] = field(default_factory=list)
+
+
+def read_parts(source: str | os.PathLike | bytes) -> Parsed:
+    """Parse a MIDI file (path or bytes) into parts, one-line MidiError for unusable input."""
+    load_score(source)  # missing, empty, not MIDI, corrupt, no notes: one line each
+    name = "<bytes>" if isinstance(source, (bytes, bytearray)) else str(source)
+    data = bytes(source) if isinstance(source, (bytes, bytearray)) else Path(source).read_bytes()
+    try:
+        midi = mido.MidiFile(file=io.BytesIO(data))
+    except Exception as exc:  # mido signals corruption with assorted exception types
+        text = str(exc).strip().splitlines()
+        raise MidiError(f"{name}: corrupt MIDI ({text[0] if text else type(exc).__name__})") from None
+    if midi.type == 2:
+        raise MidiError(f"{name}: MIDI type 2 (independent sequences) is not supported")
+    parsed = Parsed(name, int(midi.ticks_per_beat), [])
+    for index, track in enumerate(midi.tracks):
+        parsed.parts.extend(_track_parts(track, parsed, named=midi.type == 1 and index > 0))
+    return parsed
+
+
+def _track_parts(track, parsed: Parsed, named: bool) -> list[Part]:
+    """The parts of one MIDI track; its meta events go to `parsed`. A type-1 file's first track
+    names the song, not a part (MusPy's rule)."""
+    time, name = 0, None
+    programs = [0] * 16
+    sounding: dict[tuple[int, int], list[tuple[int, int]]] = {}  # (channel, pitch) -> [(onset, velocity)]
+    found: dict[tuple[int, int], list[tuple[int, int, int, int]]] = {}  # (program, channel) -> notes
+    for msg in track:
+        time += msg.time
+        kind = msg.type
+        if kind == "note_on" and msg.velocity > 0:
+            sounding.setdefault((msg.channel, msg.note), []).append((time, msg.velocity))
+        elif kind in ("note_off", "note_on"):
+            waiting = sounding.setdefault((msg.channel, msg.note), [])
+            if waiting:
+                onset, velocity = waiting.pop(0)
+                found.setdefault((programs[msg.channel], msg.channel), []).append((onset, time, msg.note, velocity))
+        elif kind == "program_change":
+            programs[msg.channel] = msg.program
+        elif kind == "set_tempo" and msg.tempo > 0:  # 0 microseconds per beat: no tempo at all
+            parsed.tempos.append((time, mido.tempo2bpm(msg.tempo)))
+        elif kind == "time_signature":
+            parsed.time_signatures.append((time, msg.numerator, msg.denominator))
+        elif kind == "marker":
+            parsed.markers.append((time, msg.text))
+        elif kind == "track_name" and named:
+            name = msg.name
+        elif kind == "end_of_track":
+            break
+    for (channel, pitch), waiting in sounding.items():  # still sounding: they end with the track
+        for onset, velocity in waiting:
+            found.setdefault((programs[channel], channel), []).append((onset, time, pitch, velocity))
+    return [Part(name, program, channel == 9, np.array(notes, dtype=np.int64).reshape(-1, 4))
+            for (program, channel), notes in found.items()]
+
+
+def layout_of(parts: list[Part]) -> str:
+    """"g2g" (Groove2Groove names), "musegen" (the names `decode` writes) or "inferred"."""
+    playing = [p for p in parts if len(p.notes)]
+    names = {p.name for p in playing}
+    if names and names <= G2G_NAMES:
+        return "g2g"
+    if names and names <= set(ROLE_NAMES.values()) and all(p.is_drum == (p.name == ROLE_NAMES[DRUMS])
+                                                           for p in playing):
+        return "musegen"
+    return "inferred"
+
+
+def drop_count_in(parsed: Parsed, beats: int = COUNT_IN_BEATS) -> tuple[Parsed, int]:
+    """The file without its first `beats` beats, as the reference drops a Groove2Groove count-in
+    on its 12-per-beat grid: a note is kept when its onset rounds to the cut or later (so it may
+    start up to half a grid unit before it). Tempo: the one in effect at the cut starts the piece.
+    Returns the shifted file and the number of notes left out."""
+    cut = beats * parsed.tpq
+    parts, dropped = [], 0
+    for part in parsed.parts:
+        keep = 2 * UNITS_PER_BEAT * (part.notes[:, 0] - cut) + parsed.tpq >= 0
+        dropped += int((~keep).sum())
+        notes = part.notes[keep].copy()
+        notes[:, :2] -= cut
+        parts.append(replace(part, notes=notes))
+    before = [qpm for tick, qpm in parsed.tempos if tick <= cut]
+    tempos = ([(0, before[-1])] if before else []) + [(tick - cut, qpm) for tick, qpm in parsed.tempos if tick > cut]
+    markers = [(tick - cut, text) for tick, text in parsed.markers if tick >= cut]
+    return replace(parsed, parts=parts, tempos=tempos, markers=markers), dropped
+
+
+@dataclass
+class Roles:
+    """Which parts play each role; `harmonic` lists the candidates for "other" (one list of
+    parts per candidate track, in priority order for ties)."""
+
+    layout: str
+    bass: list[Part]
+    drums: list[Part]
+    harmonic: list[list[Part]]
+
+    def busiest(self) -> list[Part]:
+        """The harmonic candidate with the most notes (the first one on ties); [] if none."""
+        counts = [sum(len(p.notes) for p in group) for group in self.harmonic]
+        return self.harmonic[int(np.argmax(counts))] if counts and max(counts) else []
+
+
+def assign_roles(parts: list[Part], layout: str | None = None) -> Roles:
+    """Bass, drums and the harmonic candidates of a file's parts (see the module docstring)."""
+    playing = [p for p in parts if len(p.notes)]
+    layout = layout or layout_of(parts)
+    if layout == "g2g":
+        named = lambda name: [p for p in playing if p.name == name]
+        return Roles(layout, named(G2G_BASS), named(G2G_DRUMS),
+                     [named(name) for name in G2G_HARMONIC if named(name)])
+    if layout == "musegen":
+        named = lambda role: [p for p in playing if p.name == ROLE_NAMES[role]]
+        return Roles(layout, named(BASS), named(DRUMS), [named(OTHER)] if named(OTHER) else [])
+    drums = [p for p in playing if p.is_drum]
+    melodic = [p for p in playing if not p.is_drum]
+    bass = _infer_bass(melodic)
+    return Roles(layout, [bass] if bass else [], drums, [[p] for p in melodic if p is not bass])
+
+
+def _infer_bass(melodic: list[Part]) -> Part | None:
+    """A GM bass program, else "bass" in the name (the busiest of either), else the lowest."""
+    for rule in (lambda p: p.program in BASS_PROGRAMS, lambda p: bool(p.name and BASS_NAME.search(p.name))):
+        found = [p for p in melodic if rule(p)]
+        if found:
+            return max(found, key=lambda p: len(p.notes))
+    return min(melodic, key=lambda p: float(np.mean(p.notes[:, 2])), default=None)
+
+
+def merged_notes(parts: list[Part]) -> np.ndarray:
+    """The rows of several parts as one array (onset, offset, pitch, velocity)."""
+    return np.concatenate([p.notes for p in parts]) if parts else np.zeros((0, 4), dtype=np.int64)
+
+
+def check_meter(parsed: Parsed) -> None:
+    """4-beat bars only: 2/4 and 2/2 pair up into them, 3/4 or 6/8 do not."""
+    for tick, numerator, denominator in parsed.time_signatures:
+        if numerator <= 0 or BEATS_PER_BAR * denominator % (4 * numerator):  # 0/x: fuzzed files
+            raise MidiError(f"{parsed.name}: time signature {numerator}/{denominator} at tick {tick}; "
+                            "the groove tokenizer needs 4/4 (or 2/4, 2/2)")
+
+
+def read_trio(source: str | os.PathLike | bytes) -> tuple[Parsed, Roles, int]:
+    """A file's parts (without the count-in of a Groove2Groove file), their roles, and how many
+    count-in notes were left out."""
+    parsed = read_parts(source)
+    layout = layout_of(parsed.parts)
+    dropped = 0
+    if layout == "g2g":
+        parsed, dropped = drop_count_in(parsed)
+    return parsed, assign_roles(parsed.parts, layout), dropped
+
+
+# ---- the tokenizer ---------------------------------------------------------------------------------
+
 class GrooveTokenizer(Tokenizer):
-    """Bass / drums / other trio tokens. `other_seed`: None picks the accompaniment track with
-    the most notes; an int picks one at random (reproducibly per file and seed)."""
+    """Bass / drums / other trio tokens. `other_seed`: None picks the harmonic track with the
+    most notes (the reference's test-time choice); an int picks a non-empty one at random,
+    reproducibly per file and seed (training variety, as the reference's random choice)."""
 
     kind = "groove"
+    augmentation = {"max_shift": 5, "max_skip_bars": 4, "track_dropout": 0.2}  # drums never transposed
+    default_crop = "start"  # sequences cut to the first N tokens, as in the paper (bar skips vary them)
+    roles = ("bass", "drums", "other")
+    token_types = {"note-on": "NoteOn_", "note-off": "NoteOff_", "time shift": "TimeShift_", "Start": "Start",
+                   "End": "End"}
+    position_type = "time shift"
+    version = 2
+    sampling_defaults = {"temperature": 0.6, "top_p": 1.0}  # the paper's groove samples
 
     def __init__(self, programs: dict[str, int] | None = None, other_seed: int | None = None):
         self.programs = {"bass": 33, "other": 0, **(programs or {})}
@@ -83,8 +331,9 @@ class GrooveTokenizer(Tokenizer):
         self.other_seed = other_seed
         self.vocab = ([f"NoteOn_{t}_{p}" for t in TRACKS for p in range(N_PITCH)]
                       + [f"NoteOff_{t}_{p}" for t in TRACKS for p in range(N_PITCH)]
-                      + [f"TimeShift_{u}" for u in range(1, MAX_SHIFT + 1)]
-                      + ["Start", "End", "PAD"])
+                      + [f"TimeShift_0_{t}" for t in range(1, UNITS_PER_BEAT)]
+                      + [f"TimeShift_{b}_{t}" for b in range(1, MAX_SHIFT_BEATS) for t in range(UNITS_PER_BEAT)]
+                      + [f"TimeShift_{MAX_SHIFT_BEATS}_0", "End", "Start", "PAD"])
         assert len(self.vocab) == PAD + 1
 
     @property
@@ -99,225 +348,264 @@ class GrooveTokenizer(Tokenizer):
 
     # ---- encoding -------------------------------------------------------------------------
 
-    def trio(self, source: str | os.PathLike | bytes) -> tuple[np.ndarray, dict[str, Any]]:
-        """The quantised trio of a MIDI file: an int array of rows (track, pitch, onset, offset)
-        in grid units, and facts about the choice (tracks, programs, tempo, dropped notes)."""
-        score = load_score(source)
-        name = "<bytes>" if isinstance(source, (bytes, bytearray)) else str(source)
-        for ts in score.time_signatures:  # 2/4 and 2/2 pair up into 4-beat bars; 3/4, 6/8 do not
-            if ts.numerator <= 0 or BEATS_PER_BAR * ts.denominator % (4 * ts.numerator):  # 0/x: fuzzed files
-                raise MidiError(f"{name}: time signature {ts.numerator}/{ts.denominator} at tick "
-                                f"{ts.time}; the groove tokenizer needs 4/4 (or 2/4, 2/2)")
-        tracks = list(score.tracks)  # one wrapper per track, so `is` and index() hold
-        drums = [t for t in tracks if t.is_drum and len(t.notes)]
-        melodic = [t for t in tracks if not t.is_drum and len(t.notes)]
-        own = _roles_by_name(drums + melodic)
-        if own is not None:  # a file `decode` wrote: roles by name, so a missing role stays missing
-            bass, drums, other = own
-        else:
-            if not drums:
-                raise MidiError(f"{name}: no drum track (channel 10); the groove tokenizer needs drums")
-            if not melodic:
-                raise MidiError(f"{name}: no bass or accompaniment track, only drums")
-            bass = self._pick_bass(melodic)
-            rest = [t for t in melodic if t is not bass]
-            other = self._pick_other(rest) if rest else None
-        chosen = ([(BASS, bass)] if bass else []) + [(DRUMS, t) for t in drums] + ([(OTHER, other)] if other else [])
-
-        rows = []
-        for track, part in chosen:
-            arr = part.notes.numpy()
-            start = arr["time"].astype(np.int64)
-            end = start + arr["duration"].astype(np.int64)
-            on, off = _to_grid(start, score.tpq), _to_grid(end, score.tpq)
-            off = np.maximum(off, on + 1)  # a note shorter than half a unit still sounds for one
-            rows.append(np.stack([np.full_like(on, track), arr["pitch"].astype(np.int64), on, off], 1))
-        notes, merged = _resolve_overlaps(np.concatenate(rows))
+    def trio(self, source: str | os.PathLike | bytes) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+        """The trio of a MIDI file on the grid: int rows (track, pitch, onset, offset), the
+        notes' velocities (the reference's tie-break), and the encoding report."""
+        parsed, roles, dropped = read_trio(source)
+        check_meter(parsed)
+        if roles.layout == "inferred" and not roles.drums:
+            raise MidiError(f"{parsed.name}: no drum track (channel 10); the groove tokenizer needs drums")
+        if roles.layout == "inferred" and not roles.bass:
+            raise MidiError(f"{parsed.name}: no bass or accompaniment track, only drums")
+        other = self._pick_other(roles)
+        rows, velocities = [], []
+        for track, parts in ((BASS, roles.bass), (DRUMS, roles.drums), (OTHER, other)):
+            notes = merged_notes(parts)
+            onset = round_half_even(UNITS_PER_BEAT * notes[:, 0], parsed.tpq)
+            offset = round_half_even(UNITS_PER_BEAT * notes[:, 1], parsed.tpq)
+            rows.append(np.stack([np.full_like(onset, track), notes[:, 2], onset, offset], 1))
+            velocities.append(notes[:, 3])
+        notes, velocities, crossing = _pair_in_order(np.concatenate(rows), np.concatenate(velocities))
+        if not len(notes):
+            raise MidiError(f"{parsed.name}: no notes after the count-in")
         if notes[:, 3].max() // BAR >= MAX_BARS:  # e.g. a huge delta-time: millions of time shifts
-            raise MidiError(f"{name}: longer than {MAX_BARS} bars, not a piece of music")
-        tempos = score.tempos
-        index = lambda track: next(i for i, t in enumerate(tracks) if t is track)  # names may repeat
-        meta = {
-            "bass_track": bass.name if bass else None, "bass_index": index(bass) if bass else None,
-            "bass_program": int(bass.program) if bass else None,
-            "other_track": other.name if other else None,
-            "other_index": index(other) if other else None,
-            "other_program": int(other.program) if other else None,
-            "tempo": round(float(tempos[0].qpm), 2) if len(tempos) else 120.0,
-        }
-        counts = {"notes": int(len(notes)), "notes_merged": merged,
-                  "tracks_left_out": len(melodic) - (bass is not None) - (other is not None)}
-        return notes, {"meta": meta, **counts}
+            raise MidiError(f"{parsed.name}: longer than {MAX_BARS} bars, not a piece of music")
+        left_out = len(roles.harmonic) - bool(other)
+        return notes, velocities, {
+            "meta": self._meta(parsed, roles, other), "notes": int(len(notes)), "count_in_notes": dropped,
+            "crossing_notes": crossing, "tracks_left_out": left_out}
 
     def encode(self, source: str | os.PathLike | bytes) -> Encoding:
-        notes, report = self.trio(source)
-        return Encoding(ids=serialize(notes), report=report)
+        notes, velocities, report = self.trio(source)
+        return Encoding(ids=serialize(notes, velocities), report=report)
+
+    def _pick_other(self, roles: Roles) -> list[Part]:
+        if self.other_seed is None:
+            return roles.busiest()
+        candidates = [g for g in roles.harmonic if sum(len(p.notes) for p in g)]
+        if not candidates:
+            return []
+        # Seeded by the file's content too, so files with the same track count differ.
+        rng = random.Random(f"{self.other_seed}:{[(g[0].program, sum(len(p.notes) for p in g)) for g in candidates]}")
+        return rng.choice(candidates)
 
     @staticmethod
-    def _pick_bass(melodic):
-        """A GM bass program (most notes first), else the track with the lowest mean pitch."""
-        bass_like = [t for t in melodic if t.program in BASS_PROGRAMS]
-        if bass_like:
-            return max(bass_like, key=lambda t: len(t.notes))
-        return min(melodic, key=lambda t: float(np.mean(t.notes.numpy()["pitch"])))
-
-    def _pick_other(self, candidates):
-        if self.other_seed is None:
-            return max(candidates, key=lambda t: len(t.notes))
-        # Seeded by the file's content too, so files with the same track count differ.
-        rng = random.Random(f"{self.other_seed}:{[(t.program, len(t.notes)) for t in candidates]}")
-        return rng.choice(candidates)
+    def _meta(parsed: Parsed, roles: Roles, other: list[Part]) -> dict[str, Any]:
+        """What `decode` needs to give the trio back its sound: programs, names, tempo changes."""
+        tempos = [[int(round_half_even(UNITS_PER_BEAT * tick, parsed.tpq)), round(qpm, 2)]
+                  for tick, qpm in parsed.tempos]
+        tempos = [t for i, t in enumerate(tempos) if i + 1 == len(tempos) or tempos[i + 1][0] != t[0]]
+        if not tempos or tempos[0][0] > 0:  # MIDI's default until the first tempo event
+            tempos.insert(0, [0, DEFAULT_TEMPO])
+        return {
+            "layout": roles.layout,
+            "bass_track": roles.bass[0].name if roles.bass else None,
+            "bass_program": int(roles.bass[0].program) if roles.bass else None,
+            "other_track": other[0].name if other else None,
+            "other_program": int(other[0].program) if other else None,
+            "tempo": tempos[0][1],
+            "tempos": tempos,  # [time in 1/12 beats, quarter notes per minute]
+        }
 
     # ---- decoding -------------------------------------------------------------------------
 
     def notes(self, ids) -> np.ndarray:
         """The notes of a token sequence as rows (track, pitch, onset, offset) in grid units,
-        sorted by onset. Raises TokenError for a sequence the grammar would reject; a missing
-        End is tolerated (notes still sounding end at the last time)."""
-        ids = _as_ids(ids, self.vocab_size)
-        onset = np.full(N_NOTES, -1, dtype=np.int64)
-        time, out = 0, []
-        for i, tok in enumerate(ids.tolist()):
-            if tok < NOTE_OFF:
-                if onset[tok] >= 0:
-                    raise TokenError(f"token {i} ({self.vocab[tok]}): note already sounding")
-                onset[tok] = time
-            elif tok < TIME_SHIFT:
-                slot = tok - NOTE_OFF
-                if onset[slot] < 0 or onset[slot] == time:
-                    raise TokenError(f"token {i} ({self.vocab[tok]}): no note sounding to end")
-                out.append((slot // N_PITCH + 1, slot % N_PITCH, onset[slot], time))
-                onset[slot] = -1
-            elif tok < START:
-                time += tok - TIME_SHIFT + 1
-            elif tok == START:
-                if i != 0:
-                    raise TokenError(f"token {i}: Start inside the piece")
-            elif tok == END:
-                break
-            # PAD is padding: ignored
-        for slot in np.flatnonzero(onset >= 0):
-            if onset[slot] < time:
-                out.append((slot // N_PITCH + 1, slot % N_PITCH, onset[slot], time))
-        rows = np.array(out, dtype=np.int64).reshape(-1, 4)
-        return rows[np.lexsort((rows[:, 1], rows[:, 0], rows[:, 2]))]
+        sorted by (onset, track, pitch, offset). Raises TokenError for ids that cannot be
+        decoded; a missing End is tolerated (notes still sounding end at the last time)."""
+        return decode_events(_as_ids(ids, self.vocab_size))[0]
 
-    def decode(self, ids, programs: dict[str, int | None] | None = None,
-               tempo: float = 120.0) -> miditoolkit.MidiFile:
-        """A 3-track MIDI (bass, drums on channel 10, other). `programs` (e.g. an encoding
-        report's meta: bass_program/other_program) overrides the `programs` setting."""
-        given = programs or {}
-        prog = {role: given.get(f"{role}_program", given.get(role)) for role in ("bass", "other")}
-        prog = {role: self.programs[role] if p is None else int(p) for role, p in prog.items()}
+    def decode(self, ids, meta: dict[str, Any] | None = None) -> miditoolkit.MidiFile:
+        """A 3-track MIDI: Bass, Drums (channel 10), Other. `meta` (an encoding report's, or any
+        dict with bass_program / other_program / tempos / tempo) gives programs and tempo
+        changes; otherwise the `programs` setting and 120 bpm. A zero-length note lasts one
+        tick; velocities keep the order of notes that differ only by track, so that
+        `encode(decode(ids)) == ids` for every sequence the grammar accepts."""
+        meta = meta or {}
+        notes, ties = decode_events(_as_ids(ids, self.vocab_size))
+        program = {role: self.programs[role] if meta.get(f"{role}_program") is None else int(meta[f"{role}_program"])
+                   for role in ("bass", "other")}
         midi = miditoolkit.MidiFile(ticks_per_beat=TICKS_PER_BEAT_OUT)
-        midi.tempo_changes = [miditoolkit.TempoChange(float(tempo), 0)]
-        midi.time_signature_changes = [miditoolkit.TimeSignature(BEATS_PER_BAR, 4, 0)]
-        parts = {BASS: miditoolkit.Instrument(prog["bass"], name=ROLE_NAMES[BASS]),
-                 DRUMS: miditoolkit.Instrument(0, is_drum=True, name=ROLE_NAMES[DRUMS]),
-                 OTHER: miditoolkit.Instrument(prog["other"], name=ROLE_NAMES[OTHER])}
         unit = TICKS_PER_BEAT_OUT // UNITS_PER_BEAT
-        for track, pitch, on, off in self.notes(ids).tolist():
-            parts[track].notes.append(miditoolkit.Note(DEFAULT_VELOCITY, pitch, on * unit, off * unit))
+        tempos = meta.get("tempos") or [[0, meta.get("tempo") or DEFAULT_TEMPO]]
+        midi.tempo_changes = [miditoolkit.TempoChange(float(qpm), int(time) * unit) for time, qpm in tempos]
+        midi.time_signature_changes = [miditoolkit.TimeSignature(BEATS_PER_BAR, 4, 0)]
+        parts = {BASS: miditoolkit.Instrument(program["bass"], name=ROLE_NAMES[BASS]),
+                 DRUMS: miditoolkit.Instrument(0, is_drum=True, name=ROLE_NAMES[DRUMS]),
+                 OTHER: miditoolkit.Instrument(program["other"], name=ROLE_NAMES[OTHER])}
+        for (track, pitch, on, off), tie in zip(notes.tolist(), ties.tolist()):
+            velocity = min(DEFAULT_VELOCITY + tie, 127)
+            parts[track].notes.append(miditoolkit.Note(velocity, pitch, on * unit, max(off * unit, on * unit + 1)))
         midi.instruments = [parts[BASS], parts[DRUMS], parts[OTHER]]
         return midi
 
     # ---- token-level operations (bars, augmentation) -------------------------------------
 
     def bar_starts(self, ids) -> list[int]:
-        """For each bar b (4 beats), the index of the first token at time >= 4b beats, i.e.
+        """For each bar b (4 beats) that the piece reaches, the index of its first token: the
+        first whose time is 4b beats or later (a shift that lands on or past the bar line), so
         ids[:bar_starts[b]] is the piece before bar b. Bar 0 starts after Start."""
         ids = _as_ids(ids, self.vocab_size)
-        shifts = np.where((ids >= TIME_SHIFT) & (ids < START), ids - TIME_SHIFT + 1, 0)
-        after = np.cumsum(shifts)  # time after each token
-        starts = [1 if len(ids) and ids[0] == START else 0]
+        times = token_times(ids)
         end = _content_end(ids)
+        last = int(times[end - 1]) if end else 0
+        starts = [1 if len(ids) and ids[0] == START else 0]
         bar = 1
-        while bar * BAR < (after[end - 1] if end else 0):
-            starts.append(int(np.searchsorted(after, bar * BAR, side="left")) + 1)
+        while bar * BAR < last:
+            starts.append(int(np.searchsorted(times[:end], bar * BAR, side="left")))
             bar += 1
         return starts
 
+    def to_bar_line(self, state: "GrooveState", bar: int) -> list[int]:
+        """Appended to a piece cut where bar `bar` starts (`ids[:bar_starts[bar]]`, in grammar state
+        `state`): the tokens that move time to that bar line and end there every note still
+        sounding, so a continuation begins exactly at the bar."""
+        if state.phase != 1 or state.last != AFTER_EVENT:
+            return []
+        return self.grammar().release_at(state, bar * BAR)
+
     def transpose(self, ids, shift: int) -> np.ndarray | None:
-        """Bass and other moved by `shift` semitones; drums untouched. None if out of 0..127."""
+        """Bass and other moved by `shift` semitones, drums untouched; None if a pitch leaves
+        0..127. A sequence from Start (a piece, or a window cropped at its start) is written
+        again in canonical order (notes at one time sort by pitch, so drums and pitched notes
+        may change places); another window only has its pitches moved."""
         ids = _as_ids(ids, self.vocab_size)
         slot = np.where(ids < NOTE_OFF, ids - NOTE_ON, ids - NOTE_OFF)
         moving = (ids < TIME_SHIFT) & _PITCHED[np.clip(slot, 0, N_NOTES - 1)]
         pitch = slot % N_PITCH + shift
         if np.any(moving & ((pitch < 0) | (pitch >= N_PITCH))):
             return None
-        return np.where(moving, ids + shift, ids)
+        if not len(ids) or ids[0] != START or shift == 0:
+            return np.where(moving, ids + shift, ids)
+        return _rewrite(ids, lambda notes: notes + np.where(notes[:, [0]] != DRUMS, [0, shift, 0, 0], 0))
 
     def skip_bars(self, ids, n: int) -> np.ndarray | None:
         """The piece without its first `n` bars. Notes sounding across the cut are restarted at
         the new beginning. None when the piece has no more than `n` bars."""
-        notes = self.notes(ids)
+        notes, ties = decode_events(_as_ids(ids, self.vocab_size))
         cut = n * BAR
         if n < 0 or not len(notes) or notes[:, 3].max() <= cut:
             return None
-        kept = notes[notes[:, 3] > cut].copy()
+        keep = (notes[:, 2] >= cut) | (notes[:, 3] > cut)
+        kept = notes[keep].copy()
         kept[:, 2:] = np.maximum(kept[:, 2:] - cut, 0)
-        return serialize(kept)
+        return serialize(kept, ties[keep])
 
     def drop_tracks(self, ids, tracks) -> np.ndarray:
         """The piece without any event of `tracks` (1 bass, 2 drums, 3 other)."""
-        notes = self.notes(ids)
-        return serialize(notes[~np.isin(notes[:, 0], list(tracks))])
+        notes, ties = decode_events(_as_ids(ids, self.vocab_size))
+        keep = ~np.isin(notes[:, 0], list(tracks))
+        return serialize(notes[keep], ties[keep])
 
 
-def serialize(notes: np.ndarray) -> np.ndarray:
-    """Token ids for notes (track, pitch, onset, offset): Start, events, End. At each time the
-    note_offs come first; time shifts are split at bar lines and at MAX_SHIFT."""
+def _pair_in_order(notes: np.ndarray, velocities: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """The notes with, per track and pitch, the k-th onset ending at the k-th offset: what
+    decoding gives back (first in, first out). This changes nothing unless notes of one track
+    and pitch cross, which only merged parts can do (one MIDI channel is read first in, first
+    out already); then the reference's order would not decode to its own notes, and this one
+    does. Returns the notes, their velocities (they stay with their onsets) and how many
+    offsets moved."""
+    slot = notes[:, 0] * N_PITCH + notes[:, 1]
+    by_onset = np.lexsort((velocities, notes[:, 3], notes[:, 2], slot))
+    by_offset = np.lexsort((notes[:, 3], slot))
+    paired = notes[by_onset].copy()
+    paired[:, 3] = notes[by_offset, 3]
+    return paired, velocities[by_onset], int((paired[:, 3] != notes[by_onset, 3]).sum())
+
+
+def serialize(notes: np.ndarray, tiebreak: np.ndarray | None = None) -> np.ndarray:
+    """Token ids for notes (track, pitch, onset, offset): Start, events, End, as the reference
+    orders them. `tiebreak` (velocities; by default all equal) orders notes that share onset,
+    pitch and duration before their track does."""
     notes = np.asarray(notes, dtype=np.int64).reshape(-1, 4)
-    slot = (notes[:, 0] - 1) * N_PITCH + notes[:, 1]
-    times = np.concatenate([notes[:, 3], notes[:, 2]])
-    toks = np.concatenate([NOTE_OFF + slot, NOTE_ON + slot])
-    is_on = np.arange(len(toks)) >= len(slot)  # at equal times the offs (False) come first
-    order = np.lexsort((toks, is_on, times))
-    times, toks = times[order], toks[order]
-    out, now = [START], 0
-    for t, tok in zip(times.tolist(), toks.tolist()):
-        while now < t:
-            step = min(t - now, MAX_SHIFT, BAR - now % BAR)
-            out.append(TIME_SHIFT + step - 1)
-            now += step
-        out.append(tok)
-    out.append(END)
-    return np.array(out, dtype=np.int32)
+    tiebreak = np.zeros(len(notes), dtype=np.int64) if tiebreak is None else np.asarray(tiebreak)
+    track, pitch, onset, offset = notes.T
+    order = np.lexsort((track, tiebreak, offset - onset, pitch, onset))
+    slot = ((track - 1) * N_PITCH + pitch)[order]
+    times = np.stack([onset[order], offset[order]], 1).ravel()  # each note's on, then its off
+    events = np.stack([NOTE_ON + slot, NOTE_OFF + slot], 1).ravel()
+    by_time = np.argsort(times, kind="stable")
+    times, events = times[by_time], events[by_time]
+    before = np.concatenate([[0], times[:-1]])
+    beats = times // UNITS_PER_BEAT - before // UNITS_PER_BEAT
+    pairs, rest = np.divmod(beats, MAX_SHIFT_BEATS)
+    tick = times % UNITS_PER_BEAT
+    final = (rest > 0) | (tick > 0)
+    ends = np.cumsum(pairs + final + 1)  # one past each event's position
+    out = np.full(int(ends[-1]) if len(ends) else 0, WIDE_SHIFT, dtype=np.int64)
+    out[ends - 1] = events
+    out[(ends - 2)[final]] = (TIME_SHIFT + rest * UNITS_PER_BEAT + tick - 1)[final]
+    return np.concatenate([[START], out, [END]]).astype(np.int32)
 
 
-def _roles_by_name(tracks):
-    """(bass, drums, other) of a file whose tracks with notes all bear distinct role names as
-    `decode` writes them (drums on the drum channel); None for any other file. Roles missing
-    from the file are None (drums: an empty list)."""
-    names = [t.name for t in tracks]
-    by_name = {ROLE_NAMES[r]: r for r in TRACKS}
-    if len(set(names)) != len(names) or any(
-            n not in by_name or t.is_drum != (by_name[n] == DRUMS) for n, t in zip(names, tracks)):
-        return None
-    role = {by_name[t.name]: t for t in tracks}
-    return role.get(BASS), [role[DRUMS]] if DRUMS in role else [], role.get(OTHER)
+def decode_events(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Notes (track, pitch, onset, offset) sorted by (onset, track, pitch, offset), and for each
+    its rank among the notes with the same onset, pitch and offset in note_on order (the tie
+    order `serialize` needs to give the ids back). Note_offs end the oldest sounding note of
+    their slot. TokenError for a note_off of a silent slot, a Start inside the piece, or a note
+    that would end before it began; tokens after End and PAD are ignored."""
+    sounding: dict[int, list[tuple[int, int]]] = {}
+    time, found = 0, []  # (track, pitch, onset, offset, on index)
+    for i, tok in enumerate(ids.tolist()):
+        if tok < NOTE_OFF:
+            sounding.setdefault(tok, []).append((time, i))
+        elif tok < TIME_SHIFT:
+            queue = sounding.get(tok - NOTE_OFF)
+            if not queue:
+                raise TokenError(f"token {i} (NoteOff): no note of that track and pitch is sounding")
+            onset, index = queue.pop(0)
+            if time < onset:
+                raise TokenError(f"token {i} (NoteOff): the note would end before it began")
+            found.append(((tok - NOTE_OFF) // N_PITCH + 1, tok % N_PITCH, onset, time, index))
+        elif tok < END:
+            time = shift_target(time, tok)
+        elif tok == START and i:
+            raise TokenError(f"token {i}: Start inside the piece")
+        elif tok == END:
+            break
+    for slot, queue in sounding.items():  # unfinished (no End): ends at the last time, if it has begun
+        found.extend((slot // N_PITCH + 1, slot % N_PITCH, onset, time, index) for onset, index in queue if onset < time)
+    rows = np.array(found, dtype=np.int64).reshape(-1, 5)
+    rows = rows[np.lexsort((rows[:, 4], rows[:, 1], rows[:, 3], rows[:, 2]))]  # tie groups, in note_on order
+    group = np.concatenate([[True], np.any(rows[1:, 1:4] != rows[:-1, 1:4], axis=1)]) if len(rows) else np.zeros(0, bool)
+    starts = np.maximum.accumulate(np.where(group, np.arange(len(rows)), 0))
+    ties = np.arange(len(rows)) - starts
+    order = np.lexsort((rows[:, 3], rows[:, 1], rows[:, 0], rows[:, 2]))
+    return rows[order, :4], ties[order]
 
 
-def _to_grid(ticks: np.ndarray, tpq: int) -> np.ndarray:
-    """Nearest grid unit, halves rounded up: floor(ticks * 12 / tpq + 1/2) in integers."""
-    return (2 * UNITS_PER_BEAT * ticks + tpq) // (2 * tpq)
+def token_times(ids: np.ndarray) -> np.ndarray:
+    """The time (grid units) after each token: a shift token sets the tick and moves on by whole
+    beats, relative to the beat of the time before it."""
+    ids = np.asarray(ids)
+    is_shift = _is_shift(ids)
+    units = np.where(is_shift, ids - TIME_SHIFT + 1, 0)
+    beats = np.cumsum(units // UNITS_PER_BEAT)
+    last_shift = np.maximum.accumulate(np.where(is_shift, np.arange(len(ids)), -1))
+    ticks = np.where(last_shift >= 0, units[np.maximum(last_shift, 0)] % UNITS_PER_BEAT, 0)
+    return beats * UNITS_PER_BEAT + ticks
 
 
-def _resolve_overlaps(notes: np.ndarray) -> tuple[np.ndarray, int]:
-    """One sounding note per (track, pitch): notes with the same onset merge (longest kept), and
-    a note still sounding when the next one of its pitch starts is cut there. Returns the
-    notes sorted by (track, pitch, onset) and how many were merged away."""
-    if not len(notes):
-        return notes, 0
-    order = np.lexsort((-notes[:, 3], notes[:, 2], notes[:, 1], notes[:, 0]))
-    notes = notes[order]
-    same_key = np.all(notes[1:, :3] == notes[:-1, :3], axis=1)
-    keep = np.concatenate([[True], ~same_key])  # the first of equal onsets is the longest
-    notes = notes[keep].copy()
-    same_slot = np.all(notes[1:, :2] == notes[:-1, :2], axis=1)
-    cut = same_slot & (notes[:-1, 3] > notes[1:, 2])
-    notes[:-1, 3] = np.where(cut, notes[1:, 2], notes[:-1, 3])
-    return notes, int((~keep).sum())
+def _rewrite(ids: np.ndarray, change) -> np.ndarray:
+    """`ids` (from Start) with its notes changed by `change` and written again, same length. A
+    window cut before its End keeps its trailing shifts as they are; its unfinished notes end
+    one unit after its last event, so their note_offs fall outside the window."""
+    end = _content_end(ids)
+    if end == len(ids):
+        end -= int(np.argmax(~_is_shift(ids[::-1])))
+    body = ids[:end]
+    sounding = np.zeros(N_NOTES, dtype=np.int64)
+    np.add.at(sounding, body[body < NOTE_OFF] - NOTE_ON, 1)
+    np.add.at(sounding, body[(body >= NOTE_OFF) & (body < TIME_SHIFT)] - NOTE_OFF, -1)
+    unfinished = NOTE_OFF + np.repeat(np.arange(N_NOTES), np.maximum(sounding, 0))
+    last = int(token_times(body)[-1])
+    closed = np.concatenate([body, shifts_between(last, last + 1), unfinished, [END]]).astype(np.int64)
+    notes, ties = decode_events(closed)
+    return np.concatenate([serialize(change(notes), ties)[:end], ids[end:]]).astype(ids.dtype)
+
+
+def _is_shift(ids: np.ndarray) -> np.ndarray:
+    return (ids >= TIME_SHIFT) & (ids < END)
 
 
 def _as_ids(ids, vocab_size: int) -> np.ndarray:
@@ -336,71 +624,142 @@ def _content_end(ids: np.ndarray) -> int:
     return int(ends[0]) if len(ends) else len(ids)
 
 
-class GrooveGrammar(Grammar):
-    """The canonical token order `serialize` writes, and nothing else.
+# ---- the grammar -----------------------------------------------------------------------------------
 
-    State: (phase, sounding, last, pos). phase 0: before Start, 1: in the piece, 2: ended;
-    sounding: boolean array over the 384 (track, pitch) slots; last: the previous token;
-    pos: the grid position within the bar. Within one time step the note_offs come first,
-    then the note_ons, each in increasing id order (so a note never ends where it began). A
-    shift stops at the next bar line and is at most MAX_SHIFT long; a second shift may only
-    follow a shift that went as far as it could. End follows a note_off and nothing sounds
-    (a piece holds at least one note, and trailing silence is no token the encoder writes).
+# What the previous token was, as far as the grammar cares.
+AFTER_START, AFTER_EVENT, AFTER_WIDE, AFTER_FINAL = range(4)
+# What has happened so far at the current time: nothing, note_offs of earlier notes, note_ons.
+FRESH, OFFS, ONS = range(3)
+
+
+@dataclass(frozen=True)
+class GrooveState:
+    """Where a sequence stands. `sounding`: slot -> the (onset, rank) of its sounding notes,
+    oldest first; `rank` numbers the note_ons at the current time. In mode OFFS, `key` is the
+    (onset, pitch) of the last note ended now; in mode ONS, the pitch of the last note begun now,
+    and `zero_slot` the slot whose note may still end at once (a zero-length note)."""
+
+    phase: int = 0  # 0 before Start, 1 in the piece, 2 after End
+    time: int = 0
+    last: int = AFTER_START
+    mode: int = FRESH
+    key: Any = None
+    zero_slot: int = -1
+    rank: int = 0
+    sounding: dict = field(default_factory=dict)
+    begun: bool = False  # a note has begun
+
+
+class GrooveGrammar(Grammar):
+    """The order the reference encoder writes, so the data is accepted as it is and
+    `encode(decode(ids)) == ids` for every accepted sequence.
+
+    - Start first; End directly after an event, once nothing sounds and a note was played.
+    - Shifts: `(2, 0)` repeats; after it, or after an event, one `(0, t)` or `(1, t)` may end
+      the chain, and then an event must follow. A shift never goes back: `(0, t)` needs t at
+      or after the current tick (equal: it restates the time). An event on a tick other than 0
+      needs a shift right before it (the reference restates the time before every event).
+    - At one time, the note_offs of notes begun earlier come first, ordered by (onset, pitch)
+      of the note they end (first in, first out per slot); then the note_ons by pitch, each
+      zero-length note's note_off right after its note_on. Notes of equal pitch begun at one
+      time end in the order they began, which is also the reference's order by duration.
     """
 
     vocab_size = PAD + 1
 
-    def start(self):
-        return (0, np.zeros(N_NOTES, dtype=bool), -1, 0)
+    def start(self) -> GrooveState:
+        return GrooveState()
 
-    def allowed(self, state) -> np.ndarray:
-        phase, sounding, last, pos = state
+    def allowed(self, state: GrooveState) -> np.ndarray:
         mask = np.zeros(self.vocab_size, dtype=bool)
-        if phase == 0:
-            mask[START] = True
-        if phase != 1:
+        if state.phase != 1:
+            mask[START] = state.phase == 0
             return mask
-        shift_fits = TIME_SHIFT + min(MAX_SHIFT, BAR - pos)  # one past the longest allowed shift
-        if last < NOTE_OFF:  # after a note_on: only higher note_ons at this time
-            mask[last + 1:NOTE_OFF] = ~sounding[last + 1:]
-            mask[TIME_SHIFT:shift_fits] = True
-        elif last < TIME_SHIFT:  # after a note_off: higher note_offs, any note_on
-            mask[NOTE_ON:NOTE_OFF] = ~sounding
-            mask[last + 1:TIME_SHIFT] = sounding[last + 1 - NOTE_OFF:]
-            mask[TIME_SHIFT:shift_fits] = True
-            mask[END] = not sounding.any()
-        else:  # after Start or a shift: any note_off or note_on
-            mask[NOTE_ON:NOTE_OFF] = ~sounding
-            mask[NOTE_OFF:TIME_SHIFT] = sounding
-            if last == TIME_SHIFT + MAX_SHIFT - 1 or pos == 0:  # Start, or a shift that went all the way
-                mask[TIME_SHIFT:shift_fits] = True
+        if state.last != AFTER_FINAL:  # shifts forward: (0, t >= tick) .. (2, 0)
+            mask[shift_id(0, max(1, state.time % UNITS_PER_BEAT)):END] = True
+        if state.last != AFTER_EVENT or state.time % UNITS_PER_BEAT == 0:
+            self._allow_events(state, mask)
+        mask[END] = state.last == AFTER_EVENT and state.begun and not state.sounding
         return mask
 
-    def step(self, state, token: int):
-        phase, sounding, last, pos = state
+    def _allow_events(self, state: GrooveState, mask: np.ndarray) -> None:
+        if state.mode == ONS:
+            for track in range(len(TRACKS)):
+                mask[NOTE_ON + track * N_PITCH + state.key:NOTE_ON + (track + 1) * N_PITCH] = True
+            if state.zero_slot >= 0 and self._may_end(state, state.zero_slot):
+                mask[NOTE_OFF + state.zero_slot] = True
+            return
+        mask[NOTE_ON:NOTE_OFF] = True
+        for slot in state.sounding:
+            mask[NOTE_OFF + slot] = self._may_end(state, slot)
+
+    @staticmethod
+    def _may_end(state: GrooveState, slot: int) -> bool:
+        """Whether the oldest note of `slot` may end now: not before the notes ended before it
+        at this time (by onset, pitch), nor before a note of equal onset and pitch that began
+        before it."""
+        onset, rank = state.sounding[slot][0]
+        pitch = slot % N_PITCH
+        if state.mode == OFFS and (onset, pitch) < state.key:
+            return False
+        for other in range(pitch, N_NOTES, N_PITCH):
+            if other != slot and any(o == onset and r < rank for o, r in state.sounding.get(other, ())):
+                return False
+        return True
+
+    def step(self, state: GrooveState, token: int) -> GrooveState:
         if not self.allowed(state)[token]:
             raise TokenError(f"token {token} is not allowed here")
         if token == START:
-            return (1, sounding, START, 0)
+            return GrooveState(phase=1)
         if token == END:
-            return (2, sounding, END, pos)
+            return replace(state, phase=2)
         if token >= TIME_SHIFT:
-            return (1, sounding, token, (pos + token - TIME_SHIFT + 1) % BAR)
-        sounding = sounding.copy()
-        sounding[token % N_NOTES] = token < NOTE_OFF
-        return (1, sounding, token, pos)
+            time = shift_target(state.time, token)
+            moved = dict(mode=FRESH, key=None, zero_slot=-1, rank=0) if time > state.time else {}
+            return replace(state, time=time, last=AFTER_WIDE if token == WIDE_SHIFT else AFTER_FINAL, **moved)
+        sounding = dict(state.sounding)
+        if token < NOTE_OFF:
+            sounding[token] = sounding.get(token, ()) + ((state.time, state.rank),)
+            zero = token if len(sounding[token]) == 1 else -1
+            return replace(state, last=AFTER_EVENT, mode=ONS, key=token % N_PITCH, zero_slot=zero,
+                           rank=state.rank + 1, sounding=sounding, begun=True)
+        slot = token - NOTE_OFF
+        onset = sounding[slot][0][0]
+        sounding[slot] = sounding[slot][1:]
+        if not sounding[slot]:
+            del sounding[slot]
+        if state.mode == ONS:  # a zero-length note
+            return replace(state, last=AFTER_EVENT, zero_slot=-1, sounding=sounding)
+        return replace(state, last=AFTER_EVENT, mode=OFFS, key=(onset, slot % N_PITCH), sounding=sounding)
 
-    def can_close(self, state) -> bool:
-        """In the piece, with a note sounding or just ended (not after silence, not empty)."""
-        phase, sounding, last, _ = state
-        return phase == 1 and (last < TIME_SHIFT or bool(sounding.any()))
+    def can_close(self, state: GrooveState) -> bool:
+        """Right after an event, once a note has begun: the sounding notes can end, then End."""
+        return state.phase == 1 and state.last == AFTER_EVENT and state.begun
 
-    def close(self, state) -> list[int]:
-        """The note_offs of every sounding note, End. They come one unit later when the last
-        token was a note_on or a note_off above one of them (the order within a time step)."""
+    def close(self, state: GrooveState) -> list[int]:
+        """The note_offs of every sounding note in canonical order, then End: at the current
+        time when the order allows, else one unit later."""
         if not self.can_close(state):
-            raise TokenError("the piece cannot be closed here (not started, silent, or already ended)")
-        _, sounding, last, _ = state
-        offs = [NOTE_OFF + int(s) for s in np.flatnonzero(sounding)]
-        wait = last < NOTE_OFF or (last < TIME_SHIFT and offs and offs[0] < last)
-        return ([TIME_SHIFT] if wait else []) + offs + [END]
+            raise TokenError("the piece cannot be closed here (not started, or right after a time shift)")
+        notes = self._sounding(state)
+        now = state.mode == OFFS and (not notes or notes[0][:2] >= state.key)
+        return self.release_at(state, state.time if now or not notes else state.time + 1) + [END]
+
+    @staticmethod
+    def _sounding(state: GrooveState) -> list[tuple]:
+        """(onset, pitch, rank, slot) of every sounding note, in the order their note_offs come."""
+        return sorted((onset, slot % N_PITCH, rank, slot) for slot, queue in state.sounding.items()
+                      for onset, rank in queue)
+
+    def release_at(self, state: GrooveState, time: int) -> list[int]:
+        """The tokens that end every sounding note at `time` (shifts there, then the note_offs in
+        canonical order); with nothing sounding, the shifts to `time` alone."""
+        notes = self._sounding(state)
+        if not notes:
+            return shifts_between(state.time, time) if time > state.time else []
+        tokens, cursor = [], state.time
+        for *_, slot in notes:
+            tokens += shifts_between(cursor, time) + [NOTE_OFF + slot]
+            cursor = time
+        return tokens

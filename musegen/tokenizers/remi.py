@@ -1,40 +1,69 @@
-"""REMI for pop piano, with the Pop1K7 vocabulary of the SPE paper's reference code by default.
+"""REMI for pop piano: the Pop1K7 vocabulary and event conventions of the SPE paper's data.
 
-A piece is a sequence of bars of 4 beats. Each non-empty grid position (16th note by
-default) of a bar emits `Beat_k`, then an optional `Chord_<root>_<quality>` (when the
-detected chord changes), an optional `Tempo_<bpm>` (when the binned tempo changes), then one
-`Note_Pitch`, `Note_Velocity`, `Note_Duration` triple per note. A piece ends with `Bar_None`,
-`EOS_None`. Ids are positions in the alphabetical sort of the event names; PAD comes last.
+A piece is a sequence of 4-beat bars. Each grid cell (a 16th note by default) that holds
+something emits `Beat_k`, then at most one `Chord_<root>_<quality>`, at most one `Tempo_<bpm>`,
+then one `Note_Pitch`, `Note_Velocity`, `Note_Duration` triple per note. A piece ends with
+`Bar_None`, `EOS_None`. Ids are positions in the alphabetical sort of the event names; PAD
+comes last.
 
-Meter: only pieces whose bars are 4/4, or whose time signatures group quarter notes in ones
-or twos (1/4, 2/4, 2/2, 4/8), are accepted; the latter re-bar into 4/4 without moving any note.
-POP909 writes 1/4 or 2/4 at tick 0 for music that is in 4/4, so its songs pass; triple and
-compound meters (3/4, 6/8, 12/8, ...) are refused.
+The encoder writes what the Pop1K7 pipeline (YatingMusic/compound-word-transformer: analyzer,
+midi2corpus, corpus2events) writes for a MIDI file read with miditoolkit; tests/test_golden_remi.py
+compares it with that pipeline's own output on POP909. Its conventions:
+- onsets and durations round to the grid half to even; durations are capped at one bar first;
+- velocity goes to the nearest even value (ties down), then into 40..86;
+- the first bar is the bar of the first onset (leading empty bars are dropped), the last the bar
+  of the last onset;
+- chords: one label (root, quality, bass) per beat, chorder's; a Chord is written where the
+  label changes, so the same Chord token repeats when only the bass changed. The markers of a
+  file that has chord markers are its chords (what `decode` writes);
+- tempos: miditoolkit's tempo list (120 bpm at tick 0 unless the file sets one there, a tempo
+  equal to the previous one dropped), binned, each written at its cell;
+- whatever lies before the first bar goes to its first cell, and of several Chords or Tempos
+  in one cell the first wins: a piece opens with `Bar, Beat_0, Chord, Tempo` (the chord and
+  tempo at tick 0);
+- inside a cell the notes come in the order of their unquantised onsets, then of falling pitch;
+  notes of one pitch that overlap are all kept.
+
+Meter: bars hold 4 quarter notes. Time signatures of 1, 2 or 4 quarters per bar (1/4, 2/4, 2/2,
+4/4, 4/8) are read as 4/4 from tick 0, as POP909 needs (it writes 1/4 or 2/4 over music in 4/4).
+A 4-quarter signature that starts off that grid (after a pickup, a 2/4 bar, a 1/4 bar) starts a
+new bar there: the bars before it end early (a pickup shorter than a bar sits at the end of its
+bar). Other meters (3/4, 6/8, 5/4, ...) are refused.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, NamedTuple
+from dataclasses import dataclass
+from typing import Any
 
 import miditoolkit
 import numpy as np
+import symusic
 
 from ..chords import QUALITIES, ROOT_NAMES, detect_chords
 from ..errors import ConfigError, MidiError, TokenError
-from ..midi import load_score
-from .base import MAX_BARS, Encoding, Grammar, Tokenizer
+from ..midi import read_midi
+from .base import MAX_BARS, Encoding, Tokenizer
+from .remi_grammar import RemiGrammar
 
 BEATS_PER_BAR = 4
 OUTPUT_TPQ = 480  # decoded MIDI resolution; Pop1K7's duration names are ticks at this resolution
-DEFAULT_TEMPO_BPM = 120.0  # MIDI's tempo before any tempo event
+MIDI_DEFAULT_BPM = 120.0  # miditoolkit's tempo at tick 0 when a file sets none there
 # The tempos that occur in Pop1K7: the step-3 grid from 32 to 224 bpm, kept where a value occurred.
 POP1K7_TEMPOS = (*range(32, 150, 3), 155, 158, 161, 167, 170, 176, 182, 188, 194, 200, 206, 215, 221, 224)
+REFERENCE_TEMPO_GRID = np.arange(32, 225, 3)  # the reference bins tempos to this grid first
 NO_CHORD = "N_N"
 
 
 class RemiTokenizer(Tokenizer):
     kind = "remi"
+    augmentation = {"max_shift": 6}  # transpose by -6..+6 semitones, chord roots too
+    token_types = {"Bar": "Bar_", "Beat": "Beat_", "Chord": "Chord_", "Tempo": "Tempo_", "Pitch": "Note_Pitch_",
+                   "Velocity": "Note_Velocity_", "Duration": "Note_Duration_", "EOS": "EOS_"}
+    position_type = "Beat"
+    version = 2
+    sampling_defaults = {"temperature": 1.2, "top_p": 0.9}  # the paper's pop samples
 
     def __init__(self, beat_resolution: int = 4, pitch_range: tuple[int, int] = (22, 107),
                  velocity_range: tuple[int, int, int] = (40, 86, 2), max_duration: int = 16,
@@ -45,8 +74,8 @@ class RemiTokenizer(Tokenizer):
         `chords`: write Chord tokens."""
         lo, hi = pitch_range
         vmin, vmax, vstep = velocity_range
-        # at most 160: a duration-0 note decodes to a quarter of a grid step (at least 1 tick),
-        # which must still round back to 0 steps
+        # at most 160: decoding keeps the note order inside a cell by starting notes a tick apart,
+        # which needs 3 ticks per cell at 480 ticks per beat
         if not (isinstance(beat_resolution, int) and 1 <= beat_resolution <= 160
                 and OUTPUT_TPQ % beat_resolution == 0):
             raise ConfigError(f"beat_resolution must divide {OUTPUT_TPQ} and be at most 160, got {beat_resolution!r}")
@@ -66,6 +95,8 @@ class RemiTokenizer(Tokenizer):
         self.chords = bool(chords)
         self.positions_per_bar = BEATS_PER_BAR * beat_resolution
         self.ticks_per_position = OUTPUT_TPQ // beat_resolution
+        # notes of one cell may start this many ticks after the cell and still round into it
+        self.max_note_offset = (self.ticks_per_position - 1) // 2
         self.velocities = list(range(vmin, vmax + 1, vstep))
         self._build_vocab()
         self._grammar: RemiGrammar | None = None
@@ -97,7 +128,7 @@ class RemiTokenizer(Tokenizer):
             for q, quality in enumerate(QUALITIES):
                 self.chord_ids[r, q] = ids[f"Chord_{root}_{quality}"]
         self.no_chord_id = self.chord_ids[12, 0] = ids[f"Chord_{NO_CHORD}"]
-        self.chord_of_marker = {name[len("Chord_"):]: i for name, i in ids.items() if name.startswith("Chord_")}
+        self.chord_of_name = {name[len("Chord_"):]: i for name, i in ids.items() if name.startswith("Chord_")}
 
         # Reverse tables: id -> value (or -1), used by decode, transpose and the grammar.
         size = len(self.vocab)
@@ -111,6 +142,8 @@ class RemiTokenizer(Tokenizer):
         for r in range(12):
             self.chord_root_of[self.chord_ids[r]] = r
             self.chord_quality_of[self.chord_ids[r]] = np.arange(len(QUALITIES))
+        self.is_chord = self.chord_root_of >= 0
+        self.is_chord[self.no_chord_id] = True
 
     @property
     def pad_id(self) -> int:
@@ -125,189 +158,213 @@ class RemiTokenizer(Tokenizer):
                 "velocity_range": list(self.velocity_range), "max_duration": self.max_duration,
                 "tempos": list(self.tempos), "chords": self.chords}
 
-    # ------------------------------------------------------------------ quantisation
-    def quantise(self, score) -> dict[str, np.ndarray]:
-        """The notes of a checked `symusic.Score` on the grid: position (grid steps from the start),
-        pitch (folded into range), duration bin, velocity bin, plus the raw ticks chords need."""
-        tracks = [t.notes.numpy() for t in score.tracks if not t.is_drum and len(t.notes)]
-        raw = {k: np.concatenate([t[k] for t in tracks]).astype(np.int64)
-               for k in ("time", "duration", "pitch", "velocity")}
-        tpq, res = score.tpq, self.beat_resolution
-        lo, hi = self.pitch_range
-        vmin, _, vstep = self.velocity_range
-        pitch = raw["pitch"]
-        pitch = np.where(pitch < lo, pitch + 12 * ((lo - pitch + 11) // 12), pitch)
-        pitch = np.where(pitch > hi, pitch - 12 * ((pitch - hi + 11) // 12), pitch)
-        duration = (2 * raw["duration"] * res + tpq) // (2 * tpq)
-        return {
-            # round half up, in integers: (2 t res + tpq) // (2 tpq) == floor(t res / tpq + 1/2)
-            "position": (2 * raw["time"] * res + tpq) // (2 * tpq),
-            "pitch": pitch,
-            "duration": np.minimum(duration, self.max_duration),
-            "clipped": duration > self.max_duration,
-            "velocity": np.clip((2 * (raw["velocity"] - vmin) + vstep) // (2 * vstep), 0, len(self.velocities) - 1),
-            "raw": raw,
-        }
-
-    def _tempo_changes(self, score) -> tuple[np.ndarray, np.ndarray]:
-        """(grid position, tempo bin index) at each change of the binned tempo, starting at 0."""
-        tempos = score.tempos.numpy()
-        valid = tempos["mspq"] > 0
-        times, mspq = tempos["time"][valid].astype(np.int64), tempos["mspq"][valid].astype(np.float64)
-        # MIDI's default tempo holds until the first tempo event
-        pos = np.r_[0, (2 * times * self.beat_resolution + score.tpq) // (2 * score.tpq)]
-        bins = _nearest(np.array(self.tempos, dtype=np.float64), np.r_[DEFAULT_TEMPO_BPM, 60e6 / mspq])
-        last_at_pos = np.r_[pos[1:] != pos[:-1], True]  # several events in one grid cell: the last wins
-        pos, bins = pos[last_at_pos], bins[last_at_pos]
-        change = np.r_[True, bins[1:] != bins[:-1]]
-        return pos[change], bins[change]
-
     # ------------------------------------------------------------------ encode
-    def encode(self, source: str | os.PathLike | bytes) -> Encoding:
-        name = "<bytes>" if isinstance(source, (bytes, bytearray)) else str(source)
-        score = load_score(source)
-        self._check_meter(score, name)
-        if all(t.is_drum or not len(t.notes) for t in score.tracks):
-            raise MidiError(f"{name}: only drum notes; REMI needs pitched notes")
-        notes = self.quantise(score)
-        position, pitch, duration, velocity, merged, cut = self._canonical_notes(notes)
-        last = int(position[-1])
-        if last // self.positions_per_bar >= MAX_BARS:
-            raise MidiError(f"{name}: notes reach bar {last // self.positions_per_bar}; "
-                            f"longer than {MAX_BARS} bars, not a piece of music")
-        triples = np.stack([self.pitch_ids[pitch - self.pitch_range[0]], self.velocity_ids[velocity],
-                            self.duration_ids[duration]], axis=1)
-
-        header: dict[int, list[int]] = {}  # grid position -> Chord/Tempo ids written after its Beat
-        chord_changes = self._chord_changes(score, notes["raw"], last) if self.chords else []
-        for pos, chord_id in chord_changes:
-            header.setdefault(pos, []).append(chord_id)
-        tempo_pos, tempo_bin = self._tempo_changes(score)
-        # the tempo in effect at the first event is written there; later changes where they happen
-        first = min([int(position[0])] + [p for p, _ in chord_changes[:1]])
-        current = int(np.searchsorted(tempo_pos, first, side="right")) - 1
-        tempo_events = [(first, tempo_bin[current])] + [
-            (int(p), b) for p, b in zip(tempo_pos[current + 1:], tempo_bin[current + 1:]) if p <= last]
-        for pos, b in tempo_events:
-            header.setdefault(pos, []).append(int(self.tempo_ids[b]))
-
-        starts = np.searchsorted(position, np.arange(last + 2))  # notes of position p: starts[p]:starts[p+1]
-        event_positions = sorted(set(np.unique(position).tolist()) | set(header))
-        out: list[int] = []
-        bar = -1
-        for pos in event_positions:
-            while bar < pos // self.positions_per_bar:
-                out.append(self.bar_id)
-                bar += 1
-            out.append(int(self.beat_ids[pos % self.positions_per_bar]))
-            out.extend(header.get(pos, ()))
-            out.extend(triples[starts[pos]:starts[pos + 1]].ravel().tolist())
-        out += [self.bar_id, self.eos_id]
-        report = {"notes": int(len(position)),
-                  "pitches_folded": int(np.count_nonzero(notes["pitch"] != notes["raw"]["pitch"])),
-                  "durations_clipped": int(np.count_nonzero(notes["clipped"])),
-                  "notes_merged": merged, "durations_cut": cut,
-                  "bars": bar + 1, "chord_changes": len(chord_changes), "tempo_changes": len(tempo_events)}
+    def encode(self, source: str | os.PathLike | bytes | symusic.Score) -> Encoding:
+        """Encode a MIDI file (path or bytes) or a `symusic.Score` in memory."""
+        name = "<bytes>" if isinstance(source, (bytes, bytearray)) else \
+            "<score>" if isinstance(source, symusic.Score) else str(source)
+        score, length = read_midi(source)
+        grid = BarGrid.of(score, name, self.beat_resolution, self.positions_per_bar)
+        notes = self._notes(score, grid, name)
+        first_bar, last_bar = notes.first_bar, notes.last_bar
+        size = (last_bar - first_bar + 1) * self.positions_per_bar  # cells from the first bar's start
+        origin = first_bar * self.positions_per_bar
+        chords = self._chord_events(score, notes, grid, length) if self.chords else (np.zeros(0, np.int64),) * 2
+        tempos = self._tempo_events(score, grid)
+        header = {}  # cell -> [Chord id, Tempo id] (-1: none): the first event of a cell wins
+        for k, (cells, tokens) in enumerate((chords, tempos)):
+            cells = np.maximum(cells - origin, 0)
+            cells[:1] = 0  # the first (at tick 0) opens the piece, even where a pickup moved tick 0
+            cells, first = np.unique(cells, return_index=True)
+            for cell, token in zip(cells.tolist(), tokens[first].tolist()):
+                if cell < size:
+                    header.setdefault(cell, [-1, -1])[k] = token
+        out = self._events(notes, header, origin)
+        report = {"notes": int(len(notes.cell)), "pitches_folded": notes.folded, "durations_clipped": notes.clipped,
+                  "bars": last_bar - first_bar + 1,
+                  "chord_changes": sum(c >= 0 for c, _ in header.values()),
+                  "tempo_changes": sum(t >= 0 for _, t in header.values())}
         return Encoding(np.asarray(out, dtype=np.int32), report)
 
-    def _canonical_notes(self, notes: dict[str, np.ndarray]):
-        """The quantised notes in token order (position, then pitch), made playable as MIDI: one
-        note per pitch and position (the longest, then loudest, is kept) and a note cut short where
-        the same pitch strikes again before it ends (a re-struck key). Returns position, pitch,
-        duration and velocity arrays, and the counts of merged and cut notes."""
-        position, pitch = notes["position"], notes["pitch"]
-        duration, velocity = notes["duration"].copy(), notes["velocity"]
-        order = np.lexsort((velocity, duration, position, pitch))
-        position, pitch, duration, velocity = position[order], pitch[order], duration[order], velocity[order]
-        keep = np.r_[(position[1:] != position[:-1]) | (pitch[1:] != pitch[:-1]), True]
-        merged = int(len(keep) - keep.sum())
-        position, pitch, duration, velocity = position[keep], pitch[keep], duration[keep], velocity[keep]
-        # a note of duration 0 still sounds (a 64th), so it holds its pitch for one grid step
-        gap = position[1:] - position[:-1]
-        overlaps = np.flatnonzero((pitch[1:] == pitch[:-1]) & (gap < np.maximum(duration[:-1], 1)))
-        duration[overlaps] = gap[overlaps]
-        order = np.lexsort((pitch, position))
-        return position[order], pitch[order], duration[order], velocity[order], merged, len(overlaps)
+    def _notes(self, score, grid: "BarGrid", name: str) -> "_Notes":
+        """The non-drum notes, merged in track order, quantised and put in token order."""
+        tracks = [t.notes.numpy() for t in score.tracks if not t.is_drum and len(t.notes)]
+        if not tracks:
+            raise MidiError(f"{name}: only drum notes; REMI needs pitched notes")
+        time, duration, pitch, velocity = (np.concatenate([t[k] for t in tracks]).astype(np.int64)
+                                           for k in ("time", "duration", "pitch", "velocity"))
+        order = np.lexsort((-pitch, time))  # stable: equal notes keep track order
+        time, duration, pitch, velocity = time[order], duration[order], pitch[order], velocity[order]
+        tpq, res = score.tpq, self.beat_resolution
+        cell = grid.position(_round_half_even(time * res, tpq))
+        first_bar, last_bar = int(cell[0]) // self.positions_per_bar, int(cell[-1]) // self.positions_per_bar
+        if last_bar - first_bar >= MAX_BARS:
+            raise MidiError(f"{name}: notes span {last_bar - first_bar + 1} bars; "
+                            f"longer than {MAX_BARS} bars, not a piece of music")
+        lo, hi = self.pitch_range
+        folded = np.where(pitch < lo, pitch + 12 * ((lo - pitch + 11) // 12), pitch)
+        folded = np.where(folded > hi, folded - 12 * ((folded - hi + 11) // 12), folded)
+        vmin, _, vstep = self.velocity_range
+        steps = np.minimum(duration * res, self.max_duration * tpq)  # capped before rounding
+        return _Notes(
+            time=time, end=time + duration, raw_pitch=pitch, cell=cell, first_bar=first_bar, last_bar=last_bar,
+            pitch=folded - lo, duration=_round_half_even(steps, tpq),
+            # nearest bin, ties down: floor((v - vmin) / vstep + 1/2 - epsilon)
+            velocity=np.clip((2 * (velocity - vmin) + vstep - 1) // (2 * vstep), 0, len(self.velocities) - 1),
+            folded=int(np.count_nonzero(folded != pitch)),
+            clipped=int(np.count_nonzero(duration * res > self.max_duration * tpq)))
 
-    def _chord_changes(self, score, raw: dict[str, np.ndarray], last: int) -> list[tuple[int, int]]:
-        """(grid position, Chord id) at each beat whose chord differs from the previous beat's.
+    def _events(self, notes: "_Notes", header: dict[int, list[int]], origin: int) -> list[int]:
+        triples = np.stack([self.pitch_ids[notes.pitch], self.velocity_ids[notes.velocity],
+                            self.duration_ids[notes.duration]], axis=1)
+        cell = notes.cell - origin
+        cells = np.union1d(cell, np.fromiter(header, dtype=np.int64, count=len(header)))
+        starts = np.searchsorted(cell, cells)
+        ends = np.searchsorted(cell, cells, side="right")
+        out: list[int] = []
+        bar = -1
+        for c, a, b in zip(cells.tolist(), starts.tolist(), ends.tolist()):
+            while bar < c // self.positions_per_bar:
+                out.append(self.bar_id)
+                bar += 1
+            out.append(int(self.beat_ids[c % self.positions_per_bar]))
+            out.extend(t for t in header.get(c, ()) if t >= 0)
+            out.extend(triples[a:b].ravel().tolist())
+        return out + [self.bar_id, self.eos_id]
 
-        The chords are the file's chord markers (`C_M`, `N_N`: what `decode` writes) when it has
-        any, so a decoded piece re-encodes to its own Chord tokens; otherwise they are detected."""
-        marked = self._marker_chords(score)
-        if marked is None:
-            beats = detect_chords(raw["time"], raw["time"] + raw["duration"], raw["pitch"], score.tpq)
-            complete = (beats.root >= 0) & (beats.bass >= 0)  # chorder writes only complete chords
-            marked = np.where(complete, self.chord_ids[np.maximum(beats.root, 0), np.maximum(beats.quality, 0)],
-                              self.no_chord_id)
-        previous = np.r_[self.no_chord_id, marked[:-1]]
-        changed = np.flatnonzero(marked != previous)
-        positions = changed * self.beat_resolution
-        return [(int(p), int(marked[b])) for p, b in zip(positions, changed) if p <= last]
+    def _chord_events(self, score, notes: "_Notes", grid: "BarGrid", length: int) -> tuple[np.ndarray, np.ndarray]:
+        """(cell, Chord id) of each chord marker, in time order: the file's chord markers when it
+        has any (no chord before the first one), else chorder's labels, one marker per change of
+        (root, quality, bass)."""
+        tpq = score.tpq
+        marked = [(m.time, self._chord_of_marker(m.text)) for m in score.markers]
+        marked = sorted(((t, c) for t, c in marked if c is not None), key=lambda m: m[0])
+        if marked:
+            if marked[0][0] > 0:
+                marked.insert(0, (0, self.no_chord_id))
+            ticks, ids = (np.array(a, dtype=np.int64) for a in zip(*marked))
+            beats = _round_half_even(ticks, tpq)
+        else:
+            beats, ids = self._detected_chords(notes, tpq, length)
+        return grid.position(beats * self.beat_resolution), ids
 
-    def _marker_chords(self, score) -> np.ndarray | None:
-        """One Chord id per beat from the chord markers (each holds until the next; the last
-        marker of a beat wins), or None when the file has no chord marker."""
-        marks = sorted((m.time, self.chord_of_marker[m.text]) for m in score.markers
-                       if m.text in self.chord_of_marker)
-        if not marks:
-            return None
-        beat = np.array([(2 * t + score.tpq) // (2 * score.tpq) for t, _ in marks])  # nearest beat, halves up
-        chord = np.array([c for _, c in marks])
-        last_of_beat = np.r_[beat[1:] != beat[:-1], True]
-        beat, chord = beat[last_of_beat], chord[last_of_beat]
-        if beat[0] != 0:  # before the first marker: no chord
-            beat, chord = np.r_[0, beat], np.r_[self.no_chord_id, chord]
-        return chord[np.searchsorted(beat, np.arange(beat[-1] + 1), side="right") - 1]
+    def _detected_chords(self, notes: "_Notes", tpq: int, length: int) -> tuple[np.ndarray, np.ndarray]:
+        """(beat, Chord id) where chorder's label changes, from beat 0 on; chorder labels the beats
+        that start before the file's `length` (miditoolkit's max_tick). Only the beats that can
+        reach the written bars are labelled: beat 0 (whatever comes before the first bar goes to
+        its first cell, and of those the first marker wins) and the beats from two bars before
+        the first onset to two bars after the last one."""
+        start, end, pitch = notes.time, notes.end, notes.raw_pitch
+        n_beats = -(-length // tpq)
+        skip = max(int(start[0]) // tpq - 2 * BEATS_PER_BAR, 0) // 2 * 2  # even: chorder scores beat pairs
+        stop = min(n_beats, (int(start[-1]) // tpq + 2 * BEATS_PER_BAR) // 2 * 2)
+        runs = ([(0, min(2, n_beats))] if skip > 2 else []) + [(skip if skip > 2 else 0, stop)]
+        beats, labels = [], []
+        for a, b in runs:
+            if a < b:
+                beats.append(np.arange(a, b))
+                labels.append(detect_chords(start, end, pitch, tpq, max_tick=b * tpq, first_beat=a))
+        beat = np.concatenate(beats)
+        root, quality, bass = (np.concatenate([getattr(c, k) for c in labels]).astype(np.int64)
+                               for k in ("root", "quality", "bass"))
+        complete = (root >= 0) & (quality >= 0) & (bass >= 0)
+        ids = np.where(complete, self.chord_ids[np.maximum(root, 0), np.maximum(quality, 0)], self.no_chord_id)
+        label = np.where(complete, (root * 16 + quality) * 16 + bass, -1)
+        change = np.r_[True, (label[1:] != label[:-1]) | (beat[1:] != beat[:-1] + 1)]
+        return beat[change], ids[change]
 
-    @staticmethod
-    def _check_meter(score, name: str) -> None:
-        for ts in score.time_signatures:
-            quarters = ts.numerator * 4 / ts.denominator if ts.denominator else 0
-            if quarters not in (1, 2, 4):
-                raise MidiError(f"{name}: time signature {ts.numerator}/{ts.denominator} at tick {ts.time}; "
-                                "REMI needs 4/4 (1/4 and 2/4 are re-barred into 4/4)")
+    def _chord_of_marker(self, text: str) -> int | None:
+        """The Chord id of a chord marker: `C_M`, `N_N` as `decode` writes them, or the Pop1K7
+        analyzer's `C_M_E`, `N_N_N` (root, quality, bass); None for any other text."""
+        parts = text.split("_")
+        return self.chord_of_name.get("_".join(parts[:2])) if len(parts) in (2, 3) else None
+
+    def _tempo_events(self, score, grid: "BarGrid") -> tuple[np.ndarray, np.ndarray]:
+        """(cell, Tempo id) of the tempo list miditoolkit reads: 120 bpm at tick 0 unless the file
+        sets a tempo there (the last one at tick 0 counts), then each later tempo that differs
+        from the one before it."""
+        ticks, bpms = [0], [MIDI_DEFAULT_BPM]
+        for tempo in score.tempos:
+            if tempo.mspq <= 0:
+                continue
+            bpm = 60e6 / tempo.mspq
+            if tempo.time == 0:
+                ticks, bpms = [0], [bpm]
+            elif bpm != bpms[-1]:
+                ticks.append(tempo.time)
+                bpms.append(bpm)
+        order = np.argsort(ticks, kind="stable")
+        ticks = np.asarray(ticks, dtype=np.int64)[order]
+        cells = grid.position(_round_half_even(ticks * self.beat_resolution, score.tpq))
+        return cells, self.tempo_ids[self.tempo_bins(np.asarray(bpms)[order])]
+
+    def tempo_bins(self, bpm: np.ndarray) -> np.ndarray:
+        """Index of the Tempo token for each bpm: as the reference, to the nearest step of its
+        3-bpm grid (32..224), then to the nearest tempo of the vocabulary (ties go down). A
+        vocabulary off that grid skips the first step."""
+        bpm = np.asarray(bpm, dtype=np.float64)
+        if np.isin(self.tempos, REFERENCE_TEMPO_GRID).all():
+            bpm = REFERENCE_TEMPO_GRID[_nearest(REFERENCE_TEMPO_GRID, bpm)]
+        return _nearest(np.array(self.tempos, dtype=np.float64), bpm)
 
     # ------------------------------------------------------------------ decode
-    def decode(self, ids) -> miditoolkit.MidiFile:
-        """A piano MIDI file at 480 ticks per beat, with chords as markers. Any sequence in the REMI
-        layout decodes (the canonical order the grammar asks for is not needed); a trailing
-        unfinished note (a sampler stopped mid-triple) is dropped; any other layout violation is
-        a TokenError."""
+    def decode(self, ids, meta=None) -> miditoolkit.MidiFile:
+        """A piano MIDI file at 480 ticks per beat, with chords as markers and every Tempo as a tempo
+        change, that `encode` reads back to the same ids (for every sequence the grammar accepts).
+
+        Any sequence in the REMI layout decodes (the grammar's other rules are not needed); a
+        trailing unfinished note (a sampler stopped mid-triple) is dropped; any other layout
+        violation is a TokenError. So that the file says what the tokens say:
+        - inside a cell, a note starts a tick later than the one before it where its pitch is not
+          lower, which keeps the token order (encode orders by onset, then falling pitch);
+        - notes of one pitch that overlap go to separate tracks ("Piano", "Piano 2", ...): on one
+          track MIDI cannot tell which note-off ends which note;
+        - a Tempo equal to the previous one is written 1 microsecond per quarter apart, since
+          MIDI readers drop a tempo event that repeats the one in effect."""
         ids = self._checked_ids(ids)
+        notes, tempos, chords = self._read(ids)
         midi = miditoolkit.MidiFile(ticks_per_beat=OUTPUT_TPQ)
         midi.time_signature_changes.append(miditoolkit.TimeSignature(4, 4, 0))
-        piano = miditoolkit.Instrument(program=0, is_drum=False, name="Piano")
-        midi.instruments.append(piano)
+        midi.instruments = _voices(notes)
+        mspq_before = 0
+        for tick, bpm in tempos:
+            mspq = round(60e6 / bpm)
+            mspq = mspq + 1 if mspq == mspq_before else mspq
+            midi.tempo_changes.append(miditoolkit.TempoChange(60e6 / mspq, tick))
+            mspq_before = mspq
+        midi.markers = [miditoolkit.Marker(text, tick) for tick, text in chords]
+        midi.max_tick = max([n.end for n in notes] + [0])
+        return midi
+
+    def _read(self, ids: np.ndarray):
+        """Notes (miditoolkit.Note, in token order), (tick, bpm) tempos and (tick, text) chords."""
         layout = self.grammar().layout
         state = layout.start()
-        bar, pos, pitch, velocity = -1, 0, 0, 0
+        notes, tempos, chords = [], [], []
+        bar, tick, pitch, velocity, last_pitch, offset = -1, 0, 0, 0, -1, 0
         for i, tok in enumerate(ids.tolist()):
             state = layout.step(state, tok, where=i)
-            if tok == self.bar_id:
-                bar += 1
-            elif self.beat_of[tok] >= 0:
-                pos = self.beat_of[tok]
-            tick = int(bar * self.positions_per_bar + pos) * self.ticks_per_position
-            if self.pitch_of[tok] >= 0:
-                pitch = self.pitch_of[tok]
+            if tok == self.bar_id or self.beat_of[tok] >= 0:
+                bar += tok == self.bar_id
+                position = self.beat_of[tok] if tok != self.bar_id else 0
+                tick = (bar * self.positions_per_bar + position) * self.ticks_per_position
+                last_pitch, offset = -1, 0
+            elif self.pitch_of[tok] >= 0:
+                pitch = int(self.pitch_of[tok])
             elif self.velocity_of[tok] >= 0:
                 velocity = self.velocities[self.velocity_of[tok]]
             elif self.duration_of[tok] >= 0:
+                if last_pitch >= 0 and pitch >= last_pitch:
+                    offset = min(offset + 1, self.max_note_offset)
+                last_pitch = pitch
                 # a zero-length note would not sound: bin 0 plays for a quarter of a grid step
-                length = self.duration_of[tok] * self.ticks_per_position or self.ticks_per_position // 4 or 1
-                piano.notes.append(miditoolkit.Note(velocity, int(pitch), tick, tick + length))
+                length = self.duration_of[tok] * self.ticks_per_position or max(self.ticks_per_position // 4, 1)
+                notes.append(miditoolkit.Note(velocity, pitch, tick + offset, tick + offset + int(length)))
             elif self.tempo_of[tok] >= 0:
-                midi.tempo_changes.append(miditoolkit.TempoChange(self.tempos[self.tempo_of[tok]], tick))
-            elif self.chord_root_of[tok] >= 0 or tok == self.no_chord_id:
-                midi.markers.append(miditoolkit.Marker(self.vocab[tok][len("Chord_"):], tick))
-        if not midi.tempo_changes:
-            midi.tempo_changes.append(miditoolkit.TempoChange(DEFAULT_TEMPO_BPM, 0))
-        if self.chords and not any(m.time == 0 for m in midi.markers):
-            # markers tell `encode` that the chords are given: without one it would detect chords
-            midi.markers.insert(0, miditoolkit.Marker(NO_CHORD, 0))
-        midi.max_tick = max([n.end for n in piano.notes] + [0])
-        return midi
+                tempos.append((tick, self.tempos[self.tempo_of[tok]]))
+            elif self.is_chord[tok]:
+                chords.append((tick, self.vocab[tok][len("Chord_"):]))
+        return notes, tempos, chords
 
     def _checked_ids(self, ids) -> np.ndarray:
         ids = np.asarray(ids).astype(np.int64, copy=False).ravel()
@@ -320,7 +377,7 @@ class RemiTokenizer(Tokenizer):
         return ids[:n]
 
     # ------------------------------------------------------------------ the rest of the API
-    def grammar(self) -> "RemiGrammar":
+    def grammar(self) -> RemiGrammar:
         if self._grammar is None:
             self._grammar = RemiGrammar(self)
         return self._grammar
@@ -345,208 +402,81 @@ class RemiTokenizer(Tokenizer):
         return np.flatnonzero(np.asarray(ids) == self.bar_id).tolist()
 
 
-# Layout state classes. A layout state is one int: class * (positions_per_bar + 1) + (beat + 1).
-START, BAR, BEAT, CHORD, TEMPO, PITCH, VELOCITY, NOTE, END = range(9)
-_CLASS_NAMES = ("start", "Bar", "Beat", "Chord", "Tempo", "Note_Pitch", "Note_Velocity", "Note_Duration", "EOS")
+@dataclass
+class _Notes:
+    """The notes of a piece in token order: ticks and pitch as read, and their tokens' values."""
+
+    time: np.ndarray
+    end: np.ndarray
+    raw_pitch: np.ndarray
+    cell: np.ndarray  # grid position from the start of the file's first bar
+    first_bar: int
+    last_bar: int
+    pitch: np.ndarray  # index into the pitch range, after folding
+    duration: np.ndarray  # grid steps
+    velocity: np.ndarray  # velocity bin index
+    folded: int
+    clipped: int
 
 
-class RemiLayout:
-    """The order of REMI tokens, which `decode` needs: Bar first, then Beats that only move forward
-    within the bar; after a Beat an optional Chord, an optional Tempo, then complete (Pitch,
-    Velocity, Duration) notes; EOS only after a Bar. Every (state, token) -> next state is one
-    precomputed table, so `step` is an array lookup."""
+@dataclass
+class BarGrid:
+    """Where bars start: grid steps (from tick 0) map to positions of a grid in which every bar
+    has `bar` cells. A time signature change that moves the bar lines starts a segment: its
+    first step opens a new bar, and the bar before it stays short (padded with silence). A first
+    segment shorter than a bar is a pickup: it ends at the first bar line instead."""
 
-    def __init__(self, tok: RemiTokenizer):
-        self._tok = tok
-        self.width = width = tok.positions_per_bar + 1
-        kind = np.full(tok.vocab_size, -1)  # token -> the class of state it leads to
-        kind[tok.bar_id], kind[tok.eos_id] = BAR, END
-        kind[tok.beat_of >= 0] = BEAT
-        kind[(tok.chord_root_of >= 0)] = CHORD
-        kind[tok.no_chord_id] = CHORD
-        kind[tok.tempo_of >= 0] = TEMPO
-        kind[tok.pitch_of >= 0] = PITCH
-        kind[tok.velocity_of >= 0] = VELOCITY
-        kind[tok.duration_of >= 0] = NOTE
-        follows = {  # state class -> token classes allowed next (Beat handled with its position)
-            START: {BAR}, BAR: {BAR, BEAT, END}, BEAT: {CHORD, TEMPO, PITCH},
-            CHORD: {TEMPO, PITCH, BEAT, BAR}, TEMPO: {PITCH, BEAT, BAR}, PITCH: {VELOCITY},
-            VELOCITY: {NOTE}, NOTE: {PITCH, BEAT, BAR}, END: set(),
-        }
-        table = np.full((9 * width, tok.vocab_size), -1, dtype=np.int32)
-        for cls, allowed in follows.items():
-            for beat in range(-1, tok.positions_per_bar):
-                state = cls * width + beat + 1
-                for nxt in allowed:
-                    tokens = np.flatnonzero(kind == nxt)
-                    if nxt == BEAT:  # a new Beat must lie after the current one in this bar
-                        tokens = tokens[tok.beat_of[tokens] > (beat if cls != BAR else -1)]
-                        table[state, tokens] = BEAT * width + tok.beat_of[tokens] + 1
-                    elif nxt in (BAR, END):
-                        table[state, tokens] = nxt * width
-                    else:
-                        table[state, tokens] = nxt * width + beat + 1
-        self.next = table
-        self.masks = table >= 0
-        self.masks.setflags(write=False)
+    starts: np.ndarray  # first grid step of each segment
+    origins: np.ndarray  # position of each segment's first step
 
-    def start(self) -> int:
-        return START * self.width
+    @classmethod
+    def of(cls, score, name: str, resolution: int, bar: int) -> "BarGrid":
+        tpq = score.tpq
+        signatures = {}  # tick -> the last time signature at that tick
+        for ts in sorted(score.time_signatures, key=lambda ts: ts.time):
+            signatures[ts.time] = ts
+        restarts = [0]
+        for tick, ts in signatures.items():
+            quarters = ts.numerator * 4 / ts.denominator if ts.denominator else 0
+            if quarters not in (1, 2, 4):
+                raise MidiError(f"{name}: time signature {ts.numerator}/{ts.denominator} at tick {tick}; "
+                                "REMI needs 4/4 (1/4 and 2/4 are re-barred into 4/4)")
+            if quarters == 4 and (tick - restarts[-1]) % (BEATS_PER_BAR * tpq):
+                if tick % tpq:
+                    raise MidiError(f"{name}: time signature {ts.numerator}/{ts.denominator} at tick {tick} "
+                                    "starts a bar off the beat; REMI bars start on beats")
+                restarts.append(tick)
+        starts = np.array(restarts, dtype=np.int64) // tpq * resolution
+        origins = np.zeros(len(starts), dtype=np.int64)
+        if len(starts) > 1 and starts[1] < bar:  # a pickup
+            origins[0] = bar - starts[1]
+        for k in range(1, len(starts)):
+            origins[k] = -(-(origins[k - 1] + starts[k] - starts[k - 1]) // bar) * bar
+        return cls(starts, origins)
 
-    def step(self, state: int, token: int, where: int | None = None) -> int:
-        nxt = int(self.next[state, token]) if 0 <= token < len(self._tok.vocab) else -1
-        if nxt < 0:
-            raise TokenError(f"{_at(where)}{self._tok.name(token)} may not follow {_CLASS_NAMES[state // self.width]}")
-        return nxt
+    def position(self, steps: np.ndarray) -> np.ndarray:
+        segment = np.maximum(np.searchsorted(self.starts, steps, side="right") - 1, 0)
+        return self.origins[segment] + np.asarray(steps) - self.starts[segment]
 
 
-class RemiState(NamedTuple):
-    """Where a piece stands, for the canonical grammar. Never mutated (samples share states)."""
-
-    layout: int  # RemiLayout state
-    bar: int  # index of the current bar, -1 before the first Bar
-    here: int  # grid position of the current Beat from the start of the piece
-    floor: int  # pitch index of the last note at this position, -1 when none
-    pitch: int  # pitch index of the note being written (after its Pitch token)
-    free_at: np.ndarray  # per pitch index: first grid position where that pitch may start again
-    chord: int  # the Chord id in effect
-    tempo: int  # the tempo bin in effect, -1 before the first Tempo
-    after_note: bool  # the state is a Bar that directly follows a note: EOS may come
-    lone_tempo: bool  # the piece's first Tempo, right after its Beat: a note must follow at this Beat
-
-
-class RemiGrammar(Grammar):
-    """Exactly the sequences `encode` writes, so that encode(decode(ids)) == ids for each of them.
-
-    On top of the layout (`RemiLayout`):
-    - notes at one position go strictly up in pitch, and a pitch may not start while an earlier
-      note of that pitch still sounds (a duration-0 note holds it for one grid step);
-    - the first event (a note, or a Chord) states its Tempo; a Tempo or Chord token never repeats the one in effect
-      (the piece starts with no chord), and Chords sit on beats (when the tokenizer writes chords);
-    - a Beat holding only Chord/Tempo needs a note at or after it before the piece ends;
-    - the piece ends Bar, EOS right after a note (no trailing empty bar), within MAX_BARS bars.
-    `allowed` is a copy of one table row and a few numpy masks: cheap enough per sampled token.
-    """
-
-    def __init__(self, tok: RemiTokenizer):
-        self.vocab_size = tok.vocab_size
-        self._tok = tok
-        self.layout = RemiLayout(tok)
-        self._header = (tok.tempo_of >= 0) | (tok.chord_root_of >= 0)
-        self._header[tok.no_chord_id] = True
-        self._is_chord = self._header & (tok.tempo_of < 0)
-        self._is_pitch = tok.pitch_of >= 0
-        only_eos = np.zeros(tok.vocab_size, dtype=bool)
-        only_eos[tok.eos_id] = True
-        self._only_eos = only_eos
-
-    def start(self) -> RemiState:
-        free_at = np.zeros(len(self._tok.pitch_ids), dtype=np.int64)
-        free_at.setflags(write=False)
-        return RemiState(self.layout.start(), -1, -1, -1, -1, free_at, self._tok.no_chord_id, -1, False, False)
-
-    def allowed(self, state: RemiState) -> np.ndarray:
-        tok = self._tok
-        cls, here = state.layout // self.layout.width, state.here
-        if state.bar >= MAX_BARS:
-            return self._only_eos & self.layout.masks[state.layout]
-        mask = self.layout.masks[state.layout].copy()
-        if cls in (BEAT, CHORD, TEMPO, NOTE):
-            pitches = state.free_at <= here
-            pitches[:state.floor + 1] = False
-            mask[tok.pitch_ids] &= pitches
-            if state.tempo < 0:  # the first event states its tempo before anything else
-                mask &= self._header
-            elif state.lone_tempo:
-                mask &= self._is_pitch
-            else:
-                mask[tok.tempo_ids[state.tempo]] = False
-            if cls == BEAT:
-                if tok.chords and (here % tok.beat_resolution) == 0:
-                    mask[state.chord] = False
-                else:
-                    mask &= ~self._is_chord
-        if state.bar + 1 >= MAX_BARS and cls != NOTE:  # only the closing Bar may be bar MAX_BARS
-            mask[tok.bar_id] = False
-        mask[tok.eos_id] &= state.after_note
-        return mask
-
-    def step(self, state: RemiState, token: int, where: int | None = None) -> RemiState:
-        tok = self._tok
-        layout = self.layout.step(state.layout, token, where)
-        broken = self._broken_rule(state, token)
-        if broken:
-            raise TokenError(f"{_at(where)}{tok.name(token)} {broken}")
-        bar, here, floor, pitch, free_at, chord, tempo = state[1:-2]
-        cls = layout // self.layout.width
-        if cls == BAR:
-            bar, floor = bar + 1, -1
-        elif cls == BEAT:
-            here, floor = bar * tok.positions_per_bar + int(tok.beat_of[token]), -1
-        elif cls == CHORD:
-            chord = token
-        elif cls == TEMPO:
-            tempo = int(tok.tempo_of[token])
-        elif cls == PITCH:
-            pitch = int(tok.pitch_of[token]) - tok.pitch_range[0]
-        elif cls == NOTE:
-            free_at = free_at.copy()
-            free_at[pitch] = here + max(int(tok.duration_of[token]), 1)
-            free_at.setflags(write=False)
-            floor = pitch
-        before = state.layout // self.layout.width
-        return RemiState(layout, bar, here, floor, pitch, free_at, chord, tempo,
-                         token == tok.bar_id and before == NOTE, cls == TEMPO and before == BEAT and state.tempo < 0)
-
-    def _broken_rule(self, state: RemiState, token: int) -> str | None:
-        """The canonical rule a token the layout allows would break, or None: `allowed` one token
-        at a time, with the reason for the error message."""
-        tok = self._tok
-        cls, here = state.layout // self.layout.width, state.here
-        if token == tok.eos_id:
-            return None if state.after_note else \
-                "may only follow a Bar that directly follows a note (the encoder writes no trailing empty bar)"
-        if state.bar >= MAX_BARS or (token == tok.bar_id and state.bar + 1 >= MAX_BARS and cls != NOTE):
-            return f"would go past bar {MAX_BARS}: only the closing Bar and EOS may follow"
-        if cls not in (BEAT, CHORD, TEMPO, NOTE):
-            return None
-        if state.tempo < 0 and not self._header[token]:
-            return "comes before the first event's Tempo"
-        if state.lone_tempo and not self._is_pitch[token]:
-            return "leaves the first Tempo without a Chord or a note at its Beat (the first event has one)"
-        if tok.tempo_of[token] >= 0:
-            return "repeats the tempo in effect" if tok.tempo_of[token] == state.tempo else None
-        if self._is_chord[token]:
-            if not tok.chords:
-                return "is a Chord, and this tokenizer writes none"
-            if here % tok.beat_resolution:
-                return "is off the beat (Chords sit on beats)"
-            return "repeats the chord in effect" if token == state.chord else None
-        pitch = tok.pitch_of[token] - tok.pitch_range[0]
-        if pitch < 0:
-            return None
-        if state.free_at[pitch] > here:
-            return "starts while the previous note of that pitch still sounds"
-        if pitch <= state.floor:
-            return "is not above the previous pitch at this position (notes go up in pitch)"
-        return None
-
-    def can_close(self, state: RemiState) -> bool:
-        cls = state.layout // self.layout.width
-        return cls in (NOTE, END) or (cls == BAR and state.after_note)
-
-    def close(self, state: RemiState) -> list[int]:
-        cls = state.layout // self.layout.width
-        if not self.can_close(state):
-            raise TokenError(f"cannot end the piece after {_CLASS_NAMES[cls]}"
-                             + (" without a note since the last Bar" if cls == BAR else ""))
-        if cls == END:
-            return []
-        return [self._tok.eos_id] if cls == BAR else [self._tok.bar_id, self._tok.eos_id]
+def _voices(notes: list[miditoolkit.Note]) -> list[miditoolkit.Instrument]:
+    """Piano tracks holding `notes`, each note on the first track where its pitch is silent."""
+    tracks: list[miditoolkit.Instrument] = []
+    sounding: list[np.ndarray] = []  # per track: the tick up to which each pitch sounds
+    for note in notes:
+        k = next((k for k, until in enumerate(sounding) if until[note.pitch] < note.start), len(tracks))
+        if k == len(tracks):
+            tracks.append(miditoolkit.Instrument(program=0, name="Piano" if k == 0 else f"Piano {k + 1}"))
+            sounding.append(np.full(128, -1, dtype=np.int64))
+        tracks[k].notes.append(note)
+        sounding[k][note.pitch] = max(sounding[k][note.pitch], note.end)
+    return tracks or [miditoolkit.Instrument(program=0, name="Piano")]
 
 
-def _at(where: int | None) -> str:
-    return f"token {where} " if where is not None else ""
+def _round_half_even(num, den: int) -> np.ndarray:
+    """num / den rounded half to even (numpy.round's rule), exactly, in integers."""
+    q, r = np.divmod(np.asarray(num, dtype=np.int64), den)
+    return q + ((2 * r > den) | ((2 * r == den) & (q % 2 == 1)))
 
 
 def _inverse(ids: np.ndarray, size: int, offset: int = 0) -> np.ndarray:

@@ -1,0 +1,82 @@
+"""Synchronising a score to annotated beats, so that its bars are the music's bars.
+
+The Pop1K7 pipeline re-timed every transcription to tracked beats before tokenising: 480 ticks
+between consecutive beats, the tempo from the beat intervals, the first downbeat at bar 1. A
+MIDI file's own grid can be offset from the music's (POP909's is, which is why it ships beat
+annotations), and then every REMI bar line and 16th falls in the wrong place.
+
+`synchronise` does what that pipeline did, bar by bar: each annotated bar (downbeat to next
+downbeat) of k beats becomes max(1, round(k / 4)) bars of 4/4 with its k beats spread evenly,
+so every annotated downbeat is a bar line; a regular bar gets 480 ticks per beat, an irregular
+one (2, 3, 5, 6 beats) is stretched or squeezed. Beats before the first downbeat (a pickup) and
+after the last one get 480 ticks each, and time outside the annotated beats follows the nearest
+beat interval. The tempo changes at every beat to the rate that beat needs, so every note keeps
+its time in seconds, up to one constant: the re-timed score starts at the bar line at or before
+the first note or beat, at the first beat interval's tempo, so its tick 0 is not at 0 s.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import symusic
+
+from .errors import DataError
+
+TPQ = 480
+BEATS_PER_BAR = 4
+
+
+def beat_ticks(downbeat: np.ndarray, tpq: int = TPQ) -> np.ndarray:
+    """The tick of every annotated beat (first downbeat at tick 0, a pickup before it negative)."""
+    downbeats = np.flatnonzero(downbeat)
+    n, bar = len(downbeat), BEATS_PER_BAR * tpq
+    if len(downbeats) == 0:
+        raise DataError("the beat annotations mark no downbeat")
+    ticks = np.zeros(n, dtype=np.float64)
+    first, last = downbeats[0], downbeats[-1]
+    ticks[:first] = (np.arange(first) - first) * tpq
+    at = 0
+    for a, b in zip(downbeats[:-1], downbeats[1:]):
+        bars = max(1, round((b - a) / BEATS_PER_BAR))
+        ticks[a:b] = at + np.arange(b - a) * (bars * bar / (b - a))
+        at += bars * bar
+    ticks[last:] = at + np.arange(n - last) * tpq
+    return np.round(ticks).astype(np.int64)
+
+
+def synchronise(score: symusic.Score, seconds: np.ndarray, downbeat: np.ndarray, tpq: int = TPQ) -> symusic.Score:
+    """`score` re-timed so that the beats at `seconds` (with `downbeat` flags) lie on its grid at
+    `tpq` ticks per beat, in 4/4 from tick 0; see the module's docstring. Drum and pitched tracks
+    are kept as they are, notes included; markers, lyrics and pedals are left out."""
+    seconds = np.asarray(seconds, dtype=np.float64)
+    downbeat = np.asarray(downbeat, dtype=bool)
+    if len(seconds) < 2 or len(seconds) != len(downbeat) or not (np.diff(seconds) > 0).all():
+        raise DataError("beat annotations need at least two beats, in increasing time")
+    beats = beat_ticks(downbeat, tpq)
+    timed = score.to("second")
+
+    def ticks_at(t: np.ndarray) -> np.ndarray:
+        """Piecewise linear through the beats, extended by the first and last interval."""
+        k = np.clip(np.searchsorted(seconds, t, side="right") - 1, 0, len(seconds) - 2)
+        return beats[k] + (t - seconds[k]) * (beats[k + 1] - beats[k]) / (seconds[k + 1] - seconds[k])
+
+    starts = [ticks_at(t.notes.numpy()["time"].astype(np.float64)) for t in timed.tracks]
+    earliest = min([beats[0]] + [s.min() for s in starts if len(s)])
+    bar = BEATS_PER_BAR * tpq
+    shift = bar * max(0, -int(np.floor(earliest / bar)))  # whole bars: nothing before tick 0
+    out = symusic.Score(tpq)
+    out.time_signatures.append(symusic.TimeSignature(0, 4, 4))
+    mspq = np.round(1e6 * np.diff(seconds) * tpq / np.diff(beats)).astype(np.int64)
+    at = np.r_[0, beats[1:-1] + shift]  # tick 0 takes the first interval's tempo
+    keep = np.r_[True, mspq[1:] != mspq[:-1]]
+    for tick, value in zip(at[keep].tolist(), mspq[keep].tolist()):
+        out.tempos.append(symusic.Tempo(tick, mspq=value))
+    for track, start in zip(timed.tracks, starts):
+        notes = track.notes.numpy()
+        begin = np.round(start + shift).astype(np.int64)
+        end = np.round(ticks_at(notes["time"] + notes["duration"].astype(np.float64)) + shift).astype(np.int64)
+        copy = symusic.Track(track.name, track.program, track.is_drum)
+        copy.notes = symusic.Note.from_numpy(begin.astype(np.int32), np.maximum(end - begin, 0).astype(np.int32),
+                                             notes["pitch"], notes["velocity"])
+        out.tracks.append(copy)
+    return out

@@ -1,0 +1,104 @@
+"""The note lists of the MIREX 2025 piano continuation task, to and from MIDI.
+
+The task gives a prompt as JSON, `{"prompt": [{"start": 16, "pitch": 72, "duration": 6}, ...]}`,
+times and durations in sixteenth notes of 4/4 bars (5 bars, the first a pickup: starts 0..79),
+and takes a continuation in the same form under `"generation"` (12 bars: starts 80..271),
+counted from the same origin. The notes carry no velocity and no tempo, so a prompt becomes a
+one-track piano MIDI file at a fixed TEMPO_BPM and VELOCITY (480 ticks per beat, 120 per 16th).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+from typing import Any, Iterable, NamedTuple
+
+import miditoolkit
+
+from .errors import MidiError
+from .io import read_json, write_json
+from .tokenizers.base import MAX_BARS
+
+SIXTEENTHS_PER_BAR = 16
+TICKS_PER_BEAT = 480
+TICKS_PER_SIXTEENTH = TICKS_PER_BEAT // 4
+TEMPO_BPM = 120.0  # the task states no tempo; 120 bpm is MIDI's own default
+VELOCITY = 80  # the task states no dynamics; mezzo-forte, inside REMI's velocity bins (40..86)
+MAX_TIME = MAX_BARS * SIXTEENTHS_PER_BAR  # latest note end, in 16ths: as long as a piece may be
+MAX_FILE_BYTES = 16 * 2**20  # a prompt of 10,000 bars of dense piano is a few MB
+
+
+class Note(NamedTuple):
+    start: int  # 16ths from the origin
+    pitch: int
+    duration: int  # 16ths, at least 1
+
+
+def read_prompt(path: str | os.PathLike) -> list[Note]:
+    """The notes of a task prompt file, checked (MidiError with one line otherwise)."""
+    path = Path(path)
+    if path.stat().st_size > MAX_FILE_BYTES:
+        raise MidiError(f"{path}: {path.stat().st_size:,} bytes, more than a prompt can be ({MAX_FILE_BYTES:,})")
+    try:
+        data = read_json(path)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise MidiError(f"{path}: not valid JSON ({str(exc).splitlines()[0] if str(exc) else 'nesting'})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("prompt"), list):
+        raise MidiError(f'{path}: not a MIREX prompt (no "prompt" list of notes)')
+    notes = [_note(item, f"{path}: prompt note {i}") for i, item in enumerate(data["prompt"])]
+    if not notes:
+        raise MidiError(f"{path}: the prompt holds no notes")
+    return sorted(notes)
+
+
+def _note(item: Any, where: str) -> Note:
+    values = {k: item.get(k) for k in Note._fields} if isinstance(item, dict) else {}
+    if not values or any(type(v) is not int for v in values.values()):  # bool is no number here
+        raise MidiError(f"{where}: needs integer start, pitch and duration, got {item!r:.80}")
+    note = Note(**values)
+    if not (0 <= note.pitch <= 127 and note.start >= 0 and note.duration >= 1):
+        raise MidiError(f"{where}: pitch must lie in 0..127, start be >= 0 and duration >= 1, got {item!r:.80}")
+    if note.start + note.duration > MAX_TIME:
+        raise MidiError(f"{where}: ends after 16th {MAX_TIME:,} ({MAX_BARS:,} bars, the longest piece)")
+    return note
+
+
+def prompt_midi(notes: Iterable[Note]) -> bytes:
+    """A MIDI file of the notes: 4/4, TEMPO_BPM, every note at VELOCITY on one piano track."""
+    midi = miditoolkit.MidiFile(ticks_per_beat=TICKS_PER_BEAT)
+    midi.time_signature_changes.append(miditoolkit.TimeSignature(4, 4, 0))
+    midi.tempo_changes.append(miditoolkit.TempoChange(TEMPO_BPM, 0))
+    piano = miditoolkit.Instrument(program=0, is_drum=False, name="Piano")
+    piano.notes = [miditoolkit.Note(VELOCITY, n.pitch, n.start * TICKS_PER_SIXTEENTH,
+                                    (n.start + n.duration) * TICKS_PER_SIXTEENTH) for n in notes]
+    midi.instruments.append(piano)
+    buffer = io.BytesIO()
+    midi.dump(file=buffer)
+    return buffer.getvalue()
+
+
+def sixteenths(ticks: int, ticks_per_beat: int) -> int:
+    """The nearest 16th note of a tick time (halves up)."""
+    return int((8 * int(ticks) + ticks_per_beat) // (2 * ticks_per_beat))
+
+
+def origin_offset(notes: list[Note], decoded: miditoolkit.MidiFile) -> int:
+    """What to add to a 16th-note time of the decoded prompt to get the JSON's time: the tokens
+    may not keep the origin (an encoder that drops leading empty bars, such as a blank pickup)."""
+    onsets = [n.start for inst in decoded.instruments for n in inst.notes]
+    return notes[0].start - sixteenths(min(onsets), decoded.ticks_per_beat) if onsets else 0
+
+
+def generation(notes: Iterable[miditoolkit.Note], ticks_per_beat: int, offset: int) -> list[dict[str, int]]:
+    """Decoded notes as task notes: 16ths from the prompt's origin, each at least a 16th long."""
+    out = []
+    for n in notes:
+        start = sixteenths(n.start, ticks_per_beat)
+        length = max(1, sixteenths(n.end, ticks_per_beat) - start)
+        out.append({"start": start + offset, "pitch": int(n.pitch), "duration": length})
+    return sorted(out, key=lambda n: (n["start"], n["pitch"], n["duration"]))
+
+
+def write_generation(path: str | os.PathLike, notes: list[dict[str, int]]) -> None:
+    write_json(path, {"generation": notes})

@@ -1,0 +1,257 @@
+"""`musegen evaluate continuation`: every metric on MIDI built here with values worked out by hand,
+against muspy where it defines the same quantity, and the whole protocol with tiny models on
+POP909 shards and on a groove corpus built here."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import miditoolkit
+import muspy
+import numpy as np
+import pytest
+import torch
+
+from data_prep.common import Item, prepare
+from musegen.checkpoint import save_checkpoint
+from musegen.cli import main
+from musegen.errors import ConfigError, DataError
+from musegen.io import read_json
+from musegen.metrics.continuation import (ContinuationSettings, NoteTable, ResultLog, evaluate_continuation,
+                                          measure, pitch_classes, reference_profiles, role_metrics, sounding,
+                                          span_metrics, style_metrics, usable_pieces)
+from musegen.model import MusicPerformer, preset
+from musegen.shards import Shards
+from musegen.tokenizers.groove import GrooveTokenizer
+
+from train_fixtures import prepare_pop909
+
+TPB = 480
+
+
+def midi_of(tracks: dict[tuple[int, bool], list[tuple[float, float, int]]]) -> miditoolkit.MidiFile:
+    """A MIDI file from {(program, is_drum): [(start beat, duration in beats, pitch)]}."""
+    midi = miditoolkit.MidiFile(ticks_per_beat=TPB)
+    for (program, is_drum), notes in tracks.items():
+        inst = miditoolkit.Instrument(program=program, is_drum=is_drum)
+        inst.notes = [miditoolkit.Note(100, p, int(s * TPB), int((s + d) * TPB)) for s, d, p in notes]
+        midi.instruments.append(inst)
+    return midi
+
+
+# Bar 0 (the prompt): C4 E4 G4 quarter notes. Bars 1-2 (the span): C3 held for bar 1 with E4 then
+# G4 above it, then one D4 eighth at the start of bar 2 and silence.
+PIANO = [(0, 1, 60), (1, 1, 64), (2, 1, 67),
+         (4, 4, 48), (4, 1, 64), (5, 1, 67), (8, 0.5, 62)]
+
+
+def test_every_span_metric_on_a_piece_worked_out_by_hand():
+    notes = NoteTable.from_midi(midi_of({(0, False): PIANO}))
+    prompt = pitch_classes(notes.onsets_in(0, 1))
+    m = span_metrics(notes, first_bar=1, bars=2, prompt_classes=prompt)
+    assert m["notes per bar"] == 4 / 2
+    assert m["mean duration"] == pytest.approx((4 + 1 + 1 + 0.5) / 4)
+    # 16th steps: 0-7 two pitches, 8-15 one (the C3), 16-17 one (the D4), 18-31 none
+    assert m["polyphony"] == pytest.approx((8 * 2 + 8 + 2) / 18)
+    assert m["polyphony rate"] == pytest.approx(8 / 18)
+    assert m["polyphony rate (muspy)"] == 0.0  # never more than two pitches
+    assert m["silent beats"] == pytest.approx(3 / 8)  # beats 9, 10, 11 of 4..11
+    assert m["mean pitch"] == pytest.approx((48 + 64 + 67 + 62) / 4)
+    assert m["bars with a low note"] == 0.5  # the C3 starts in bar 1, nothing low in bar 2
+    assert m["pitch-class entropy"] == pytest.approx(2.0)  # C, D, E, G once each: log2(4) bits
+    assert m["pitch-class cosine"] == pytest.approx(3 / (2 * math.sqrt(3)))  # CDEG against CEG
+    assert m["scale consistency"] == 1.0  # all in C major
+    assert m["groove consistency"] == pytest.approx(1 - 1 / 16)  # onsets {0, 4} then {0}
+
+
+def test_polyphony_and_groove_consistency_agree_with_muspy():
+    span = [(s - 4, d, p) for s, d, p in PIANO if s >= 4]  # the span alone, starting at 0
+    notes = NoteTable.from_midi(midi_of({(0, False): span}))
+    music = muspy.Music(resolution=4, tracks=[muspy.Track(notes=[
+        muspy.Note(int(s * 4), p, int(d * 4)) for s, d, p in span])])
+    m = span_metrics(notes, first_bar=0, bars=2, prompt_classes=np.ones(12))
+    assert m["polyphony"] == pytest.approx(muspy.polyphony(music))
+    assert m["groove consistency"] == pytest.approx(muspy.groove_consistency(music, 16))
+    assert m["pitch-class entropy"] == pytest.approx(muspy.pitch_class_entropy(music))
+    assert m["scale consistency"] == pytest.approx(muspy.scale_consistency(music))
+    # muspy's rate runs over its piano roll, to the last note's end: a chord of three filling the bar
+    chord = [(0, 4, 60), (0, 4, 64), (1, 2, 67), (1, 1, 71)]
+    notes = NoteTable.from_midi(midi_of({(0, False): chord}))
+    music = muspy.Music(resolution=4, tracks=[muspy.Track(notes=[
+        muspy.Note(int(s * 4), p, int(d * 4)) for s, d, p in chord])])
+    m = span_metrics(notes, first_bar=0, bars=1, prompt_classes=np.ones(12))
+    assert m["polyphony rate (muspy)"] == pytest.approx(muspy.polyphony_rate(music)) == pytest.approx(8 / 16)
+    assert m["polyphony rate"] == 1.0 and m["polyphony"] == pytest.approx(muspy.polyphony(music))
+    assert m["pitch-class entropy"] == pytest.approx(muspy.pitch_class_entropy(music))
+    assert m["scale consistency"] == pytest.approx(muspy.scale_consistency(music))
+
+
+def test_a_note_sounds_where_it_overlaps_the_grid():
+    # held from the prompt into the span; ending exactly on a step edge; shorter than a step
+    notes = NoteTable.from_midi(midi_of({(0, False): [(3, 1.5, 60), (4.25, 0.25, 62), (5.1, 0.05, 64)]}))
+    roll = sounding(notes, first_bar=1, bars=1)
+    assert np.flatnonzero(roll[:, 60]).tolist() == [0, 1]  # beats 4 to 4.5: steps 0 and 1
+    assert np.flatnonzero(roll[:, 62]).tolist() == [1]  # 4.25 to 4.5: step 1 only, not step 2
+    assert np.flatnonzero(roll[:, 64]).tolist() == [4]  # inside step 4
+    m = span_metrics(notes, 1, 1, np.ones(12))
+    assert m["notes per bar"] == 2  # the held note's onset is in the prompt
+    assert m["silent beats"] == pytest.approx(2 / 4)
+
+
+def test_an_empty_span_is_silent_and_has_no_pitch_statistics():
+    notes = NoteTable.from_midi(midi_of({(0, False): [(0, 1, 60)]}))
+    m = span_metrics(notes, first_bar=1, bars=2, prompt_classes=np.ones(12))
+    assert m["notes per bar"] == 0 and m["silent beats"] == 1.0 and m["pitch-class cosine"] == 0.0
+    assert m["bars with a low note"] == 0.0 and m["groove consistency"] == 1.0
+    for name in ("mean duration", "polyphony", "polyphony rate", "mean pitch", "pitch-class entropy",
+                 "scale consistency"):
+        assert math.isnan(m[name]), name
+
+
+def groove_piece(bars: int, bass_pitch: int = 36, swap: bool = False, bass_until: int | None = None):
+    """Bass, drums and piano repeating a one-bar pattern for `bars` bars."""
+    bass, drums, piano = [], [], []
+    for b in range(bars):
+        t = 4 * b
+        if bass_until is None or b < bass_until:
+            bass += [(t, 1.5, bass_pitch), (t + 2, 1.5, bass_pitch + 7)]
+        drums += [(t + k, 0.25, 36 if k % 2 == 0 else 38) for k in range(4)] + [(t + k / 2, 0.25, 42) for k in range(8)]
+        piano += [(t + (1 if swap else 0), 2, 60), (t + (1 if swap else 0), 2, 64), (t + 3, 1, 67)]
+    return midi_of({(33, False): bass, (0, True): drums, (0, False): piano})
+
+
+def test_role_and_style_metrics_on_a_repeated_groove():
+    notes = NoteTable.from_midi(groove_piece(8, bass_until=7))
+    m = role_metrics(notes, first_bar=4, bars=4, roles=["bass", "drums", "other"])
+    assert m["bass notes per bar"] == 6 / 4 and m["drums notes per bar"] == 12
+    assert m["other notes per bar"] == 3 and m["other median duration"] == 2 and m["bass median duration"] == 1.5
+    style = style_metrics(notes, first_bar=4, bars=4, reference=reference_profiles(notes))
+    # a repeated bar has the whole piece's onset profiles; the bass is missing from the last quarter
+    assert style["style onset-drum Q1"] == [pytest.approx(1.0)]
+    assert style["style onset-duration Q1"] == [pytest.approx(1.0), pytest.approx(1.0)]  # bass, other
+    assert style["style onset-duration Q4"][0] == 0.0 and style["style time-pitch Q4"][0] == 0.0
+    assert 0 < style["style time-pitch Q1"][1] < 1  # one bar's pairs miss the pairs across bar lines
+    values = measure(notes, 4, 4, pitch_classes(notes.pitched().onsets_in(0, 4)), reference_profiles(notes))
+    assert {"bass notes per bar", "style onset-drum Q4"} <= set(values)
+    assert "bass notes per bar" not in measure(notes, 4, 4, np.ones(12), None)
+
+
+# ---------------------------------------------------------------- the protocol on prepared shards
+
+
+@pytest.fixture(scope="module")
+def pop(pop909_songs, tmp_path_factory):
+    return prepare_pop909(pop909_songs[:8], tmp_path_factory.mktemp("pop"))
+
+
+def tiny_checkpoint(folder, tokenizer):
+    torch.manual_seed(0)
+    model = MusicPerformer(preset("tiny", vocab_size=tokenizer.vocab_size))
+    return save_checkpoint(folder, model, model.config, tokenizer, {"train_len": 64})
+
+
+def test_pop_protocol_measures_model_real_and_floor(pop, tmp_path, one_torch_thread):
+    shards = Shards(pop)
+    tok = shards.tokenizer
+    ckpt = tiny_checkpoint(tmp_path / "ckpt", tok)
+    settings = ContinuationSettings(prompt_bars=1, bars=2, samples_per_piece=2, seed=3)
+    out = tmp_path / "eval"
+    result = evaluate_continuation(ckpt, pop, out, settings, split="train", limit=3, device="cpu", progress=False)
+    assert result["pieces"] == 3 and result["resumed"] == 0
+    records = [json.loads(line) for line in (out / "pieces.jsonl").read_text().splitlines()]
+    usable, _ = usable_pieces(tok, shards.names("train"), shards.pieces("train"), settings)
+    assert [r["piece"] for r in records] == [p.name for p in usable[:3]]
+    floors = [usable[(i + len(usable) // 2) % len(usable)] for i in range(3)]
+    for record, piece, floor in zip(records, usable, floors):
+        # the real span's notes per bar, counted on the tokens: Pitch tokens between the span's Bars
+        starts = tok.bar_starts(piece.ids)
+        span = piece.ids[starts[piece.span_start]:starts[piece.span_start + 2]]
+        assert record["real"]["notes per bar"] == [np.count_nonzero(tok.pitch_of[span] >= 0) / 2]
+        assert record["floor_piece"] == floor.name and len(record["model"]) == 2
+        assert record["seed"] == 3 + record["index"]
+    rows = {r["metric"]: r for r in result["rows"]}
+    assert rows["notes per bar"]["model_n"] == 6
+    real = [r["real"]["notes per bar"][0] for r in records]
+    assert rows["notes per bar"]["real_mean"] == pytest.approx(np.mean(real))
+    assert rows["pitch-class cosine"]["real_mean"] > rows["pitch-class cosine"]["floor_mean"]
+    assert len(list((out / "samples").glob("*.mid"))) == 6
+    table = (out / "continuation.md").read_text()
+    assert "| notes per bar |" in table and "model_over_real" in table
+    assert (out / "continuation.png").read_bytes()[:4] == b"\x89PNG"
+
+    before = (out / "pieces.jsonl").read_bytes()
+    again = evaluate_continuation(ckpt, pop, out, settings, split="train", limit=3, device="cpu", progress=False)
+    assert again["resumed"] == 3 and (out / "pieces.jsonl").read_bytes() == before
+    more = evaluate_continuation(ckpt, pop, out, settings, split="train", limit=4, device="cpu", progress=False)
+    assert more["resumed"] == 3 and more["pieces"] == 4
+    with pytest.raises(ConfigError, match="other settings"):
+        evaluate_continuation(ckpt, pop, out, ContinuationSettings(prompt_bars=1, bars=3), split="train",
+                              limit=1, device="cpu", progress=False)
+
+
+def test_the_result_log_keeps_its_own_settings_and_refuses_foreign_files(tmp_path):
+    settings = {"bars": 12, "seed": 0}
+    log = ResultLog(tmp_path, settings)
+    log.add({"piece": "a", "real": {"mean pitch": [math.nan]}})
+    assert ResultLog(tmp_path, settings).records == {"a": {"piece": "a", "real": {"mean pitch": [None]}}}
+    with pytest.raises(ConfigError, match=r"other settings \(seed\)"):
+        ResultLog(tmp_path, {"bars": 12, "seed": 1})
+    (tmp_path / "pieces.jsonl").write_text("{not json\n")
+    with pytest.raises(DataError, match="not the per-piece results"):
+        ResultLog(tmp_path, settings)
+    (tmp_path / "run.json").write_text("{")
+    with pytest.raises(DataError, match="not valid JSON"):
+        ResultLog(tmp_path, settings)
+
+
+def test_short_pieces_are_skipped_and_counted(pop, tmp_path):
+    shards = Shards(pop)
+    usable, skipped = usable_pieces(shards.tokenizer, shards.names("train"), shards.pieces("train"),
+                                    ContinuationSettings(prompt_bars=4, bars=60))
+    assert len(usable) + len(skipped) == len(shards.names("train")) and usable and skipped
+    assert all(why.startswith("too short") for why in skipped.values())
+    ckpt = tiny_checkpoint(tmp_path / "ckpt", shards.tokenizer)
+    with pytest.raises(DataError, match="no piece"):
+        evaluate_continuation(ckpt, pop, tmp_path / "e", ContinuationSettings(bars=10_000), split="valid",
+                              device="cpu", progress=False)
+
+
+def test_groove_protocol_adds_roles_and_style(tmp_path, one_torch_thread):
+    pieces = {f"p{k}": groove_piece(12, bass_pitch=33 + k, swap=k % 2 == 1) for k in range(3)}
+    items = []
+    for name, midi in pieces.items():
+        midi.dump(str(tmp_path / f"{name}.mid"))
+        items.append(Item(name=name, path=tmp_path / f"{name}.mid", group=name))
+    tok = GrooveTokenizer()
+    prepare(tok, items, tmp_path / "data", {"test": 1.0}, workers=1, split_of=lambda group: "test")
+    ckpt = tiny_checkpoint(tmp_path / "ckpt", tok)
+    result = evaluate_continuation(ckpt, tmp_path / "data", tmp_path / "eval",
+                                   ContinuationSettings(prompt_bars=2, bars=4, samples_per_piece=1),
+                                   split="test", device="cpu", progress=False)
+    rows = {r["metric"]: r for r in result["rows"]}
+    assert rows["drums notes per bar"]["real_mean"] == 12 and rows["bass notes per bar"]["real_mean"] == 2
+    for metric in ("onset-drum", "onset-duration"):  # a repeated bar matches its whole piece
+        assert rows[f"style {metric} Q1"]["real_median"] == pytest.approx(1.0)
+    # the floor's piano plays on other beats (odd pieces are shifted): less alike than the real bars
+    assert rows["style onset-duration Q1"]["floor_mean"] < 1.0
+    assert rows["style time-pitch Q1"]["model_n"] == 3 * 2  # three pieces, bass and other pooled
+
+
+def test_cli_prints_the_table_and_bad_options_are_one_line(pop, tmp_path, capsys, one_torch_thread):
+    ckpt = tiny_checkpoint(tmp_path / "ckpt", Shards(pop).tokenizer)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["evaluate", "continuation", "-c", str(ckpt), "--data", str(pop), "--split", "train", "--pieces", "1",
+              "--prompt-bars", "1", "--bars", "1", "--samples-per-piece", "1", "--out", str(tmp_path / "e"),
+              "--device", "cpu"])
+    assert exit_info.value.code == 0
+    printed = capsys.readouterr().out
+    assert "1 pieces of train continued" in printed and "| silent beats |" in printed
+    assert read_json(tmp_path / "e" / "run.json")["bars"] == 1
+    for bad in (["--bars", "0"], ["--samples-per-piece", "0"], ["--split", "nope"]):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["evaluate", "continuation", "-c", str(ckpt), "--data", str(pop), "--out", str(tmp_path / "x"),
+                  "--device", "cpu", *bad])
+        assert exit_info.value.code != 0
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and err.startswith("error:"), err

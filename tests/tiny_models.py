@@ -1,0 +1,24 @@
+"""Untrained tiny models and their checkpoints, for tests that sample (fast on one CPU thread)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from musegen.checkpoint import save_checkpoint
+from musegen.model import MusicPerformer, preset
+from musegen.tokenizers import Tokenizer, tokenizer_from_dict
+
+
+def tiny_model(kind: str, seed: int = 0) -> tuple[MusicPerformer, Tokenizer]:
+    """A tiny model (in eval mode) for the default tokenizer of `kind`, and that tokenizer."""
+    tok = tokenizer_from_dict({"kind": kind})
+    torch.manual_seed(seed)
+    return MusicPerformer(preset("tiny", vocab_size=tok.vocab_size)).eval(), tok
+
+
+def tiny_checkpoint(kind: str, folder: Path) -> Path:
+    """A checkpoint folder of `tiny_model(kind)`."""
+    model, tok = tiny_model(kind)
+    return save_checkpoint(folder, model, model.config, tok)

@@ -62,6 +62,25 @@ def timed_peak(fn, device: torch.device) -> tuple[float, float]:
     return taken[0], mib
 
 
+class CopyBandwidth:
+    """Memory bandwidth measured on the spot: one copy of a `mib`-MiB tensor, counted as bytes
+    read plus bytes written per second (what a STREAM-style copy reports). Call `measure()` in
+    the same rounds as the timings it is compared with."""
+
+    def __init__(self, device: torch.device, mib: int = 512):
+        self.device = device
+        self.source = torch.ones(mib * 2**20 // 4, device=device)
+        self.target = torch.empty_like(self.source)
+        self.rates: list[float] = []
+
+    def measure(self) -> None:
+        taken = seconds(lambda: self.target.copy_(self.source), self.device)
+        self.rates.append(2 * self.source.nbytes / taken)
+
+    def median(self) -> float:
+        return sorted(self.rates)[len(self.rates) // 2]
+
+
 def describe(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)

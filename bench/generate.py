@@ -1,25 +1,28 @@
-"""Generation cost per token: recurrent `step()`, prefix re-running, and the real sampler.
+"""Generation cost per token: the step against the memory bound, step vs prefix re-running, the sampler.
 
 paper-pop shape (24 layers, d_model 512, 8 heads, sineSPE, R = 64, 128 features), random
-weights, batch 1, eval mode, no gradients, all in one run so the ratios share the machine's load.
+weights, eval mode, no gradients, all in one run so the ratios share the machine's load.
     python -m bench.generate            # positions 512, 2048, 8192; sampler over 2048 tokens
-    python -m bench.generate --quick    # same positions, one timing of each prefix re-run,
-                                        # sampler over 512 tokens
+    python -m bench.generate --quick    # prefix re-runs timed once, sampler over 512 tokens
 (-m from the repository root keeps bench/ off sys.path: bench/tokenize.py would shadow the
 standard library's tokenize.)
 
-1. step vs prefix: the session is advanced to each position with the parallel chunked form
-   (`step(ids[1, T])`) and its state kept; single-token steps from each kept state are then
-   timed in interleaved rounds. "prefix" is what the reference code
-   did: one full forward over all tokens so far for every new token; it is timed at 512 and
-   2048 only (at 8192 one re-run alone takes minutes on a CPU).
-2. sampler: `musegen.sample.generate` (grammar mask, nucleus sampling, REMI) from scratch; the
-   time of every model step is recorded, so the per-token rate of the first and the last
-   quarter of one run can be compared: flat when the state has constant size.
-3. families: the same step latencies for each other attention family (relative, synthesizer,
+1. step vs bound: single-token `step()` at position 512 in fp32 and in bf16 (where the device
+   computes it natively; `model.for_inference`), batch 1 and 8, timed in interleaved rounds
+   with a memory copy that measures the bandwidth on the spot. A step reads every weight once,
+   so weight bytes / bandwidth is the least a step can take: "step/bound" is how far from it.
+2. step vs prefix, in the default precision ("auto"): the session is advanced to each position
+   with the parallel `step(ids[1, T])` and snapshotted (`get_state`); single-token steps from
+   each snapshot (`set_state`) are timed in interleaved rounds. "prefix" is what the reference
+   code did: one full forward over all tokens so far for every new token (fp32), timed at 512
+   and 2048 only (at 8192 one re-run alone takes minutes on a CPU).
+3. sampler: `musegen.sample.generate` (grammar mask, nucleus sampling, REMI) from scratch in the
+   default precision; the time of every model step is recorded, so the per-token rate of the
+   first and the last quarter of one run can be compared: flat when the state has constant size.
+4. families: the same step latencies for each other attention family (relative, synthesizer,
    aaren; paper-pop shape with APE), next to the performer's: relative and synthesizer read a
    growing key/value cache, aaren a constant-size state.
-4. threads (CPU): step latency at 512 with 1 thread vs all cores, alternating; this is why
+5. threads (CPU): step latency at 512 with 1 thread vs all cores, alternating; this is why
    the sampler and these benchmarks default to 1 thread (docs/performance.md).
 Exits non-zero if a flatness target fails: step latency at the last position over 1.2x that
 at the first, or the sampler's last quarter over 1.2x slower than its first.
@@ -28,14 +31,16 @@ at the first, or the sampler's last quarter over 1.2x slower than its first.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import statistics
+from collections import defaultdict
 
 import numpy as np
 import torch
 
-from bench.common import add_machine_options, apply_machine_options, describe, peak_memory_mib, seconds, timed_peak
+from bench.common import (CopyBandwidth, add_machine_options, apply_machine_options, describe, peak_memory_mib,
+                          seconds, timed_peak)
+from musegen.device import native_bf16
 from musegen.model import MusicPerformer, preset
 from musegen.model.families import FAMILIES
 from musegen.sample import Prompt, SampleSettings, generate
@@ -43,40 +48,87 @@ from musegen.tokenizers import tokenizer_from_dict
 
 POSITIONS = (512, 2048, 8192)
 PREFIX_POSITIONS = (512, 2048)
-FLAT = 1.2  # issue 3: latency at 8192 within 1.2x of latency at 512
+BATCHES = (1, 8)
+FLAT = 1.2  # latency at 8192 within 1.2x of latency at 512
+
+
+def snapshots(model: MusicPerformer, tokens: torch.Tensor, positions, batch: int = 1) -> dict:
+    """{position: the session's state there}, advancing in parallel blocks of up to 512 tokens."""
+    states = {}
+    with torch.no_grad(), model.streaming(batch, seed=0):
+        for position in positions:
+            while model.position < position:
+                model.step(tokens[:batch, model.position:min(position, model.position + 512)])
+            states[position] = model.get_state()
+    return states
+
+
+def step_seconds(model: MusicPerformer, device: torch.device, state, tokens: torch.Tensor, steps: int = 3) -> float:
+    """Median time of `steps` single-token steps continuing from `state` (its session entered
+    and restored untimed)."""
+    batch, position = state.batch_size, state.position
+    with torch.no_grad(), model.streaming(batch):
+        model.set_state(state)
+        return statistics.median(seconds(lambda t=t: model.step(tokens[:batch, position + t]), device)
+                                 for t in range(steps))
+
+
+def weight_bytes(model: MusicPerformer, bf16: bool) -> int:
+    """Bytes one step reads: the layers' matrices in the step's precision, the head in fp32."""
+    layers = sum(m.weight.numel() for m in model.layers.modules() if isinstance(m, torch.nn.Linear))
+    return layers * (2 if bf16 else 4) + model.head.weight.nbytes
+
+
+def step_vs_bound(model: MusicPerformer, device: torch.device, precisions, tokens, rounds: int) -> tuple[dict, float]:
+    """({(precision, batch): median step seconds at 512}, median bandwidth in bytes/s)."""
+    states = {}
+    for precision in precisions:
+        model.for_inference(precision)
+        for batch in BATCHES:
+            states[(precision, batch)] = snapshots(model, tokens, (512,), batch)[512]
+    bandwidth, times = CopyBandwidth(device), defaultdict(list)
+    for _ in range(rounds):  # rounds over every case, so a change in load hits all alike
+        bandwidth.measure()
+        for (precision, batch), state in states.items():
+            model.for_inference(precision)
+            times[(precision, batch)].append(step_seconds(model, device, state, tokens))
+    return {key: statistics.median(t) for key, t in times.items()}, bandwidth.median()
+
+
+def print_bound_table(model: MusicPerformer, times: dict, bandwidth: float) -> None:
+    print(f"# step() at position 512 vs the memory bound (weight bytes / copy bandwidth "
+          f"{bandwidth / 1e9:.1f} GB/s, read + write, measured in the same rounds)")
+    print(f"{'precision':>9} {'batch':>5} {'step ms':>8} {'ms/seq':>7} {'weights MB':>10} {'bound ms':>8} "
+          f"{'step/bound':>10} {'vs batch 1':>10}")
+    for (precision, batch), step_s in times.items():
+        bound = weight_bytes(model, precision == "bf16") / bandwidth
+        print(f"{precision:>9} {batch:>5} {step_s * 1e3:>8.2f} {step_s * 1e3 / batch:>7.2f} "
+              f"{weight_bytes(model, precision == 'bf16') / 1e6:>10.0f} {bound * 1e3:>8.2f} {step_s / bound:>9.2f}x "
+              f"{step_s / times[(precision, 1)]:>9.2f}x")
 
 
 def step_latencies(model: MusicPerformer, device: torch.device, tokens: torch.Tensor) -> dict[int, tuple]:
-    """{position: (median seconds, peak MiB) of one single-token step() there} for POSITIONS."""
-    with torch.no_grad(), model.streaming(1, seed=0):
-        snapshots = {}
-        for position in POSITIONS:
-            while model.position < position:  # advance in parallel blocks of up to 512 tokens
-                model.step(tokens[:, model.position:min(position, model.position + 512)])
-            # step() replaces the session's state list instead of mutating it, so a shallow
-            # copy of the session is a snapshot we can step from again and again.
-            snapshots[position] = dataclasses.replace(model._session)
+    """{position: (median seconds, peak MiB) of one single-token step there} for POSITIONS."""
+    states = snapshots(model, tokens, POSITIONS)
+    times = {position: [] for position in POSITIONS}
+    for _ in range(8):
+        for position, state in states.items():
+            times[position].append(step_seconds(model, device, state, tokens, steps=2))
 
-        def step_at(position: int) -> None:
-            model._session = dataclasses.replace(snapshots[position])
-            model.step(tokens[:, position])
+    def one_step(state):
+        with torch.no_grad(), model.streaming(1):
+            model.set_state(state)
+            return peak_memory_mib(lambda: model.step(tokens[:1, state.position]), device)
 
-        # Rounds over all positions, so a change in the machine's load hits every position alike.
-        times = {position: [] for position in POSITIONS}
-        for _ in range(16):
-            for position in POSITIONS:
-                times[position].append(seconds(lambda: step_at(position), device))
-        return {position: (statistics.median(times[position]), peak_memory_mib(lambda: step_at(position), device))
-                for position in POSITIONS}
+    return {position: (statistics.median(times[position]), one_step(states[position])) for position in POSITIONS}
 
 
-def step_vs_prefix(model: MusicPerformer, device: torch.device, prefix_repeats: int) -> list[tuple]:
-    tokens = torch.randint(0, model.config.vocab_size, (1, max(POSITIONS) + 64), device=device)
+def step_vs_prefix(model: MusicPerformer, device: torch.device, tokens, prefix_repeats: int) -> list[tuple]:
     rows = []
     for position, (step_s, step_mib) in step_latencies(model, device, tokens).items():
         prefix_s = prefix_mib = None
         if position in PREFIX_POSITIONS:
-            prefix = tokens[:, :position + 1]
+            prefix = tokens[:1, :position + 1]
             with torch.no_grad():
                 runs = [timed_peak(lambda: model(prefix), device) for _ in range(prefix_repeats)]
             prefix_s = statistics.median(s for s, _ in runs)
@@ -85,36 +137,27 @@ def step_vs_prefix(model: MusicPerformer, device: torch.device, prefix_repeats: 
     return rows
 
 
-def family_steps(device: torch.device, vocab_size: int) -> dict[str, dict[int, tuple]]:
+def family_steps(device: torch.device, vocab_size: int, tokens: torch.Tensor) -> dict[str, dict[int, tuple]]:
     """step_latencies of each attention family at the paper-pop shape with APE (the synthesizer's
-    max_len stretched to reach the last position)."""
-    tokens = torch.randint(0, vocab_size, (1, max(POSITIONS) + 64), device=device)
+    max_len stretched to reach the last position), in the default precision."""
     latencies = {}
     for name in FAMILIES:
         torch.manual_seed(0)
         model = MusicPerformer(preset("paper-pop", attention=name, pe="ape", vocab_size=vocab_size,
-                                      max_len=max(POSITIONS) + 1)).to(device).eval()
+                                      max_len=max(POSITIONS) + 8)).to(device).eval().for_inference()
         latencies[name] = step_latencies(model, device, tokens)
     return latencies
 
 
-def thread_comparison(model: MusicPerformer, device: torch.device, threads: int) -> dict[int, float]:
+def thread_comparison(model: MusicPerformer, device: torch.device, threads: int, tokens) -> dict[int, float]:
     """Median step latency at position 512 with 1 thread and with `threads`, in alternating rounds."""
-    tokens = torch.randint(0, model.config.vocab_size, (1, 513), device=device)
+    state = snapshots(model, tokens, (512,))[512]
     before = torch.get_num_threads()
     times: dict[int, list[float]] = {1: [], threads: []}
-    with torch.no_grad(), model.streaming(1, seed=0):
-        model.step(tokens[:, :512])
-        kept = dataclasses.replace(model._session)
-
-        def step() -> None:
-            model._session = dataclasses.replace(kept)
-            model.step(tokens[:, 512])
-
-        for _ in range(8):
-            for n in times:
-                torch.set_num_threads(n)
-                times[n].append(seconds(step, device))
+    for _ in range(8):
+        for n in times:
+            torch.set_num_threads(n)
+            times[n].append(step_seconds(model, device, state, tokens, steps=2))
     torch.set_num_threads(before)
     return {n: statistics.median(t) for n, t in times.items()}
 
@@ -151,10 +194,19 @@ def main() -> None:
     torch.manual_seed(0)
     model = MusicPerformer(preset("paper-pop", pe=args.pe, vocab_size=tokenizer_from_dict({"kind": "remi"}).vocab_size))
     model = model.to(device).eval()
+    tokens = torch.randint(0, model.config.vocab_size, (max(BATCHES), max(POSITIONS) + 64), device=device)
+    default = "bf16" if native_bf16(device) else "fp32"
+    print(f"# paper-pop ({args.pe}), {describe(device)}; default inference precision here: {default}")
 
-    print(f"# paper-pop ({args.pe}) per-token cost, batch 1, {describe(device)}")
+    times, bandwidth = step_vs_bound(model, device, ("fp32", "bf16") if default == "bf16" else ("fp32",),
+                                     tokens, rounds=7 if args.quick else 15)
+    print_bound_table(model, times, bandwidth)
+    bare = times[(default, 1)]
+
+    model.for_inference("auto")
+    print(f"# per-token cost by position ({default}, batch 1): step, and re-running the prefix (fp32)")
     print(f"{'position':>9} {'step ms':>9} {'step MiB':>9} {'prefix ms':>10} {'prefix MiB':>11} {'prefix/step':>12}")
-    rows = step_vs_prefix(model, device, prefix_repeats=1 if args.quick else 3)
+    rows = step_vs_prefix(model, device, tokens, prefix_repeats=1 if args.quick else 3)
     for position, step_s, step_mib, prefix_s, prefix_mib in rows:
         prefix = (f"{prefix_s * 1e3:>10.0f} {prefix_mib:>11.1f} {prefix_s / step_s:>11.0f}x" if prefix_s
                   else f"{'-':>10} {'-':>11} {'-':>12}")
@@ -164,22 +216,22 @@ def main() -> None:
 
     length = 512 if args.quick else 2048
     rate, first, last = sampler_rates(model, device, length)
-    print(f"sampler: {length} tokens at {rate:.1f} tokens/s; per-token step {first * 1e3:.1f} ms over the "
-          f"first quarter, {last * 1e3:.1f} ms over the last: {last / first:.2f}x (target <= {FLAT}x)")
-    print(f"sampler time per token / bare step() latency at {rows[0][0]}: {1 / (rate * rows[0][1]):.2f}x")
+    print(f"sampler ({default}): {length} tokens at {rate:.1f} tokens/s; per-token step {first * 1e3:.2f} ms over "
+          f"the first quarter, {last * 1e3:.2f} ms over the last: {last / first:.2f}x (target <= {FLAT}x)")
+    print(f"sampler time per token / bare step() at 512 (table above): {1 / (rate * bare):.2f}x")
 
-    print(f"# attention families (paper-pop shape, APE): step ms, and / the {args.pe} performer's step above")
+    print(f"# attention families (paper-pop shape, APE, {default}): step ms, and / the {args.pe} performer's step")
     print(f"{'position':>9}" + "".join(f" {name + ' ms':>15} {'MiB':>7} {'/ perf.':>8}" for name in FAMILIES))
-    families = family_steps(device, model.config.vocab_size)
+    families = family_steps(device, model.config.vocab_size, tokens)
     for position, step_s, *_ in rows:
         cells = (families[name][position] for name in FAMILIES)
         print(f"{position:>9}" + "".join(f" {s * 1e3:>15.2f} {mib:>7.1f} {s / step_s:>7.2f}x" for s, mib in cells))
 
     if device.type == "cpu" and (os.cpu_count() or 1) > 1:
-        by_threads = thread_comparison(model, device, os.cpu_count())
+        by_threads = thread_comparison(model, device, os.cpu_count(), tokens)
         many = max(by_threads)
-        print(f"step at 512 with {many} threads: {by_threads[many] * 1e3:.1f} ms, with 1 thread: "
-              f"{by_threads[1] * 1e3:.1f} ms ({by_threads[many] / by_threads[1]:.2f}x)")
+        print(f"step at 512 with {many} threads: {by_threads[many] * 1e3:.2f} ms, with 1 thread: "
+              f"{by_threads[1] * 1e3:.2f} ms ({by_threads[many] / by_threads[1]:.2f}x)")
     if latency_ratio > FLAT or last / first > FLAT:
         raise SystemExit("per-token cost grows with the position")
 

@@ -1,108 +1,150 @@
-"""Training throughput (tokens/s) and peak memory of the `small` preset, in one run:
-musegen's default causal-linear kernel vs fast-transformers' kernel vs exact softmax attention,
-at sequence lengths 512, 1024 and 2048.
+"""Training throughput (tokens/s) and peak memory of the `small` preset: fp32 against the default
+precision ("auto": bf16 autocast where the device computes bf16 natively), side by side in one
+run, with fast-transformers' kernel and exact softmax attention as further rows.
 
-    python -m bench.train [--quick] [--device cpu|cuda] [--batch 2] [--steps 5]
+    python -m bench.train [--quick] [--device cpu|cuda] [--threads 2] [--batch 2] [--steps 5]
+    python -m bench.train --curves [--curve-steps 500]   # loss curves: fp32 vs the default
 
-Each measurement runs in a fresh child process, so peak memory is that configuration's own:
-CUDA's max allocated bytes on a GPU; on CPU the growth of the process' peak RSS over what it
-held before the first training step. Timed steps are full updates (forward, backward, Adam)
-after one warm-up update. `--quick` does 2 timed steps at 512 and 1024 only.
+Throughput: every variant is built in this process and timed in interleaved rounds of full
+updates (forward, backward, Adam; dropout on), after two warm-up updates, so a change in the
+machine's load hits every variant alike; the median update is reported. Peak memory is one
+update's growth of the resident set (bench/common.py) or CUDA's max allocated bytes.
+`--quick`: 3 rounds at lengths 512 and 1024 only.
+
+Loss curves (`--curves`): `musegen train` on real POP909 shards (prepared from the repository's
+tests/data/pop909, or --source) for --curve-steps updates, three runs: fp32 seed 0, the
+default precision seed 0 (same initial weights and batches) and fp32 seed 1 (the seed-to-seed
+noise). It prints the curves every 50 steps, smoothed over 50 steps, and the mean absolute gap
+default - fp32 against the gap seed 1 - seed 0 (target: within it).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
-import time
+import tempfile
 from pathlib import Path
 
+import torch
+import torch.nn.functional as F
+
+from bench.common import add_machine_options, apply_machine_options, describe, peak_memory_mib, seconds
+from musegen.device import use_bf16
+from musegen.model import MusicPerformer, preset
+from musegen.model.attention import fast_transformers_available
+
 REPO = Path(__file__).resolve().parents[1]
+# name: (model overrides, precision)
+VARIANTS = {"fp32": (dict(kernel="torch"), "fp32"), "default": (dict(kernel="torch"), "auto"),
+            "fast-transformers": (dict(kernel="fast-transformers"), "fp32"),
+            "softmax": (dict(attention="softmax"), "auto")}
+TARGET = 2.5  # default over fp32, tokens/s
 
-VARIANTS = {"default kernel": dict(kernel="torch"), "fast-transformers": dict(kernel="fast-transformers"),
-            "softmax": dict(attention="softmax")}
 
-
-def measure(variant: str, length: int, batch: int, steps: int, device: str) -> dict:
-    """One configuration, in this process."""
-    import resource
-
-    import torch
-    import torch.nn.functional as F
-
-    from musegen.model import MusicPerformer, preset
-    from musegen.model.attention import fast_transformers_available
-
-    if variant == "fast-transformers" and not fast_transformers_available():
-        return {"skipped": "fast-transformers is not installed"}
+def update_fn(variant: str, length: int, batch: int, device: torch.device):
+    """A closure running one full training update of `variant` at `length`."""
+    overrides, precision = VARIANTS[variant]
     torch.manual_seed(0)
-    model = MusicPerformer(preset("small", **VARIANTS[variant])).to(device)
+    model = MusicPerformer(preset("small", **overrides)).to(device).train()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
     ids = torch.randint(0, model.config.vocab_size - 1, (batch, length + 1), device=device)
-    cuda = device.startswith("cuda")
-    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    bf16 = use_bf16(precision, device)
 
     def update():
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             logits = model(ids[:, :-1])
         loss = F.cross_entropy(logits.float().transpose(1, 2), ids[:, 1:])
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    update()  # warm-up: allocator, kernels
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-    start = time.perf_counter()
-    for _ in range(steps):
-        update()
-    if cuda:
-        torch.cuda.synchronize()
-    seconds = (time.perf_counter() - start) / steps
-    peak = (torch.cuda.max_memory_allocated() if cuda
-            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss_before)
-    return {"tokens_per_s": batch * length / seconds, "peak_mib": peak / 2**20, "step_s": seconds}
+    return update
+
+
+def throughput(args, device: torch.device) -> None:
+    lengths = (512, 1024) if args.quick else (512, 1024, 2048)
+    rounds = 3 if args.quick else args.steps
+    names = [v for v in VARIANTS if v != "fast-transformers" or fast_transformers_available()]
+    default = "bf16" if use_bf16("auto", device) else "fp32"
+    print(f"# small preset, batch {args.batch}, {describe(device)}; default precision here: {default}; "
+          f"median of {rounds} interleaved updates")
+    print(f"{'length':>6}  {'variant':<18} {'precision':>9} {'tokens/s':>10} {'peak MiB':>9} {'vs fp32':>8}")
+    for length in lengths:
+        updates = {name: update_fn(name, length, args.batch, device) for name in names}
+        for update in updates.values():
+            update(), update()  # warm-up: allocator, kernels
+        times = {name: [] for name in names}
+        for _ in range(rounds):
+            for name, update in updates.items():
+                times[name].append(seconds(update, device))
+        rates = {name: args.batch * length / statistics.median(t) for name, t in times.items()}
+        for name, update in updates.items():
+            precision = "bf16" if use_bf16(VARIANTS[name][1], device) else "fp32"
+            print(f"{length:>6}  {name:<18} {precision:>9} {rates[name]:>10,.0f} "
+                  f"{peak_memory_mib(update, device):>9,.0f} {rates[name] / rates['fp32']:>7.2f}x")
+        print(f"{'':>6}  default / fp32 at {length}: {rates['default'] / rates['fp32']:.2f}x (target >= {TARGET}x)")
+        del updates
+
+
+def run_training(data: Path, out: Path, precision: str, seed: int, args) -> list[float]:
+    """`musegen train` with these settings; the logged loss of every step."""
+    settings = {"precision": precision, "seed": seed, "steps": args.curve_steps, "seq_len": args.curve_len,
+                "batch_size": 4, "log_every": 1, "valid_every": 0, "ckpt_every": args.curve_steps, "workers": 0}
+    command = [sys.executable, "-m", "musegen", "train", "--data", str(data), "--out", str(out), "--preset", "small",
+               "--device", args.device] + [x for key, value in settings.items() for x in ("--set", f"{key}={value}")]
+    subprocess.run(command, check=True, cwd=REPO, capture_output=True)
+    rows = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    return [row["loss"] for row in rows if "loss" in row]
+
+
+def smoothed(curve: list[float], window: int = 50) -> list[float]:
+    return [statistics.fmean(curve[max(0, i - window + 1):i + 1]) for i in range(len(curve))]
+
+
+def curves(args) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "shards"
+        subprocess.run([sys.executable, "-m", "musegen", "data", "prepare", "pop909", "--source", str(args.source),
+                        "--out", str(data)], check=True, cwd=REPO, capture_output=True)
+        runs = {name: smoothed(run_training(data, Path(tmp) / name.replace(" ", "-"), precision, seed, args))
+                for name, precision, seed in (("fp32 seed 0", "fp32", 0), ("default seed 0", "auto", 0),
+                                              ("fp32 seed 1", "fp32", 1))}
+    default = "bf16" if use_bf16("auto", torch.device(args.device if args.device != "auto" else "cpu")) else "fp32"
+    print(f"# small preset on POP909 ({args.source}), seq_len {args.curve_len}, batch 4, {args.curve_steps} updates;"
+          f" default precision here: {default}; training loss smoothed over 50 steps")
+    print(f"{'step':>6}" + "".join(f" {name:>15}" for name in runs))
+    for i in range(49, args.curve_steps, 50):
+        print(f"{i + 1:>6}" + "".join(f" {curve[i]:>15.4f}" for curve in runs.values()))
+    base = runs["fp32 seed 0"]
+
+    def gap(other):
+        return statistics.fmean(abs(a - b) for a, b in zip(other[49:], base[49:]))
+
+    precision_gap, seed_gap = gap(runs["default seed 0"]), gap(runs["fp32 seed 1"])
+    print(f"mean |default - fp32| {precision_gap:.4f}; seed-to-seed mean |seed 1 - seed 0| {seed_gap:.4f}: "
+          f"{'within' if precision_gap <= seed_gap else 'NOT within'} the noise")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="2 timed steps at 512 and 1024 only")
-    parser.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
+    parser.add_argument("--quick", action="store_true", help="3 rounds at 512 and 1024 only")
     parser.add_argument("--batch", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--one", nargs=2, metavar=("VARIANT", "LENGTH"), help=argparse.SUPPRESS)
+    parser.add_argument("--steps", type=int, default=7, help="timed rounds")
+    parser.add_argument("--curves", action="store_true", help="loss curves: fp32 vs the default precision")
+    parser.add_argument("--curve-steps", type=int, default=500)
+    parser.add_argument("--curve-len", type=int, default=512)
+    parser.add_argument("--source", type=Path, default=REPO / "tests" / "data" / "pop909")
+    add_machine_options(parser, "torch CPU threads (default 2)")
+    parser.set_defaults(threads=2)
     args = parser.parse_args()
-    if args.device is None:
-        import torch
-
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    steps = 2 if args.quick else args.steps
-    if args.one:
-        print(json.dumps(measure(args.one[0], int(args.one[1]), args.batch, steps, args.device)))
-        return
-
-    lengths = (512, 1024) if args.quick else (512, 1024, 2048)
-    print(f"small preset, batch {args.batch}, {steps} timed updates, device {args.device}")
-    print(f"{'length':>6}  {'variant':<18} {'tokens/s':>10} {'peak MiB':>9} {'vs default':>10}")
-    for length in lengths:
-        base = None
-        for variant in VARIANTS:
-            child = subprocess.run([sys.executable, "-m", "bench.train", "--one", variant, str(length), "--batch",
-                                    str(args.batch), "--steps", str(args.steps), "--device", args.device]
-                                   + (["--quick"] if args.quick else []), capture_output=True, text=True, cwd=REPO)
-            if child.returncode != 0:
-                print(f"{length:>6}  {variant:<18} failed: {child.stderr.strip().splitlines()[-1:]}")
-                continue
-            r = json.loads(child.stdout.strip().splitlines()[-1])
-            if "skipped" in r:
-                print(f"{length:>6}  {variant:<18} skipped: {r['skipped']}")
-                continue
-            base = base or r["tokens_per_s"]
-            print(f"{length:>6}  {variant:<18} {r['tokens_per_s']:>10,.0f} {r['peak_mib']:>9,.0f} "
-                  f"{r['tokens_per_s'] / base:>9.2f}x")
+    device = apply_machine_options(args)
+    if args.curves:
+        curves(args)
+    else:
+        throughput(args, device)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,18 @@
-"""One place that turns a device name into a torch.device: "auto" picks CUDA when present."""
+"""One place for device decisions: which device "auto" means, and which precision "auto" means there."""
 
 from __future__ import annotations
+
+import functools
+from pathlib import Path
 
 import torch
 
 from .errors import ConfigError
+
+PRECISIONS = ("auto", "fp32", "bf16")
+# CPU flags (Linux /proc/cpuinfo) of bf16 arithmetic in hardware: x86 AVX512-BF16 and AMX,
+# Arm's BF16 extension. Without them a bf16 matmul is emulated and slower than fp32.
+_BF16_CPU_FLAGS = {"avx512_bf16", "amx_bf16", "bf16"}
 
 
 def resolve_device(name: str | torch.device | None = "auto") -> torch.device:
@@ -21,3 +29,32 @@ def resolve_device(name: str | torch.device | None = "auto") -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"device {str(device)!r} asked for, but CUDA is not available")
     return device
+
+
+@functools.cache
+def _cpu_computes_bf16() -> bool:
+    for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"):  # torch's own CPU checks
+        if getattr(torch.cpu, probe, lambda: False)():
+            return True
+    try:
+        flags = {word for line in Path("/proc/cpuinfo").read_text().splitlines()
+                 if line.startswith(("flags", "Features")) for word in line.split(":", 1)[1].split()}
+    except (OSError, IndexError):
+        return False
+    return bool(flags & _BF16_CPU_FLAGS)
+
+
+def native_bf16(device: torch.device) -> bool:
+    """Whether `device` multiplies bf16 matrices in hardware (so bf16 is faster than fp32 there)."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return device.type == "cpu" and _cpu_computes_bf16()
+
+
+def use_bf16(precision: str, device: torch.device) -> bool:
+    """The precision decision for training and inference: "bf16" always, "fp32" never, "auto"
+    where the device computes bf16 natively (CUDA GPUs with bf16, CPUs with AVX512-BF16/AMX/Arm
+    BF16). Parts that need fp32 stay in fp32 either way (the model's attention sums, SPE codes)."""
+    if precision not in PRECISIONS:
+        raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    return precision == "bf16" or (precision == "auto" and native_bf16(device))

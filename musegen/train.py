@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 from .checkpoint import load_checkpoint, read_checkpoint_config
 from .data import CROP_CHOICES, SAMPLING_CHOICES, Augmenter, CropDataset, StepBatches, derive_seed
-from .device import resolve_device
+from .device import resolve_device, use_bf16
 from .errors import CheckpointError, ConfigError, DataError, TrainingError
 from .io import read_input, write_json
 from .metrics.loss import position_nll, summarize, write_position_nll
@@ -87,7 +87,7 @@ class TrainConfig:
     grad_clip: float = 0.5  # max global gradient norm; 0 disables clipping
     # hardware
     device: str = "auto"  # "auto" (cuda when available) | "cpu" | "cuda" | "cuda:N"
-    precision: str = "auto"  # "auto" (bf16 autocast on CUDA, fp32 elsewhere) | "fp32" | "bf16"
+    precision: str = "auto"  # "auto" (bf16 autocast where the device computes bf16 natively) | "fp32" | "bf16"
     compile: bool = False  # torch.compile the model
     # checkpoints, validation, logs
     ckpt_every: int = 1000
@@ -387,7 +387,7 @@ class Trainer:
         procs.barrier()
         self.net = self._wrap()
         self.loader = self._make_loader(data.train)
-        self.bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and device.type == "cuda")
+        self.bf16 = use_bf16(cfg.precision, device)
         self.latest, self.last_loss, self.rate = source, math.nan, None
         self.valid_result: dict[str, Any] | None = None
         self.stopped = False

@@ -1,5 +1,7 @@
 """Causal linear attention kernels, feature maps and the softmax baseline."""
 
+import math
+
 import pytest
 import torch
 
@@ -93,6 +95,21 @@ def test_performer_attention_approaches_softmax_attention():
     assert (approx - exact).abs().max() < 0.05
 
 
+def test_performer_features_are_the_favor_formula():
+    """phi(k) = exp(w.k' - |k'|^2/2) / sqrt(M) with k' = k temperature^(1/2) over [w, -w];
+    phi(q) is the same up to a per-query factor, with max 1 (the shift by the row max)."""
+    torch.manual_seed(3)
+    fm = FeatureMap("performer", in_dim=8, n_features=32)
+    x = torch.randn(5, 8, dtype=torch.float64) * 2
+    fm.projection.data = fm.projection.double()
+    xs = x * fm.temperature ** 0.5
+    u = torch.cat([xs @ fm.projection, -(xs @ fm.projection)], -1)
+    textbook = torch.exp(u - (xs * xs).sum(-1, keepdim=True) / 2) / math.sqrt(32)
+    assert torch.allclose(fm(x, is_query=False), textbook, rtol=1e-12)
+    queries = fm(x, is_query=True)
+    assert torch.allclose(queries, textbook / textbook.amax(-1, keepdim=True), rtol=1e-12)
+
+
 def test_query_stabiliser_cancels_in_the_normalisation():
     """Row-max shifting of query features must not change the attention output."""
     torch.manual_seed(1)
@@ -148,3 +165,20 @@ def test_chunked_kernel_gradients_including_state_pass_gradcheck():
         return num, den, S1, z1
 
     assert torch.autograd.gradcheck(flat, (*args, S0, z0))
+
+
+def test_bf16_products_keep_fp32_sums_and_stay_close():
+    """bf16 q, k, v (the autocast path): outputs and states come back fp32, within bf16 rounding
+    of the fp32 kernel, and the state continues across calls like one pass."""
+    g = torch.Generator().manual_seed(7)
+    q, k = (torch.rand(1, 2, 300, 16, generator=g) for _ in range(2))
+    v = torch.randn(1, 2, 300, 8, generator=g)
+    num32, den32, (S32, z32) = chunked_kernel(q, k, v)
+    half = [x.bfloat16() for x in (q, k, v)]
+    num, den, (S, z) = chunked_kernel(*half)
+    assert {t.dtype for t in (num, den, S, z)} == {torch.float32}
+    for got, want in ((num, num32), (den, den32), (S, S32), (z, z32)):
+        assert ((got - want).abs().max() / want.abs().max()).item() < 2e-2
+    first = chunked_kernel(*(x[:, :, :130] for x in half))
+    rest = chunked_kernel(*(x[:, :, 130:] for x in half), first[2])
+    assert torch.allclose(torch.cat([first[0], rest[0]], 2), num, rtol=2e-2, atol=1e-2 * num.abs().max().item())

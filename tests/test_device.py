@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from musegen.device import resolve_device
+from musegen import device as devices
+from musegen.device import native_bf16, resolve_device, use_bf16
 from musegen.errors import ConfigError
 
 
@@ -28,3 +29,27 @@ def test_cuda_without_gpu_is_a_config_error():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_device_resolves():
     assert resolve_device("cuda:0").type == "cuda"
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_precision_auto_follows_native_bf16(monkeypatch, native):
+    monkeypatch.setattr(devices, "native_bf16", lambda device: native)
+    cpu = torch.device("cpu")
+    assert use_bf16("auto", cpu) is native
+    assert use_bf16("bf16", cpu) and not use_bf16("fp32", cpu)
+
+
+def test_nonsense_precision_is_a_config_error():
+    with pytest.raises(ConfigError, match="precision must be one of"):
+        use_bf16("fp8", torch.device("cpu"))
+
+
+def test_cpu_bf16_detection_agrees_with_the_cpu_flags():
+    flags = set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = {w for line in f if line.startswith(("flags", "Features")) for w in line.split(":", 1)[1].split()}
+    except OSError:
+        pytest.skip("no /proc/cpuinfo")
+    assert native_bf16(torch.device("cpu")) == bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+    assert not native_bf16(torch.device("meta"))

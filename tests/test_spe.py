@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from musegen.model.spe import ConvNoise, ConvSPE, SineSPE, SPEFilter
+from musegen.model.spe import ConvNoise, ConvSPE, SineSPE, SPEFilter, mix_codes, share_codes
 
 H, D, T = 2, 4, 24
 R_GRID = (16, 64, 256, 1024, 4096)
@@ -179,3 +179,20 @@ def test_noise_draws_differ_and_repeat_with_seed():
     b = spe.codes(spe.draw_noise(torch.Generator().manual_seed(1)), 0, 10)[0]
     c = spe.codes(spe.draw_noise(torch.Generator().manual_seed(2)), 0, 10)[0]
     assert torch.equal(a, b) and not torch.allclose(a, c)
+
+
+def test_mix_codes_is_the_per_position_product_with_its_gradients():
+    """out[b, h, t] = x[b, h, t] @ codes[h, t], for any strides of x, and gradcheck of the hand backward."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 5, 2, 4, generator=g, dtype=torch.float64).transpose(1, 2)  # [B, H, T, D], not contiguous
+    codes = torch.randn(2, 5, 4, 6, generator=g, dtype=torch.float64)
+    assert torch.allclose(mix_codes(x, codes), torch.einsum("bhtd,htdr->bhtr", x, codes), rtol=1e-12)
+    assert torch.autograd.gradcheck(mix_codes, (x.clone().requires_grad_(), codes.clone().requires_grad_()))
+
+    def layers(x, y, codes):  # two "layers" reading one set of shared codes, which sum their gradients
+        shared = share_codes(codes * 1.5)
+        return mix_codes(x, shared) * mix_codes(y, shared)
+
+    y = torch.randn(3, 2, 5, 4, generator=g, dtype=torch.float64).requires_grad_()
+    assert torch.autograd.gradcheck(layers, (x.clone().requires_grad_(), y, codes.clone().requires_grad_()))
+

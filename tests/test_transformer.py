@@ -7,8 +7,14 @@ from torch import nn
 from musegen.errors import ConfigError
 from musegen.model import MusicPerformer, preset
 from musegen.model.attention import fast_transformers_available
+from musegen.model.streaming import StreamState
+from musegen.model.transformer import Dropout
 
 TRAIN_LEN = 16  # "training length" of the tiny models; streaming runs 3x past it
+# bf16 inference (weights and matrix products in bf16, sums and logits in fp32) against the fp32
+# parallel pass: the largest logit difference, as a fraction of the largest logit. Measured
+# 1.5e-4 to 9e-4 on these models; docs/performance.md gives the paper-size figure.
+BF16_LOGIT_TOLERANCE = 5e-3
 
 
 def tiny(**overrides):
@@ -28,29 +34,102 @@ VARIANTS = [dict(pe="ape"), dict(pe="none"), dict(pe="sine", gated=True), dict(p
             dict(pe="sine", attention="elu"), dict(pe="conv", attention="relu", norm="pre", activation="gelu")]
 
 
-@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(str(x) for x in v.values()))
-def test_recurrent_steps_equal_parallel_pass(variant):
-    model, tokens = tiny(**variant), ids()
-    with model.streaming(2, seed=7):
+def three_ways(model, tokens, seed=7):
+    """The logits of `tokens` in one parallel block, token by token, and a 21-token block then
+    token by token, each in a fresh session with the same noise."""
+    with model.streaming(2, seed=seed):
         parallel = model.step(tokens)
-    with model.streaming(2, seed=7):
+    with model.streaming(2, seed=seed):
         recurrent = torch.stack([model.step(tokens[:, t]) for t in range(tokens.shape[1])], dim=1)
-    with model.streaming(2, seed=7):  # prompt in one parallel block, then token by token
+    with model.streaming(2, seed=seed):
         mixed = torch.cat([model.step(tokens[:, :21])] + [model.step(tokens[:, t])[:, None]
                                                             for t in range(21, tokens.shape[1])], dim=1)
+    return parallel, recurrent, mixed
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(str(x) for x in v.values()))
+def test_recurrent_steps_equal_parallel_pass(variant):
+    parallel, recurrent, mixed = three_ways(tiny(**variant), ids())
     assert parallel.std(dim=1).mean() > 0.1  # logits really vary along the sequence
     assert (recurrent - parallel).abs().max() <= 1e-4
     assert (mixed - parallel).abs().max() <= 1e-4
 
 
+@pytest.mark.parametrize("variant", VARIANTS + [dict(pe="sine", attention="softmax")],
+                         ids=lambda v: "-".join(str(x) for x in v.values()))
+def test_bf16_inference_stays_within_its_tolerance_of_the_fp32_parallel_pass(variant):
+    model, tokens = tiny(**variant), ids()
+    reference, _, _ = three_ways(model, tokens)
+    bound = BF16_LOGIT_TOLERANCE * reference.abs().max()
+    for logits in three_ways(model.for_inference("bf16"), tokens):
+        assert logits.dtype == torch.float32
+        assert 0 < (logits - reference).abs().max() <= bound  # bf16 really ran, and stayed close
+
+
 @pytest.mark.parametrize("pe", ["sine", "conv"])
-def test_session_noise_is_what_step_uses(pe):
-    model, tokens = tiny(pe=pe), ids()
-    with model.streaming(2, seed=7):
-        a = model.step(tokens)
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_session_noise_is_what_step_uses(pe, precision):
+    """Steps follow whatever noise the session holds: a seed-7 session given a seed-8 session's
+    starting state (its noise) continues exactly as the seed-8 session, token by token and in
+    blocks, and not as seed 7 does."""
+    model, tokens = tiny(pe=pe).for_inference(precision), ids()
+
+    def run(session_seed, start=None):
+        with model.streaming(2, seed=session_seed):
+            if start is not None:
+                model.set_state(start)
+            return torch.cat([model.step(tokens[:, :5])] + [model.step(tokens[:, t])[:, None]
+                                                           for t in range(5, tokens.shape[1])], dim=1)
+
     with model.streaming(2, seed=8):
-        b = model.step(tokens)
-    assert (a - b).abs().max() > 1e-3
+        start8 = model.get_state()
+    a, b, swapped = run(7), run(8), run(7, start8)
+    assert (a - b).abs().max() > 1e-2
+    assert torch.equal(swapped, b)
+    assert torch.equal(run(7), a)  # and a seed always draws the same noise
+
+
+@pytest.mark.parametrize("variant", [dict(pe="sine"), dict(pe="conv", attention="elu"), dict(pe="none", attention="aaren"),
+                                     dict(pe="ape", attention="relative")],
+                         ids=lambda v: "-".join(str(x) for x in v.values()))
+def test_a_snapshot_continues_the_same_way_every_time(variant):
+    model, tokens = tiny(**variant), ids()
+    with model.streaming(2, seed=3):
+        model.step(tokens[:, :10])
+        snapshot = model.get_state()
+        first = [model.step(tokens[:, t]) for t in range(10, 20)]
+        assert model.position == 20 and snapshot.position == 10
+        model.set_state(snapshot)
+        assert model.position == 10
+        again = [model.step(tokens[:, t]) for t in range(10, 20)]
+        with pytest.raises(ValueError, match="batch size"):
+            model.set_state(StreamState(3, snapshot.position, snapshot.noise, snapshot.layers))
+    assert all(torch.equal(x, y) for x, y in zip(first, again))
+    with model.streaming(2, seed=99):  # another session takes the snapshot, noise included
+        model.set_state(snapshot)
+        assert torch.equal(model.step(tokens[:, 10]), first[0])
+
+
+def test_cpu_dropout_drops_at_its_rate_and_scales_what_it_keeps():
+    torch.manual_seed(0)
+    dropout = Dropout(0.1)
+    x = torch.ones(400, 1000, requires_grad=True)
+    y = dropout(x)
+    kept = y != 0
+    assert abs(1 - kept.float().mean().item() - 0.1) < 0.003  # 400k draws: 0.1 +- 3 sigma
+    assert torch.allclose(y[kept], torch.full_like(y[kept], 2**16 / (2**16 - round(0.1 * 2**16))))
+    assert abs(y.mean().item() - 1) < 0.005  # unbiased
+    y.sum().backward()
+    assert torch.equal(x.grad, y.detach())  # the same mask and scale backwards
+    torch.manual_seed(0)
+    assert torch.equal(dropout(x), y)  # the seed decides the mask
+    assert torch.equal(dropout.eval()(x), x)
+
+
+def test_inference_precision_is_checked():
+    with pytest.raises(ConfigError, match="precision"):
+        tiny().for_inference("fp8")
+    assert tiny().inference_precision == "fp32" and tiny().for_inference().inference_precision == "auto"
 
 
 def test_softmax_baseline_streams_with_a_cache():
@@ -80,10 +159,10 @@ def test_recurrent_state_does_not_grow():
     model = tiny(pe="conv")
     with model.streaming(1, seed=0):
         model.step(ids(1, 10))
-        sizes = [sum(t.numel() for t in state) for state in model._session.states]
+        sizes = [sum(t.numel() for t in state) for state in model.get_state().layers]
         for t in range(40):
             model.step(torch.tensor([t]))
-        assert [sum(t.numel() for t in state) for state in model._session.states] == sizes
+        assert [sum(t.numel() for t in state) for state in model.get_state().layers] == sizes
         assert model.position == 50
 
 
@@ -147,6 +226,32 @@ def test_fast_transformers_kernel_gives_the_same_model_output():
         with model.streaming(2, seed=4):
             outputs.append(model.step(tokens))
     assert (outputs[0] - outputs[1]).abs().max() <= 1e-4
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("variant", [dict(pe="sine"), dict(pe="ape", norm="pre", activation="gelu"),
+                                     dict(pe="none", attention="elu")],
+                         ids=lambda v: "-".join(str(x) for x in v.values()))
+def test_cuda_graph_steps_equal_the_parallel_pass_and_follow_set_state(variant):
+    """On CUDA single-token steps replay one captured graph: fp32 equals the parallel pass,
+    bf16 stays within its tolerance, and a snapshot of another session (other noise, other
+    sums) is followed after the graph was captured."""
+    model, tokens = tiny(**variant).to("cuda"), ids().to("cuda")
+    reference, recurrent, mixed = three_ways(model, tokens)
+    assert (recurrent - reference).abs().max() <= 1e-4 and (mixed - reference).abs().max() <= 1e-4
+    for logits in three_ways(model.for_inference("bf16"), tokens):
+        assert (logits - reference).abs().max() <= BF16_LOGIT_TOLERANCE * reference.abs().max()
+    model.for_inference("fp32")
+    with model.streaming(2, seed=8):
+        model.step(tokens[:, :9])
+        other = model.get_state()
+        expected = [model.step(tokens[:, t]) for t in range(9, 14)]
+    with model.streaming(2, seed=7):
+        for t in range(5):
+            model.step(tokens[:, t])  # the graph is captured here
+        model.set_state(other)
+        got = [model.step(tokens[:, t]) for t in range(9, 14)]
+    assert all((a - b).abs().max() <= 1e-5 for a, b in zip(got, expected))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

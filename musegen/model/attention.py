@@ -28,7 +28,8 @@ CHUNK = 64  # tuned with bench/attention.py (see docs/performance.md): 64-row GE
 
 def _empty_state(q: torch.Tensor, v: torch.Tensor) -> State:
     B, H, _, M = q.shape
-    return q.new_zeros(B, H, M, v.shape[-1]), q.new_zeros(B, H, M)
+    wide = torch.promote_types(q.dtype, torch.float32)  # states are sums: never below fp32
+    return q.new_zeros(B, H, M, v.shape[-1], dtype=wide), q.new_zeros(B, H, M, dtype=wide)
 
 
 def _exclusive_prefix_sum(first: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
@@ -66,41 +67,49 @@ class _ChunkedAttention(torch.autograd.Function):
     Autograd would store the same tensors, but this saves its copies and the running sums of
     the backward; the denominator is kept apart from the values (a ones column would make
     every matmul one column wider than the head: odd widths are slow in MKL).
+
+    Precision: the matrix products run in the dtype of q, k, v (bf16 under autocast, about
+    twice as fast on CPUs with bf16 arithmetic); the running sums across chunks (S, z and the
+    backward's G, g), the states and both outputs are fp32.
     """
 
     @staticmethod
     def forward(ctx, q, k, v, S0, z0, C: int):
         B, H, T, M = q.shape
-        n, Dv = T // C, v.shape[-1]
+        n, Dv, dtype = T // C, v.shape[-1], q.dtype
+        wide = torch.promote_types(dtype, torch.float32)  # the sums' dtype
         qc, kc, vc = q.view(B, H, n, C, M), k.view(B, H, n, C, M), v.view(B, H, n, C, Dv)
         A = torch.matmul(qc, kc.transpose(-1, -2)).tril_()
-        kv, ksum = torch.matmul(kc.transpose(-1, -2), vc), kc.sum(3)  # each chunk's state increment
+        # each chunk's state increment
+        kv, ksum = torch.matmul(kc.transpose(-1, -2), vc).to(wide), kc.sum(3, dtype=wide)
         S, z = _exclusive_prefix_sum(S0, kv), _exclusive_prefix_sum(z0, ksum)
+        S_end, z_end = S[:, :, -1] + kv[:, :, -1], z[:, :, -1] + ksum[:, :, -1]
+        S, z = S.to(dtype), z.to(dtype)  # as factors of products
         num = torch.matmul(qc, S)
         num.view(-1, C, Dv).baddbmm_(A.view(-1, C, C), vc.reshape(-1, C, Dv))
-        den = A.sum(-1) + torch.matmul(qc, z[..., None])[..., 0]
+        den = A.sum(-1, dtype=wide) + torch.matmul(qc, z[..., None])[..., 0]
         ctx.save_for_backward(qc, kc, vc, A, S, z)
-        return (num.view(B, H, T, Dv), den.view(B, H, T),
-                S[:, :, -1] + kv[:, :, -1], z[:, :, -1] + ksum[:, :, -1])
+        return num.view(B, H, T, Dv).to(wide), den.view(B, H, T), S_end, z_end
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, gN, gD, gS, gz):
         qc, kc, vc, A, S, z = ctx.saved_tensors
         B, H, n, C, M = qc.shape
-        Dv = vc.shape[-1]
-        gN, gD = gN.reshape(B, H, n, C, Dv), gD.reshape(B, H, n, C)
+        Dv, dtype = vc.shape[-1], qc.dtype
+        wide = torch.promote_types(dtype, torch.float32)
+        gN, gD = gN.reshape(B, H, n, C, Dv).to(dtype), gD.reshape(B, H, n, C).to(dtype)
         dA = torch.matmul(gN, vc.transpose(-1, -2)).add_(gD[..., None]).tril_()
         dq = torch.matmul(dA, kc)
         dq.view(-1, C, M).baddbmm_(gN.reshape(-1, C, Dv), S.transpose(-1, -2).reshape(-1, Dv, M))
         dq.addcmul_(gD[..., None], z[..., None, :])
-        P, p = torch.matmul(qc.transpose(-1, -2), gN), torch.matmul(gD[..., None, :], qc)[..., 0, :]
+        P, p = torch.matmul(qc.transpose(-1, -2), gN).to(wide), torch.matmul(gD[..., None, :], qc)[..., 0, :].to(wide)
         G, g = _exclusive_suffix_sum(gS, P), _exclusive_suffix_sum(gz, p)
         dk = torch.matmul(dA.transpose(-1, -2), qc)
-        dk.view(-1, C, M).baddbmm_(vc.reshape(-1, C, Dv), G.transpose(-1, -2).reshape(-1, Dv, M))
+        dk.view(-1, C, M).baddbmm_(vc.reshape(-1, C, Dv), G.to(dtype).transpose(-1, -2).reshape(-1, Dv, M))
         dk.add_(g[..., None, :])
         dv = torch.matmul(A.transpose(-1, -2), gN)
-        dv.view(-1, C, Dv).baddbmm_(kc.reshape(-1, C, M), G.view(-1, M, Dv))
+        dv.view(-1, C, Dv).baddbmm_(kc.reshape(-1, C, M), G.to(dtype).view(-1, M, Dv))
         T = n * C
         return (dq.view(B, H, T, M), dk.view(B, H, T, M), dv.view(B, H, T, Dv),
                 G[:, :, 0] + P[:, :, 0], g[:, :, 0] + p[:, :, 0], None)
@@ -118,6 +127,7 @@ def chunked_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Opt
     B, H, T, M = q.shape
     S0, z0 = state if state is not None else _empty_state(q, v)
     if T == 1:  # S += phi(k) v^T, z += phi(k); y = phi(q) S / phi(q) z
+        q, k, v = (x.to(S0.dtype) for x in (q, k, v))
         S1 = torch.baddbmm(S0.reshape(B * H, M, -1), k.reshape(B * H, M, 1), v.reshape(B * H, 1, -1)).view_as(S0)
         z1 = z0 + k[:, :, 0]
         return q @ S1, (q[:, :, 0] * z1).sum(-1, keepdim=True), (S1, z1)
@@ -161,8 +171,12 @@ KERNELS: dict[str, Callable] = {"torch": chunked_kernel, "fast-transformers": fa
 
 
 def causal_linear_attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
-                            state: Optional[State] = None, kernel: str = "torch") -> tuple[torch.Tensor, State]:
-    """Normalised causal linear attention over [B, H, T, *]; returns (output, new state)."""
+                            state: Optional[State] = None, kernel: str = "torch",
+                            products: torch.dtype = torch.float32) -> tuple[torch.Tensor, State]:
+    """Normalised causal linear attention over [B, H, T, *]; returns (output, new state).
+    `products`: the dtype of the "torch" kernel's matrix products (its sums stay fp32)."""
+    if kernel == "torch":
+        phi_q, phi_k, v = phi_q.to(products), phi_k.to(products), v.to(products)
     num, den, new_state = KERNELS[kernel](phi_q, phi_k, v, state)
     return num / (den[..., None] + EPS), new_state
 
@@ -200,19 +214,28 @@ class FeatureMap(nn.Module):
         if self.kind == "performer":
             self.projection.copy_(orthogonal_gaussian(self.in_dim, self.n_features // 2, self.projection.device))
 
+    def signed_projection(self) -> torch.Tensor:
+        """[in_dim, n_features]: [w, -w] * temperature^(1/2), so x @ it gives both halves of the
+        features' exponents (before the norm term) in one matmul."""
+        w = self.projection * math.sqrt(self.temperature)
+        return torch.cat([w, -w], dim=1)
+
+    def key_shift(self, x: torch.Tensor) -> torch.Tensor:
+        """|x'|^2 / 2 + log(M) / 2 for keys x [..., in_dim] -> [..., 1]: the exponent's norm term."""
+        return (x * x).sum(-1, keepdim=True) * (self.temperature / 2) + math.log(self.n_features) / 2
+
     def forward(self, x: torch.Tensor, is_query: bool) -> torch.Tensor:
         if self.kind == "relu":
             return F.relu(x)
         if self.kind == "elu":
             return F.elu(x) + 1
-        x = x * math.sqrt(self.temperature)
-        u = x @ self.projection.to(x.dtype)
-        logits = torch.cat([u, -u], dim=-1) - (x * x).sum(-1, keepdim=True) / 2 - math.log(self.n_features) / 2
+        u = x @ self.signed_projection().to(x.dtype)
         if is_query:
             # A per-query constant cancels between numerator and denominator: subtracting the
-            # row max keeps exp() <= 1. Keys get no such shift; it would not cancel.
-            logits = logits - logits.amax(-1, keepdim=True).detach()
-        return logits.exp()
+            # row max keeps exp() <= 1, and the norm term, constant along the row, cancels in it.
+            # Keys get no such shift; it would not cancel.
+            return (u - u.amax(-1, keepdim=True).detach()).exp_()
+        return (u - self.key_shift(x)).exp_()
 
 
 def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,

@@ -1,4 +1,4 @@
-"""Stochastic Positional Encoding (Liutkus et al., ICML 2021), PAPER_NOTES §1.
+"""Stochastic Positional Encoding (Liutkus et al., ICML 2021); see docs/method.md.
 
 An SPE module turns one draw of noise into *codes* (Qbar, Kbar), each shaped
 [heads, positions, head_dim, R]. A per-layer `SPEFilter` (optionally gated) mixes a layer's
@@ -15,6 +15,7 @@ lazily drawn, reproducible noise stream.
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 from torch import nn
@@ -54,25 +55,35 @@ class SineSPE(nn.Module):
         return z / math.sqrt(2 * self.n_sines)
 
     def _phases(self, t0: int, t1: int) -> torch.Tensor:
-        """2 pi f t for t in [t0, t1): [H, T, D, K]. The product is reduced modulo one cycle in
+        """2 pi f t for t in [t0, t1): [H, D, T, K]. The product is reduced modulo one cycle in
         float64 so that positions far past the training length keep full precision."""
         freqs = torch.sigmoid(self.freqs.double()) / 2
         positions = torch.arange(t0, t1, device=freqs.device, dtype=torch.float64)
-        cycles = torch.remainder(freqs[:, None] * positions[None, :, None, None], 1.0)
+        cycles = torch.remainder(freqs[:, :, None] * positions[:, None], 1.0)
         return (2 * math.pi * cycles).to(self.freqs.dtype)
 
-    @staticmethod
-    def _basis(phases: torch.Tensor) -> torch.Tensor:
-        return torch.stack([phases.cos(), phases.sin()], dim=-1).flatten(-2)  # [H, T, D, 2K]
+    def _codes(self, phases: torch.Tensor, weighted: torch.Tensor) -> torch.Tensor:
+        """sum_j basis[h, d, t, j] weighted[h, d, j, r] -> [H, T, D, R], contiguous: every layer
+        reads the codes as H*T matrices of [D, R] (mix_codes). One bmm over the H*D pairs and
+        one transposing copy (an einsum here copied matrix by matrix in its backward)."""
+        H, D, T, _ = phases.shape
+        basis = torch.stack([phases.cos(), phases.sin()], dim=-1).view(H * D, T, -1)  # [(h, d), T, 2K]
+        codes = torch.bmm(basis, weighted.view(H * D, -1, self.realizations))
+        return codes.view(H, D, T, -1).transpose(1, 2).contiguous()
 
-    def codes(self, noise: torch.Tensor, t0: int, t1: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(Qbar, Kbar) for positions [t0, t1), each [H, T, D, R], computed in closed form."""
-        phases = self._phases(t0, t1)
+    def weighted(self, noise: torch.Tensor) -> torch.Tensor:
+        """The noise times each sine's gain and the codes' scale: [H, D, 2K, R], the same for
+        every position (a streaming step computes it once per session)."""
         gains = F.softplus(self.gains).repeat_interleave(2, dim=-1)  # [H, D, 2K]: (cos, sin) share a gain
-        weighted = noise * gains[..., None] * self.code_scale
-        qbar = torch.einsum("htdj,hdjr->htdr", self._basis(phases + self.offsets[:, None]), weighted)
-        kbar = torch.einsum("htdj,hdjr->htdr", self._basis(phases), weighted)
-        return qbar, kbar
+        return noise * gains[..., None] * self.code_scale
+
+    def codes(self, noise: torch.Tensor, t0: int, t1: int, weighted: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(Qbar, Kbar) for positions [t0, t1), each [H, T, D, R], computed in closed form
+        (`weighted`: `self.weighted(noise)`, when already at hand)."""
+        phases = self._phases(t0, t1)
+        weighted = self.weighted(noise) if weighted is None else weighted
+        return self._codes(phases + self.offsets[:, :, None], weighted), self._codes(phases, weighted)
 
     def kernel(self, lags: torch.Tensor) -> torch.Tensor:
         """P_d(tau) for the given lags tau = m - n: [H, D, len(lags)] (the unscaled target)."""
@@ -136,9 +147,9 @@ class ConvSPE(nn.Module):
         z = noise.window(t0, t1 + self.kernel_size - 1).to(self.filter_q.dtype)
         groups = self.n_heads * self.head_dim
 
-        def filtered(weight):  # [R, H*D, T] -> [H, T, D, R]
+        def filtered(weight):  # [R, H*D, T] -> [H, T, D, R], contiguous like SineSPE's
             out = F.conv1d(z, weight, groups=groups) * self.code_scale
-            return out.view(self.realizations, self.n_heads, self.head_dim, t1 - t0).permute(1, 3, 2, 0)
+            return out.view(self.realizations, self.n_heads, self.head_dim, t1 - t0).permute(1, 3, 2, 0).contiguous()
 
         return filtered(self.filter_q), filtered(self.filter_k)
 
@@ -157,7 +168,7 @@ class ConvSPE(nn.Module):
 class SPEFilter(nn.Module):
     """One per layer: applies the shared codes to this layer's queries and keys.
 
-    Gated (PAPER_NOTES §1): Qbar_d <- sqrt(1 - g_d) Qbar_d + sqrt(g_d) eps_d and likewise for Kbar,
+    Gated (docs/method.md): Qbar_d <- sqrt(1 - g_d) Qbar_d + sqrt(g_d) eps_d and likewise for Kbar,
     with eps_d one R-vector per layer shared by all positions, giving the kernel
     (1 - g_d) P_d + g_d. The gated codes are never built: the gate scales q and k instead,
     so all layers share one copy of the codes (and of their autograd buffers).
@@ -188,11 +199,97 @@ class SPEFilter(nn.Module):
         """q, k: [B, H, T, D] -> qhat, khat: [B, H, T, R]."""
         qbar, kbar = codes
         if self.gate is None:
-            return torch.einsum("bhtd,htdr->bhtr", q, qbar), torch.einsum("bhtd,htdr->bhtr", k, kbar)
-        g = torch.sigmoid(self.gate)[:, None, :]  # [H, 1, D]
-        dry, wet = g.sqrt(), (1 - g).sqrt()
+            return mix_codes(q, qbar), mix_codes(k, kbar)
+        g = torch.sigmoid(self.gate)
+        wet = (1 - g).sqrt()[:, None, :]  # [H, 1, D]
+        dry_eps = g.sqrt()[..., None] * eps  # [H, D, R]: the gate noise's share, one matrix per head
 
         def mix(x, bar):
-            return torch.einsum("bhtd,htdr->bhtr", x * wet, bar) + torch.einsum("bhtd,hdr->bhtr", x * dry, eps)
+            return mix_codes(x * wet, bar) + x @ dry_eps
 
         return mix(q, qbar), mix(k, kbar)
+
+
+class _GradientSum:
+    """The gradient of codes shared by every layer: each layer's backward leaves its factors
+    (inputs x and output gradients g, per position), and the codes' backward makes one product
+    of them all, sum over layers and batch of x^T g, instead of one codes-sized tensor per
+    layer plus their sums (at [H, T, D, R] = 8 x 2048 x 64 x 64 each of those is 268 MB)."""
+
+    def __init__(self):
+        self.rows: list[torch.Tensor] = []  # [H*T, B, D] per layer
+        self.grads: list[torch.Tensor] = []  # [H*T, B, R] per layer
+
+    def add(self, rows: torch.Tensor, grads: torch.Tensor) -> None:
+        self.rows.append(rows)
+        self.grads.append(grads)
+
+    def total(self) -> Optional[torch.Tensor]:
+        """sum_layers x^T g as [H*T, D, R] (None if no layer added), and forget the factors."""
+        if not self.rows:
+            return None
+        rows, grads = torch.cat(self.rows, dim=1), torch.cat(self.grads, dim=1)
+        self.rows, self.grads = [], []
+        return torch.bmm(rows.transpose(1, 2), grads)
+
+
+class _ShareCodes(torch.autograd.Function):
+    """The identity on the codes; its backward hands on the summed gradient of all mixes."""
+
+    @staticmethod
+    def forward(ctx, codes, gradient: _GradientSum):
+        ctx.set_materialize_grads(False)  # the mixes pass None: their gradient is in `gradient`
+        ctx.gradient, ctx.shape = gradient, codes.shape
+        return codes.view_as(codes)
+
+    @staticmethod
+    def backward(ctx, _):
+        total = ctx.gradient.total()
+        return (None if total is None else total.view(ctx.shape)), None
+
+
+def share_codes(codes: torch.Tensor) -> torch.Tensor:
+    """`codes` for every layer's `mix_codes`, which then sum their gradients in place (a no-op
+    without gradients)."""
+    if not codes.requires_grad:
+        return codes
+    gradient = _GradientSum()
+    shared = _ShareCodes.apply(codes.contiguous(), gradient)
+    shared.gradient_sum = gradient  # read by mix_codes
+    return shared
+
+
+class _MixCodes(torch.autograd.Function):
+    """out[b, h, t] = x[b, h, t] @ codes[h, t]: every position has its own [D, R] matrix, shared
+    by the batch. One bmm over the H*T matrices with the batch as rows; the backward keeps the
+    same layout, so neither pass copies the codes (an einsum permutes them on every call)."""
+
+    @staticmethod
+    def forward(ctx, x, codes, gradient_sum: Optional[_GradientSum]):
+        B, H, T, D = x.shape
+        rows = x.permute(1, 2, 0, 3).reshape(H * T, B, D)
+        ctx.save_for_backward(rows, codes)
+        ctx.gradient_sum = gradient_sum
+        out = torch.bmm(rows, codes.view(H * T, D, -1))
+        return out.view(H, T, B, -1).permute(2, 0, 1, 3)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        rows, codes = ctx.saved_tensors
+        H, T, D, R = codes.shape
+        grad_rows = grad.permute(1, 2, 0, 3).reshape(H * T, -1, R)
+        matrices = codes.view(H * T, D, R)
+        dx = torch.bmm(grad_rows, matrices.transpose(1, 2)).view(H, T, -1, D).permute(2, 0, 1, 3)
+        dcodes = None
+        if ctx.gradient_sum is not None:
+            ctx.gradient_sum.add(rows, grad_rows)
+        elif ctx.needs_input_grad[1]:
+            dcodes = torch.bmm(rows.transpose(1, 2), grad_rows).view_as(codes)
+        return dx, dcodes, None
+
+
+def mix_codes(x: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+    """x [B, H, T, D] (any strides), codes [H, T, D, R] contiguous -> [B, H, T, R] (a view of
+    [H, T, B, R] memory). Codes from `share_codes` collect their gradient in one buffer."""
+    return _MixCodes.apply(x, codes.contiguous(), getattr(codes, "gradient_sum", None))

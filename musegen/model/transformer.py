@@ -10,10 +10,12 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from ..device import use_bf16
 from .attention import FeatureMap, causal_linear_attention, softmax_attention
 from .config import ModelConfig, parse_redraw
 from .families import FAMILIES
-from .spe import ConvSPE, SineSPE, SPEFilter
+from .spe import ConvSPE, SineSPE, SPEFilter, share_codes
+from .streaming import RecurrentStep, StreamState, clone_states
 
 
 def sinusoids(t0: int, t1: int, width: int, device=None) -> torch.Tensor:
@@ -32,11 +34,41 @@ class Noise:
     gates: list = field(default_factory=list)
 
 
+class _MaskedScale(torch.autograd.Function):
+    """x with the `drop` entries zeroed and the rest scaled; keeps only the 1-byte mask."""
+
+    @staticmethod
+    def forward(ctx, x, drop, scale: float):
+        ctx.save_for_backward(drop)
+        ctx.scale = scale
+        return x.masked_fill(drop, 0).mul_(scale)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (drop,) = ctx.saved_tensors
+        return grad.masked_fill(drop, 0).mul_(ctx.scale), None, None
+
+
+class Dropout(nn.Dropout):
+    """nn.Dropout whose CPU mask costs a quarter of a random draw per element: each 64-bit draw
+    gives four 16-bit uniforms, compared with round(p * 2^16) (so the rate is p to 1/65536,
+    and the scale matches the rate exactly). torch's per-element Bernoulli draws were about a
+    tenth of a CPU training step. On other devices, nn.Dropout as it is."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0 or x.device.type != "cpu":
+            return super().forward(x)
+        cut = round(self.p * 2**16)
+        words = torch.empty((x.numel() + 3) // 4, dtype=torch.int64).random_(-2**63, 2**63 - 1)
+        drop = words.view(torch.int16)[:x.numel()].view(x.shape) < cut - 2**15
+        return _MaskedScale.apply(x, drop, 2**16 / (2**16 - cut))
+
+
 class SelfAttention(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.n_heads, self.head_dim = config.n_heads, config.d_model // config.n_heads
-        self.kind, self.kernel = config.attention, config.kernel
+        self.kernel = config.kernel
         # The other families (families.py) bring their own core and may need fewer projections.
         self.family = FAMILIES[config.attention](config) if config.attention in FAMILIES else None
         self.inputs = self.family.inputs if self.family is not None else ("q", "k", "v")
@@ -59,11 +91,14 @@ class SelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, codes, gate_noise, state):
         B, T, _ = x.shape
-        q, k, v = self.split(self.qkv(x))
+        projected = self.qkv(x)
+        q, k, v = self.split(projected)
         # SPE, feature maps and the running sums stay in fp32 under autocast: exp() features and
-        # long prefix sums lose too much in bf16.
+        # long prefix sums lose too much in bf16. The linear attention's matrix products take
+        # the projection's dtype (bf16 under autocast), as the linear layers do.
         with torch.autocast(x.device.type, enabled=False):
-            q, k, v = (None if t is None else t.float() for t in (q, k, v))
+            q, k, v = (None if t is None else t.to(torch.float32, memory_format=torch.contiguous_format)
+                       for t in (q, k, v))
             if self.spe_filter is not None:
                 q, k = self.spe_filter(q, k, codes, gate_noise)
             if self.family is not None:
@@ -72,8 +107,10 @@ class SelfAttention(nn.Module):
                 y, state = softmax_attention(q, k, v, self.scale, state)
             else:
                 y, state = causal_linear_attention(self.features(q, True), self.features(k, False), v,
-                                                   state, self.kernel)
-        return self.out(y.transpose(1, 2).reshape(B, T, -1).to(x.dtype)), state
+                                                   state, self.kernel, products=projected.dtype)
+        # One copy either way: the cast writes a contiguous tensor (bf16), else the reshape copies.
+        y = y.transpose(1, 2).to(projected.dtype, memory_format=torch.contiguous_format)
+        return self.out(y.reshape(B, T, -1)), state
 
 
 class Block(nn.Module):
@@ -84,8 +121,8 @@ class Block(nn.Module):
         self.norm1, self.norm2 = nn.LayerNorm(config.d_model), nn.LayerNorm(config.d_model)
         self.ff = nn.Sequential(nn.Linear(config.d_model, config.d_ff),
                                 nn.ReLU() if config.activation == "relu" else nn.GELU(),
-                                nn.Dropout(config.dropout), nn.Linear(config.d_ff, config.d_model))
-        self.dropout = nn.Dropout(config.dropout)
+                                Dropout(config.dropout), nn.Linear(config.d_ff, config.d_model))
+        self.dropout = Dropout(config.dropout)
 
     def forward(self, x, codes, gate_noise, state):
         if self.pre_norm:
@@ -97,16 +134,30 @@ class Block(nn.Module):
         return self.norm2(x + self.dropout(self.ff(x))), state
 
 
-@dataclass
 class _Session:
-    batch_size: int
-    noise: Noise
-    position: int = 0
-    states: list = field(default_factory=list)
+    """A streaming session: frozen noise, position, and every layer's recurrent state, held by
+    the fast single-token step where the model has one (streaming.RecurrentStep), else as the
+    parallel pass takes it."""
+
+    def __init__(self, batch_size: int, noise: Noise, bf16: bool, fast: Optional[RecurrentStep], n_layers: int):
+        self.batch_size, self.noise, self.bf16, self.fast = batch_size, noise, bf16, fast
+        self.position = 0
+        self._states = None if fast is not None else [None] * n_layers
+
+    @property
+    def states(self) -> list:
+        return self.fast.states() if self.fast is not None else self._states
+
+    @states.setter
+    def states(self, states: list) -> None:
+        if self.fast is not None:
+            self.fast.load(states)
+        else:
+            self._states = states
 
 
 class MusicPerformer(nn.Module):
-    """Decoder-only Performer over token ids (PAPER_NOTES §2).
+    """Decoder-only Performer over token ids (docs/method.md).
 
     Training: `forward(ids [B, N]) -> logits [B, N, vocab]`, causal, with fresh SPE and gate
     noise on every call. Call `on_train_step(step)` after each optimiser step to apply the
@@ -124,7 +175,14 @@ class MusicPerformer(nn.Module):
     the same `seed` draw the same noise. Per-token time and memory are constant for the linear
     attentions and "aaren"; "softmax", "relative" and "synthesizer" keep a growing key/value
     cache instead, and "synthesizer" stops at `max_len` positions. `step` runs without
-    gradients; call `model.eval()` first so dropout is off.
+    gradients; call `model.eval()` first so dropout is off. `get_state()` snapshots a session and
+    `set_state(state)` continues from a snapshot.
+
+    Precision of generation: `model.for_inference("auto" | "fp32" | "bf16")` (default "fp32").
+    In bf16 the weights are read as bf16 (see streaming.py) and block steps run under bf16
+    autocast; the attention sums, SPE codes and logits stay fp32. Single-token steps of the
+    attentions without a fast step (softmax and the families) stay fp32. The logits then differ from
+    fp32 by bf16 rounding (BF16_LOGIT_TOLERANCE, tests/test_transformer.py).
     """
 
     def __init__(self, config: ModelConfig):
@@ -138,12 +196,13 @@ class MusicPerformer(nn.Module):
             self.spe = ConvSPE(config.n_heads, head_dim, config.spe_realizations, config.spe_kernel)
         else:
             self.spe = None
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
         self.layers = nn.ModuleList(Block(config) for _ in range(config.n_layers))
         self.final_norm = nn.LayerNorm(config.d_model) if config.norm == "pre" else nn.Identity()
         self.head = nn.Linear(config.d_model, config.vocab_size)
         self._redraw_kind, self._redraw_value = parse_redraw(config.redraw)
         self._session: Optional[_Session] = None
+        self.inference_precision = "fp32"
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, std=0.02)
@@ -178,68 +237,111 @@ class MusicPerformer(nn.Module):
 
     # --- forward passes ------------------------------------------------------------------
     def _run(self, ids: torch.Tensor, t0: int, noise: Noise, states: list) -> tuple[torch.Tensor, list]:
+        """The layers over positions [t0, t0 + T) continuing `states`: (final hidden [B, T, d], new states)."""
         t1 = t0 + ids.shape[1]
         self.config.check_length(t1)
         x = self.embedding(ids) * math.sqrt(self.config.d_model)
         if self.config.pe == "ape":
-            x = x + sinusoids(t0, t1, self.config.d_model, ids.device).to(x.dtype)
+            x = x + self.position_encoding(t0, t1).to(x.dtype)
         x = self.dropout(x)
         codes = None
         if self.spe is not None:
             with torch.autocast(ids.device.type, enabled=False):  # codes stay fp32, like the attention core
-                codes = self.spe.codes(noise.spe, t0, t1)
+                codes = tuple(share_codes(c) for c in self.spe.codes(noise.spe, t0, t1))
         new_states = []
         for layer, gate_noise, state in zip(self.layers, noise.gates, states):
             x, state = layer(x, codes, gate_noise, state)
             new_states.append(state)
-        return self.head(self.final_norm(x)), new_states
+        return self.final_norm(x), new_states
+
+    def position_encoding(self, t0: int, t1: int) -> torch.Tensor:
+        """The absolute (APE) encoding of positions [t0, t1): [T, d_model]."""
+        return sinusoids(t0, t1, self.config.d_model, self.device)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        logits, _ = self._run(ids, 0, self.draw_noise(), [None] * len(self.layers))
-        return logits
+        hidden, _ = self._run(ids, 0, self.draw_noise(), [None] * len(self.layers))
+        return self.head(hidden)
+
+    # --- streaming generation --------------------------------------------------------------
+    def for_inference(self, precision: str = "auto") -> "MusicPerformer":
+        """Set the precision of later streaming sessions ("auto": bf16 where the device computes
+        it natively, musegen.device.use_bf16); returns the model."""
+        use_bf16(precision, self.device)  # a ConfigError for anything else
+        self.inference_precision = precision
+        return self
 
     @contextlib.contextmanager
     def streaming(self, batch_size: int, seed: Optional[int] = None):
         """Freeze all noise and hold per-layer recurrent state for `batch_size` sequences."""
         generator = torch.Generator(device=self.device)
         generator.manual_seed(int(torch.randint(0, 2**62, ())) if seed is None else seed)
-        self._session = _Session(batch_size, self.draw_noise(generator), 0, [None] * len(self.layers))
+        noise = self.draw_noise(generator)
+        bf16 = use_bf16(self.inference_precision, self.device)
+        with torch.no_grad():
+            fast = (RecurrentStep(self, batch_size, noise, torch.bfloat16 if bf16 else torch.float32)
+                    if RecurrentStep.supports(self.config) else None)
+        self._session = _Session(batch_size, noise, bf16, fast, len(self.layers))
         try:
             yield self
         finally:
             self._session = None
 
+    def _current(self, what: str) -> _Session:
+        if self._session is None:
+            raise RuntimeError(f"{what} only works inside `with model.streaming(batch_size):`")
+        return self._session
+
     @property
     def position(self) -> int:
         """Number of tokens consumed in the current streaming session."""
-        if self._session is None:
-            raise RuntimeError("position is only defined inside model.streaming()")
-        return self._session.position
+        return self._current("position").position
 
     @property
     def state_bytes(self) -> int:
         """Bytes the streaming session carries between tokens: every layer's recurrent state or
         key/value cache (constant for the linear attentions, growing for the softmax ones)."""
-        if self._session is None:
-            raise RuntimeError("state_bytes is only defined inside model.streaming()")
+        session = self._current("state_bytes")
+        if session.fast is not None:
+            return sum(sums.nbytes for sums in session.fast.sums)
 
         def size(x) -> int:
             if isinstance(x, torch.Tensor):
                 return x.nbytes
             return sum(size(y) for y in x) if isinstance(x, (list, tuple)) else 0
 
-        return size(self._session.states)
+        return size(session.states)
+
+    def get_state(self) -> StreamState:
+        """A snapshot of the current session (a copy: later steps do not change it)."""
+        session = self._current("get_state()")
+        return StreamState(session.batch_size, session.position, session.noise, clone_states(session.states))
+
+    def set_state(self, state: StreamState) -> None:
+        """Continue the current session from a snapshot of a session with the same batch size."""
+        session = self._current("set_state()")
+        if state.batch_size != session.batch_size:
+            raise ValueError(f"a state of batch size {state.batch_size} in a session of {session.batch_size}")
+        session.noise, session.position = state.noise, state.position
+        session.states = list(state.layers)  # the parallel pass never changes a state in place
+        if session.fast is not None:
+            session.fast.use_noise(state.noise)
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
-        session = self._session
-        if session is None:
-            raise RuntimeError("step() must be called inside `with model.streaming(batch_size):`")
+        session = self._current("step()")
         single = tokens.dim() == 1
         ids = tokens[:, None] if single else tokens
         if ids.dim() != 2 or ids.shape[0] != session.batch_size:
             raise ValueError(f"step() expects [{session.batch_size}] or [{session.batch_size}, T] "
                              f"token ids, got shape {tuple(tokens.shape)}")
-        logits, session.states = self._run(ids, session.position, session.noise, session.states)
+        if single and session.fast is not None:
+            with torch.autocast(self.device.type, enabled=False):
+                logits = session.fast(tokens, session.position)
+        else:  # single tokens without a fast step stay fp32: autocast would cast every weight every step
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=session.bf16 and not single):
+                hidden, session.states = self._run(ids, session.position, session.noise, session.states)
+            with torch.autocast(self.device.type, enabled=False):  # fp32 logits, as the fast step's
+                logits = self.head(hidden.float())
+            logits = logits[:, 0] if single else logits
         session.position += ids.shape[1]
-        return logits[:, 0] if single else logits
+        return logits

@@ -11,9 +11,8 @@ One call writes into the output folder:
 - `sparsity.png`: S per layer and head on real validation pieces (or the generated sequence);
 - `summary.csv` (section, quantity, layer, head, detail, value) and `inspect.json` (arguments).
 What does not apply to a model (templates without SPE) is skipped with a one-line note.
-Layers and heads are numbered from 1 in every output.
-
-Also here: the figures that compare several models' evaluation CSVs, used by the notebooks.
+Layers and heads are numbered from 1 in every output. The measurements themselves live in
+`musegen.metrics.attention`; this module runs them on a checkpoint and draws them.
 """
 
 from __future__ import annotations

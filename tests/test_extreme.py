@@ -88,7 +88,9 @@ class Run:
         return self.rc == 1 and len(self.errors) == 1 and all(w in self.errors[0] for w in words)
 
 
-def _cap_memory():
+def _isolate():
+    """In the child: its own process group (so a timeout kills its workers too), capped memory and writes."""
+    os.setpgrp()
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
     resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_CAP, FILE_CAP))  # a runaway write dies, the disk lives
 
@@ -109,8 +111,7 @@ def musegen(*args, timeout: float = TIME_LIMIT_S, script: str | None = None, pla
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         start = time.monotonic()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=cwd, preexec_fn=_cap_memory,
-                                start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=cwd, preexec_fn=_isolate)
         timed_out = False
         while True:
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
@@ -364,7 +365,7 @@ def test_render_length_bound_and_sigterm_leave_no_file_behind(tmp_path):
     record("render", run, None if run.refused("lasts 25.0 minutes", "--max-minutes") else run.stderr)
     cmd = [sys.executable, "-m", "musegen", "render", str(long), "--out", str(tmp_path / "b.wav")]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)},
-                            start_new_session=True)
+                            preexec_fn=os.setpgrp)
     deadline = time.monotonic() + 60
     while not list(tmp_path.glob(".b.wav.*.tmp")) and time.monotonic() < deadline:
         time.sleep(0.05)  # until FluidSynth is writing
@@ -604,7 +605,7 @@ def test_two_writers_on_one_run_folder(tiny_data, tmp_path):
            *TINY, "--set", "steps=30", "--set", "ckpt_every=5"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
-                              preexec_fn=_cap_memory) for _ in range(2)]
+                              preexec_fn=_isolate) for _ in range(2)]
     results = [(p.wait(timeout=TIME_LIMIT_S), p.stderr.read()) for p in procs]
     codes = sorted(rc for rc, _ in results)
     one_refused = codes == [0, 1] and any(rc == 1 and len([l for l in err.splitlines() if l.startswith("error:")]) == 1

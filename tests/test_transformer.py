@@ -68,7 +68,7 @@ def test_bf16_inference_stays_within_its_tolerance_of_the_fp32_parallel_pass(var
 
 @pytest.mark.parametrize("pe", ["sine", "conv"])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_session_noise_is_what_step_uses(pe, precision):
+def test_streaming_noise_is_what_step_uses(pe, precision):
     """Steps follow whatever noise the session holds: a seed-7 session given a seed-8 session's
     starting state (its noise) continues exactly as the seed-8 session, token by token and in
     blocks, and not as seed 7 does."""
@@ -166,7 +166,7 @@ def test_recurrent_state_does_not_grow():
         assert model.position == 50
 
 
-def test_step_needs_a_session_and_the_right_batch():
+def test_step_needs_streaming_and_the_right_batch():
     model = tiny()
     with pytest.raises(RuntimeError):
         model.step(torch.tensor([1, 2]))

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Experiment 2 of PAPER_NOTES §4 at CPU scale (docs/results.md): groove continuation in styles
+# Experiment 2 of docs/method.md §6.2 at CPU scale (docs/results.md): groove continuation in styles
 # never seen in training. Identical small models on the MMA groove corpus that differ only in
 # positional encoding, trained at L = 256; each continues the first 2 bars of every test piece
 # for 1.5L new tokens (about 2L in all with the prompt), scored per quarter with the style

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Experiment 1 of PAPER_NOTES §3 at CPU scale (docs/results.md): identical small REMI models on
+# Experiment 1 of docs/method.md §6.1 at CPU scale (docs/results.md): identical small REMI models on
 # POP909 that differ only in how attention knows about position (the four PE variants of the
 # paper, plus the relative-softmax and Aaren attention families). Trained at L = 256, scored
 # per position to 4L, and each continues the same prompt for 4L tokens.

@@ -424,6 +424,18 @@ def test_bad_input_is_a_one_line_midi_error(data, message):
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
+def test_a_lone_2_4_bar_inside_4_4_keeps_every_note_on_its_beat():
+    """The tokens name beats, not bars, so a 2/4 bar between 4/4 bars moves no note; a 3/4 bar
+    there cannot be written in 4-beat bars and is refused."""
+    midi = miditoolkit.MidiFile(file=io.BytesIO(midi_bytes([DRUMS, BASS])))
+    midi.time_signature_changes += [miditoolkit.TimeSignature(2, 4, beats(4)), miditoolkit.TimeSignature(4, 4, beats(6))]
+    _, notes = trio_of(dump(midi))
+    assert notes[1][:, 2].tolist() == [12 * b for b in range(8)]  # bass onsets, 12 grid units a beat
+    midi.time_signature_changes[1] = miditoolkit.TimeSignature(3, 4, beats(4))
+    with pytest.raises(MidiError, match="3/4 at tick 1920"):
+        TOK.encode(dump(midi))
+
+
 def test_a_zero_tempo_event_is_ignored():
     import mido
 

@@ -72,6 +72,7 @@ class SampleSettings:
     seed: int | None = None  # None: drawn at random and recorded
     grammar: bool = True
     prompt_bars: int | None = None
+    precision: str = "auto"  # of the model's steps: "auto" is bf16 where the device computes it natively
 
     def resolved(self, tokenizer: Tokenizer | None = None) -> "SampleSettings":
         """Defaults filled in (the tokenizer's sampling defaults) and every value checked against
@@ -283,6 +284,7 @@ def generate(model: torch.nn.Module, tokenizer: Tokenizer, prompt: Prompt, setti
     device = checked_device(device)
     if threads is None and device.type == "cpu":
         threads = DEFAULT_CPU_THREADS
+    model.for_inference(settings.precision)  # a ConfigError for an unknown precision
     with _cpu_threads(threads):
         return _generate(model, tokenizer, prompt, settings.resolved(tokenizer), device, progress)
 

@@ -32,6 +32,8 @@ def sample(
                                                                 "tokens the grammar rejects are skipped and counted "
                                                                 "when decoding."),
     device: str = typer.Option("auto", help="auto (CUDA when present), cpu, cuda or cuda:N."),
+    precision: str = typer.Option("auto", help="Precision of the model's steps: auto (bf16 where the device "
+                                  "computes it natively, else fp32), fp32 or bf16."),
     threads: Optional[int] = typer.Option(None, help="CPU threads while sampling, 1..256 (default 1: small "
                                                      "per-token work runs faster on one thread)."),
 ):
@@ -39,7 +41,8 @@ def sample(
     from musegen.sample import SampleSettings, sample_to_folder
 
     settings = SampleSettings(length=length, bars=bars, temperature=temperature, top_p=top_p, top_k=top_k,
-                              num_samples=num_samples, seed=seed, grammar=not no_grammar, prompt_bars=prompt_bars)
+                              num_samples=num_samples, seed=seed, grammar=not no_grammar, prompt_bars=prompt_bars,
+                              precision=precision)
     summary = sample_to_folder(checkpoint, out, settings, prompt, audio=audio, pianoroll=pianoroll, device=device,
                                threads=threads)
     if "continued" in summary:

@@ -103,6 +103,24 @@ def test_same_seed_same_output_other_seed_differs(models):
     assert len({tuple(x) for x in first}) == 3  # the samples of one batch differ from each other
 
 
+def test_precision_sets_the_steps_and_a_nonsense_one_is_refused(models, checkpoints, tmp_path, capsys):
+    """Sampling sets the model's step precision (fp32 steps repeat exactly, bf16 steps give valid
+    samples too); an unknown precision is one line and exit 1 from the CLI."""
+    model, tok = models["remi"]
+
+    def run(precision):
+        samples, stats = generate(model, tok, EMPTY, SampleSettings(length=96, num_samples=2, seed=3,
+                                                                    precision=precision), progress=False)
+        assert model.inference_precision == precision and stats["invalid"] == 0
+        return [s.ids.tolist() for s in samples]
+
+    assert run("fp32") == run("fp32")
+    run("bf16")
+    code, _, err = run_cli(["sample", "-c", checkpoints["remi"], "--length", 8, "--precision", "fp16",
+                            "--out", tmp_path / "s"], capsys)
+    assert code == 1 and "precision must be one of" in err and len(err.strip().splitlines()) == 1
+
+
 def test_a_stop_mid_note_is_finished_then_closed(models):
     model, tok = models["remi"]
     samples, _ = generate(model, tok, EMPTY, SampleSettings(length=37, num_samples=30, seed=3), progress=False)

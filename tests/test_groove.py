@@ -242,11 +242,7 @@ def test_notes_rejects_ids_that_cannot_be_decoded():
 # ---------------------------------------------------------------- grammar
 
 def state_after(ids):
-    g = TOK.grammar()
-    state = g.start()
-    for tok in ids:
-        state = g.step(state, tok)
-    return state
+    return TOK.grammar().states(ids)[-1]
 
 
 def test_grammar_rules():

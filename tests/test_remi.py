@@ -321,6 +321,8 @@ def test_grammar_accepts_what_pop1k7_writes():
 
 
 def _walk(g, ids):
+    """The state after `ids`, stepped one by one so that `step`'s own error says what is wrong
+    (`Grammar.states` checks `accepts` first and says only where)."""
     state = g.start()
     for tok in ids:
         state = g.step(state, tok)

@@ -187,22 +187,31 @@ class SPEFilter(nn.Module):
                           device=self.gate.device)
         return eps * (self.realizations * self.head_dim) ** -0.25
 
+    def gate_factors(self, eps):
+        """(wet [H, D], dry * eps [H, D, R]): a gated layer's codes are wet * codes + dry * eps,
+        with wet = sqrt(1 - g) and dry = sqrt(g); None without a gate."""
+        if self.gate is None:
+            return None
+        g = torch.sigmoid(self.gate)
+        return (1 - g).sqrt(), g.sqrt()[..., None] * eps
+
     def gated_codes(self, codes, eps):
         """The effective codes this layer uses (for inspection and tests)."""
         qbar, kbar = codes
-        if self.gate is None:
+        factors = self.gate_factors(eps)
+        if factors is None:
             return qbar, kbar
-        g = torch.sigmoid(self.gate)[:, None, :, None]
-        return (1 - g).sqrt() * qbar + g.sqrt() * eps[:, None], (1 - g).sqrt() * kbar + g.sqrt() * eps[:, None]
+        wet, dry_eps = factors[0][:, None, :, None], factors[1][:, None]  # over [H, T, D, R]
+        return wet * qbar + dry_eps, wet * kbar + dry_eps
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, codes, eps) -> tuple[torch.Tensor, torch.Tensor]:
         """q, k: [B, H, T, D] -> qhat, khat: [B, H, T, R]."""
         qbar, kbar = codes
-        if self.gate is None:
+        factors = self.gate_factors(eps)
+        if factors is None:
             return mix_codes(q, qbar), mix_codes(k, kbar)
-        g = torch.sigmoid(self.gate)
-        wet = (1 - g).sqrt()[:, None, :]  # [H, 1, D]
-        dry_eps = g.sqrt()[..., None] * eps  # [H, D, R]: the gate noise's share, one matrix per head
+        wet = factors[0][:, None, :]  # [H, 1, D]
+        dry_eps = factors[1]  # [H, D, R]: the gate noise's share, one matrix per head
 
         def mix(x, bar):
             return mix_codes(x * wet, bar) + x @ dry_eps

@@ -173,10 +173,10 @@ class RecurrentStep:
     @staticmethod
     def _gate(spe_filter, eps):
         """(wet [H, D, 1], dry * eps [H, D, R]) of a gated SPE filter, else None."""
-        if spe_filter is None or spe_filter.gate is None:
+        factors = None if spe_filter is None else spe_filter.gate_factors(eps)
+        if factors is None:
             return None
-        g = torch.sigmoid(spe_filter.gate.detach())
-        return (1 - g).sqrt()[..., None], g.sqrt()[..., None] * eps
+        return factors[0].detach()[..., None], factors[1].detach()
 
     # --- state conversion ----------------------------------------------------------------
     def states(self) -> list:

@@ -65,9 +65,6 @@ def _init_worker(tokenizer_dict: dict[str, Any], encode: Encoder) -> None:
     global _worker_tokenizer, _worker_encode
     _worker_tokenizer = tokenizer_from_dict(tokenizer_dict)
     _worker_encode = encode
-    # a broken pool stops its other workers with SIGTERM: they end quietly (the parent's handler,
-    # inherited through fork, would unwind them with a traceback)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _timeout(signum, frame):

@@ -379,6 +379,30 @@ def test_render_length_bound_and_sigterm_leave_no_file_behind(tmp_path):
     assert not fluidsynths  # the synthesiser was stopped with its parent
 
 
+def test_a_forked_worker_terminated_before_its_setup_ends_quietly():
+    """A pool stops its workers with SIGTERM, possibly before a worker's initialiser has run: the
+    worker then still holds the CLI's handler (inherited through fork) and must die of the signal,
+    not unwind with a traceback on the user's terminal."""
+    script = (
+        "import os, signal, sys\n"
+        "from musegen.cli import main\n"
+        "import musegen.cli as cli\n"
+        "def fork_and_term():\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "        sum(range(10**6))  # where the inherited handler would raise\n"
+        "        os._exit(7)\n"
+        "    _, status = os.waitpid(pid, 0)\n"
+        "    print('child', os.WIFSIGNALED(status) and os.WTERMSIG(status))\n"
+        "cli.app.command('fork-test')(fork_and_term)\n"
+        "main(['fork-test'])\n")
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert run.returncode == 0 and run.stdout.strip() == f"child {int(signal.SIGTERM)}", run
+    assert "Traceback" not in run.stderr and "Terminated" not in run.stderr, run.stderr
+
+
 def test_prepare_never_deletes_what_it_did_not_write(pop909_songs, tmp_path):
     """`--out .` beside the user's own .npy files, then a rewrite: only the shards it wrote go."""
     src = tmp_path / "src"

@@ -53,13 +53,23 @@ class Terminated(BaseException):
     stop child processes (a BaseException: no `except Exception` in a library swallows it)."""
 
 
+_handler_pid = os.getpid()
+
+
 def _terminate(signum, frame):
+    if os.getpid() != _handler_pid:
+        # a forked worker inherited this handler (possibly before its own setup could replace it):
+        # it ends as SIGTERM ends a process, quietly, instead of unwinding with a traceback
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
     raise Terminated
 
 
 def main(argv: list[str] | None = None) -> None:
+    global _handler_pid
     debug = os.environ.get("MUSEGEN_DEBUG") == "1"
     in_main_thread = threading.current_thread() is threading.main_thread()
+    _handler_pid = os.getpid()
     previous = signal.signal(signal.SIGTERM, _terminate) if in_main_thread else None
     try:
         app(args=argv, standalone_mode=True)

@@ -274,8 +274,9 @@ def to_groove2groove(raw: Path, dest: Path) -> None:
     busiest of MMA's bass-line tracks (Bass*, Walk*) as `BB Bass`, the other melodic tracks by
     decreasing note count as `BB Guitar`, `BB Piano`, `BB Strings` (any further ones are left
     out), all 2 bars later after a count-in of side-stick clicks; tempo and meter changes move
-    with the music. One MIDI track per MMA track, so each keeps its own note pairing."""
-    parsed = read_parts(raw)
+    with the music. One MIDI track per MMA track, so each keeps its own note pairing; a string that
+    MMA re-strikes without a note-off ends where it is struck again."""
+    parsed = read_parts(raw, restrike_ends=True)
     groups: dict[str, list[Part]] = {}
     for part in parsed.parts:
         if len(part.notes):
@@ -394,15 +395,15 @@ def prepare(out: Path, source: Path | None = None, download: bool = False, worke
             path = out / "g2g" / style.name / f"{k}.mid"
             items.append(Item(name=f"{style.name}/{k}", path=path, group=style.family))
             plans[f"{style.name}/{k}"] = {"song": song, "first_bar": first}
-            if not path.is_file():
-                jobs.append((style, k, bars, out / "rendered" / style.name / f"{k}.mid", path))
+            # the layout is rewritten every time (cheap): a fix to it reaches an existing corpus
+            jobs.append((style, k, bars, out / "rendered" / style.name / f"{k}.mid", path))
 
     started = time.perf_counter()
     render_failures, rendered = [], 0
     if jobs:
         with mp.get_context("fork").Pool(max(1, workers or os.cpu_count() or 1)) as pool:
             for _, error, ran in tqdm(pool.imap_unordered(_render_one, jobs, chunksize=2), total=len(jobs),
-                                      desc="rendering with mma", unit="piece"):
+                                      desc="rendering (mma) and laying out", unit="piece"):
                 rendered += ran
                 if error:
                     render_failures.append(error)

@@ -165,6 +165,33 @@ def test_the_groove2groove_layout_of_a_rendering(tmp_path):
     assert [round(t.tempo) for t in decoded.tempo_changes] == [100, 140]
 
 
+def most_sounding_at_once_on_one_pitch(notes: np.ndarray) -> int:
+    most = 0
+    for pitch in np.unique(notes[:, 2]):
+        same = notes[notes[:, 2] == pitch]
+        edges = sorted([(on, 1) for on in same[:, 0]] + [(off, -1) for off in same[:, 1]])
+        most = max(most, *np.cumsum([step for _, step in edges]))
+    return most
+
+
+def test_a_restruck_string_ends_its_note_in_the_layout(tmp_path):
+    """MMA's strummed guitar re-strikes a sounding string without a note-off; read oldest-first,
+    those notes pile up to the end of the piece (up to 193 at once in the first corpus). In the
+    layout each string sounds once at a time, with every note kept."""
+    text = mg.mma_text(mg.Style("pflib/16beat1", "16beat1A", 112), [["C", "/", "Am", "/"], ["F", "/", "G", "/"]] * 4,
+                       seed=0)
+    raw, g2g = tmp_path / "raw.mid", tmp_path / "g2g.mid"
+    raw.write_bytes(mg.render_mma(text))
+    mg.to_groove2groove(raw, g2g)
+    piled = [p for p in read_parts(raw).parts if not p.is_drum and most_sounding_at_once_on_one_pitch(p.notes) > 2]
+    assert piled, "the rendering no longer re-strikes without note-offs: this test checks nothing"
+    laid_out = [p for p in read_parts(g2g).parts if not p.is_drum]
+    assert all(most_sounding_at_once_on_one_pitch(p.notes) == 1 for p in laid_out)
+    strummed = [p for p in laid_out if p.program == piled[0].program]
+    assert sum(len(p.notes) for p in strummed) == sum(len(p.notes) for p in piled)
+    assert np.median(np.concatenate([p.notes[:, 1] - p.notes[:, 0] for p in strummed])) <= 2 * read_parts(g2g).tpq
+
+
 def test_augmentations_stay_grammatical_on_real_pieces(corpus):
     out, _ = corpus
     grammar = TOK.grammar()

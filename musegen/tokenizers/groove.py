@@ -154,8 +154,13 @@ class Parsed:
     markers: list[tuple[int, str]] = field(default_factory=list)
 
 
-def read_parts(source: str | os.PathLike | bytes) -> Parsed:
-    """Parse a MIDI file (path or bytes) into parts, one-line MidiError for unusable input."""
+def read_parts(source: str | os.PathLike | bytes, restrike_ends: bool = False) -> Parsed:
+    """Parse a MIDI file (path or bytes) into parts, one-line MidiError for unusable input.
+
+    A note-off ends the oldest sounding note of its pitch. With `restrike_ends`, a note-on of a
+    pitch that is still sounding on its channel ends it first, as a synthesiser plays it: MMA's
+    strummed tracks re-strike a string without a note-off, which the default pairing would read
+    as a note lasting to the end of the track."""
     load_score(source)  # missing, empty, not MIDI, corrupt, no notes: one line each
     name = "<bytes>" if isinstance(source, (bytes, bytearray)) else str(source)
     data = bytes(source) if isinstance(source, (bytes, bytearray)) else Path(source).read_bytes()
@@ -168,11 +173,12 @@ def read_parts(source: str | os.PathLike | bytes) -> Parsed:
         raise MidiError(f"{name}: MIDI type 2 (independent sequences) is not supported")
     parsed = Parsed(name, int(midi.ticks_per_beat), [])
     for index, track in enumerate(midi.tracks):
-        parsed.parts.extend(_track_parts(track, parsed, named=midi.type == 1 and index > 0))
+        parsed.parts.extend(_track_parts(track, parsed, named=midi.type == 1 and index > 0,
+                                         restrike_ends=restrike_ends))
     return parsed
 
 
-def _track_parts(track, parsed: Parsed, named: bool) -> list[Part]:
+def _track_parts(track, parsed: Parsed, named: bool, restrike_ends: bool) -> list[Part]:
     """The parts of one MIDI track; its meta events go to `parsed`. A type-1 file's first track
     names the song, not a part (MusPy's rule)."""
     time, name = 0, None
@@ -183,7 +189,12 @@ def _track_parts(track, parsed: Parsed, named: bool) -> list[Part]:
         time += msg.time
         kind = msg.type
         if kind == "note_on" and msg.velocity > 0:
-            sounding.setdefault((msg.channel, msg.note), []).append((time, msg.velocity))
+            waiting = sounding.setdefault((msg.channel, msg.note), [])
+            if restrike_ends:
+                for onset, velocity in waiting:
+                    found.setdefault((programs[msg.channel], msg.channel), []).append((onset, time, msg.note, velocity))
+                waiting.clear()
+            waiting.append((time, msg.velocity))
         elif kind in ("note_off", "note_on"):
             waiting = sounding.setdefault((msg.channel, msg.note), [])
             if waiting:

@@ -110,15 +110,18 @@ def test_a_snapshot_continues_the_same_way_every_time(variant):
         assert torch.equal(model.step(tokens[:, 10]), first[0])
 
 
-def test_cpu_dropout_drops_at_its_rate_and_scales_what_it_keeps():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # bf16: what autocast hands it
+def test_cpu_dropout_drops_at_its_rate_and_scales_what_it_keeps(dtype):
     torch.manual_seed(0)
     dropout = Dropout(0.1)
-    x = torch.ones(400, 1000, requires_grad=True)
+    x = torch.ones(400, 1000, dtype=dtype, requires_grad=True)
     y = dropout(x)
+    assert y.dtype == dtype
     kept = y != 0
     assert abs(1 - kept.float().mean().item() - 0.1) < 0.003  # 400k draws: 0.1 +- 3 sigma
-    assert torch.allclose(y[kept], torch.full_like(y[kept], 2**16 / (2**16 - round(0.1 * 2**16))))
-    assert abs(y.mean().item() - 1) < 0.005  # unbiased
+    scale = torch.tensor(2**16 / (2**16 - round(0.1 * 2**16)), dtype=dtype)
+    assert torch.equal(y[kept], scale.expand(int(kept.sum())))
+    assert abs(y.float().mean().item() - 1) < 0.005  # unbiased
     y.sum().backward()
     assert torch.equal(x.grad, y.detach())  # the same mask and scale backwards
     torch.manual_seed(0)
@@ -290,3 +293,4 @@ def test_state_bytes_is_constant_for_recurrent_attention_and_grows_for_a_cache(a
                 sizes.append(model.state_bytes)
     assert sizes[0] > 0
     assert (sizes[1] == 3 * sizes[0]) if grows else (sizes[1] == sizes[0])
+

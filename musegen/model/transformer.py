@@ -34,34 +34,37 @@ class Noise:
     gates: list = field(default_factory=list)
 
 
-class _MaskedScale(torch.autograd.Function):
-    """x with the `drop` entries zeroed and the rest scaled; keeps only the 1-byte mask."""
+class _Scaled(torch.autograd.Function):
+    """x * keep * scale, the gradient likewise; `keep` (0 or 1, in x's dtype) is saved instead of x."""
 
     @staticmethod
-    def forward(ctx, x, drop, scale: float):
-        ctx.save_for_backward(drop)
+    def forward(ctx, x, keep, scale: float):
+        ctx.save_for_backward(keep)
         ctx.scale = scale
-        return x.masked_fill(drop, 0).mul_(scale)
+        return torch.mul(x, keep).mul_(scale)
 
     @staticmethod
     def backward(ctx, grad):
-        (drop,) = ctx.saved_tensors
-        return grad.masked_fill(drop, 0).mul_(ctx.scale), None, None
+        (keep,) = ctx.saved_tensors
+        return torch.mul(grad, keep).mul_(ctx.scale), None, None
 
 
 class Dropout(nn.Dropout):
     """nn.Dropout whose CPU mask costs a quarter of a random draw per element: each 64-bit draw
     gives four 16-bit uniforms, compared with round(p * 2^16) (so the rate is p to 1/65536,
-    and the scale matches the rate exactly). torch's per-element Bernoulli draws were about a
-    tenth of a CPU training step. On other devices, nn.Dropout as it is."""
+    and the scale matches the rate exactly). The mask is applied as a product with a 0/1 tensor
+    in x's dtype, which CPUs vectorise (masked_fill with a bool mask was 10x slower). torch's
+    per-element Bernoulli draws were about a tenth of a CPU training step. On other devices,
+    nn.Dropout as it is."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0 or x.device.type != "cpu":
             return super().forward(x)
         cut = round(self.p * 2**16)
         words = torch.empty((x.numel() + 3) // 4, dtype=torch.int64).random_(-2**63, 2**63 - 1)
-        drop = words.view(torch.int16)[:x.numel()].view(x.shape) < cut - 2**15
-        return _MaskedScale.apply(x, drop, 2**16 / (2**16 - cut))
+        keep = words.view(torch.int16)[:x.numel()].view(x.shape) >= cut - 2**15
+        # through uint8: a bool -> float conversion is not vectorised, a uint8 one is
+        return _Scaled.apply(x, keep.view(torch.uint8).to(x.dtype), 2**16 / (2**16 - cut))
 
 
 class SelfAttention(nn.Module):

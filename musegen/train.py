@@ -260,8 +260,11 @@ def _setup_processes(device_setting: str) -> tuple[Processes, torch.device]:
 
 
 def _ignore_interrupts(_worker_id: int) -> None:
-    """Data workers leave Ctrl-C to the trainer, which checkpoints before it stops them."""
+    """Data workers leave Ctrl-C and SIGTERM to the trainer, which checkpoints before it stops
+    them: both reach the whole process group (a terminal, a job scheduler), and a worker that
+    died of one would end the run with a DataLoader error instead of a checkpoint."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 class _StopRequest:

@@ -189,10 +189,13 @@ def test_sigkill_then_resume_reaches_the_same_weights(pop20, tmp_path):
     assert len(checkpoint_dirs(killed)) == 2  # keep=2
 
 
-def test_ctrl_c_writes_a_checkpoint_and_exits_130_and_a_second_run_is_locked_out(pop20, tmp_path, capsys):
+@pytest.mark.parametrize("stop", ["ctrl-c", "sigterm to the process group, with a data worker"])
+def test_ctrl_c_writes_a_checkpoint_and_exits_130_and_a_second_run_is_locked_out(stop, pop20, tmp_path, capsys):
     run = tmp_path / "run"
+    workers = ["--set", "workers=1"] if "worker" in stop else []
     proc = subprocess.Popen(_musegen("train", "--data", pop20, "--out", run, *TINY, "--set", "steps=1000",
-                                     "--set", "ckpt_every=500"), env=_env(), stderr=subprocess.PIPE, text=True)
+                                     "--set", "ckpt_every=500", *workers), env=_env(), stderr=subprocess.PIPE,
+                            text=True, preexec_fn=os.setpgrp)
     deadline = time.time() + 120
     while not any(json.loads(line).get("step", 0) >= 3 for line in _log_lines(run)):
         assert proc.poll() is None and time.time() < deadline
@@ -204,7 +207,10 @@ def test_ctrl_c_writes_a_checkpoint_and_exits_130_and_a_second_run_is_locked_out
         err = capsys.readouterr().err.strip().splitlines()
         assert code == 1 and len(err) == 1 and f"in use by another `musegen train` (process {proc.pid})" in err[0], err
     assert (run / "train_config.json").read_bytes() == config
-    proc.send_signal(signal.SIGINT)
+    if stop == "ctrl-c":
+        proc.send_signal(signal.SIGINT)
+    else:
+        os.killpg(proc.pid, signal.SIGTERM)  # what a job scheduler sends: the worker gets it too
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130
     steps = [s for s, p in checkpoint_dirs(run) if is_complete(p)]

@@ -188,6 +188,11 @@ def test_pop_protocol_measures_model_real_and_floor(pop, tmp_path, one_torch_thr
     with pytest.raises(ConfigError, match="other settings"):
         evaluate_continuation(ckpt, pop, out, ContinuationSettings(prompt_bars=1, bars=3), split="train",
                               limit=1, device="cpu", progress=False)
+    torch.manual_seed(1)  # another model at the same path (a re-export) must not resume these results
+    model = MusicPerformer(preset("tiny", vocab_size=tok.vocab_size))
+    save_checkpoint(ckpt, model, model.config, tok, {"train_len": 64})
+    with pytest.raises(ConfigError, match=r"other settings \(weights_sha256\)"):
+        evaluate_continuation(ckpt, pop, out, settings, split="train", limit=3, device="cpu", progress=False)
 
 
 def test_the_result_log_keeps_its_own_settings_and_refuses_foreign_files(tmp_path):

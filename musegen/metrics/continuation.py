@@ -42,6 +42,7 @@ out of means and medians.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -446,6 +447,20 @@ def plot_continuation(pooled: dict[str, dict[str, np.ndarray]], path: Path) -> N
     save_png(fig, path)
 
 
+def _fingerprints(model, pieces: list[np.ndarray]) -> dict[str, str]:
+    """Digests of the weights and of the split's tokens: a model re-exported, or a corpus
+    re-prepared, at the same path must not resume the results of the one before."""
+    weights = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        weights.update(name.encode())
+        weights.update(tensor.detach().float().cpu().numpy().tobytes())
+    tokens = hashlib.sha256()
+    for ids in pieces:
+        tokens.update(np.ascontiguousarray(ids, dtype=np.int64).tobytes())
+        tokens.update(b"|")
+    return {"weights_sha256": weights.hexdigest()[:16], "pieces_sha256": tokens.hexdigest()[:16]}
+
+
 def evaluate_continuation(checkpoint: str | os.PathLike, data_dir: str | os.PathLike, out_dir: str | os.PathLike,
                           settings: ContinuationSettings, split: str = "valid", limit: int | None = None,
                           device: str = "auto", threads: int | None = None, progress: bool = True) -> dict[str, Any]:
@@ -471,7 +486,7 @@ def evaluate_continuation(checkpoint: str | os.PathLike, data_dir: str | os.Path
     chosen = usable[:limit]
     out_dir = Path(out_dir)
     log = ResultLog(out_dir, {"checkpoint": str(Path(checkpoint).resolve()), "data": str(Path(data_dir).resolve()),
-                              "split": split, **asdict(settings)})
+                              "split": split, **asdict(settings), **_fingerprints(model, ids)})
     todo = [(i, p) for i, p in enumerate(chosen) if p.name not in log.records]
     for i, piece in tqdm(todo, desc="continuing", unit="piece", disable=not progress):
         floor = usable[(i + max(1, len(usable) // 2)) % len(usable)] if len(usable) > 1 else None

@@ -329,7 +329,7 @@ class _Rules:
 
     def start(self, ids: list[int], state, target_bar: int | None) -> _Row:
         row = _Row(list(ids), len(ids), state, target_bar, state)
-        allowed = self.grammar.allowed(state)
+        allowed = self.grammar.sampling_mask(state)
         row.mask = self.next_mask(row, allowed)
         row.done = row.closed = not allowed.any()  # a prompt that is a whole piece, end included
         return row
@@ -354,7 +354,7 @@ class _Rules:
         if row.state is None:
             row.done = row.new >= self.budget  # a broken sample runs to the length, for comparison
             return
-        allowed = grammar.allowed(row.state)
+        allowed = grammar.sampling_mask(row.state)
         if not allowed.any():  # the piece has ended
             row.done = row.closed = True
         elif row.target_bar is not None and len(self.tokenizer.bar_starts(row.ids)) > row.target_bar:

@@ -453,3 +453,37 @@ def test_cli_prompt_folder_continues_each_file_and_skips_bad_ones(checkpoints, p
     code, _, err = run_cli(["sample", "-c", checkpoints["remi"], "--prompt", prompts, "--length", 8,
                             "-o", tmp_path / "out2"], capsys)
     assert code != 0 and "none of its 2 prompts" in err.strip().splitlines()[-1] and "Traceback" not in err
+
+
+def test_a_groove_sampler_never_begins_one_drum_twice_at_one_time(models, prompt_files):
+    """A model that wants one drum above all (head bias) would, with the grammar alone, write it
+    again and again at one time (the data may hold doubles, so the grammar accepts them) and
+    never reach the next bar; the sampling mask allows one per time, and the bars are reached."""
+    from musegen.tokenizers.groove import NOTE_OFF, TIME_SHIFT, WIDE_SHIFT, shift_target
+
+    model, tok = models["groove"]
+    kick = tok.vocab.index("NoteOn_2_36")  # track 2: drums
+    grammar = tok.grammar()
+    state = grammar.states([tok.vocab.index("Start"), kick])[-1]
+    assert grammar.allowed(state)[kick] and not grammar.sampling_mask(state)[kick]
+    prompt = load_prompt(tok, prompt_files["groove"], bars=2)
+    bias = model.head.bias.detach().clone()
+    with torch.no_grad():
+        model.head.bias[kick] += 30.0
+    try:
+        samples, stats = generate(model, tok, prompt, SampleSettings(bars=4, num_samples=4, seed=0), progress=False)
+    finally:
+        with torch.no_grad():
+            model.head.bias.copy_(bias)
+    assert stats["invalid"] == 0
+    for sample in samples:
+        time, begun = 0, []
+        for t in sample.ids[len(prompt.ids):].tolist():
+            if TIME_SHIFT <= t <= WIDE_SHIFT:
+                moved = shift_target(time, t)
+                begun, time = ([] if moved > time else begun), moved
+            elif t < NOTE_OFF:
+                assert t not in begun, "a slot began twice at one time"
+                begun.append(t)
+        assert len(tok.bar_starts(sample.ids)) >= len(tok.bar_starts(prompt.ids)) + 4
+        assert Counter(sample.ids.tolist())[kick] > 4  # the bias was followed, once a time

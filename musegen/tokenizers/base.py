@@ -64,6 +64,11 @@ class Grammar(abc.ABC):
     def close(self, state: Any) -> list[int]:
         """Tokens that end the piece cleanly from a state where `can_close` holds."""
 
+    def sampling_mask(self, state: Any) -> np.ndarray:
+        """`allowed`, less what the data may hold but a sampler should not write (by default,
+        nothing more)."""
+        return self.allowed(state)
+
     def first_violation(self, ids) -> int | None:
         """Index of the first token the grammar rejects, or None when all are accepted."""
         state = self.start()

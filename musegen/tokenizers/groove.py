@@ -658,6 +658,7 @@ class GrooveState:
     rank: int = 0
     sounding: dict = field(default_factory=dict)
     begun: bool = False  # a note has begun
+    begun_now: frozenset = frozenset()  # the slots that began a note at the current time
 
 
 class GrooveGrammar(Grammar):
@@ -691,6 +692,17 @@ class GrooveGrammar(Grammar):
             self._allow_events(state, mask)
         mask[END] = state.last == AFTER_EVENT and state.begun and not state.sounding
         return mask
+
+    def sampling_mask(self, state: GrooveState) -> np.ndarray:
+        """`allowed` without a second note_on of one track and pitch at one time. The data may
+        hold such doubles (drum tracks merged into one; at most 2 in the reference's own files,
+        up to 6 in the MMA corpus), but a sampler allowed one more repeated it: thousands of one
+        drum at one time, each after a restating shift, the time never moving on (measured on
+        the groove model: 8,192 tokens without reaching the next bar)."""
+        allowed = self.allowed(state)
+        mask = allowed.copy()
+        mask[[NOTE_ON + slot for slot in state.begun_now]] = False
+        return mask if mask.any() else allowed  # (only doubles left: rather a double than a stop)
 
     def _allow_events(self, state: GrooveState, mask: np.ndarray) -> None:
         if state.mode == ONS:
@@ -726,14 +738,15 @@ class GrooveGrammar(Grammar):
             return replace(state, phase=2)
         if token >= TIME_SHIFT:
             time = shift_target(state.time, token)
-            moved = dict(mode=FRESH, key=None, zero_slot=-1, rank=0) if time > state.time else {}
+            moved = dict(mode=FRESH, key=None, zero_slot=-1, rank=0, begun_now=frozenset()) if time > state.time else {}
             return replace(state, time=time, last=AFTER_WIDE if token == WIDE_SHIFT else AFTER_FINAL, **moved)
         sounding = dict(state.sounding)
         if token < NOTE_OFF:
             sounding[token] = sounding.get(token, ()) + ((state.time, state.rank),)
             zero = token if len(sounding[token]) == 1 else -1
             return replace(state, last=AFTER_EVENT, mode=ONS, key=token % N_PITCH, zero_slot=zero,
-                           rank=state.rank + 1, sounding=sounding, begun=True)
+                           rank=state.rank + 1, sounding=sounding, begun=True,
+                           begun_now=state.begun_now | {token})
         slot = token - NOTE_OFF
         onset = sounding[slot][0][0]
         sounding[slot] = sounding[slot][1:]

@@ -185,21 +185,25 @@ def _track_parts(track, parsed: Parsed, named: bool, restrike_ends: bool) -> lis
     programs = [0] * 16
     sounding: dict[tuple[int, int], list[tuple[int, int]]] = {}  # (channel, pitch) -> [(onset, velocity)]
     found: dict[tuple[int, int], list[tuple[int, int, int, int]]] = {}  # (program, channel) -> notes
+
+    def end(channel: int, pitch: int, notes) -> None:
+        """End the sounding `notes` [(onset, velocity)] of `pitch` on `channel` at the current time."""
+        found.setdefault((programs[channel], channel), []).extend(
+            (onset, time, pitch, velocity) for onset, velocity in notes)
+
     for msg in track:
         time += msg.time
         kind = msg.type
         if kind == "note_on" and msg.velocity > 0:
             waiting = sounding.setdefault((msg.channel, msg.note), [])
             if restrike_ends:
-                for onset, velocity in waiting:
-                    found.setdefault((programs[msg.channel], msg.channel), []).append((onset, time, msg.note, velocity))
+                end(msg.channel, msg.note, waiting)
                 waiting.clear()
             waiting.append((time, msg.velocity))
         elif kind in ("note_off", "note_on"):
             waiting = sounding.setdefault((msg.channel, msg.note), [])
             if waiting:
-                onset, velocity = waiting.pop(0)
-                found.setdefault((programs[msg.channel], msg.channel), []).append((onset, time, msg.note, velocity))
+                end(msg.channel, msg.note, [waiting.pop(0)])
         elif kind == "program_change":
             programs[msg.channel] = msg.program
         elif kind == "set_tempo" and msg.tempo > 0:  # 0 microseconds per beat: no tempo at all
@@ -213,8 +217,7 @@ def _track_parts(track, parsed: Parsed, named: bool, restrike_ends: bool) -> lis
         elif kind == "end_of_track":
             break
     for (channel, pitch), waiting in sounding.items():  # still sounding: they end with the track
-        for onset, velocity in waiting:
-            found.setdefault((programs[channel], channel), []).append((onset, time, pitch, velocity))
+        end(channel, pitch, waiting)
     return [Part(name, program, channel == 9, np.array(notes, dtype=np.int64).reshape(-1, 4))
             for (program, channel), notes in found.items()]
 

@@ -8,7 +8,7 @@ from musegen.errors import ConfigError
 from musegen.model import MusicPerformer, preset
 from musegen.model.attention import fast_transformers_available
 from musegen.model.streaming import StreamState
-from musegen.model.transformer import Dropout
+from musegen.model.transformer import _HASH_BLOCK, Dropout, random_words
 
 TRAIN_LEN = 16  # "training length" of the tiny models; streaming runs 3x past it
 # bf16 inference (weights and matrix products in bf16, sums and logits in fp32) against the fp32
@@ -127,6 +127,30 @@ def test_cpu_dropout_drops_at_its_rate_and_scales_what_it_keeps(dtype):
     torch.manual_seed(0)
     assert torch.equal(dropout(x), y)  # the seed decides the mask
     assert torch.equal(dropout.eval()(x), x)
+
+
+def splitmix64(counter: int, seed: int) -> int:
+    """SplitMix64's output for `counter` from `seed`, in Python's exact integers (the paper's
+    algorithm as written: state seed + counter * golden ratio, then the mixing function)."""
+    z = (seed + counter * 0x9E3779B97F4A7C15) % 2**64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % 2**64
+    return z ^ (z >> 31)
+
+
+def test_dropout_words_are_splitmix64_across_hash_blocks_and_follow_the_seed():
+    torch.manual_seed(7)
+    seed = int(torch.empty((), dtype=torch.int64).random_())  # what random_words draws first
+    torch.manual_seed(7)
+    n = _HASH_BLOCK + 1000  # the second block is a short one
+    words = random_words(n)
+    for counter in [0, 1, 2, 999, _HASH_BLOCK - 1, _HASH_BLOCK, n - 1]:
+        assert int(words[counter]) % 2**64 == splitmix64(counter, seed % 2**64)
+    torch.manual_seed(7)
+    assert torch.equal(random_words(n), words)
+    assert not torch.equal(random_words(n), words)  # the next call draws another seed
+    bits = torch.stack([(words >> b) & 1 for b in range(64)]).float().mean(1)
+    assert bits.sub(0.5).abs().max() < 0.005  # every bit fair: 263k words, 5 sigma
 
 
 def test_inference_precision_is_checked():

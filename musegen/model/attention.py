@@ -105,11 +105,12 @@ class _ChunkedAttention(torch.autograd.Function):
         dq.addcmul_(gD[..., None], z[..., None, :])
         P, p = torch.matmul(qc.transpose(-1, -2), gN).to(wide), torch.matmul(gD[..., None, :], qc)[..., 0, :].to(wide)
         G, g = _exclusive_suffix_sum(gS, P), _exclusive_suffix_sum(gz, p)
+        G_factor = G.to(dtype)  # as a factor of the products below
         dk = torch.matmul(dA.transpose(-1, -2), qc)
-        dk.view(-1, C, M).baddbmm_(vc.reshape(-1, C, Dv), G.to(dtype).transpose(-1, -2).reshape(-1, Dv, M))
+        dk.view(-1, C, M).baddbmm_(vc.reshape(-1, C, Dv), G_factor.transpose(-1, -2).reshape(-1, Dv, M))
         dk.add_(g[..., None, :])
         dv = torch.matmul(A.transpose(-1, -2), gN)
-        dv.view(-1, C, Dv).baddbmm_(kc.reshape(-1, C, M), G.to(dtype).view(-1, M, Dv))
+        dv.view(-1, C, Dv).baddbmm_(kc.reshape(-1, C, M), G_factor.view(-1, M, Dv))
         T = n * C
         return (dq.view(B, H, T, M), dk.view(B, H, T, M), dv.view(B, H, T, Dv),
                 G[:, :, 0] + P[:, :, 0], g[:, :, 0] + p[:, :, 0], None)

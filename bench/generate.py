@@ -11,6 +11,9 @@ standard library's tokenize.)
    computes it natively; `model.for_inference`), batch 1 and 8, timed in interleaved rounds
    with a memory copy that measures the bandwidth on the spot. A step reads every weight once,
    so weight bytes / bandwidth is the least a step can take: "step/bound" is how far from it.
+   "products": the step's matrices alone, applied as the step applies them (packed bf16 on
+   CPU), in the same rounds: the part of the step that the matrix kernels set, whatever the
+   rest of the step does.
 2. step vs prefix, in the default precision ("auto"): the session is advanced to each position
    with the parallel `step(ids[1, T])` and snapshotted (`get_state`); single-token steps from
    each snapshot (`set_state`) are timed in interleaved rounds. "prefix" is what the reference
@@ -43,6 +46,7 @@ from bench.common import (CopyBandwidth, add_machine_options, apply_machine_opti
 from musegen.device import native_bf16
 from musegen.model import MusicPerformer, preset
 from musegen.model.families import FAMILIES
+from musegen.model.streaming import prepared_weights
 from musegen.sample import Prompt, SampleSettings, generate
 from musegen.tokenizers import tokenizer_from_dict
 
@@ -79,32 +83,60 @@ def weight_bytes(model: MusicPerformer, bf16: bool) -> int:
     return layers * (2 if bf16 else 4) + model.head.weight.nbytes
 
 
-def step_vs_bound(model: MusicPerformer, device: torch.device, precisions, tokens, rounds: int) -> tuple[dict, float]:
-    """({(precision, batch): median step seconds at 512}, median bandwidth in bytes/s)."""
-    states = {}
+def products_fn(model: MusicPerformer, device: torch.device, precision: str, batch: int):
+    """A closure applying every matrix a step reads (each layer's four, then the head) once to a
+    [batch, width] input, as the step prepares and applies them: what the step would cost if it
+    did nothing else."""
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    layers, head = prepared_weights(model, dtype)[:-1], prepared_weights(model, dtype)[-1]
+    c = model.config
+    narrow, wide = (torch.randn(batch, n, device=device).to(dtype) for n in (c.d_model, c.d_ff))
+
+    def products():
+        for weights in layers:
+            weights.qkv(narrow), weights.out(narrow), weights.ff_in(narrow), weights.ff_out(wide)
+        head(narrow.float())
+
+    return products
+
+
+def step_vs_bound(model: MusicPerformer, device: torch.device, precisions, tokens, rounds: int
+                  ) -> tuple[dict, dict, float]:
+    """({(precision, batch): median step seconds at 512}, {(precision, batch): median seconds of
+    the step's matrix products alone}, median bandwidth in bytes/s)."""
+    states, products = {}, {}
     for precision in precisions:
         model.for_inference(precision)
         for batch in BATCHES:
             states[(precision, batch)] = snapshots(model, tokens, (512,), batch)[512]
-    bandwidth, times = CopyBandwidth(device), defaultdict(list)
+            products[(precision, batch)] = products_fn(model, device, precision, batch)
+    bandwidth, times, product_times = CopyBandwidth(device), defaultdict(list), defaultdict(list)
+    with torch.no_grad():
+        for run in products.values():
+            run()  # warm-up
     for _ in range(rounds):  # rounds over every case, so a change in load hits all alike
         bandwidth.measure()
         for (precision, batch), state in states.items():
             model.for_inference(precision)
             times[(precision, batch)].append(step_seconds(model, device, state, tokens))
-    return {key: statistics.median(t) for key, t in times.items()}, bandwidth.median()
+            with torch.no_grad():
+                product_times[(precision, batch)].append(seconds(products[(precision, batch)], device))
+    median = {key: statistics.median(t) for key, t in times.items()}
+    return median, {key: statistics.median(t) for key, t in product_times.items()}, bandwidth.median()
 
 
-def print_bound_table(model: MusicPerformer, times: dict, bandwidth: float) -> None:
+def print_bound_table(model: MusicPerformer, times: dict, products: dict, bandwidth: float) -> None:
     print(f"# step() at position 512 vs the memory bound (weight bytes / copy bandwidth "
-          f"{bandwidth / 1e9:.1f} GB/s, read + write, measured in the same rounds)")
+          f"{bandwidth / 1e9:.1f} GB/s, read + write, measured in the same rounds) and vs its matrix "
+          f"products alone")
     print(f"{'precision':>9} {'batch':>5} {'step ms':>8} {'ms/seq':>7} {'weights MB':>10} {'bound ms':>8} "
-          f"{'step/bound':>10} {'vs batch 1':>10}")
+          f"{'step/bound':>10} {'products ms':>11} {'prod/bound':>10} {'vs batch 1':>10}")
     for (precision, batch), step_s in times.items():
         bound = weight_bytes(model, precision == "bf16") / bandwidth
+        alone = products[(precision, batch)]
         print(f"{precision:>9} {batch:>5} {step_s * 1e3:>8.2f} {step_s * 1e3 / batch:>7.2f} "
               f"{weight_bytes(model, precision == 'bf16') / 1e6:>10.0f} {bound * 1e3:>8.2f} {step_s / bound:>9.2f}x "
-              f"{step_s / times[(precision, 1)]:>9.2f}x")
+              f"{alone * 1e3:>11.2f} {alone / bound:>9.2f}x {step_s / times[(precision, 1)]:>9.2f}x")
 
 
 def step_latencies(model: MusicPerformer, device: torch.device, tokens: torch.Tensor) -> dict[int, tuple]:
@@ -198,9 +230,9 @@ def main() -> None:
     default = "bf16" if native_bf16(device) else "fp32"
     print(f"# paper-pop ({args.pe}), {describe(device)}; default inference precision here: {default}")
 
-    times, bandwidth = step_vs_bound(model, device, ("fp32", "bf16") if default == "bf16" else ("fp32",),
-                                     tokens, rounds=7 if args.quick else 15)
-    print_bound_table(model, times, bandwidth)
+    times, products, bandwidth = step_vs_bound(model, device, ("fp32", "bf16") if default == "bf16" else ("fp32",),
+                                               tokens, rounds=7 if args.quick else 15)
+    print_bound_table(model, times, products, bandwidth)
     bare = times[(default, 1)]
 
     model.for_inference("auto")

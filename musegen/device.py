@@ -54,7 +54,7 @@ def native_bf16(device: torch.device) -> bool:
 def use_bf16(precision: str, device: torch.device) -> bool:
     """The precision decision for training and inference: "bf16" always, "fp32" never, "auto"
     where the device computes bf16 natively (CUDA GPUs with bf16, CPUs with AVX512-BF16/AMX/Arm
-    BF16). Parts that need fp32 stay in fp32 either way (the model's attention sums, SPE codes)."""
+    BF16). Parts that need fp32 stay in fp32 either way (the model's feature maps, attention sums)."""
     if precision not in PRECISIONS:
         raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     return precision == "bf16" or (precision == "auto" and native_bf16(device))

@@ -153,6 +153,27 @@ def test_dropout_words_are_splitmix64_across_hash_blocks_and_follow_the_seed():
     assert bits.sub(0.5).abs().max() < 0.005  # every bit fair: 263k words, 5 sigma
 
 
+@pytest.mark.parametrize("ape_input", ["musegen", "reference"])
+def test_ape_input_decides_whether_dropout_reaches_the_positions(ape_input):
+    """With token embeddings zeroed, the first layer's input is the dropped-out sum: positions
+    dropped with the tokens (musegen), or the bare sinusoids (reference: added after dropout)."""
+    torch.manual_seed(0)
+    model = MusicPerformer(preset("tiny", pe="ape", ape_input=ape_input, dropout=0.5)).train()
+    if ape_input == "reference":
+        assert abs(model.embedding.weight.std().item() - 0.01) < 0.002  # the reference's init
+    nn.init.zeros_(model.embedding.weight)
+    seen = []
+    model.layers[0].register_forward_hook(lambda module, args, out: seen.append(args[0].detach()))
+    model(ids(length=40))
+    positions = model.position_encoding(0, 40).expand_as(seen[0])
+    if ape_input == "reference":
+        assert torch.equal(seen[0], positions)
+    else:
+        dropped = seen[0] == 0
+        assert 0.4 < dropped[positions != 0].float().mean().item() < 0.6
+        assert torch.allclose(seen[0][~dropped], 2 * positions[~dropped])
+
+
 def test_inference_precision_is_checked():
     with pytest.raises(ConfigError, match="precision"):
         tiny().for_inference("fp8")

@@ -28,6 +28,10 @@ class ModelConfig:
     norm: str = "post"  # "post" (reference code) | "pre"
     # Positional encoding: APE adds sinusoids to the embedding; SPE variants replace it.
     pe: str = "sine"  # one of PE_CHOICES
+    # How APE enters: "musegen" adds the sinusoids to the embedding (weights N(0, 0.02)) before
+    # the embedding dropout; "reference" as aliutkus/spe's pop-piano model: embedding weights
+    # N(0, 0.01), the sinusoids added after the dropout, so positions are never dropped.
+    ape_input: str = "musegen"
     gated: bool = True
     spe_sines: int = 5  # K for sineSPE
     spe_kernel: int = 128  # filter length P for convSPE
@@ -47,6 +51,7 @@ class ModelConfig:
     def __post_init__(self):
         checks = [
             (self.pe in PE_CHOICES, f"pe must be one of {PE_CHOICES}, got {self.pe!r}"),
+            (self.ape_input in ("musegen", "reference"), f"ape_input must be 'musegen' or 'reference', got {self.ape_input!r}"),
             (self.attention in ATTENTION_CHOICES, f"attention must be one of {ATTENTION_CHOICES}, got {self.attention!r}"),
             (self.kernel in KERNEL_CHOICES, f"kernel must be one of {KERNEL_CHOICES}, got {self.kernel!r}"),
             (self.norm in ("post", "pre"), f"norm must be 'post' or 'pre', got {self.norm!r}"),

@@ -62,14 +62,15 @@ class SineSPE(nn.Module):
         cycles = torch.remainder(freqs[:, :, None] * positions[:, None], 1.0)
         return (2 * math.pi * cycles).to(self.freqs.dtype)
 
-    def _codes(self, phases: torch.Tensor, weighted: torch.Tensor) -> torch.Tensor:
-        """sum_j basis[h, d, t, j] weighted[h, d, j, r] -> [H, T, D, R], contiguous: every layer
-        reads the codes as H*T matrices of [D, R] (mix_codes). One bmm over the H*D pairs and
-        one transposing copy (an einsum here copied matrix by matrix in its backward)."""
+    def _codes(self, phases: torch.Tensor, weighted: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """sum_j basis[h, d, t, j] weighted[h, d, j, r] -> [H, T, D, R] in `dtype`, contiguous:
+        every layer reads the codes as H*T matrices of [D, R] (mix_codes). One bmm over the H*D
+        pairs and one transposing copy that also casts (an einsum here copied matrix by matrix
+        in its backward)."""
         H, D, T, _ = phases.shape
         basis = torch.stack([phases.cos(), phases.sin()], dim=-1).view(H * D, T, -1)  # [(h, d), T, 2K]
         codes = torch.bmm(basis, weighted.view(H * D, -1, self.realizations))
-        return codes.view(H, D, T, -1).transpose(1, 2).contiguous()
+        return codes.view(H, D, T, -1).transpose(1, 2).to(dtype, memory_format=torch.contiguous_format)
 
     def weighted(self, noise: torch.Tensor) -> torch.Tensor:
         """The noise times each sine's gain and the codes' scale: [H, D, 2K, R], the same for
@@ -77,13 +78,13 @@ class SineSPE(nn.Module):
         gains = F.softplus(self.gains).repeat_interleave(2, dim=-1)  # [H, D, 2K]: (cos, sin) share a gain
         return noise * gains[..., None] * self.code_scale
 
-    def codes(self, noise: torch.Tensor, t0: int, t1: int, weighted: torch.Tensor | None = None
-              ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(Qbar, Kbar) for positions [t0, t1), each [H, T, D, R], computed in closed form
-        (`weighted`: `self.weighted(noise)`, when already at hand)."""
+    def codes(self, noise: torch.Tensor, t0: int, t1: int, weighted: torch.Tensor | None = None,
+              dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+        """(Qbar, Kbar) for positions [t0, t1), each [H, T, D, R], computed in closed form in
+        fp32 and delivered in `dtype` (`weighted`: `self.weighted(noise)`, when already at hand)."""
         phases = self._phases(t0, t1)
         weighted = self.weighted(noise) if weighted is None else weighted
-        return self._codes(phases + self.offsets[:, :, None], weighted), self._codes(phases, weighted)
+        return self._codes(phases + self.offsets[:, :, None], weighted, dtype), self._codes(phases, weighted, dtype)
 
     def kernel(self, lags: torch.Tensor) -> torch.Tensor:
         """P_d(tau) for the given lags tau = m - n: [H, D, len(lags)] (the unscaled target)."""
@@ -142,14 +143,17 @@ class ConvSPE(nn.Module):
         return ConvNoise((self.realizations, self.n_heads * self.head_dim), _new_seed(generator),
                          self.filter_q.device)
 
-    def codes(self, noise: ConvNoise, t0: int, t1: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(Qbar, Kbar) for positions [t0, t1), each [H, T, D, R]."""
+    def codes(self, noise: ConvNoise, t0: int, t1: int, dtype: torch.dtype = torch.float32
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(Qbar, Kbar) for positions [t0, t1), each [H, T, D, R], filtered in fp32 and delivered
+        in `dtype`."""
         z = noise.window(t0, t1 + self.kernel_size - 1).to(self.filter_q.dtype)
         groups = self.n_heads * self.head_dim
 
         def filtered(weight):  # [R, H*D, T] -> [H, T, D, R], contiguous like SineSPE's
             out = F.conv1d(z, weight, groups=groups) * self.code_scale
-            return out.view(self.realizations, self.n_heads, self.head_dim, t1 - t0).permute(1, 3, 2, 0).contiguous()
+            out = out.view(self.realizations, self.n_heads, self.head_dim, t1 - t0).permute(1, 3, 2, 0)
+            return out.to(dtype, memory_format=torch.contiguous_format)
 
         return filtered(self.filter_q), filtered(self.filter_k)
 
@@ -205,16 +209,19 @@ class SPEFilter(nn.Module):
         return wet * qbar + dry_eps, wet * kbar + dry_eps
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, codes, eps) -> tuple[torch.Tensor, torch.Tensor]:
-        """q, k: [B, H, T, D] -> qhat, khat: [B, H, T, R]."""
+        """q, k: [B, H, T, D] -> qhat, khat: [B, H, T, R] in fp32. The products take the codes'
+        dtype (bf16 under autocast: the model casts the codes once for all layers) and sum in fp32."""
         qbar, kbar = codes
+        dtype = qbar.dtype
+        q, k = q.to(dtype), k.to(dtype)
         factors = self.gate_factors(eps)
         if factors is None:
-            return mix_codes(q, qbar), mix_codes(k, kbar)
-        wet = factors[0][:, None, :]  # [H, 1, D]
-        dry_eps = factors[1]  # [H, D, R]: the gate noise's share, one matrix per head
+            return mix_codes(q, qbar).float(), mix_codes(k, kbar).float()
+        wet = factors[0][:, None, :].to(dtype)  # [H, 1, D]
+        dry_eps = factors[1].to(dtype)  # [H, D, R]: the gate noise's share, one matrix per head
 
         def mix(x, bar):
-            return mix_codes(x * wet, bar) + x @ dry_eps
+            return mix_codes(x * wet, bar).float() + x @ dry_eps
 
         return mix(q, qbar), mix(k, kbar)
 
@@ -276,7 +283,7 @@ class _MixCodes(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, codes, gradient_sum: Optional[_GradientSum]):
         B, H, T, D = x.shape
-        rows = x.permute(1, 2, 0, 3).reshape(H * T, B, D)
+        rows = x.permute(1, 2, 0, 3).reshape(H * T, B, D)  # x and codes share a dtype (SPEFilter)
         ctx.save_for_backward(rows, codes)
         ctx.gradient_sum = gradient_sum
         out = torch.bmm(rows, codes.view(H * T, D, -1))
@@ -287,7 +294,8 @@ class _MixCodes(torch.autograd.Function):
     def backward(ctx, grad):
         rows, codes = ctx.saved_tensors
         H, T, D, R = codes.shape
-        grad_rows = grad.permute(1, 2, 0, 3).reshape(H * T, -1, R)
+        # in the products' dtype (one copy either way: the permuted gradient is not contiguous)
+        grad_rows = grad.permute(1, 2, 0, 3).to(codes.dtype, memory_format=torch.contiguous_format).view(H * T, -1, R)
         matrices = codes.view(H * T, D, R)
         dx = torch.bmm(grad_rows, matrices.transpose(1, 2)).view(H, T, -1, D).permute(2, 0, 1, 3)
         dcodes = None

@@ -116,14 +116,14 @@ class SelfAttention(nn.Module):
         B, T, _ = x.shape
         projected = self.qkv(x)
         q, k, v = self.split(projected)
-        # SPE, feature maps and the running sums stay in fp32 under autocast: exp() features and
-        # long prefix sums lose too much in bf16. The linear attention's matrix products take
-        # the projection's dtype (bf16 under autocast), as the linear layers do.
+        # Feature maps and the running sums stay in fp32 under autocast: exp() features and long
+        # prefix sums lose too much in bf16. Matrix products (SPE's, the linear attention's)
+        # take the projection's dtype (bf16 under autocast), as the linear layers do.
         with torch.autocast(x.device.type, enabled=False):
+            if self.spe_filter is not None:
+                q, k = self.spe_filter(q, k, codes, gate_noise)  # fp32 out
             q, k, v = (None if t is None else t.to(torch.float32, memory_format=torch.contiguous_format)
                        for t in (q, k, v))
-            if self.spe_filter is not None:
-                q, k = self.spe_filter(q, k, codes, gate_noise)
             if self.family is not None:
                 y, state = self.family(q, k, v, state)
             elif self.features is None:
@@ -203,7 +203,8 @@ class MusicPerformer(nn.Module):
 
     Precision of generation: `model.for_inference("auto" | "fp32" | "bf16")` (default "fp32").
     In bf16 the weights are read as bf16 (see streaming.py) and block steps run under bf16
-    autocast; the attention sums, SPE codes and logits stay fp32. Single-token steps of the
+    autocast (SPE's products included); the attention sums and logits stay fp32, and the fast
+    single-token step applies the SPE codes in fp32. Single-token steps of the
     attentions without a fast step (softmax and the families) stay fp32. The logits then differ from
     fp32 by bf16 rounding (BF16_LOGIT_TOLERANCE, tests/test_transformer.py).
     """
@@ -231,6 +232,8 @@ class MusicPerformer(nn.Module):
                 nn.init.normal_(module.weight, std=0.02)
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
+        if config.ape_input == "reference":
+            nn.init.normal_(self.embedding.weight, std=0.01)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
@@ -264,13 +267,20 @@ class MusicPerformer(nn.Module):
         t1 = t0 + ids.shape[1]
         self.config.check_length(t1)
         x = self.embedding(ids) * math.sqrt(self.config.d_model)
-        if self.config.pe == "ape":
-            x = x + self.position_encoding(t0, t1).to(x.dtype)
-        x = self.dropout(x)
+        if self.config.pe != "ape":
+            x = self.dropout(x)
+        elif self.config.ape_input == "reference":  # positions after the dropout: never dropped
+            x = self.dropout(x) + self.position_encoding(t0, t1).to(x.dtype)
+        else:
+            x = self.dropout(x + self.position_encoding(t0, t1).to(x.dtype))
         codes = None
         if self.spe is not None:
-            with torch.autocast(ids.device.type, enabled=False):  # codes stay fp32, like the attention core
-                codes = tuple(share_codes(c) for c in self.spe.codes(noise.spe, t0, t1))
+            device = ids.device.type
+            # The codes are computed in fp32 and cast once to the dtype of the layers' SPE
+            # products: bf16 under autocast, like the attention's products (SPEFilter).
+            products = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else torch.float32
+            with torch.autocast(device, enabled=False):
+                codes = tuple(share_codes(c) for c in self.spe.codes(noise.spe, t0, t1, dtype=products))
         new_states = []
         for layer, gate_noise, state in zip(self.layers, noise.gates, states):
             x, state = layer(x, codes, gate_noise, state)

@@ -1,21 +1,30 @@
 #!/usr/bin/env bash
 # Experiment 1 of docs/method.md §6.1 at CPU scale (docs/results.md): identical small REMI models on
 # POP909 that differ only in how attention knows about position (the four PE variants of the
-# paper, plus the relative-softmax and Aaren attention families). Trained at L = 256, scored
-# per position to 4L, and each continues the same prompt for 4L tokens.
-#   bash scripts/experiments/pop_pe.sh                       all stages, all models
+# paper, the reference's APE input, plus the relative-softmax and Aaren attention families).
+# Trained at L, scored per position to 4L, and each continues the same prompt for 4L tokens.
+#   bash scripts/experiments/pop_pe.sh                       all stages, all models (L = 256)
 #   MODELS="ape sine-gated" bash scripts/experiments/pop_pe.sh train
+#   SCALE=long MODELS="ape sine-gated" bash scripts/experiments/pop_pe.sh train
+# SCALE=long: L = 512 and 4,000 updates of 8 x 512 (16.4M tokens, 10x the L = 256 runs), with
+# validation to 4L every 500 updates, so each run's log.jsonl holds its within-L and beyond-L
+# loss as training goes on (valid_loss, valid_extrapolation).
 # Stages: train evaluate sample report. Interrupted runs resume where they stopped.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/experiments/common.sh
 
-L=256
 DATA=data/pop909
-RUNS=${RUNS:-runs/pop-pe}
-OUT=docs/experiments/pop
+if [ "${SCALE:-short}" = long ]; then
+  L=512 STEPS=4000 TRACKING=(valid_every=500 valid_len=2048 valid_pieces=44 ckpt_every=250 keep=2)
+  RUNS=${RUNS:-runs/pop-pe-long} OUT=docs/experiments/pop-long
+else
+  L=256 STEPS=800 TRACKING=(valid_every=0 ckpt_every=100)
+  RUNS=${RUNS:-runs/pop-pe} OUT=docs/experiments/pop
+fi
 declare -A MODEL_SETTINGS=(
   [ape]="model.pe=ape"
+  [ape-reference]="model.pe=ape model.ape_input=reference"
   [sine-gated]="model.pe=sine model.gated=true"
   [conv-gated]="model.pe=conv model.gated=true"
   [conv-ungated]="model.pe=conv model.gated=false"
@@ -25,8 +34,7 @@ declare -A MODEL_SETTINGS=(
 )
 MODELS=${MODELS:-ape sine-gated conv-gated conv-ungated relative aaren}
 # Everything but the model settings is shared: data, steps, batch, seed, schedule.
-COMMON=(seq_len=$L batch_size=8 steps=800 lr=4e-4 warmup=100 valid_every=0 ckpt_every=100
-        workers=0 seed=0)
+COMMON=(seq_len=$L batch_size=8 steps=$STEPS lr=4e-4 warmup=100 "${TRACKING[@]}" workers=0 seed=0)
 stages=${*:-train evaluate sample report}
 
 [ -f "$DATA/index.json" ] || "${musegen[@]}" data prepare pop909 --out "$DATA"

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# What limits the groove model (issue "Models worth keeping"): two small models on the MMA groove
+# corpus, identical to the shipped model's first stage (L = 512, 8 x 512, lr 4e-4, K = 8 sines,
+# features redrawn every 40 steps) but 1,500 updates long, that differ only in the attention:
+# the Performer's FAVOR+ approximation and exact softmax (both with gated sineSPE). Scored per
+# token type on the test split within L, and by `evaluate continuation` on 24 test pieces.
+#   bash scripts/experiments/groove_attention.sh              all stages
+#   MODELS=softmax bash scripts/experiments/groove_attention.sh train
+# Stages: train evaluate continue. Interrupted runs resume where they stopped.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+source scripts/experiments/common.sh
+
+L=512
+DATA=data/mma-groove
+RUNS=${RUNS:-runs/groove-attention}
+declare -A MODEL_SETTINGS=(
+  [performer]="model.attention=performer"
+  [softmax]="model.attention=softmax"
+)
+MODELS=${MODELS:-performer softmax}
+COMMON=(seq_len=$L batch_size=8 steps=1500 lr=4e-4 warmup=200 precision=bf16 model.spe_sines=8
+        model.redraw=every:40 valid_every=0 ckpt_every=250 keep=1 workers=0 seed=0)
+stages=${*:-train evaluate continue}
+
+[ -f "$DATA/index.json" ] || "${musegen[@]}" data prepare mma-groove --out "$DATA"
+
+for stage in $stages; do
+  case $stage in
+    train) train_models ;;
+    evaluate) evaluate_models test $L ;;
+    continue)
+      for m in $MODELS; do
+        in_pool "${musegen[@]}" evaluate continuation --checkpoint "$(latest_checkpoint "$RUNS/$m")" --data "$DATA" \
+          --split test --prompt-bars 2 --bars 8 --samples-per-piece 1 --seed 0 --threads 1 --pieces 24 \
+          --out "$RUNS/$m/continuation"
+      done
+      wait ;;
+    *) echo "groove_attention.sh: unknown stage $stage (train evaluate continue)" >&2; exit 2 ;;
+  esac
+done

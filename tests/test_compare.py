@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -75,9 +76,9 @@ def test_bad_requests_are_one_line_errors(tmp_path, capsys):
         assert err.count("\n") == 0 and "Traceback" not in err and err
 
 
-def test_run_folders_add_the_compute_each_run_used(pop, tmp_path, capsys):
-    sets = ["seq_len=32", "batch_size=2", "steps=4", "workers=0", "valid_every=0", "ckpt_every=4", "warmup=1",
-            "log_every=2"]
+def test_run_folders_add_the_compute_each_run_used_and_their_validations(pop, tmp_path, capsys):
+    sets = ["seq_len=32", "batch_size=2", "steps=4", "workers=0", "valid_every=2", "valid_len=64", "valid_pieces=2",
+            "ckpt_every=4", "warmup=1", "log_every=2"]
     for name, pe in (("ape", "ape"), ("sine", "sine")):
         run = tmp_path / name
         with pytest.raises(SystemExit) as exit_info:
@@ -92,3 +93,13 @@ def test_run_folders_add_the_compute_each_run_used(pop, tmp_path, capsys):
         assert row["steps"] == 4 and row["tokens"] == 4 * 2 * 32 and row["minutes"] > 0
         assert row["parameters"] == models[row["model"]].num_parameters()
     assert "| sine |" in (tmp_path / "cmp" / "training.md").read_text()
+    validation = (tmp_path / "cmp" / "validation.md").read_text()
+    for name in ("ape", "sine"):
+        logged = [json.loads(line) for line in (tmp_path / name / "log.jsonl").read_text().splitlines()]
+        logged = [r for r in logged if "valid_loss" in r]
+        assert [r["step"] for r in logged] == [2, 4]
+        for row, record in zip(report["validation"][name], logged):
+            assert (row["within"], row["beyond"]) == (record["valid_loss"], record["valid_extrapolation"])
+            gap = f"{record['valid_extrapolation'] - record['valid_loss']:.3f}"
+            assert f"| {name} | {record['step']} | {record['valid_loss']:.3f} |" in validation and gap in validation
+    assert (tmp_path / "cmp" / "validation.png").read_bytes()[:4] == b"\x89PNG"

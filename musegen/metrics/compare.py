@@ -3,7 +3,8 @@
 Each model is a folder (a run folder, say) holding, anywhere below it, what `musegen evaluate
 loss` (one nll_<split>.csv), `musegen evaluate style` (style.csv) and `musegen sample` (batch.json
 or <prompt>.json) wrote for it. The report holds a table (Markdown and CSV) and one figure per
-kind of evaluation found for every model, and, for run folders, the compute each run used.
+kind of evaluation found for every model, and, for run folders, the compute each run used and,
+where they validated as they trained, their NLL within and beyond the training length by step.
 """
 
 from __future__ import annotations
@@ -175,6 +176,42 @@ def compare_training(runs: dict[str, Path], out_dir: Path) -> list[dict[str, Any
     return rows
 
 
+def read_validation(folder: Path) -> list[dict[str, float]]:
+    """The validations a run logged as it trained (`valid_every`): step, NLL within the
+    training length and beyond it (positions up to `valid_len`)."""
+    path = folder / "log.jsonl"
+    if not path.is_file():
+        return []
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [{"step": r["step"], "within": r["valid_loss"], "beyond": r.get("valid_extrapolation", math.nan)}
+            for r in records if "valid_loss" in r]
+
+
+def compare_validation(runs: dict[str, Path], out_dir: Path) -> dict[str, list[dict[str, float]]]:
+    """Each model's validation NLL within and beyond L as training went on, and the gap between
+    them (table and figure): whether extrapolation departs from the training length with training."""
+    trends = {name: read_validation(folder) for name, folder in runs.items()}
+    write_table(out_dir, "validation", ["model", "step", "within L", "beyond L", "beyond - within"], [
+        [name, str(v["step"]), fmt(v["within"]), fmt(v["beyond"]), fmt(v["beyond"] - v["within"])]
+        for name, trend in trends.items() for v in trend])
+    plt = pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
+    for name, trend in trends.items():
+        steps = [v["step"] for v in trend]
+        line, = left.plot(steps, [v["within"] for v in trend], marker="o", ms=3, label=f"{name} within L")
+        left.plot(steps, [v["beyond"] for v in trend], marker="o", ms=3, ls="--", color=line.get_color(),
+                  label=f"{name} beyond L")
+        right.plot(steps, [v["beyond"] - v["within"] for v in trend], marker="o", ms=3, label=name)
+    left.set(xlabel="training step", ylabel="validation NLL (nats)")
+    right.set(xlabel="training step", ylabel="beyond L - within L (nats)")
+    right.axhline(0, color="k", lw=0.8)
+    left.legend(fontsize=7)
+    right.legend(fontsize=8)
+    fig.tight_layout()
+    save_png(fig, out_dir / "validation.png")
+    return trends
+
+
 def fmt(value: float, digits: int = 3) -> str:
     return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
 
@@ -246,6 +283,8 @@ def compare(runs: dict[str, str | os.PathLike], out_dir: str | os.PathLike,
         report["style"] = compare_style(folders, out_dir)
     if report and all(read_training(f) for f in folders.values()):
         report["training"] = compare_training(folders, out_dir)
+    if report and all(read_validation(f) for f in folders.values()):
+        report["validation"] = compare_validation(folders, out_dir)
     if not report:
         raise DataError("nothing to compare: give every model folder nll_<split>.csv "
                         "(musegen evaluate loss) or style.csv (musegen evaluate style)")

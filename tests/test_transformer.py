@@ -174,6 +174,34 @@ def test_ape_input_decides_whether_dropout_reaches_the_positions(ape_input):
         assert torch.allclose(seen[0][~dropped], 2 * positions[~dropped])
 
 
+@pytest.mark.parametrize("attention", ["performer", "softmax"])
+@pytest.mark.parametrize("pe", ["sine", "conv"])
+@pytest.mark.parametrize("gated", [True, False])
+def test_bf16_training_gradients_follow_fp32(pe, gated, attention):
+    """One training update's gradients under bf16 autocast (SPE and attention products in bf16,
+    sums in fp32) point where the fp32 ones do, for every parameter, SPE's included."""
+    torch.manual_seed(0)
+    model = MusicPerformer(preset("small", n_layers=2, pe=pe, gated=gated, dropout=0.0, redraw="fixed",
+                                  attention=attention)).train()
+    tokens = ids(batch=4, length=257)
+
+    def gradients(bf16: bool) -> dict[str, torch.Tensor]:
+        model.zero_grad()
+        torch.manual_seed(1)  # the same SPE and gate noise both times
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            logits = model(tokens[:, :-1])
+        torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), tokens[:, 1:]).backward()
+        return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+    exact, fast = gradients(False), gradients(True)
+    assert exact.keys() == fast.keys() and any(".spe" in name or "spe." in name for name in exact)
+    for name, g in exact.items():
+        if g.norm() == 0:
+            continue
+        cosine = torch.nn.functional.cosine_similarity(g.flatten(), fast[name].flatten(), dim=0)
+        assert cosine > 0.99 and 0.9 < fast[name].norm() / g.norm() < 1.1, (name, float(cosine))
+
+
 def test_inference_precision_is_checked():
     with pytest.raises(ConfigError, match="precision"):
         tiny().for_inference("fp8")

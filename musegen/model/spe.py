@@ -294,8 +294,9 @@ class _MixCodes(torch.autograd.Function):
     def backward(ctx, grad):
         rows, codes = ctx.saved_tensors
         H, T, D, R = codes.shape
-        # in the products' dtype (one copy either way: the permuted gradient is not contiguous)
-        grad_rows = grad.permute(1, 2, 0, 3).to(codes.dtype, memory_format=torch.contiguous_format).view(H * T, -1, R)
+        # in the products' dtype, one copy either way (`to` leaves a tensor of the right dtype as
+        # it is, strides included, so the reshape copies it then)
+        grad_rows = grad.permute(1, 2, 0, 3).to(codes.dtype, memory_format=torch.contiguous_format).reshape(H * T, -1, R)
         matrices = codes.view(H * T, D, R)
         dx = torch.bmm(grad_rows, matrices.transpose(1, 2)).view(H, T, -1, D).permute(2, 0, 1, 3)
         dcodes = None

@@ -6,7 +6,8 @@
 # token type on the test split within L, and by `evaluate continuation` on 24 test pieces.
 #   bash scripts/experiments/groove_attention.sh              all stages
 #   MODELS=softmax bash scripts/experiments/groove_attention.sh train
-# Stages: train evaluate continue. Interrupted runs resume where they stopped.
+# Stages: train evaluate continue report (copies the tables and logs into docs/experiments/).
+# Interrupted runs resume where they stopped.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/experiments/common.sh
@@ -14,6 +15,7 @@ source scripts/experiments/common.sh
 L=512
 DATA=data/mma-groove
 RUNS=${RUNS:-runs/groove-attention}
+OUT=docs/experiments/groove-attention
 declare -A MODEL_SETTINGS=(
   [performer]="model.attention=performer"
   [softmax]="model.attention=softmax"
@@ -21,7 +23,7 @@ declare -A MODEL_SETTINGS=(
 MODELS=${MODELS:-performer softmax}
 COMMON=(seq_len=$L batch_size=8 steps=1500 lr=4e-4 warmup=200 precision=bf16 model.spe_sines=8
         model.redraw=every:40 valid_every=0 ckpt_every=250 keep=1 workers=0 seed=0)
-stages=${*:-train evaluate continue}
+stages=${*:-train evaluate continue report}
 
 [ -f "$DATA/index.json" ] || "${musegen[@]}" data prepare mma-groove --out "$DATA"
 
@@ -36,6 +38,12 @@ for stage in $stages; do
           --out "$RUNS/$m/continuation"
       done
       wait ;;
-    *) echo "groove_attention.sh: unknown stage $stage (train evaluate continue)" >&2; exit 2 ;;
+    report)
+      for m in $MODELS; do
+        mkdir -p "$OUT/$m"
+        cp "$RUNS/$m"/eval/token_types_test.{md,csv} "$RUNS/$m"/continuation/continuation.{md,csv} "$OUT/$m/"
+        cp "$RUNS/$m/log.jsonl" "$OUT/$m/training_log.jsonl"
+      done ;;
+    *) echo "groove_attention.sh: unknown stage $stage (train evaluate continue report)" >&2; exit 2 ;;
   esac
 done

@@ -88,7 +88,7 @@ def products_fn(model: MusicPerformer, device: torch.device, precision: str, bat
     [batch, width] input, as the step prepares and applies them: what the step would cost if it
     did nothing else."""
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    layers, head = prepared_weights(model, dtype)[:-1], prepared_weights(model, dtype)[-1]
+    *layers, head = prepared_weights(model, dtype)
     c = model.config
     narrow, wide = (torch.randn(batch, n, device=device).to(dtype) for n in (c.d_model, c.d_ff))
 

@@ -148,12 +148,16 @@ def read_sampling(folder: Path) -> dict[str, float] | None:
     return None
 
 
-def read_training(folder: Path) -> dict[str, Any] | None:
-    """Compute a run used, from its log.jsonl: parameters, steps, tokens, wall time, last loss."""
+def read_log(folder: Path) -> list[dict[str, Any]]:
+    """A run folder's log.jsonl records (none when the folder is not a run)."""
     path = folder / "log.jsonl"
     if not path.is_file():
-        return None
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def read_training(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Compute a run used, from its log records: parameters, steps, tokens, wall time, last loss."""
     steps = [r for r in records if "loss" in r and "time" in r]
     if not steps:
         return None
@@ -166,9 +170,10 @@ def read_training(folder: Path) -> dict[str, Any] | None:
             "loss": last["loss"]}
 
 
-def compare_training(runs: dict[str, Path], out_dir: Path) -> list[dict[str, Any]]:
-    """Compute per model: parameters, steps, tokens, wall minutes and the last logged training loss."""
-    rows = [{"model": name, **read_training(folder)} for name, folder in runs.items()]
+def compare_training(runs: dict[str, dict[str, Any]], out_dir: Path) -> list[dict[str, Any]]:
+    """Compute per model (`read_training`'s): parameters, steps, tokens, wall minutes and the last
+    logged training loss."""
+    rows = [{"model": name, **training} for name, training in runs.items()]
     header = ["model", "parameters", "steps", "tokens", "wall minutes", "last training loss"]
     write_table(out_dir, "training", header, [
         [r["model"], f"{r['parameters']:,}" if r["parameters"] else "-", str(r["steps"]), f"{r['tokens']:,}",
@@ -176,21 +181,17 @@ def compare_training(runs: dict[str, Path], out_dir: Path) -> list[dict[str, Any
     return rows
 
 
-def read_validation(folder: Path) -> list[dict[str, float]]:
+def read_validation(records: list[dict[str, Any]]) -> list[dict[str, float]]:
     """The validations a run logged as it trained (`valid_every`): step, NLL within the
     training length and beyond it (positions up to `valid_len`)."""
-    path = folder / "log.jsonl"
-    if not path.is_file():
-        return []
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return [{"step": r["step"], "within": r["valid_loss"], "beyond": r.get("valid_extrapolation", math.nan)}
             for r in records if "valid_loss" in r]
 
 
-def compare_validation(runs: dict[str, Path], out_dir: Path) -> dict[str, list[dict[str, float]]]:
-    """Each model's validation NLL within and beyond L as training went on, and the gap between
-    them (table and figure): whether extrapolation departs from the training length with training."""
-    trends = {name: read_validation(folder) for name, folder in runs.items()}
+def compare_validation(trends: dict[str, list[dict[str, float]]], out_dir: Path) -> dict[str, list[dict[str, float]]]:
+    """Each model's validation NLL (`read_validation`'s) within and beyond L as training went on,
+    and the gap between them (table and figure): whether extrapolation departs from the training
+    length with training."""
     write_table(out_dir, "validation", ["model", "step", "within L", "beyond L", "beyond - within"], [
         [name, str(v["step"]), fmt(v["within"]), fmt(v["beyond"]), fmt(v["beyond"] - v["within"])]
         for name, trend in trends.items() for v in trend])
@@ -281,10 +282,13 @@ def compare(runs: dict[str, str | os.PathLike], out_dir: str | os.PathLike,
         report["loss"] = compare_loss(folders, train_len, out_dir)
     if all(_found(f, "style.csv") for f in folders.values()):
         report["style"] = compare_style(folders, out_dir)
-    if report and all(read_training(f) for f in folders.values()):
-        report["training"] = compare_training(folders, out_dir)
-    if report and all(read_validation(f) for f in folders.values()):
-        report["validation"] = compare_validation(folders, out_dir)
+    logs = {name: read_log(folder) for name, folder in folders.items()}  # each run's log, read once
+    training = {name: read_training(records) for name, records in logs.items()}
+    if report and all(training.values()):
+        report["training"] = compare_training(training, out_dir)
+    validations = {name: read_validation(records) for name, records in logs.items()}
+    if report and all(validations.values()):
+        report["validation"] = compare_validation(validations, out_dir)
     if not report:
         raise DataError("nothing to compare: give every model folder nll_<split>.csv "
                         "(musegen evaluate loss) or style.csv (musegen evaluate style)")

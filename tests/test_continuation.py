@@ -195,6 +195,36 @@ def test_pop_protocol_measures_model_real_and_floor(pop, tmp_path, one_torch_thr
         evaluate_continuation(ckpt, pop, out, settings, split="train", limit=3, device="cpu", progress=False)
 
 
+def test_quarters_partition_the_span(pop, tmp_path, one_torch_thread):
+    """Each quarter is measured as a span of its own: quarters of equal bars average to the whole
+    span's counts, and the model's quarters begin at its bar lines, in order."""
+    shards = Shards(pop)
+    tok = shards.tokenizer
+    piece = usable_pieces(tok, shards.names("train"), shards.pieces("train"), ContinuationSettings(bars=8))[0][0]
+    values = measure(piece.notes, piece.span_start, 8, piece.prompt_classes(), None, by_quarter=True)
+    for metric in ("notes per bar", "silent beats", "bars with a low note"):
+        quarters = [values[f"{metric} Q{q}"][0] for q in range(1, 5)]
+        assert np.mean(quarters) == pytest.approx(values[metric][0])
+        assert quarters[1] == span_metrics(piece.notes, piece.span_start + 2, 2, piece.prompt_classes())[metric]
+    with pytest.raises(ConfigError, match="multiple of 4"):
+        ContinuationSettings(bars=6, by_quarter=True).checked()
+
+    out = tmp_path / "eval"
+    settings = ContinuationSettings(prompt_bars=1, bars=4, samples_per_piece=1, by_quarter=True)
+    result = evaluate_continuation(tiny_checkpoint(tmp_path / "ckpt", tok), pop, out, settings, split="train",
+                                   limit=2, device="cpu", progress=False)
+    usable = {p.name: p for p in usable_pieces(tok, shards.names("train"), shards.pieces("train"), settings)[0]}
+    for record in (json.loads(line) for line in (out / "pieces.jsonl").read_text().splitlines()):
+        positions, source = record["model_positions"][0], usable[record["piece"]]
+        assert positions == sorted(positions) and len(positions) == 5
+        # the prompt keeps the piece's tokens up to the span's first bar line, where Q1 begins
+        assert positions[0] == tok.bar_starts(source.ids)[source.span_start]
+    assert "quarters_md" in result["files"] and (out / "continuation_quarters.png").read_bytes()[:4] == b"\x89PNG"
+    table = (out / "continuation_quarters.md").read_text()
+    assert "| notes per bar |" in table and "token positions" in table
+    assert "notes per bar Q1" not in (out / "continuation.md").read_text().split("| metric |")[0]
+
+
 def test_the_result_log_keeps_its_own_settings_and_refuses_foreign_files(tmp_path):
     settings = {"bars": 12, "seed": 0}
     log = ResultLog(tmp_path, settings)

@@ -87,13 +87,16 @@ def continuation(
     top_k: int = typer.Option(0, help="Keep only the k most likely tokens (0: off)."),
     device: str = typer.Option("auto", help="auto (CUDA when present), cpu, cuda or cuda:N."),
     threads: Optional[int] = typer.Option(None, min=1, help="CPU threads while sampling (default 1)."),
+    by_quarter: bool = typer.Option(False, help="Also measure each quarter of the bars (a multiple of 4): how a "
+                                                "long continuation holds up past the training length."),
 ):
     """Continue held-out pieces (pickup bar + N bars in, M bars out, as MIREX 2025) and compare the
     continuations with the real bars and with another piece's: a table (CSV + Markdown) and a plot."""
     from musegen.metrics.continuation import ContinuationSettings, evaluate_continuation
 
     settings = ContinuationSettings(prompt_bars=prompt_bars, bars=bars, samples_per_piece=samples_per_piece,
-                                    seed=seed, temperature=temperature, top_p=top_p, top_k=top_k)
+                                    seed=seed, temperature=temperature, top_p=top_p, top_k=top_k,
+                                    by_quarter=by_quarter)
     result = evaluate_continuation(checkpoint, data, out, settings, split=split, limit=pieces, device=device,
                                    threads=threads)
     skipped = result["skipped"]
@@ -103,7 +106,9 @@ def continuation(
                f"{len(skipped)} skipped{listed}{more}")
     if result["invalid_samples"] or result["undecodable_samples"]:
         typer.echo(f"invalid samples: {result['invalid_samples']}, undecodable: {result['undecodable_samples']}")
-    typer.echo(Path(result["files"]["md"]).read_text().rstrip())
+    for table in ("md", "quarters_md"):
+        if table in result["files"]:
+            typer.echo(Path(result["files"][table]).read_text().rstrip() + "\n")
     typer.echo(f"wrote {', '.join(Path(f).name for f in result['files'].values())} to {out}")
 
 

@@ -235,14 +235,22 @@ def instrument_roles(instruments: list, by_role: bool = True) -> list[str]:
 
 
 def measure(notes: NoteTable, first_bar: int, bars: int, prompt_classes: np.ndarray,
-            reference: dict[str, dict[str, np.ndarray]] | None) -> dict[str, list[float]]:
+            reference: dict[str, dict[str, np.ndarray]] | None, by_quarter: bool = False) -> dict[str, list[float]]:
     """Every metric of one span, each as a list of observations (style: one per role). With
     `reference` (the real piece's style profiles, for multi-track pieces) the role and style metrics
-    are added."""
-    values = {name: [v] for name, v in span_metrics(notes, first_bar, bars, prompt_classes).items()}
+    are added; with `by_quarter` the span and role metrics of each quarter of the span too
+    ("<metric> Q<q>"; `bars` a multiple of 4)."""
+    def plain(lo: int, n: int) -> dict[str, float]:
+        values = span_metrics(notes, lo, n, prompt_classes)
+        return values | role_metrics(notes, lo, n, list(reference)) if reference is not None else values
+
+    values = {name: [v] for name, v in plain(first_bar, bars).items()}
     if reference is not None:
-        values |= {name: [v] for name, v in role_metrics(notes, first_bar, bars, list(reference)).items()}
         values |= style_metrics(notes, first_bar, bars, reference)
+    if by_quarter:
+        size = bars // QUARTERS
+        for q in range(QUARTERS):
+            values |= {f"{name} Q{q + 1}": [v] for name, v in plain(first_bar + q * size, size).items()}
     return values
 
 
@@ -260,11 +268,14 @@ class ContinuationSettings:
     temperature: float | None = None
     top_p: float | None = None
     top_k: int = 0
+    by_quarter: bool = False  # also measure each quarter of the span (how a long continuation holds up)
 
     def checked(self) -> "ContinuationSettings":
         for name, least in (("prompt_bars", 1), ("bars", 1), ("samples_per_piece", 1), ("top_k", 0)):
             if getattr(self, name) < least:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least {least}, got {getattr(self, name)}")
+        if self.by_quarter and self.bars % QUARTERS:
+            raise ConfigError(f"--by-quarter needs --bars to be a multiple of {QUARTERS}, got {self.bars}")
         return self
 
 
@@ -321,20 +332,30 @@ def continue_piece(model, tokenizer: Tokenizer, piece: Piece, floor: Piece | Non
     samples, stats = generate(model, tokenizer, prompt, sample_settings, device=device, progress=False,
                               threads=threads)
     write_samples(samples, tokenizer, prompt, samples_dir, piece_stem(piece.name))
-    classes, reference, bars = piece.prompt_classes(), piece.reference(), settings.bars
-    model_values, errors = [], 0
+    classes, reference, bars, quarters = piece.prompt_classes(), piece.reference(), settings.bars, settings.by_quarter
+    model_values, positions, errors = [], [], 0
     for sample in samples:
         try:
             notes = NoteTable.from_midi(tokenizer.decode(sample.ids), by_role=bool(tokenizer.roles))
         except TokenError:
             errors += 1
             continue
-        model_values.append(measure(notes, piece.span_start, bars, classes, reference))
+        model_values.append(measure(notes, piece.span_start, bars, classes, reference, quarters))
+        positions.append(quarter_positions(tokenizer, sample.ids, piece.span_start, bars))
     return {"piece": piece.name, "index": index, "seed": seed, "span_start_bar": piece.span_start,
-            "floor_piece": floor.name if floor else None, "model": model_values,
-            "real": measure(piece.notes, piece.span_start, bars, classes, reference),
-            "floor": measure(floor.notes, floor.span_start, bars, classes, reference) if floor else None,
+            "floor_piece": floor.name if floor else None, "model": model_values, "model_positions": positions,
+            "real": measure(piece.notes, piece.span_start, bars, classes, reference, quarters),
+            "floor": measure(floor.notes, floor.span_start, bars, classes, reference, quarters) if floor else None,
             "undecodable_samples": errors, "invalid_samples": stats["invalid"], "seconds": stats["seconds"]}
+
+
+def quarter_positions(tokenizer: Tokenizer, ids, first_bar: int, bars: int) -> list[int]:
+    """The token positions where each quarter of the span begins, and where the span ends (the
+    last sampled token when the sampler stopped inside the span's last bar): which part of the
+    continuation lies within the training length and which beyond it."""
+    starts = tokenizer.bar_starts(ids)
+    edges = [first_bar + q * bars // QUARTERS for q in range(QUARTERS + 1)]
+    return [starts[b] if b < len(starts) else len(ids) for b in edges]
 
 
 class ResultLog:
@@ -418,15 +439,63 @@ def summary_rows(pooled: dict[str, dict[str, np.ndarray]]) -> list[dict[str, Any
     return rows
 
 
+def by_quarter(pooled: dict[str, dict[str, np.ndarray]]) -> dict[str, list[dict[str, np.ndarray]]]:
+    """{metric: [its values in Q1, Q2, Q3, Q4]} for every metric measured per quarter (the
+    `--by-quarter` copies of the span metrics, and the style similarity)."""
+    quarters: dict[str, list[dict[str, np.ndarray]]] = {}
+    for metric, by in pooled.items():
+        base, _, q = metric.rpartition(" Q")
+        if base and q.isdigit():
+            quarters.setdefault(base, []).append(by)
+    return {m: values for m, values in quarters.items() if len(values) == QUARTERS}
+
+
 def write_report(out_dir: Path, rows: list[dict[str, Any]], pooled: dict[str, dict[str, np.ndarray]],
-                 note: str) -> dict[str, Path]:
-    """continuation.csv, continuation.md (the table, then `note`) and continuation.png."""
+                 note: str, quarter_note: str = "") -> dict[str, Path]:
+    """continuation.csv, continuation.md (the table, then `note`) and continuation.png; with
+    per-quarter span metrics also continuation_quarters.csv/.md/.png (the means per quarter)."""
     from .compare import fmt, write_table
 
     cells = [[r["metric"]] + [fmt(r[c]) for c in COLUMNS[1:-1]] + [str(r["model_n"])] for r in rows]
     write_table(out_dir, "continuation", list(COLUMNS), cells, note)
-    plot_continuation(pooled, out_dir / "continuation.png")
-    return {kind: out_dir / f"continuation.{kind}" for kind in ("csv", "md", "png")}
+    quarters = by_quarter(pooled)
+    # the per-quarter copies of whole-span metrics go to their own plot; the style panels stay
+    copies = {f"{m} Q{q + 1}" for m in quarters if m in pooled for q in range(QUARTERS)}
+    plot_continuation({m: by for m, by in pooled.items() if m not in copies}, out_dir / "continuation.png")
+    files = {kind: out_dir / f"continuation.{kind}" for kind in ("csv", "md", "png")}
+    if copies:
+        header = ["metric"] + [f"{source} Q{q + 1}" for source in SOURCES for q in range(QUARTERS)]
+        cells = [[metric] + [fmt(_mean(part[source])) for source in SOURCES for part in parts]
+                 for metric, parts in quarters.items()]
+        write_table(out_dir, "continuation_quarters", header, cells, quarter_note)
+        plot_quarters(quarters, out_dir / "continuation_quarters.png")
+        files |= {f"quarters_{kind}": out_dir / f"continuation_quarters.{kind}" for kind in ("csv", "md", "png")}
+    return files
+
+
+def _mean(values: np.ndarray) -> float:
+    finite = values[np.isfinite(values)]
+    return float(finite.mean()) if len(finite) else math.nan
+
+
+def plot_quarters(quarters: dict[str, list[dict[str, np.ndarray]]], path: Path) -> None:
+    """One panel per metric: the model's, the real and the floor spans' mean in each quarter."""
+    plt = pyplot()
+    columns = 4
+    rows = math.ceil(len(quarters) / columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 2.4 * rows), squeeze=False)
+    x = np.arange(1, QUARTERS + 1)
+    for ax, (metric, parts) in zip(axes.ravel(), quarters.items()):
+        for source, style in zip(SOURCES, ("o-", "s--", "^:")):
+            ax.plot(x, [_mean(part[source]) for part in parts], style, label=source)
+        ax.set_xticks(x, [f"Q{q}" for q in x])
+        ax.set_title(metric, fontsize=9)
+        ax.tick_params(labelsize=8)
+    axes.ravel()[0].legend(fontsize=7)
+    for ax in axes.ravel()[len(quarters):]:
+        ax.axis("off")
+    fig.tight_layout()
+    save_png(fig, path)
 
 
 def plot_continuation(pooled: dict[str, dict[str, np.ndarray]], path: Path) -> None:
@@ -499,7 +568,12 @@ def evaluate_continuation(checkpoint: str | os.PathLike, data_dir: str | os.Path
             "model: the samples' values; real: the piece's own bars (reference); floor: another piece's bars after "
             "its own prompt. model_over_real = model_mean / real_mean; model_minus_real = model_mean - real_mean. "
             "Definitions: docs/evaluation.md.")
-    files = write_report(out_dir, rows, pooled, note)
+    positions = np.array([p for r in records for p in r.get("model_positions", [])], dtype=np.float64)
+    quarter_note = ("Means per quarter of the measured bars. " + (
+        "The model's quarters begin, on average, at token positions "
+        + ", ".join(f"{v:,.0f}" for v in positions[:, :-1].mean(0)) + f" and its span ends at {positions[:, -1].mean():,.0f} "
+        "(position 0: the prompt's first token)." if len(positions) else "")) if settings.by_quarter else ""
+    files = write_report(out_dir, rows, pooled, note, quarter_note)
     return {"split": split, "pieces": len(chosen), "resumed": len(chosen) - len(todo), "skipped": skipped,
             "invalid_samples": sum(r["invalid_samples"] for r in records),
             "undecodable_samples": sum(r["undecodable_samples"] for r in records),

@@ -103,3 +103,32 @@ def test_run_folders_add_the_compute_each_run_used_and_their_validations(pop, tm
             gap = f"{record['valid_extrapolation'] - record['valid_loss']:.3f}"
             assert f"| {name} | {record['step']} | {record['valid_loss']:.3f} |" in validation and gap in validation
     assert (tmp_path / "cmp" / "validation.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_continuation_table_puts_each_model_beside_the_real_and_floor_quarters(pop, tmp_path, one_torch_thread):
+    from musegen.metrics.continuation import ContinuationSettings, evaluate_continuation
+
+    tokenizer = Shards(pop).tokenizer
+    settings = ContinuationSettings(prompt_bars=1, bars=4, samples_per_piece=1, by_quarter=True)
+    results = {}
+    for name, seed in (("a", 0), ("b", 1)):
+        torch.manual_seed(seed)
+        model = MusicPerformer(preset("tiny", vocab_size=tokenizer.vocab_size))
+        ckpt = save_checkpoint(tmp_path / name / "ckpt", model, model.config, tokenizer, {"train_len": 24})
+        results[name] = evaluate_continuation(ckpt, pop, tmp_path / name / "continuation", settings, split="train",
+                                              limit=2, device="cpu", progress=False)
+    report = compare({"a": tmp_path / "a", "b": tmp_path / "b"}, tmp_path / "cmp")
+    series = report["continuation"]
+    assert list(series) == ["a", "b", "real", "floor"]
+    for name in ("a", "b"):
+        rows = {r["metric"]: r for r in results[name]["rows"]}
+        for q in range(1, 5):  # the quarter means are the whole table's rows of that quarter
+            assert series[name]["notes per bar"][q - 1] == pytest.approx(rows[f"notes per bar Q{q}"]["model_mean"],
+                                                                          abs=5e-4)
+            assert series["real"]["silent beats"][q - 1] == pytest.approx(rows[f"silent beats Q{q}"]["real_mean"],
+                                                                           abs=5e-4)
+        starts = [json.loads(line)["model_positions"][0][0]
+                  for line in (tmp_path / name / "continuation" / "pieces.jsonl").read_text().splitlines()]
+        assert f"| {name} | quarter start position | {sum(starts) / len(starts):,.0f} |" in \
+            (tmp_path / "cmp" / "continuation.md").read_text()
+    assert (tmp_path / "cmp" / "continuation.png").read_bytes()[:4] == b"\x89PNG"

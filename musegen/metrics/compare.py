@@ -1,8 +1,9 @@
 """Side-by-side reports of several models' evaluations (the experiments of docs/results.md).
 
 Each model is a folder (a run folder, say) holding, anywhere below it, what `musegen evaluate
-loss` (one nll_<split>.csv), `musegen evaluate style` (style.csv) and `musegen sample` (batch.json
-or <prompt>.json) wrote for it. The report holds a table (Markdown and CSV) and one figure per
+loss` (one nll_<split>.csv), `musegen evaluate style` (style.csv), `musegen evaluate continuation
+--by-quarter` (continuation_quarters.csv) and `musegen sample` (batch.json or <prompt>.json) wrote
+for it. The report holds a table (Markdown and CSV) and one figure per
 kind of evaluation found for every model, and, for run folders, the compute each run used and,
 where they validated as they trained, their NLL within and beyond the training length by step.
 """
@@ -267,9 +268,52 @@ def compare_style(runs: dict[str, Path], out_dir: Path) -> dict[str, dict[str, l
     return table
 
 
+def read_quarters(path: Path) -> dict[str, dict[str, list[float]]]:
+    """{source: {metric: [Q1..Q4 means]}} (sources model, real, floor) from the
+    continuation_quarters.csv of `musegen evaluate continuation --by-quarter`."""
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    if not rows or "model Q1" not in rows[0]:
+        raise DataError(f"{path}: not a continuation_quarters.csv of `musegen evaluate continuation --by-quarter`")
+    number = lambda cell: math.nan if cell in ("", "-") else float(cell)  # noqa: E731
+    return {source: {r["metric"]: [number(r[f"{source} Q{q}"]) for q in range(1, 5)] for r in rows}
+            for source in ("model", "real", "floor")}
+
+
+def mean_quarter_starts(folder: Path) -> list[float]:
+    """Mean token position where each quarter of the model's continuations begins (pieces.jsonl)."""
+    positions = [p for line in (folder / "pieces.jsonl").read_text().splitlines() if line.strip()
+                 for p in json.loads(line).get("model_positions", [])]
+    return np.array(positions, dtype=np.float64)[:, :4].mean(0).tolist() if positions else [math.nan] * 4
+
+
+def compare_continuation(runs: dict[str, Path], out_dir: Path) -> dict[str, dict[str, list[float]]]:
+    """Each model's continuation metrics per quarter beside the real and floor spans' (taken from
+    the first model's evaluation: every model continued the same pieces), with the mean token
+    position where the model's quarters begin (table and figure)."""
+    from .continuation import plot_quarters
+
+    paths = {name: _the_one(folder, "continuation_quarters.csv", "musegen evaluate continuation --by-quarter")
+             for name, folder in runs.items()}
+    tables = {name: read_quarters(path) for name, path in paths.items()}
+    first = next(iter(tables.values()))
+    series = {name: table["model"] for name, table in tables.items()} | {"real": first["real"],
+                                                                          "floor": first["floor"]}
+    rows = [[name, "quarter start position"] + [f"{v:,.0f}" for v in mean_quarter_starts(paths[name].parent)]
+            for name in tables]
+    rows += [[label, metric] + [fmt(v) for v in values] for label, table in series.items()
+             for metric, values in table.items()]
+    write_table(out_dir, "continuation", ["source", "metric", "Q1", "Q2", "Q3", "Q4"], rows,
+                "Means per quarter of the continued bars; real and floor: the same spans of the real pieces "
+                "and of other pieces (`musegen evaluate continuation`, docs/evaluation.md).")
+    plot_quarters(series, out_dir / "continuation.png")
+    return series
+
+
 def compare(runs: dict[str, str | os.PathLike], out_dir: str | os.PathLike,
             train_len: int | None = None) -> dict[str, Any]:
-    """Every comparison the folders allow: loss when each holds an nll_*.csv, style when each holds a style.csv."""
+    """Every comparison the folders allow: loss when each holds an nll_*.csv, style when each holds a
+    style.csv, continuation per quarter when each holds a continuation_quarters.csv."""
     folders = {name: Path(p) for name, p in runs.items()}
     for name, folder in folders.items():
         if not folder.is_dir():
@@ -282,6 +326,8 @@ def compare(runs: dict[str, str | os.PathLike], out_dir: str | os.PathLike,
         report["loss"] = compare_loss(folders, train_len, out_dir)
     if all(_found(f, "style.csv") for f in folders.values()):
         report["style"] = compare_style(folders, out_dir)
+    if all(_found(f, "continuation_quarters.csv") for f in folders.values()):
+        report["continuation"] = compare_continuation(folders, out_dir)
     logs = {name: read_log(folder) for name, folder in folders.items()}  # each run's log, read once
     training = {name: read_training(records) for name, records in logs.items()}
     if report and all(training.values()):
@@ -290,6 +336,7 @@ def compare(runs: dict[str, str | os.PathLike], out_dir: str | os.PathLike,
     if report and all(validations.values()):
         report["validation"] = compare_validation(validations, out_dir)
     if not report:
-        raise DataError("nothing to compare: give every model folder nll_<split>.csv "
-                        "(musegen evaluate loss) or style.csv (musegen evaluate style)")
+        raise DataError("nothing to compare: give every model folder nll_<split>.csv (musegen evaluate loss), "
+                        "style.csv (musegen evaluate style) or continuation_quarters.csv "
+                        "(musegen evaluate continuation --by-quarter)")
     return report

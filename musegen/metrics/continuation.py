@@ -468,7 +468,8 @@ def write_report(out_dir: Path, rows: list[dict[str, Any]], pooled: dict[str, di
         cells = [[metric] + [fmt(_mean(part[source])) for source in SOURCES for part in parts]
                  for metric, parts in quarters.items()]
         write_table(out_dir, "continuation_quarters", header, cells, quarter_note)
-        plot_quarters(quarters, out_dir / "continuation_quarters.png")
+        plot_quarters({source: {metric: [_mean(part[source]) for part in parts] for metric, parts in quarters.items()}
+                       for source in SOURCES}, out_dir / "continuation_quarters.png")
         files |= {f"quarters_{kind}": out_dir / f"continuation_quarters.{kind}" for kind in ("csv", "md", "png")}
     return files
 
@@ -478,21 +479,25 @@ def _mean(values: np.ndarray) -> float:
     return float(finite.mean()) if len(finite) else math.nan
 
 
-def plot_quarters(quarters: dict[str, list[dict[str, np.ndarray]]], path: Path) -> None:
-    """One panel per metric: the model's, the real and the floor spans' mean in each quarter."""
+def plot_quarters(series: dict[str, dict[str, list[float]]], path: Path) -> None:
+    """One panel per metric, one line per label ({label: {metric: [Q1..Q4 values]}}): a model's
+    solid, the real spans' ("real") dashed and the floor's ("floor") dotted, in black and grey."""
     plt = pyplot()
+    metrics = list(dict.fromkeys(m for values in series.values() for m in values))
     columns = 4
-    rows = math.ceil(len(quarters) / columns)
+    rows = math.ceil(len(metrics) / columns)
     fig, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 2.4 * rows), squeeze=False)
     x = np.arange(1, QUARTERS + 1)
-    for ax, (metric, parts) in zip(axes.ravel(), quarters.items()):
-        for source, style in zip(SOURCES, ("o-", "s--", "^:")):
-            ax.plot(x, [_mean(part[source]) for part in parts], style, label=source)
+    looks = {"real": dict(ls="--", marker="s", color="black"), "floor": dict(ls=":", marker="^", color="grey")}
+    for ax, metric in zip(axes.ravel(), metrics):
+        for label, values in series.items():
+            if metric in values:
+                ax.plot(x, values[metric], label=label, **looks.get(label, dict(ls="-", marker="o")))
         ax.set_xticks(x, [f"Q{q}" for q in x])
         ax.set_title(metric, fontsize=9)
         ax.tick_params(labelsize=8)
     axes.ravel()[0].legend(fontsize=7)
-    for ax in axes.ravel()[len(quarters):]:
+    for ax in axes.ravel()[len(metrics):]:
         ax.axis("off")
     fig.tight_layout()
     save_png(fig, path)

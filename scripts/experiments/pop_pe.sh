@@ -9,17 +9,19 @@
 # SCALE=long: L = 512 and 4,000 updates of 8 x 512 (16.4M tokens, 10x the L = 256 runs), with
 # validation to 4L every 500 updates, so each run's log.jsonl holds its within-L and beyond-L
 # loss as training goes on (valid_loss, valid_extrapolation).
-# Stages: train evaluate sample report. Interrupted runs resume where they stopped.
+# Stages: train evaluate sample continue report. Interrupted runs resume where they stopped.
+# continue: `evaluate continuation --by-quarter` on the validation songs, continued for about 4L
+# tokens (~70 tokens a bar after a ~290-token prompt), each quarter measured against the real bars.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/experiments/common.sh
 
 DATA=data/pop909
 if [ "${SCALE:-short}" = long ]; then
-  L=512 STEPS=4000 TRACKING=(valid_every=500 valid_len=2048 valid_pieces=44 ckpt_every=250 keep=2)
+  L=512 STEPS=4000 BARS=24 TRACKING=(valid_every=500 valid_len=2048 valid_pieces=44 ckpt_every=250 keep=2)
   RUNS=${RUNS:-runs/pop-pe-long} OUT=docs/experiments/pop-long
 else
-  L=256 STEPS=800 TRACKING=(valid_every=0 ckpt_every=100)
+  L=256 STEPS=800 BARS=12 TRACKING=(valid_every=0 ckpt_every=100)
   RUNS=${RUNS:-runs/pop-pe} OUT=docs/experiments/pop
 fi
 declare -A MODEL_SETTINGS=(
@@ -35,7 +37,7 @@ declare -A MODEL_SETTINGS=(
 MODELS=${MODELS:-ape sine-gated conv-gated conv-ungated relative aaren}
 # Everything but the model settings is shared: data, steps, batch, seed, schedule.
 COMMON=(seq_len=$L batch_size=8 steps=$STEPS lr=4e-4 warmup=100 "${TRACKING[@]}" workers=0 seed=0)
-stages=${*:-train evaluate sample report}
+stages=${*:-train evaluate sample continue report}
 
 [ -f "$DATA/index.json" ] || "${musegen[@]}" data prepare pop909 --out "$DATA"
 
@@ -50,6 +52,13 @@ for stage in $stages; do
           --out "$RUNS/$m/samples" --threads 1
       done
       wait ;;
+    continue)
+      for m in $MODELS; do
+        in_pool "${musegen[@]}" evaluate continuation --checkpoint "$(latest_checkpoint "$RUNS/$m")" --data "$DATA" \
+          --split validation --bars $BARS --by-quarter --samples-per-piece 2 --seed 0 --threads 1 \
+          --out "$RUNS/$m/continuation"
+      done
+      wait ;;
     report)
       args=()
       for m in $MODELS; do
@@ -58,6 +67,6 @@ for stage in $stages; do
           && cp "$RUNS/$m/samples/pop_progression_000.png" "$OUT/samples/$m.png"
       done
       "${musegen[@]}" evaluate compare "${args[@]}" --train-len $L --out "$OUT" ;;
-    *) echo "pop_pe.sh: unknown stage $stage (train evaluate sample report)" >&2; exit 2 ;;
+    *) echo "pop_pe.sh: unknown stage $stage (train evaluate sample continue report)" >&2; exit 2 ;;
   esac
 done

@@ -55,14 +55,22 @@ def test_style_table_reproduces_each_evaluation(pop909_songs, tmp_path):
             reference.mkdir(parents=True, exist_ok=True)
             shutil.copy(song, generated / f"s{i}_000.mid")
             shutil.copy(pop909_songs[4 + i], reference / f"s{i}.mid")
-        expected[name] = evaluate_style(generated, reference, tmp_path / name / "style.csv")["medians"]
-    report = compare({name: tmp_path / name for name in expected}, tmp_path / "cmp")
+        result = evaluate_style(generated, reference, tmp_path / name / "style.csv", baselines=name == "first")
+        expected[name] = result["medians"]
+        empty = result["empty"]["time-pitch"]
+        # the first model's folder holds the ceiling and floor: they join the table
+        expected |= {kind: part["medians"] for kind, part in result.get("baselines", {}).items()}
+    assert set(expected) == {"first", "second", "ceiling", "floor"}
+    report = compare({name: tmp_path / name for name in ("first", "second")}, tmp_path / "cmp")
     assert set(report) == {"style"}
+    assert list(report["style"]) == ["first", "second", "ceiling", "floor"]
     for name, table in report["style"].items():
         for metric, values in table.items():
             assert values == pytest.approx(expected[name][metric], abs=1e-9)
     assert (tmp_path / "cmp" / "style.png").read_bytes()[:4] == b"\x89PNG"
-    assert "| first | time-pitch |" in (tmp_path / "cmp" / "style.md").read_text()
+    text = (tmp_path / "cmp" / "style.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| second | time-pitch |"))
+    assert row.endswith(f"| {expected['second']['time-pitch'][-1]:.2f} ({100 * empty[-1]:.0f}%) |")
 
 
 def test_bad_requests_are_one_line_errors(tmp_path, capsys):

@@ -24,7 +24,7 @@ from ..errors import DataError
 from ..io import read_json, write_text
 from ..plots import pyplot, save_png
 from .loss import summarize
-from .style import METRICS, medians
+from .style import METRICS, empty_shares, medians
 
 
 def labelled_paths(spec: str | None, default: dict[str, Path]) -> dict[str, Path]:
@@ -102,14 +102,17 @@ def read_style_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
     for row in rows:
         row["segment"] = int(row["segment"])
         row["similarity"] = float(row["similarity"]) if row["similarity"] not in ("", "nan") else math.nan
+        if row.get("generated_notes", "") != "":
+            row["generated_notes"] = int(row["generated_notes"])
     return rows
 
 
-def plot_style_comparison(tables: dict[str, str | os.PathLike],
+def plot_style_comparison(tables: dict[str, str | os.PathLike | list[dict[str, Any]]],
                           path: str | os.PathLike) -> dict[str, dict[str, list[float]]]:
     """Box plots of style similarity per segment, one colour per model, one panel per metric
-    (paper Fig. 5); returns the medians per model, metric and segment."""
-    rows = {label: read_style_rows(p) for label, p in tables.items()}
+    (paper Fig. 5); returns the medians per model, metric and segment. A table is a
+    `musegen evaluate style` CSV or its rows."""
+    rows = {label: p if isinstance(p, list) else read_style_rows(p) for label, p in tables.items()}
     segments = max(r["segment"] for table in rows.values() for r in table)
     metrics = [m for m in METRICS if any(r["metric"] == m for table in rows.values() for r in table)]
     plt = pyplot()
@@ -258,13 +261,26 @@ def compare_loss(runs: dict[str, Path], train_len: int, out_dir: Path) -> list[d
 
 
 def compare_style(runs: dict[str, Path], out_dir: Path) -> dict[str, dict[str, list[float]]]:
-    """Median style similarity per model, metric and segment (table) and the grouped box plot."""
-    tables = {name: _the_one(folder, "style.csv", "musegen evaluate style") for name, folder in runs.items()}
+    """Median style similarity per model, metric and segment, with the share of empty segments
+    (table), and the grouped box plot. Where the first model's folder holds the ceiling and floor
+    of `evaluate style --baselines` (style_baselines.csv), they are rows and boxes of their own."""
+    tables = {name: read_style_rows(_the_one(folder, "style.csv", "musegen evaluate style"))
+              for name, folder in runs.items()}
+    for path in _found(next(iter(runs.values())), "style_baselines.csv")[:1]:
+        baselines = read_style_rows(path)
+        tables |= {kind: part for kind in ("ceiling", "floor")
+                   for part in [[r for r in baselines if r.get("baseline") == kind]] if part}
     table = plot_style_comparison(tables, out_dir / "style.png")
     segments = max(len(values) for t in table.values() for values in t.values())
-    header = ["model", "metric"] + [f"Q{s}" for s in range(1, segments + 1)]
-    write_table(out_dir, "style", header, [[name, metric] + [fmt(v, 2) for v in values]
-                                            for name, t in table.items() for metric, values in t.items()])
+    header = ["model", "metric"] + [f"Q{s} (empty)" for s in range(1, segments + 1)]
+    cells = []
+    for name, by_metric in table.items():
+        empty = empty_shares(tables[name], segments)
+        cells += [[name, metric] + [f"{fmt(v, 2)} ({fmt(100 * e, 0)}%)" for v, e in zip(values, empty[metric])]
+                  for metric, values in by_metric.items()]
+    write_table(out_dir, "style", header, cells, "Median style similarity per quarter of the continuation (an "
+                "empty segment scores 0), and in brackets the share of empty segments; ceiling: the references' own "
+                "bars after the prompt; floor: another style's (`musegen evaluate style --baselines`).")
     return table
 
 

@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
 # Experiment 2 of docs/method.md §6.2 at CPU scale (docs/results.md): groove continuation in styles
 # never seen in training. Identical small models on the MMA groove corpus that differ only in
-# positional encoding, trained at L = 256; each continues the first 2 bars of every test piece
-# for 1.5L new tokens (about 2L in all with the prompt), scored per quarter with the style
-# metrics against the piece it was prompted with. Also the NLL per position to 4L on the test split.
+# positional encoding (APE, gated sineSPE, gated convSPE), with the settings of the groove
+# attention comparison (scripts/experiments/groove_attention.sh: L = 512, 1,500 updates of
+# 8 x 512, K = 8 sines, features redrawn every 40 updates). The paper's protocol: each model
+# continues the first 2 bars of every test piece for 1.5L new tokens (about 2L in all), scored per
+# quarter with the style metrics against the piece it was prompted with, beside the ceiling (the
+# piece's own later bars) and the floor (another style's). Also the NLL per position to 4L on the
+# test split, and `evaluate continuation` (notes per bar and durations per role, 8 bars).
 #   bash scripts/experiments/groove_pe.sh                 all stages, all models
 #   MODELS="ape" bash scripts/experiments/groove_pe.sh train
-# Stages: train evaluate sample style report. Interrupted runs resume where they stopped.
+# Stages: train evaluate sample style continue report. Interrupted runs resume where they stopped.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/experiments/common.sh
 
-L=256
+L=512
 DATA=data/mma-groove
 RUNS=${RUNS:-runs/groove-pe}
 OUT=docs/experiments/groove
@@ -22,9 +26,9 @@ declare -A MODEL_SETTINGS=(
 )
 MODELS=${MODELS:-ape sine-gated conv-gated}
 # Everything but the positional encoding is shared; sines and redraw policy as the paper's groove model.
-COMMON=(seq_len=$L batch_size=8 steps=600 lr=4e-4 warmup=100 valid_every=0 ckpt_every=100 workers=0 seed=0
-        model.spe_sines=8 model.redraw=every:40)
-stages=${*:-train evaluate sample style report}
+COMMON=(seq_len=$L batch_size=8 steps=1500 lr=4e-4 warmup=200 model.spe_sines=8 model.redraw=every:40
+        valid_every=0 ckpt_every=250 keep=1 workers=0 seed=0)
+stages=${*:-train evaluate sample style continue report}
 
 [ -f "$DATA/index.json" ] || "${musegen[@]}" data prepare mma-groove --out "$DATA"
 
@@ -42,13 +46,23 @@ for stage in $stages; do
     style)
       for m in $MODELS; do
         in_pool "${musegen[@]}" evaluate style --generated "$RUNS/$m/samples" --reference "$DATA/references" \
-          --out "$RUNS/$m/style"
+          --baselines --out "$RUNS/$m/style"
+      done
+      wait ;;
+    continue)
+      for m in $MODELS; do
+        in_pool "${musegen[@]}" evaluate continuation --checkpoint "$(latest_checkpoint "$RUNS/$m")" --data "$DATA" \
+          --split test --prompt-bars 2 --bars 8 --samples-per-piece 1 --seed 0 --threads 1 \
+          --out "$RUNS/$m/continuation"
       done
       wait ;;
     report)
       args=()
-      for m in $MODELS; do args+=(--run "$m=$RUNS/$m"); done
+      for m in $MODELS; do
+        args+=(--run "$m=$RUNS/$m")
+        mkdir -p "$OUT/$m" && cp "$RUNS/$m"/continuation/continuation.{md,csv} "$OUT/$m/"
+      done
       "${musegen[@]}" evaluate compare "${args[@]}" --train-len $L --out "$OUT" ;;
-    *) echo "groove_pe.sh: unknown stage $stage (train evaluate sample style report)" >&2; exit 2 ;;
+    *) echo "groove_pe.sh: unknown stage $stage (train evaluate sample style continue report)" >&2; exit 2 ;;
   esac
 done

@@ -130,13 +130,14 @@ def test_continuation_table_puts_each_model_beside_the_real_and_floor_quarters(p
     assert list(series) == ["a", "b", "real", "floor"]
     for name in ("a", "b"):
         rows = {r["metric"]: r for r in results[name]["rows"]}
-        for q in range(1, 5):  # the quarter means are the whole table's rows of that quarter
-            assert series[name]["notes per bar"][q - 1] == pytest.approx(rows[f"notes per bar Q{q}"]["model_mean"],
-                                                                          abs=5e-4)
-            assert series["real"]["silent beats"][q - 1] == pytest.approx(rows[f"silent beats Q{q}"]["real_mean"],
-                                                                           abs=5e-4)
+        for q in range(1, 5):  # the quarter means and medians are the whole table's rows of that quarter
+            for statistic in ("mean", "median"):
+                assert series[name][("notes per bar", statistic)][q - 1] == pytest.approx(
+                    rows[f"notes per bar Q{q}"][f"model_{statistic}"], abs=5e-4)
+                assert series["real"][("silent beats", statistic)][q - 1] == pytest.approx(
+                    rows[f"silent beats Q{q}"][f"real_{statistic}"], abs=5e-4)
         starts = [json.loads(line)["model_positions"][0][0]
                   for line in (tmp_path / name / "continuation" / "pieces.jsonl").read_text().splitlines()]
-        assert f"| {name} | quarter start position | {sum(starts) / len(starts):,.0f} |" in \
+        assert f"| {name} | quarter start position | mean | {sum(starts) / len(starts):,.0f} |" in \
             (tmp_path / "cmp" / "continuation.md").read_text()
     assert (tmp_path / "cmp" / "continuation.png").read_bytes()[:4] == b"\x89PNG"

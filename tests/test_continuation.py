@@ -221,7 +221,7 @@ def test_quarters_partition_the_span(pop, tmp_path, one_torch_thread):
         assert positions[0] == tok.bar_starts(source.ids)[source.span_start]
     assert "quarters_md" in result["files"] and (out / "continuation_quarters.png").read_bytes()[:4] == b"\x89PNG"
     table = (out / "continuation_quarters.md").read_text()
-    assert "| notes per bar |" in table and "token positions" in table
+    assert "| notes per bar | median |" in table and "token positions" in table
     assert "notes per bar Q1" not in (out / "continuation.md").read_text().split("| metric |")[0]
 
 

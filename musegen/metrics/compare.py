@@ -284,15 +284,15 @@ def compare_style(runs: dict[str, Path], out_dir: Path) -> dict[str, dict[str, l
     return table
 
 
-def read_quarters(path: Path) -> dict[str, dict[str, list[float]]]:
-    """{source: {metric: [Q1..Q4 means]}} (sources model, real, floor) from the
-    continuation_quarters.csv of `musegen evaluate continuation --by-quarter`."""
+def read_quarters(path: Path) -> dict[str, dict[tuple[str, str], list[float]]]:
+    """{source: {(metric, statistic): [Q1..Q4]}} (sources model, real, floor; statistics mean and
+    median) from the continuation_quarters.csv of `musegen evaluate continuation --by-quarter`."""
     with open(path, newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
-    if not rows or "model Q1" not in rows[0]:
+    if not rows or not {"model Q1", "statistic"} <= set(rows[0]):
         raise DataError(f"{path}: not a continuation_quarters.csv of `musegen evaluate continuation --by-quarter`")
     number = lambda cell: math.nan if cell in ("", "-") else float(cell)  # noqa: E731
-    return {source: {r["metric"]: [number(r[f"{source} Q{q}"]) for q in range(1, 5)] for r in rows}
+    return {source: {(r["metric"], r["statistic"]): [number(r[f"{source} Q{q}"]) for q in range(1, 5)] for r in rows}
             for source in ("model", "real", "floor")}
 
 
@@ -303,10 +303,10 @@ def mean_quarter_starts(folder: Path) -> list[float]:
     return np.array(positions, dtype=np.float64)[:, :4].mean(0).tolist() if positions else [math.nan] * 4
 
 
-def compare_continuation(runs: dict[str, Path], out_dir: Path) -> dict[str, dict[str, list[float]]]:
-    """Each model's continuation metrics per quarter beside the real and floor spans' (taken from
-    the first model's evaluation: every model continued the same pieces), with the mean token
-    position where the model's quarters begin (table and figure)."""
+def compare_continuation(runs: dict[str, Path], out_dir: Path) -> dict[str, dict[tuple[str, str], list[float]]]:
+    """Each model's continuation metrics per quarter (means and medians) beside the real and floor
+    spans' (taken from the first model's evaluation: every model continued the same pieces), with
+    the mean token position where the model's quarters begin (table; the figure draws medians)."""
     from .continuation import plot_quarters
 
     paths = {name: _the_one(folder, "continuation_quarters.csv", "musegen evaluate continuation --by-quarter")
@@ -315,14 +315,15 @@ def compare_continuation(runs: dict[str, Path], out_dir: Path) -> dict[str, dict
     first = next(iter(tables.values()))
     series = {name: table["model"] for name, table in tables.items()} | {"real": first["real"],
                                                                           "floor": first["floor"]}
-    rows = [[name, "quarter start position"] + [f"{v:,.0f}" for v in mean_quarter_starts(paths[name].parent)]
+    rows = [[name, "quarter start position", "mean"] + [f"{v:,.0f}" for v in mean_quarter_starts(paths[name].parent)]
             for name in tables]
-    rows += [[label, metric] + [fmt(v) for v in values] for label, table in series.items()
-             for metric, values in table.items()]
-    write_table(out_dir, "continuation", ["source", "metric", "Q1", "Q2", "Q3", "Q4"], rows,
-                "Means per quarter of the continued bars; real and floor: the same spans of the real pieces "
+    rows += [[label, metric, statistic] + [fmt(v) for v in values] for label, table in series.items()
+             for (metric, statistic), values in table.items()]
+    write_table(out_dir, "continuation", ["source", "metric", "statistic", "Q1", "Q2", "Q3", "Q4"], rows,
+                "Per quarter of the continued bars; real and floor: the same spans of the real pieces "
                 "and of other pieces (`musegen evaluate continuation`, docs/evaluation.md).")
-    plot_quarters(series, out_dir / "continuation.png")
+    plot_quarters({label: {metric: values for (metric, statistic), values in table.items() if statistic == "median"}
+                   for label, table in series.items()}, out_dir / "continuation.png")
     return series
 
 

@@ -453,7 +453,8 @@ def by_quarter(pooled: dict[str, dict[str, np.ndarray]]) -> dict[str, list[dict[
 def write_report(out_dir: Path, rows: list[dict[str, Any]], pooled: dict[str, dict[str, np.ndarray]],
                  note: str, quarter_note: str = "") -> dict[str, Path]:
     """continuation.csv, continuation.md (the table, then `note`) and continuation.png; with
-    per-quarter span metrics also continuation_quarters.csv/.md/.png (the means per quarter)."""
+    per-quarter span metrics also continuation_quarters.csv/.md (means and medians per quarter)
+    and .png (the medians)."""
     from .compare import fmt, write_table
 
     cells = [[r["metric"]] + [fmt(r[c]) for c in COLUMNS[1:-1]] + [str(r["model_n"])] for r in rows]
@@ -464,11 +465,11 @@ def write_report(out_dir: Path, rows: list[dict[str, Any]], pooled: dict[str, di
     plot_continuation({m: by for m, by in pooled.items() if m not in copies}, out_dir / "continuation.png")
     files = {kind: out_dir / f"continuation.{kind}" for kind in ("csv", "md", "png")}
     if copies:
-        header = ["metric"] + [f"{source} Q{q + 1}" for source in SOURCES for q in range(QUARTERS)]
-        cells = [[metric] + [fmt(_mean(part[source])) for source in SOURCES for part in parts]
-                 for metric, parts in quarters.items()]
+        header = ["metric", "statistic"] + [f"{source} Q{q + 1}" for source in SOURCES for q in range(QUARTERS)]
+        cells = [[metric, name] + [fmt(statistic(part[source])) for source in SOURCES for part in parts]
+                 for metric, parts in quarters.items() for name, statistic in QUARTER_STATISTICS.items()]
         write_table(out_dir, "continuation_quarters", header, cells, quarter_note)
-        plot_quarters({source: {metric: [_mean(part[source]) for part in parts] for metric, parts in quarters.items()}
+        plot_quarters({source: {metric: [_median(part[source]) for part in parts] for metric, parts in quarters.items()}
                        for source in SOURCES}, out_dir / "continuation_quarters.png")
         files |= {f"quarters_{kind}": out_dir / f"continuation_quarters.{kind}" for kind in ("csv", "md", "png")}
     return files
@@ -477,6 +478,15 @@ def write_report(out_dir: Path, rows: list[dict[str, Any]], pooled: dict[str, di
 def _mean(values: np.ndarray) -> float:
     finite = values[np.isfinite(values)]
     return float(finite.mean()) if len(finite) else math.nan
+
+
+def _median(values: np.ndarray) -> float:
+    finite = values[np.isfinite(values)]
+    return float(np.median(finite)) if len(finite) else math.nan
+
+
+# Both: a few runaway samples move a quarter's mean far from what most samples do.
+QUARTER_STATISTICS = {"mean": _mean, "median": _median}
 
 
 def plot_quarters(series: dict[str, dict[str, list[float]]], path: Path) -> None:
@@ -574,7 +584,7 @@ def evaluate_continuation(checkpoint: str | os.PathLike, data_dir: str | os.Path
             "its own prompt. model_over_real = model_mean / real_mean; model_minus_real = model_mean - real_mean. "
             "Definitions: docs/evaluation.md.")
     positions = np.array([p for r in records for p in r.get("model_positions", [])], dtype=np.float64)
-    quarter_note = ("Means per quarter of the measured bars. " + (
+    quarter_note = ("Means and medians per quarter of the measured bars. " + (
         "The model's quarters begin, on average, at token positions "
         + ", ".join(f"{v:,.0f}" for v in positions[:, :-1].mean(0)) + f" and its span ends at {positions[:, -1].mean():,.0f} "
         "(position 0: the prompt's first token)." if len(positions) else "")) if settings.by_quarter else ""

@@ -439,7 +439,7 @@ def summary_rows(pooled: dict[str, dict[str, np.ndarray]]) -> list[dict[str, Any
     return rows
 
 
-def by_quarter(pooled: dict[str, dict[str, np.ndarray]]) -> dict[str, list[dict[str, np.ndarray]]]:
+def per_quarter(pooled: dict[str, dict[str, np.ndarray]]) -> dict[str, list[dict[str, np.ndarray]]]:
     """{metric: [its values in Q1, Q2, Q3, Q4]} for every metric measured per quarter (the
     `--by-quarter` copies of the span metrics, and the style similarity)."""
     quarters: dict[str, list[dict[str, np.ndarray]]] = {}
@@ -459,7 +459,7 @@ def write_report(out_dir: Path, rows: list[dict[str, Any]], pooled: dict[str, di
 
     cells = [[r["metric"]] + [fmt(r[c]) for c in COLUMNS[1:-1]] + [str(r["model_n"])] for r in rows]
     write_table(out_dir, "continuation", list(COLUMNS), cells, note)
-    quarters = by_quarter(pooled)
+    quarters = per_quarter(pooled)
     # the per-quarter copies of whole-span metrics go to their own plot; the style panels stay
     copies = {f"{m} Q{q + 1}" for m in quarters if m in pooled for q in range(QUARTERS)}
     plot_continuation({m: by for m, by in pooled.items() if m not in copies}, out_dir / "continuation.png")

@@ -298,9 +298,11 @@ def read_quarters(path: Path) -> dict[str, dict[tuple[str, str], list[float]]]:
 
 def mean_quarter_starts(folder: Path) -> list[float]:
     """Mean token position where each quarter of the model's continuations begins (pieces.jsonl)."""
-    positions = [p for line in (folder / "pieces.jsonl").read_text().splitlines() if line.strip()
-                 for p in json.loads(line).get("model_positions", [])]
-    return np.array(positions, dtype=np.float64)[:, :4].mean(0).tolist() if positions else [math.nan] * 4
+    from .continuation import mean_positions
+
+    records = [json.loads(line) for line in (folder / "pieces.jsonl").read_text().splitlines() if line.strip()]
+    means = mean_positions(records)
+    return [math.nan] * 4 if means is None else means[:4].tolist()
 
 
 def compare_continuation(runs: dict[str, Path], out_dir: Path) -> dict[str, dict[tuple[str, str], list[float]]]:

@@ -358,6 +358,13 @@ def quarter_positions(tokenizer: Tokenizer, ids, first_bar: int, bars: int) -> l
     return [starts[b] if b < len(starts) else len(ids) for b in edges]
 
 
+def mean_positions(records: list[dict[str, Any]]) -> np.ndarray | None:
+    """Over every sample of the records (`quarter_positions`'): the mean token position where each
+    quarter begins and where the span ends; None when no record has them."""
+    positions = [p for record in records for p in record.get("model_positions", [])]
+    return np.array(positions, dtype=np.float64).mean(0) if positions else None
+
+
 class ResultLog:
     """`pieces.jsonl` in the output folder, one line per evaluated piece, rewritten atomically after
     each piece so that an interrupted run resumes where it stopped; `run.json` holds the settings
@@ -421,6 +428,21 @@ def pooled_values(records: list[dict[str, Any]]) -> dict[str, dict[str, np.ndarr
     return {m: {s: np.array(v, dtype=np.float64) for s, v in by.items()} for m, by in pooled.items()}
 
 
+def _mean(values: np.ndarray) -> float:
+    """Mean of the finite values (NaN marks a metric a span could not have); NaN if none."""
+    finite = values[np.isfinite(values)]
+    return float(finite.mean()) if len(finite) else math.nan
+
+
+def _median(values: np.ndarray) -> float:
+    finite = values[np.isfinite(values)]
+    return float(np.median(finite)) if len(finite) else math.nan
+
+
+# Tables give both: a few runaway samples move a mean far from what most samples do.
+STATISTICS = {"mean": _mean, "median": _median}
+
+
 def summary_rows(pooled: dict[str, dict[str, np.ndarray]]) -> list[dict[str, Any]]:
     """Per metric: mean and median of the model's, the real and the floor spans' values (NaN left
     out), the model's mean over the real mean and minus it, and how many model values there are."""
@@ -428,9 +450,8 @@ def summary_rows(pooled: dict[str, dict[str, np.ndarray]]) -> list[dict[str, Any
     for metric, by in pooled.items():
         row: dict[str, Any] = {"metric": metric}
         for source in SOURCES:
-            finite = by[source][np.isfinite(by[source])]
-            row[f"{source}_mean"] = float(finite.mean()) if len(finite) else math.nan
-            row[f"{source}_median"] = float(np.median(finite)) if len(finite) else math.nan
+            for name, statistic in STATISTICS.items():
+                row[f"{source}_{name}"] = statistic(by[source])
         real = row["real_mean"]
         row["model_over_real"] = row["model_mean"] / real if real and not math.isnan(real) else math.nan
         row["model_minus_real"] = row["model_mean"] - real
@@ -467,7 +488,7 @@ def write_report(out_dir: Path, rows: list[dict[str, Any]], pooled: dict[str, di
     if copies:
         header = ["metric", "statistic"] + [f"{source} Q{q + 1}" for source in SOURCES for q in range(QUARTERS)]
         cells = [[metric, name] + [fmt(statistic(part[source])) for source in SOURCES for part in parts]
-                 for metric, parts in quarters.items() for name, statistic in QUARTER_STATISTICS.items()]
+                 for metric, parts in quarters.items() for name, statistic in STATISTICS.items()]
         write_table(out_dir, "continuation_quarters", header, cells, quarter_note)
         plot_quarters({source: {metric: [_median(part[source]) for part in parts] for metric, parts in quarters.items()}
                        for source in SOURCES}, out_dir / "continuation_quarters.png")
@@ -475,58 +496,44 @@ def write_report(out_dir: Path, rows: list[dict[str, Any]], pooled: dict[str, di
     return files
 
 
-def _mean(values: np.ndarray) -> float:
-    finite = values[np.isfinite(values)]
-    return float(finite.mean()) if len(finite) else math.nan
-
-
-def _median(values: np.ndarray) -> float:
-    finite = values[np.isfinite(values)]
-    return float(np.median(finite)) if len(finite) else math.nan
-
-
-# Both: a few runaway samples move a quarter's mean far from what most samples do.
-QUARTER_STATISTICS = {"mean": _mean, "median": _median}
+def _panel_grid(count: int):
+    """A figure of `count` small panels, four to a row (the unused ones hidden): (figure, axes)."""
+    columns = 4
+    rows = math.ceil(count / columns)
+    fig, axes = pyplot().subplots(rows, columns, figsize=(3.2 * columns, 2.4 * rows), squeeze=False)
+    for ax in axes.ravel()[count:]:
+        ax.axis("off")
+    return fig, axes.ravel()
 
 
 def plot_quarters(series: dict[str, dict[str, list[float]]], path: Path) -> None:
     """One panel per metric, one line per label ({label: {metric: [Q1..Q4 values]}}): a model's
     solid, the real spans' ("real") dashed and the floor's ("floor") dotted, in black and grey."""
-    plt = pyplot()
     metrics = list(dict.fromkeys(m for values in series.values() for m in values))
-    columns = 4
-    rows = math.ceil(len(metrics) / columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 2.4 * rows), squeeze=False)
+    fig, axes = _panel_grid(len(metrics))
     x = np.arange(1, QUARTERS + 1)
     looks = {"real": dict(ls="--", marker="s", color="black"), "floor": dict(ls=":", marker="^", color="grey")}
-    for ax, metric in zip(axes.ravel(), metrics):
+    for ax, metric in zip(axes, metrics):
         for label, values in series.items():
             if metric in values:
                 ax.plot(x, values[metric], label=label, **looks.get(label, dict(ls="-", marker="o")))
         ax.set_xticks(x, [f"Q{q}" for q in x])
         ax.set_title(metric, fontsize=9)
         ax.tick_params(labelsize=8)
-    axes.ravel()[0].legend(fontsize=7)
-    for ax in axes.ravel()[len(metrics):]:
-        ax.axis("off")
+    axes[0].legend(fontsize=7)
     fig.tight_layout()
     save_png(fig, path)
 
 
 def plot_continuation(pooled: dict[str, dict[str, np.ndarray]], path: Path) -> None:
     """One panel per metric: box plots of the model's, the real and the floor spans' values."""
-    plt = pyplot()
-    columns = 4
-    rows = math.ceil(len(pooled) / columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 2.4 * rows), squeeze=False)
-    for ax, (metric, by) in zip(axes.ravel(), pooled.items()):
+    fig, axes = _panel_grid(len(pooled))
+    for ax, (metric, by) in zip(axes, pooled.items()):
         data = [by[s][np.isfinite(by[s])] for s in SOURCES]
         ax.boxplot([d if len(d) else [math.nan] for d in data], showfliers=False)
         ax.set_xticks(range(1, len(SOURCES) + 1), SOURCES)
         ax.set_title(metric, fontsize=9)
         ax.tick_params(labelsize=8)
-    for ax in axes.ravel()[len(pooled):]:
-        ax.axis("off")
     fig.tight_layout()
     save_png(fig, path)
 
@@ -583,11 +590,12 @@ def evaluate_continuation(checkpoint: str | os.PathLike, data_dir: str | os.Path
             "model: the samples' values; real: the piece's own bars (reference); floor: another piece's bars after "
             "its own prompt. model_over_real = model_mean / real_mean; model_minus_real = model_mean - real_mean. "
             "Definitions: docs/evaluation.md.")
-    positions = np.array([p for r in records for p in r.get("model_positions", [])], dtype=np.float64)
-    quarter_note = ("Means and medians per quarter of the measured bars. " + (
-        "The model's quarters begin, on average, at token positions "
-        + ", ".join(f"{v:,.0f}" for v in positions[:, :-1].mean(0)) + f" and its span ends at {positions[:, -1].mean():,.0f} "
-        "(position 0: the prompt's first token)." if len(positions) else "")) if settings.by_quarter else ""
+    quarter_note = ""
+    if settings.by_quarter:
+        means = mean_positions(records)
+        quarter_note = "Means and medians per quarter of the measured bars. " + ("" if means is None else (
+            "The model's quarters begin, on average, at token positions " + ", ".join(f"{v:,.0f}" for v in means[:-1])
+            + f" and its span ends at {means[-1]:,.0f} (position 0: the prompt's first token)."))
     files = write_report(out_dir, rows, pooled, note, quarter_note)
     return {"split": split, "pieces": len(chosen), "resumed": len(chosen) - len(todo), "skipped": skipped,
             "invalid_samples": sum(r["invalid_samples"] for r in records),

@@ -273,6 +273,31 @@ def test_grammar_rules():
     assert g.first_violation([60]) == 0
 
 
+def test_the_sampling_mask_writes_no_silent_bass_or_other_note():
+    """The grammar accepts a zero-length note on any track (the data holds them); the sampler
+    writes them on drums only, where a hit's length does not matter."""
+    g = TOK.grammar()
+    for track, sampled in ((0, False), (1, True), (2, False)):  # bass, drums, other
+        s = state_after([START, track * 128 + 40])
+        assert g.allowed(s)[384 + track * 128 + 40]
+        assert g.sampling_mask(s)[384 + track * 128 + 40] == sampled
+        later = g.step(s, WIDE_SHIFT)  # a time later the note may end whatever its track
+        assert g.sampling_mask(later)[384 + track * 128 + 40]
+
+
+def test_the_sampling_mask_never_restates_the_time_into_a_dead_end():
+    """On tick 6 every event needs a restating shift before it, and the note_ons of one time rise
+    by pitch. Once pitch 127 has begun on every track, a restating shift could only be followed
+    by a double, so the sampler may not write it (the grammar may) and moves the time on."""
+    g = TOK.grammar()
+    s = state_after([START, 40, shift_id(0, 6), 127, shift_id(0, 6), 128 + 127, shift_id(0, 6), 256 + 127])
+    restate = shift_id(0, 6)
+    assert g.allowed(s)[restate] and not g.sampling_mask(s)[restate]
+    assert g.sampling_mask(s)[shift_id(0, 7)], "a shift forward stays"
+    s = state_after([START, 40, shift_id(0, 6), 127])  # drums and other may still begin 127
+    assert g.sampling_mask(s)[restate]
+
+
 S = shift_id
 
 

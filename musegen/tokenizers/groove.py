@@ -697,15 +697,35 @@ class GrooveGrammar(Grammar):
         return mask
 
     def sampling_mask(self, state: GrooveState) -> np.ndarray:
-        """`allowed` without a second note_on of one track and pitch at one time. The data may
-        hold such doubles (drum tracks merged into one; at most 2 in the reference's own files,
-        up to 6 in the MMA corpus), but a sampler allowed one more repeated it: thousands of one
-        drum at one time, each after a restating shift, the time never moving on (measured on
-        the groove model: 8,192 tokens without reaching the next bar)."""
+        """`allowed` without what the data may hold but a sampler should not write:
+
+        - a second note_on of one track and pitch at one time. The data holds such doubles
+          (drum tracks merged into one; at most 2 in the reference's own files, up to 6 in the
+          MMA corpus), but a sampler allowed one more repeated it without end, the time never
+          moving on (measured: 8,192 tokens without reaching the next bar);
+        - a shift that restates the time when no event but a double could follow it (the note_ons
+          of one time rise by pitch: once the model has reached pitch 127 the only events left
+          are doubles, and 13 of 48 groove samples wrote thousands of them);
+        - a bass or other note of zero length: silent, 2% of the MMA corpus's bass and other
+          notes (drum hits, 57% of them zero-length, stay allowed); a sampler that keeps the
+          model's note-off share (`sample.keep_type_mass`) would otherwise spend it on ending the
+          note it has just begun."""
         allowed = self.allowed(state)
+        mask = self._sampled(state, allowed)
+        tick = state.time % UNITS_PER_BEAT
+        if tick and mask[shift_id(0, tick)]:  # (after a restating shift only events may come)
+            after = self.step(state, shift_id(0, tick))
+            mask[shift_id(0, tick)] = self._sampled(after, self.allowed(after)).any()
+        return mask if mask.any() else allowed  # (only doubles left: rather a double than a stop)
+
+    @staticmethod
+    def _sampled(state: GrooveState, allowed: np.ndarray) -> np.ndarray:
+        """`allowed` without doubles and without ending a bass or other note where it begins."""
         mask = allowed.copy()
         mask[[NOTE_ON + slot for slot in state.begun_now]] = False
-        return mask if mask.any() else allowed  # (only doubles left: rather a double than a stop)
+        if state.mode == ONS and state.zero_slot >= 0 and _PITCHED[state.zero_slot]:
+            mask[NOTE_OFF + state.zero_slot] = False
+        return mask
 
     def _allow_events(self, state: GrooveState, mask: np.ndarray) -> None:
         if state.mode == ONS:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import json
 import os
 import shutil
@@ -24,8 +25,8 @@ from tiny_models import tiny_checkpoint, tiny_model
 from musegen.cli import main
 from musegen.errors import MidiError
 from musegen.render import PROMPT_END_MARKER
-from musegen.sample import (Prompt, SampleSettings, filter_logits, generate, load_prompt, new_notes,
-                            prompt_from_ids, with_ending, write_samples)
+from musegen.sample import (Prompt, SampleSettings, filter_logits, generate, keep_type_mass, load_prompt,
+                            new_notes, prompt_from_ids, with_ending, write_samples)
 from musegen.tokenizers import Tokenizer, tokenizer_from_dict
 
 KINDS = sorted(Tokenizer.registry)
@@ -262,6 +263,72 @@ def test_sampling_frequencies_follow_the_nucleus():
     freq = torch.bincount(draws, minlength=4).float() / len(draws)
     assert freq[2:].sum() == 0
     assert freq[0].item() == pytest.approx(0.5 / 0.8, abs=0.015)
+
+
+def test_keep_type_mass_gives_the_type_the_models_share():
+    """After the mask, the kept type holds p(type) (over all its ids, allowed or not), split as
+    the model splits it among its allowed ids; the other allowed ids share 1 - p(type) in their
+    own proportions. Rows without an allowed id of the type, or with nothing else, are as before."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(200, 40, generator=gen) * 3
+    kept = torch.zeros(40, dtype=torch.bool)
+    kept[10:25] = True
+    allowed = torch.rand(200, 40, generator=gen) < 0.3
+    allowed[0, 10:25] = False  # no allowed id of the type
+    allowed[1] = kept  # nothing else allowed
+    out = keep_type_mass(logits, allowed, kept)
+    p = logits.softmax(-1)
+    q = out.masked_fill(~allowed, -math.inf).softmax(-1)
+    ours, others = allowed & kept, allowed & ~kept
+    plain = logits.masked_fill(~allowed, -math.inf).softmax(-1)
+    for row in range(200):
+        if not ours[row].any() or not others[row].any():
+            assert torch.allclose(q[row], plain[row], atol=1e-6)
+            continue
+        assert q[row, kept].sum() == pytest.approx(p[row, kept].sum().item(), abs=1e-5)
+        for where in (ours[row], others[row]):
+            assert torch.allclose(q[row, where] / q[row, where].sum(), p[row, where] / p[row, where].sum(), atol=1e-5)
+    assert (q[~allowed] == 0).all()
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_a_groove_sampler_ends_notes_as_often_as_the_model_says(models, prompt_files, keep):
+    """A model that gives note-offs half its mass, spread over all 384 (track, pitch) slots, does
+    not know which notes sound. Wherever a sounding note may end, the sampler with the share kept
+    ends one about half the time, and about 13 notes sound at once; with the plain mask the mass
+    of the silent slots goes to note-ons and shifts, and notes pile up."""
+    from musegen.tokenizers.groove import NOTE_OFF, ONS, TIME_SHIFT
+
+    model, tok = models["groove"]
+    prompt = load_prompt(tok, prompt_files["groove"], bars=2)
+    saved = {k: v.clone() for k, v in model.head.state_dict().items()}
+    with torch.no_grad():  # every step alike, the bias alone decides: p(note-off) = 384 / 768
+        model.head.weight.zero_()
+        model.head.bias.fill_(-30.0)
+        model.head.bias[NOTE_OFF:TIME_SHIFT] = 0.0  # 384 x 1
+        model.head.bias[:NOTE_OFF] = -math.log(2)  # 384 x 1/2
+        model.head.bias[TIME_SHIFT:TIME_SHIFT + 24] = math.log(8)  # 24 x 8
+    try:
+        samples, stats = generate(model, tok, prompt, SampleSettings(length=800, num_samples=2, seed=1,
+                                                                     temperature=1.0, keep_note_offs=keep),
+                                  progress=False)
+    finally:
+        model.head.load_state_dict(saved)
+    assert stats["invalid"] == 0
+    grammar, ends, sounding = tok.grammar(), [], []  # at each drawn token where an earlier note may end: whether one did
+    for sample in samples:
+        states = grammar.states(sample.ids)
+        for i in range(len(prompt.ids), len(sample.ids)):
+            state, token = states[i], int(sample.ids[i])
+            if state.mode != ONS and grammar.sampling_mask(state)[NOTE_OFF:TIME_SHIFT].any():
+                ends.append(NOTE_OFF <= token < TIME_SHIFT)
+                sounding.append(sum(len(q) for q in state.sounding.values()))
+    assert len(ends) > 300
+    share, held = float(np.mean(ends)), float(np.median(sounding))
+    if keep:
+        assert 0.42 < share < 0.58 and held < 25, (share, held)
+    else:  # notes pile up until the few allowed slots win back the share: measured 112 at once
+        assert held > 60, held
 
 
 # ---------------------------------------------------------------- the command line

@@ -31,6 +31,10 @@ def sample(
     no_grammar: bool = typer.Option(False, "--no-grammar", help="Sample without the grammar mask (for comparison); "
                                                                 "tokens the grammar rejects are skipped and counted "
                                                                 "when decoding."),
+    keep_note_offs: bool = typer.Option(True, "--keep-note-offs/--plain-mask",
+                                        help="Where notes end by a token of their own (groove), the grammar mask "
+                                             "keeps the model's share of note-offs, moved onto the sounding notes; "
+                                             "--plain-mask renormalises over all allowed tokens, as the paper does."),
     device: str = typer.Option("auto", help="auto (CUDA when present), cpu, cuda or cuda:N."),
     precision: str = typer.Option("auto", help="Precision of the model's steps: auto (bf16 where the device "
                                   "computes it natively, else fp32), fp32 or bf16."),
@@ -42,7 +46,7 @@ def sample(
 
     settings = SampleSettings(length=length, bars=bars, temperature=temperature, top_p=top_p, top_k=top_k,
                               num_samples=num_samples, seed=seed, grammar=not no_grammar, prompt_bars=prompt_bars,
-                              precision=precision)
+                              precision=precision, keep_note_offs=keep_note_offs)
     summary = sample_to_folder(checkpoint, out, settings, prompt, audio=audio, pianoroll=pianoroll, device=device,
                                threads=threads)
     if "continued" in summary:

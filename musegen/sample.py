@@ -459,7 +459,6 @@ def _draw(logits: torch.Tensor, rows: list[_Row], vocab_size: int, s: SampleSett
                 allow[b, :vocab_size] = row.mask
                 allow[b, vocab_size:] = False
     allowed = torch.from_numpy(allow).to(logits.device)
-    logits = logits.float()
     if s.grammar and kept is not None:
         logits = keep_type_mass(logits, allowed, kept)
     filtered = filter_logits(logits.masked_fill(~allowed, -math.inf), s.temperature, s.top_k, s.top_p)

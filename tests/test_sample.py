@@ -388,6 +388,21 @@ def test_cli_no_grammar_samples_are_decoded_leniently(checkpoints, kind, tmp_pat
         assert not record["valid"] or record["tokens"] == len(ids)
 
 
+def test_cli_plain_mask_reaches_the_sampler_and_is_recorded(checkpoints, tmp_path, capsys):
+    """--plain-mask (the paper's sampler) against the default on one seed: the settings JSON says
+    which ran, and the samples differ (the tiny model's note-off share is not its allowed mass)."""
+    written = {}
+    for flag, kept in (("--keep-note-offs", True), ("--plain-mask", False)):
+        out = tmp_path / flag.strip("-")
+        code, _, err = run_cli(["sample", "-c", checkpoints["groove"], "--prompt", PROMPTS["groove"], "--prompt-bars",
+                                2, "--length", 200, "--seed", 4, flag, "--out", out], capsys)
+        assert code == 0, err
+        summary = json.loads((out / f"{PROMPTS['groove'].stem}.json").read_text())
+        assert summary["settings"]["keep_note_offs"] is kept
+        written[kept] = tokenizer_from_dict({"kind": "groove"}).encode(out / summary["samples"][0]["midi"]).ids
+    assert list(written[True]) != list(written[False])
+
+
 def test_cli_prompt_with_unrepresentable_notes_reports_and_goes_on(checkpoints, tmp_path, capsys):
     midi = miditoolkit.MidiFile(ticks_per_beat=480)
     piano = miditoolkit.Instrument(0)

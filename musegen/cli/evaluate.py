@@ -9,6 +9,8 @@ from typing import Optional
 
 import typer
 
+from .sample import KEEP_NOTE_OFFS
+
 evaluate_app = typer.Typer(help="Measure generated music and trained models.", no_args_is_help=True)
 
 
@@ -85,10 +87,7 @@ def continuation(
     temperature: Optional[float] = typer.Option(None, help="Default: the paper's (REMI 1.2, groove 0.6)."),
     top_p: Optional[float] = typer.Option(None, help="Nucleus mass in (0, 1]. Default: REMI 0.9, groove 1.0."),
     top_k: int = typer.Option(0, help="Keep only the k most likely tokens (0: off)."),
-    keep_note_offs: bool = typer.Option(True, "--keep-note-offs/--plain-mask",
-                                        help="Where notes end by a token of their own (groove), the grammar mask "
-                                             "keeps the model's share of note-offs, moved onto the sounding notes; "
-                                             "--plain-mask renormalises over all allowed tokens, as the paper does."),
+    keep_note_offs: bool = KEEP_NOTE_OFFS,
     device: str = typer.Option("auto", help="auto (CUDA when present), cpu, cuda or cuda:N."),
     threads: Optional[int] = typer.Option(None, min=1, help="CPU threads while sampling (default 1)."),
     by_quarter: bool = typer.Option(False, help="Also measure each quarter of the bars (a multiple of 4): how a "

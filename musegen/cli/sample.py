@@ -7,6 +7,12 @@ from typing import Optional
 
 import typer
 
+# Shared with `musegen evaluate continuation`, which samples the same way.
+KEEP_NOTE_OFFS = typer.Option(True, "--keep-note-offs/--plain-mask",
+                              help="Where notes end by a token of their own (groove), the grammar mask keeps the "
+                                   "model's share of note-offs, moved onto the sounding notes; --plain-mask "
+                                   "renormalises over all allowed tokens, as the paper does.")
+
 
 def sample(
     checkpoint: Path = typer.Option(..., "--checkpoint", "-c", help="Checkpoint folder (model, config, tokenizer)."),
@@ -31,10 +37,7 @@ def sample(
     no_grammar: bool = typer.Option(False, "--no-grammar", help="Sample without the grammar mask (for comparison); "
                                                                 "tokens the grammar rejects are skipped and counted "
                                                                 "when decoding."),
-    keep_note_offs: bool = typer.Option(True, "--keep-note-offs/--plain-mask",
-                                        help="Where notes end by a token of their own (groove), the grammar mask "
-                                             "keeps the model's share of note-offs, moved onto the sounding notes; "
-                                             "--plain-mask renormalises over all allowed tokens, as the paper does."),
+    keep_note_offs: bool = KEEP_NOTE_OFFS,
     device: str = typer.Option("auto", help="auto (CUDA when present), cpu, cuda or cuda:N."),
     precision: str = typer.Option("auto", help="Precision of the model's steps: auto (bf16 where the device "
                                   "computes it natively, else fp32), fp32 or bf16."),

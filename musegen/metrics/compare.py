@@ -152,12 +152,15 @@ def read_sampling(folder: Path) -> dict[str, float] | None:
     return None
 
 
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The records of a JSON-lines file (blank lines skipped)."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 def read_log(folder: Path) -> list[dict[str, Any]]:
     """A run folder's log.jsonl records (none when the folder is not a run)."""
     path = folder / "log.jsonl"
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_jsonl(path) if path.is_file() else []
 
 
 def read_training(records: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -300,8 +303,7 @@ def mean_quarter_starts(folder: Path) -> list[float]:
     """Mean token position where each quarter of the model's continuations begins (pieces.jsonl)."""
     from .continuation import mean_positions
 
-    records = [json.loads(line) for line in (folder / "pieces.jsonl").read_text().splitlines() if line.strip()]
-    means = mean_positions(records)
+    means = mean_positions(read_jsonl(folder / "pieces.jsonl"))
     return [math.nan] * 4 if means is None else means[:4].tolist()
 
 

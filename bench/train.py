@@ -6,8 +6,9 @@ run, with fast-transformers' kernel and exact softmax attention as further rows.
     python -m bench.train --curves [--curve-steps 500]   # loss curves: fp32 vs the default
 
 Throughput: every variant is built in this process and timed in interleaved rounds of full
-updates (forward, backward, Adam; dropout on), after two warm-up updates, so a change in the
-machine's load hits every variant alike; the median update is reported. Peak memory is one
+updates (forward, backward, Adam; dropout on; the trainer's loss and optimiser), after two
+warm-up updates, so a change in the machine's load hits every variant alike; the median update
+is reported. Peak memory is one
 update's growth of the resident set (bench/common.py) or CUDA's max allocated bytes.
 `--quick`: 3 rounds at lengths 512 and 1024 only.
 
@@ -29,12 +30,12 @@ import tempfile
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from bench.common import add_machine_options, apply_machine_options, describe, peak_memory_mib, seconds
 from musegen.device import use_bf16
 from musegen.model import MusicPerformer, preset
 from musegen.model.attention import fast_transformers_available
+from musegen.train import make_optimizer, next_token_nll
 
 REPO = Path(__file__).resolve().parents[1]
 # name: (model overrides, precision)
@@ -49,15 +50,14 @@ def update_fn(variant: str, length: int, batch: int, device: torch.device):
     overrides, precision = VARIANTS[variant]
     torch.manual_seed(0)
     model = MusicPerformer(preset("small", **overrides)).to(device).train()
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    optimizer = make_optimizer(model.parameters(), "adam", 1e-4, 0.0, device)  # as `musegen train`
     ids = torch.randint(0, model.config.vocab_size - 1, (batch, length + 1), device=device)
     bf16 = use_bf16(precision, device)
 
     def update():
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             logits = model(ids[:, :-1])
-        loss = F.cross_entropy(logits.float().transpose(1, 2), ids[:, 1:])
-        loss.backward()
+        (next_token_nll(logits, ids[:, 1:]) / ids[:, 1:].numel()).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 

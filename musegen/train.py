@@ -214,6 +214,22 @@ def _model_of_init(init: Path, preset_name: str | None, explicit: dict[str, Any]
     return model, preset_name or (meta_preset if isinstance(meta_preset, str) else "")
 
 
+def next_token_nll(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
+    """Summed NLL of `targets` [B, N] under `logits` [B, N, vocab], in fp32. Flattened so that the
+    log-softmax runs over contiguous rows (a [B, vocab, N] layout copied the logits twice and cost
+    about 8% of a bf16 CPU update)."""
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                           ignore_index=ignore_index, reduction="sum")
+
+
+def make_optimizer(params, name: str, lr: float, weight_decay: float, device: torch.device) -> torch.optim.Optimizer:
+    """Adam or AdamW; the fused kernel where torch has one (CPU, CUDA): one pass over every
+    parameter instead of about ten small operations each (on CPU, 2 ms against 10 ms an update
+    for the small preset)."""
+    optim_cls = torch.optim.AdamW if name == "adamw" else torch.optim.Adam
+    return optim_cls(params, lr=lr, weight_decay=weight_decay, fused=device.type in ("cpu", "cuda"))
+
+
 def lr_factor(update: int, warmup: int, total: int, floor_ratio: float) -> float:
     """Multiplier of the peak lr for 0-based `update`: linear warm-up, then cosine to the floor,
     reached by the last update (total - 1)."""
@@ -409,8 +425,7 @@ class Trainer:
         self.raw = MusicPerformer(self.model_cfg).to(self.device)
         if init is not None:
             self.raw.load_state_dict(init)
-        optim_cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
-        self.optimizer = optim_cls(self.raw.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.optimizer = make_optimizer(self.raw.parameters(), cfg.optimizer, cfg.lr, cfg.weight_decay, self.device)
         floor_ratio = cfg.lr_floor / cfg.lr
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda u: lr_factor(u, cfg.warmup, cfg.steps, floor_ratio))
@@ -529,8 +544,7 @@ class Trainer:
                     else contextlib.nullcontext())
             with sync, torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
                 logits = self.net(mb[:, :-1])
-                nll = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), mb[:, 1:].reshape(-1),
-                                      ignore_index=self.tokenizer.pad_id, reduction="sum")
+                nll = next_token_nll(logits, mb[:, 1:], self.tokenizer.pad_id)
                 # DDP averages gradients over processes: scale so the result is the
                 # gradient of the mean over every real target token of the global batch
                 (nll * (procs.world / n_tokens)).backward()

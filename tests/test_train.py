@@ -26,7 +26,8 @@ from musegen.model import MusicPerformer
 from musegen.run_folder import checkpoint_dirs, is_complete, latest_checkpoint
 from musegen.shards import write_shards
 from musegen.tokenizers.groove import GrooveTokenizer
-from musegen.train import LIMITS, TrainConfig, build_config, format_limit, lr_factor, train
+from musegen.train import (LIMITS, TrainConfig, build_config, format_limit, lr_factor, make_optimizer, next_token_nll,
+                           train)
 
 from train_fixtures import prepare_pop909
 
@@ -113,6 +114,34 @@ def test_lr_schedule_warms_up_then_decays_to_the_floor():
     assert np.all(np.diff(lrs[warmup:]) <= 1e-12)
     middle = warmup + (total - 1 - warmup) // 2
     assert lrs[middle] == pytest.approx(floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * 0.5)), abs=1e-9)
+
+
+def test_next_token_nll_sums_the_targets_negative_log_probabilities_and_skips_padding():
+    torch.manual_seed(0)
+    logits = torch.randn(3, 7, 11, dtype=torch.bfloat16)
+    targets = torch.randint(0, 10, (3, 7))
+    targets[1, 4:] = 10  # padding
+    logp = logits.double().log_softmax(-1)
+    expected = -sum(logp[b, t, targets[b, t]] for b in range(3) for t in range(7) if targets[b, t] != 10)
+    nll = next_token_nll(logits, targets, ignore_index=10)
+    assert nll.dtype == torch.float32 and float(nll) == pytest.approx(float(expected), rel=1e-6)
+
+
+def test_the_optimiser_is_adams_fused_kernel_on_cpu_and_steps_like_the_plain_one():
+    torch.manual_seed(0)
+    weights = [torch.randn(5, 4, requires_grad=True), torch.randn(4, requires_grad=True)]
+    twins = [w.detach().clone().requires_grad_() for w in weights]
+    start = [w.detach().clone() for w in weights]
+    fused = make_optimizer(weights, "adamw", 1e-2, 0.1, torch.device("cpu"))
+    plain = torch.optim.AdamW(twins, lr=1e-2, weight_decay=0.1)
+    assert fused.defaults["fused"]
+    for _ in range(5):
+        for group in (weights, twins):
+            for w in group:
+                w.grad = torch.sin(w.detach() * 3)
+        fused.step(), plain.step()
+    for w, twin, w0 in zip(weights, twins, start):
+        assert torch.allclose(w, twin, atol=1e-6) and (w - w0).abs().min() > 1e-3  # every weight moved
 
 
 # ---- learning --------------------------------------------------------------------------------

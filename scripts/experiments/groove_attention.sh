@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# What limits the groove model (issue "Models worth keeping"): two small models on the MMA groove
+# What limits the groove model (issue "Models worth keeping"): small models on the MMA groove
 # corpus, identical to the shipped model's first stage (L = 512, 8 x 512, lr 4e-4, K = 8 sines,
-# features redrawn every 40 steps) but 1,500 updates long, that differ only in the attention:
-# the Performer's FAVOR+ approximation and exact softmax (both with gated sineSPE). Scored per
-# token type on the test split within L, and by `evaluate continuation` on 24 test pieces.
+# features redrawn every 40 steps) but 1,500 updates long, that differ in the attention (the
+# Performer's FAVOR+ approximation against exact softmax, both with gated sineSPE) or in capacity
+# (the Performer with 8 layers instead of 4). Scored per token type on the test split within L,
+# and by `evaluate continuation` on 24 test pieces.
 #   bash scripts/experiments/groove_attention.sh              all stages
 #   MODELS=softmax bash scripts/experiments/groove_attention.sh train
 # Stages: train evaluate continue report (copies the tables and logs into docs/experiments/).
@@ -19,8 +20,9 @@ OUT=docs/experiments/groove-attention
 declare -A MODEL_SETTINGS=(
   [performer]="model.attention=performer"
   [softmax]="model.attention=softmax"
+  [performer-deep]="model.attention=performer model.n_layers=8"
 )
-MODELS=${MODELS:-performer softmax}
+MODELS=${MODELS:-performer softmax performer-deep}
 COMMON=(seq_len=$L batch_size=8 steps=1500 lr=4e-4 warmup=200 precision=bf16 model.spe_sines=8
         model.redraw=every:40 valid_every=0 ckpt_every=250 keep=1 workers=0 seed=0)
 stages=${*:-train evaluate continue report}

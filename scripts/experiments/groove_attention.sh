@@ -3,8 +3,9 @@
 # corpus, identical to the shipped model's first stage (L = 512, 8 x 512, lr 4e-4, K = 8 sines,
 # features redrawn every 40 steps) but 1,500 updates long, that differ in the attention (the
 # Performer's FAVOR+ approximation against exact softmax, both with gated sineSPE) or in capacity
-# (the Performer with 8 layers instead of 4). Scored per token type on the test split within L,
-# and by `evaluate continuation` on 24 test pieces.
+# (the Performer with 8 layers instead of 4). Scored per token type within L on the test split
+# and on the training pieces (the gap is what the unseen styles cost), and by
+# `evaluate continuation` on 24 test pieces.
 #   bash scripts/experiments/groove_attention.sh              all stages
 #   MODELS=softmax bash scripts/experiments/groove_attention.sh train
 # Stages: train evaluate continue report (copies the tables and logs into docs/experiments/).
@@ -32,7 +33,7 @@ stages=${*:-train evaluate continue report}
 for stage in $stages; do
   case $stage in
     train) train_models ;;
-    evaluate) evaluate_models test $L ;;
+    evaluate) evaluate_models test $L; evaluate_models train $L ;;
     continue)
       for m in $MODELS; do
         in_pool "${musegen[@]}" evaluate continuation --checkpoint "$(latest_checkpoint "$RUNS/$m")" --data "$DATA" \
@@ -43,7 +44,7 @@ for stage in $stages; do
     report)
       for m in $MODELS; do
         mkdir -p "$OUT/$m"
-        cp "$RUNS/$m"/eval/token_types_test.{md,csv} "$RUNS/$m"/continuation/continuation.{md,csv} "$OUT/$m/"
+        cp "$RUNS/$m"/eval/token_types_{test,train}.{md,csv} "$RUNS/$m"/continuation/continuation.{md,csv} "$OUT/$m/"
         cp "$RUNS/$m/log.jsonl" "$OUT/$m/training_log.jsonl"
       done ;;
     *) echo "groove_attention.sh: unknown stage $stage (train evaluate continue report)" >&2; exit 2 ;;

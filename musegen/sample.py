@@ -74,6 +74,7 @@ class SampleSettings:
     prompt_bars: int | None = None
     precision: str = "auto"  # of the model's steps: "auto" is bf16 where the device computes it natively
     keep_note_offs: bool = True  # the mask keeps the model's note-off share (`keep_type_mass`); False: the paper's
+    mono_bass: bool = True  # groove: a bass note another began over ends at the next event (Grammar.sampling_prefix)
 
     def resolved(self, tokenizer: Tokenizer | None = None) -> "SampleSettings":
         """Defaults filled in (the tokenizer's sampling defaults) and every value checked against
@@ -317,6 +318,7 @@ class _Row:
     done: bool = False
     closed: bool = False
     violation: int | None = None  # index of the first token the grammar rejected
+    queued: list[int] = field(default_factory=list)  # written at the next steps instead of the drawn tokens
 
 
 @dataclass
@@ -327,6 +329,7 @@ class _Rules:
     grammar: Grammar
     budget: int  # new tokens before a piece may end
     ends: np.ndarray  # bool over the vocabulary: the end tokens
+    prefixed: bool = False  # the grammar's sampling prefixes are written (SampleSettings.mono_bass)
 
     def start(self, ids: list[int], state, target_bar: int | None) -> _Row:
         row = _Row(list(ids), len(ids), state, target_bar, state)
@@ -342,6 +345,23 @@ class _Rules:
             held = allowed & ~self.ends
             return held if held.any() else allowed
         return finishing_mask(self.grammar, row.state, allowed)
+
+    def written(self, row: _Row, drawn: int) -> int:
+        """The token a row writes now: the next queued one while the grammar allows it, else the
+        drawn one, or the first of the tokens the grammar puts before it (`sampling_prefix`; the
+        rest and the drawn token are queued)."""
+        if row.state is None:
+            return drawn
+        if row.queued:
+            token = row.queued.pop(0)
+            if self.grammar.allowed(row.state)[token]:
+                return token
+            row.queued.clear()  # the drawn token no longer fits after its prefix: this step's draw stands
+        prefix = self.grammar.sampling_prefix(row.state, drawn) if self.prefixed else []
+        if not prefix:
+            return drawn
+        row.queued = prefix[1:] + [drawn]
+        return prefix[0]
 
     def advance(self, row: _Row, token: int) -> None:
         """Append a drawn token and decide whether the row is done."""
@@ -416,7 +436,7 @@ def _generate(model, tokenizer: Tokenizer, prompt: Prompt, s: SampleSettings, de
     check_memory(model, s.num_samples, len(start_ids) + budget + FINISH_LIMIT, device)
     ends = np.zeros(grammar.vocab_size, dtype=bool)
     ends[list(tokenizer.end_ids)] = True
-    rules = _Rules(tokenizer, grammar, budget, ends)
+    rules = _Rules(tokenizer, grammar, budget, ends, prefixed=s.grammar and s.mono_bass)
     target = None if s.bars is None else prompt.bars + s.bars
     rows = [rules.start(start_ids, start_state, target) for _ in range(s.num_samples)]
     limit = model.config.max_positions  # synthesizer attention reads at most max_len positions
@@ -432,8 +452,9 @@ def _generate(model, tokenizer: Tokenizer, prompt: Prompt, s: SampleSettings, de
             if not active:
                 break
             tokens = _draw(logits, rows, grammar.vocab_size, s, gen, kept)
-            for row, token in zip(rows, tokens.tolist()):
+            for b, row in enumerate(rows):
                 if not row.done:
+                    tokens[b] = token = rules.written(row, int(tokens[b]))
                     rules.advance(row, token)
             bar.update(len(active))
             if limit is not None and model.position >= limit and all(r.done or r.new >= budget for r in rows):

@@ -301,6 +301,28 @@ def test_the_sampling_mask_never_restates_the_time_into_a_dead_end():
 S = shift_id
 
 
+def test_a_superseded_bass_note_ends_at_the_next_event():
+    """Bass 40 sounds when bass 43 begins at beat 1, after a kick there: 40 can no longer end at
+    beat 1. At the next time the sampler writes its note_off before the drawn event, the
+    off-beat time restated before that event; the grammar accepts the whole."""
+    g = TOK.grammar()
+    kick_then_bass = [START, 40, S(1, 0), 128 + 36, 43]
+    assert not g.allowed(state_after(kick_then_bass))[384 + 40], "40 cannot end at beat 1 any more"
+    s = state_after(kick_then_bass + [S(0, 6)])  # beat 1, tick 6
+    drawn = 128 + 42  # a hi-hat
+    prefix = g.sampling_prefix(s, drawn)
+    assert prefix == [384 + 40, S(0, 6)]
+    assert g.first_violation(kick_then_bass + [S(0, 6)] + prefix + [drawn]) is None
+    on_the_beat = state_after(kick_then_bass + [S(1, 0)])
+    assert g.sampling_prefix(on_the_beat, drawn) == [384 + 40], "no restating shift on a beat"
+    assert g.sampling_prefix(on_the_beat, S(0, 3)) == [], "only before an event"
+    assert g.sampling_prefix(g.step(on_the_beat, 384 + 43), 384 + 40) == [], "only before a time's first event"
+    lone = state_after([START, 40, S(1, 0), 128 + 36, 256 + 60, S(1, 0)])
+    assert g.sampling_prefix(lone, 128 + 42) == [], "a bass note nothing began over rings on"
+    older = state_after([START, 38, S(1, 0), 40, S(1, 0), 43, S(0, 6)])  # two notes under 43
+    assert g.sampling_prefix(older, 128 + 42) == [384 + 38, S(0, 6), 384 + 40, S(0, 6)]
+
+
 @pytest.mark.parametrize("ids, bad, why", [
     ([START, 60, 40], 2, "note_ons of a time step rise"),
     ([START, 40, 60, S(1, 0), 384 + 60, 384 + 40], 5, "note_offs of a time step by (onset, pitch)"),

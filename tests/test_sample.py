@@ -331,6 +331,40 @@ def test_a_groove_sampler_ends_notes_as_often_as_the_model_says(models, prompt_f
         assert held > 60, held
 
 
+@pytest.mark.parametrize("mono", [True, False])
+def test_a_groove_sampler_keeps_the_bass_monophonic_one_event_late(models, prompt_files, mono):
+    """A model that never ends a note and begins bass and drum notes at random. With --mono-bass
+    a bass note that a later one began over ends at the next time anything happens, so the
+    sounding bass notes never span more than two onsets; without it they pile up. The tokens
+    stay a piece the grammar accepts either way."""
+    from musegen.tokenizers.groove import N_PITCH, NOTE_OFF, OTHER, TIME_SHIFT
+
+    model, tok = models["groove"]
+    prompt = load_prompt(tok, prompt_files["groove"], bars=2)
+    saved = {k: v.clone() for k, v in model.head.state_dict().items()}
+    with torch.no_grad():
+        model.head.weight.zero_()
+        model.head.bias.fill_(-30.0)  # no note-offs, no other-track notes, no End
+        model.head.bias[:(OTHER - 1) * N_PITCH] = 0.0  # bass and drum note_ons
+        model.head.bias[TIME_SHIFT:TIME_SHIFT + 24] = math.log(16)
+    try:
+        samples, stats = generate(model, tok, prompt, SampleSettings(length=600, num_samples=2, seed=3,
+                                                                     temperature=1.0, mono_bass=mono),
+                                  progress=False)
+    finally:
+        model.head.load_state_dict(saved)
+    assert stats["invalid"] == 0
+    grammar, spans = tok.grammar(), []
+    for sample in samples:
+        written = sample.ids[:sample.prompt_len + sample.new_tokens]  # before the closing note_offs
+        for state in grammar.states(written)[sample.prompt_len:]:
+            onsets = {onset for slot, queue in state.sounding.items() if slot < N_PITCH for onset, _ in queue}
+            spans.append(len(onsets))
+        ended = [t for t in written[sample.prompt_len:] if NOTE_OFF <= t < NOTE_OFF + N_PITCH]
+        assert (len(ended) > 10) == mono, len(ended)  # only the rule ends bass notes here
+    assert (max(spans) <= 2) if mono else (max(spans) > 10), max(spans)
+
+
 # ---------------------------------------------------------------- the command line
 
 @pytest.mark.skipif(shutil.which("fluidsynth") is None, reason="fluidsynth not installed")
@@ -388,19 +422,22 @@ def test_cli_no_grammar_samples_are_decoded_leniently(checkpoints, kind, tmp_pat
         assert not record["valid"] or record["tokens"] == len(ids)
 
 
-def test_cli_plain_mask_reaches_the_sampler_and_is_recorded(checkpoints, tmp_path, capsys):
-    """--plain-mask (the paper's sampler) against the default on one seed: the settings JSON says
-    which ran, and the samples differ (the tiny model's note-off share is not its allowed mass)."""
+def test_cli_sampler_options_reach_the_sampler_and_are_recorded(checkpoints, tmp_path, capsys):
+    """--plain-mask (the paper's sampler) and --poly-bass against the defaults on one seed: the
+    settings JSON says which ran, and --plain-mask changes the sample (the tiny model's note-off
+    share is not its allowed mass; what --poly-bass changes is tested above with a model that
+    begins bass notes over sounding ones)."""
     written = {}
-    for flag, kept in (("--keep-note-offs", True), ("--plain-mask", False)):
+    for flag, kept, mono in (("--keep-note-offs", True, True), ("--plain-mask", False, True),
+                             ("--poly-bass", True, False)):
         out = tmp_path / flag.strip("-")
         code, _, err = run_cli(["sample", "-c", checkpoints["groove"], "--prompt", PROMPTS["groove"], "--prompt-bars",
                                 2, "--length", 200, "--seed", 4, flag, "--out", out], capsys)
         assert code == 0, err
         summary = json.loads((out / f"{PROMPTS['groove'].stem}.json").read_text())
-        assert summary["settings"]["keep_note_offs"] is kept
-        written[kept] = tokenizer_from_dict({"kind": "groove"}).encode(out / summary["samples"][0]["midi"]).ids
-    assert list(written[True]) != list(written[False])
+        assert summary["settings"]["keep_note_offs"] is kept and summary["settings"]["mono_bass"] is mono
+        written[flag] = list(tokenizer_from_dict({"kind": "groove"}).encode(out / summary["samples"][0]["midi"]).ids)
+    assert written["--keep-note-offs"] != written["--plain-mask"]
 
 
 def test_cli_prompt_with_unrepresentable_notes_reports_and_goes_on(checkpoints, tmp_path, capsys):

@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from .sample import KEEP_NOTE_OFFS
+from .sample import KEEP_NOTE_OFFS, MONO_BASS
 
 evaluate_app = typer.Typer(help="Measure generated music and trained models.", no_args_is_help=True)
 
@@ -88,6 +88,7 @@ def continuation(
     top_p: Optional[float] = typer.Option(None, help="Nucleus mass in (0, 1]. Default: REMI 0.9, groove 1.0."),
     top_k: int = typer.Option(0, help="Keep only the k most likely tokens (0: off)."),
     keep_note_offs: bool = KEEP_NOTE_OFFS,
+    mono_bass: bool = MONO_BASS,
     device: str = typer.Option("auto", help="auto (CUDA when present), cpu, cuda or cuda:N."),
     threads: Optional[int] = typer.Option(None, min=1, help="CPU threads while sampling (default 1)."),
     by_quarter: bool = typer.Option(False, help="Also measure each quarter of the bars (a multiple of 4): how a "
@@ -99,7 +100,7 @@ def continuation(
 
     settings = ContinuationSettings(prompt_bars=prompt_bars, bars=bars, samples_per_piece=samples_per_piece,
                                     seed=seed, temperature=temperature, top_p=top_p, top_k=top_k,
-                                    keep_note_offs=keep_note_offs, by_quarter=by_quarter)
+                                    keep_note_offs=keep_note_offs, mono_bass=mono_bass, by_quarter=by_quarter)
     result = evaluate_continuation(checkpoint, data, out, settings, split=split, limit=pieces, device=device,
                                    threads=threads)
     skipped = result["skipped"]

@@ -12,6 +12,10 @@ KEEP_NOTE_OFFS = typer.Option(True, "--keep-note-offs/--plain-mask",
                               help="Where notes end by a token of their own (groove), the grammar mask keeps the "
                                    "model's share of note-offs, moved onto the sounding notes; --plain-mask "
                                    "renormalises over all allowed tokens, as the paper does.")
+MONO_BASS = typer.Option(True, "--mono-bass/--poly-bass",
+                         help="Groove: a bass note that a later bass note began over ends at the next event "
+                              "(2% of the bass notes of the MMA corpus overlap); --poly-bass writes the bass "
+                              "as drawn.")
 
 
 def sample(
@@ -38,6 +42,7 @@ def sample(
                                                                 "tokens the grammar rejects are skipped and counted "
                                                                 "when decoding."),
     keep_note_offs: bool = KEEP_NOTE_OFFS,
+    mono_bass: bool = MONO_BASS,
     device: str = typer.Option("auto", help="auto (CUDA when present), cpu, cuda or cuda:N."),
     precision: str = typer.Option("auto", help="Precision of the model's steps: auto (bf16 where the device "
                                   "computes it natively, else fp32), fp32 or bf16."),
@@ -49,7 +54,7 @@ def sample(
 
     settings = SampleSettings(length=length, bars=bars, temperature=temperature, top_p=top_p, top_k=top_k,
                               num_samples=num_samples, seed=seed, grammar=not no_grammar, prompt_bars=prompt_bars,
-                              precision=precision, keep_note_offs=keep_note_offs)
+                              precision=precision, keep_note_offs=keep_note_offs, mono_bass=mono_bass)
     summary = sample_to_folder(checkpoint, out, settings, prompt, audio=audio, pianoroll=pianoroll, device=device,
                                threads=threads)
     if "continued" in summary:

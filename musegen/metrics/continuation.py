@@ -269,6 +269,7 @@ class ContinuationSettings:
     top_p: float | None = None
     top_k: int = 0
     keep_note_offs: bool = True  # sample.SampleSettings.keep_note_offs
+    mono_bass: bool = True  # sample.SampleSettings.mono_bass
     by_quarter: bool = False  # also measure each quarter of the span (how a long continuation holds up)
 
     def checked(self) -> "ContinuationSettings":
@@ -330,7 +331,7 @@ def continue_piece(model, tokenizer: Tokenizer, piece: Piece, floor: Piece | Non
     seed = settings.seed + index
     sample_settings = SampleSettings(bars=settings.bars, num_samples=settings.samples_per_piece, seed=seed,
                                      temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k,
-                                     keep_note_offs=settings.keep_note_offs)
+                                     keep_note_offs=settings.keep_note_offs, mono_bass=settings.mono_bass)
     samples, stats = generate(model, tokenizer, prompt, sample_settings, device=device, progress=False,
                               threads=threads)
     write_samples(samples, tokenizer, prompt, samples_dir, piece_stem(piece.name))

@@ -69,6 +69,11 @@ class Grammar(abc.ABC):
         nothing more)."""
         return self.allowed(state)
 
+    def sampling_prefix(self, state: Any, token: int) -> list[int]:
+        """Tokens a sampler writes before a drawn `token` (none by default); it writes `token`
+        after them where the grammar still allows it, else draws again."""
+        return []
+
     def first_violation(self, ids) -> int | None:
         """Index of the first token the grammar rejects, or None when all are accepted."""
         state = self.start()

@@ -719,6 +719,30 @@ class GrooveGrammar(Grammar):
             mask[shift_id(0, tick)] = self._sampled(after, self.allowed(after)).any()
         return mask if mask.any() else allowed  # (only doubles left: rather a double than a stop)
 
+    def sampling_prefix(self, state: GrooveState, token: int) -> list[int]:
+        """A monophonic bass, one event late: before the first event of a new time, the note_offs
+        of the bass notes that a later bass note began over, in canonical order, an off-beat time
+        restated before every event after the first. Why late: the note_offs of a time come
+        before its first note_on, and the models begin most new bass notes after a lower drum or
+        accompaniment note_on at that time, where the old note can no longer end; it then rang on
+        for beats (docs/sampling.md)."""
+        if state.phase != 1 or state.mode != FRESH or token >= TIME_SHIFT:
+            return []
+        bass = sorted((onset, slot, rank) for slot, queue in state.sounding.items() if slot < N_PITCH
+                      for onset, rank in queue)  # bass slots are its pitches; sorted as their note_offs come
+        superseded = [NOTE_OFF + slot for onset, slot, _ in bass if onset < bass[-1][0]] if bass else []
+        tick = state.time % UNITS_PER_BEAT
+        restate = [shift_id(0, tick)] if tick else []
+        prefix, walked = [], state
+        for off in superseded:
+            tokens = (restate if prefix else []) + [off]
+            try:
+                walked = self.states(tokens, walked)[-1]
+            except TokenError:  # (a note of equal onset and pitch in another track must end first)
+                break
+            prefix += tokens
+        return prefix + restate if prefix else []
+
     @staticmethod
     def _sampled(state: GrooveState, allowed: np.ndarray) -> np.ndarray:
         """`allowed` without doubles and without ending a bass or other note where it begins."""

@@ -291,6 +291,26 @@ def test_keep_type_mass_gives_the_type_the_models_share():
     assert (q[~allowed] == 0).all()
 
 
+def _constant_logit_samples(models, prompt_files, logits: list[tuple[slice, float]], settings: SampleSettings):
+    """Samples of the tiny groove model with constant logits: its head's weights zeroed, every
+    bias -30 but the given (ids, logit) ranges, so every step alike the biases alone decide.
+    Returns the tokenizer, the prompt and the samples, each a piece the grammar accepts."""
+    model, tok = models["groove"]
+    prompt = load_prompt(tok, prompt_files["groove"], bars=2)
+    saved = {k: v.clone() for k, v in model.head.state_dict().items()}
+    with torch.no_grad():
+        model.head.weight.zero_()
+        model.head.bias.fill_(-30.0)
+        for ids, logit in logits:
+            model.head.bias[ids] = logit
+    try:
+        samples, stats = generate(model, tok, prompt, settings, progress=False)
+    finally:
+        model.head.load_state_dict(saved)
+    assert stats["invalid"] == 0
+    return tok, prompt, samples
+
+
 @pytest.mark.parametrize("keep", [True, False])
 def test_a_groove_sampler_ends_notes_as_often_as_the_model_says(models, prompt_files, keep):
     """A model that gives note-offs half its mass, spread over all 384 (track, pitch) slots, does
@@ -299,22 +319,11 @@ def test_a_groove_sampler_ends_notes_as_often_as_the_model_says(models, prompt_f
     of the silent slots goes to note-ons and shifts, and notes pile up."""
     from musegen.tokenizers.groove import NOTE_OFF, ONS, TIME_SHIFT
 
-    model, tok = models["groove"]
-    prompt = load_prompt(tok, prompt_files["groove"], bars=2)
-    saved = {k: v.clone() for k, v in model.head.state_dict().items()}
-    with torch.no_grad():  # every step alike, the bias alone decides: p(note-off) = 384 / 768
-        model.head.weight.zero_()
-        model.head.bias.fill_(-30.0)
-        model.head.bias[NOTE_OFF:TIME_SHIFT] = 0.0  # 384 x 1
-        model.head.bias[:NOTE_OFF] = -math.log(2)  # 384 x 1/2
-        model.head.bias[TIME_SHIFT:TIME_SHIFT + 24] = math.log(8)  # 24 x 8
-    try:
-        samples, stats = generate(model, tok, prompt, SampleSettings(length=800, num_samples=2, seed=1,
-                                                                     temperature=1.0, keep_note_offs=keep),
-                                  progress=False)
-    finally:
-        model.head.load_state_dict(saved)
-    assert stats["invalid"] == 0
+    # p(note-off) = 384 x 1 / (384 x 1 + 384 x 1/2 + 24 x 8) = 1/2
+    tok, prompt, samples = _constant_logit_samples(
+        models, prompt_files, [(slice(NOTE_OFF, TIME_SHIFT), 0.0), (slice(0, NOTE_OFF), -math.log(2)),
+                               (slice(TIME_SHIFT, TIME_SHIFT + 24), math.log(8))],
+        SampleSettings(length=800, num_samples=2, seed=1, temperature=1.0, keep_note_offs=keep))
     grammar, ends, sounding = tok.grammar(), [], []  # at each drawn token where an earlier note may end: whether one did
     for sample in samples:
         states = grammar.states(sample.ids)
@@ -339,21 +348,10 @@ def test_a_groove_sampler_keeps_the_bass_monophonic_one_event_late(models, promp
     stay a piece the grammar accepts either way."""
     from musegen.tokenizers.groove import N_PITCH, NOTE_OFF, OTHER, TIME_SHIFT
 
-    model, tok = models["groove"]
-    prompt = load_prompt(tok, prompt_files["groove"], bars=2)
-    saved = {k: v.clone() for k, v in model.head.state_dict().items()}
-    with torch.no_grad():
-        model.head.weight.zero_()
-        model.head.bias.fill_(-30.0)  # no note-offs, no other-track notes, no End
-        model.head.bias[:(OTHER - 1) * N_PITCH] = 0.0  # bass and drum note_ons
-        model.head.bias[TIME_SHIFT:TIME_SHIFT + 24] = math.log(16)
-    try:
-        samples, stats = generate(model, tok, prompt, SampleSettings(length=600, num_samples=2, seed=3,
-                                                                     temperature=1.0, mono_bass=mono),
-                                  progress=False)
-    finally:
-        model.head.load_state_dict(saved)
-    assert stats["invalid"] == 0
+    # bass and drum note_ons and shifts; no note-offs, no other-track notes, no End
+    tok, prompt, samples = _constant_logit_samples(
+        models, prompt_files, [(slice(0, (OTHER - 1) * N_PITCH), 0.0), (slice(TIME_SHIFT, TIME_SHIFT + 24), math.log(16))],
+        SampleSettings(length=600, num_samples=2, seed=3, temperature=1.0, mono_bass=mono))
     grammar, spans = tok.grammar(), []
     for sample in samples:
         written = sample.ids[:sample.prompt_len + sample.new_tokens]  # before the closing note_offs

@@ -350,7 +350,8 @@ def test_a_groove_sampler_keeps_the_bass_monophonic_one_event_late(models, promp
 
     # bass and drum note_ons and shifts; no note-offs, no other-track notes, no End
     tok, prompt, samples = _constant_logit_samples(
-        models, prompt_files, [(slice(0, (OTHER - 1) * N_PITCH), 0.0), (slice(TIME_SHIFT, TIME_SHIFT + 24), math.log(16))],
+        models, prompt_files,
+        [(slice(0, (OTHER - 1) * N_PITCH), 0.0), (slice(TIME_SHIFT, TIME_SHIFT + 24), math.log(16))],
         SampleSettings(length=600, num_samples=2, seed=3, temperature=1.0, mono_bass=mono))
     grammar, spans = tok.grammar(), []
     for sample in samples:

@@ -8,8 +8,8 @@ run, with fast-transformers' kernel and exact softmax attention as further rows.
 Throughput: every variant is built in this process and timed in interleaved rounds of full
 updates (forward, backward, Adam; dropout on; the trainer's loss and optimiser), after two
 warm-up updates, so a change in the machine's load hits every variant alike; the median update
-is reported. Peak memory is one
-update's growth of the resident set (bench/common.py) or CUDA's max allocated bytes.
+is reported. Peak memory is one update's growth of the resident set (bench/common.py) or CUDA's
+max allocated bytes.
 `--quick`: 3 rounds at lengths 512 and 1024 only.
 
 Loss curves (`--curves`): `musegen train` on real POP909 shards (prepared from the repository's

@@ -7,7 +7,8 @@
 # continues the first 2 bars of every test piece for 1.5L new tokens (about 2L in all), scored per
 # quarter with the style metrics against the piece it was prompted with, beside the ceiling (the
 # piece's own later bars) and the floor (another style's). Also the NLL per position to 4L on the
-# test split, and `evaluate continuation` (notes per bar and durations per role, 8 bars, 24 pieces).
+# test split, and `evaluate continuation` (notes per bar and durations per role, 8 bars, 80 pieces
+# with 2 samples each, as the shipped groove model's card).
 #   bash scripts/experiments/groove_pe.sh                 all stages, all models
 #   MODELS="ape" bash scripts/experiments/groove_pe.sh train
 # Stages: train evaluate sample style continue report. Interrupted runs resume where they stopped.
@@ -52,7 +53,7 @@ for stage in $stages; do
     continue)
       for m in $MODELS; do
         in_pool "${musegen[@]}" evaluate continuation --checkpoint "$(latest_checkpoint "$RUNS/$m")" --data "$DATA" \
-          --split test --prompt-bars 2 --bars 8 --samples-per-piece 1 --pieces 24 --seed 0 --threads 1 \
+          --split test --prompt-bars 2 --bars 8 --samples-per-piece 2 --pieces 80 --seed 0 --threads 1 \
           --out "$RUNS/$m/continuation"
       done
       wait ;;

@@ -13,9 +13,9 @@ KEEP_NOTE_OFFS = typer.Option(True, "--keep-note-offs/--plain-mask",
                                    "model's share of note-offs, moved onto the sounding notes; --plain-mask "
                                    "renormalises over all allowed tokens, as the paper does.")
 MONO_BASS = typer.Option(True, "--mono-bass/--poly-bass",
-                         help="Groove: a bass note that a later bass note began over ends at the next event "
-                              "(2% of the bass notes of the MMA corpus overlap); --poly-bass writes the bass "
-                              "as drawn.")
+                         help="Groove: a bass note still sounding when a later bass note begins ends at the "
+                              "next event (2% of the MMA corpus's bass notes sound past the next bass onset); "
+                              "--poly-bass writes the bass as drawn.")
 
 
 def sample(

@@ -720,9 +720,9 @@ class GrooveGrammar(Grammar):
         return mask if mask.any() else allowed  # (only doubles left: rather a double than a stop)
 
     def sampling_prefix(self, state: GrooveState, token: int) -> list[int]:
-        """A monophonic bass, one event late: before the first event of a new time, the note_offs
-        of the bass notes that a later bass note began over, in canonical order, an off-beat time
-        restated before every event after the first. Why late: the note_offs of a time come
+        """A bass line whose notes end where the next begins, one event late: before the first
+        event of a new time, the note_offs of the bass notes that a later bass note began over, in
+        canonical order, an off-beat time restated before every event after the first. Why late: the note_offs of a time come
         before its first note_on, and the models begin most new bass notes after a lower drum or
         accompaniment note_on at that time, where the old note can no longer end; it then rang on
         for beats (docs/sampling.md)."""

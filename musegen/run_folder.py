@@ -174,6 +174,8 @@ class TrainingState:
             detail = str(exc).splitlines()[0] if str(exc) else ""
             raise CheckpointError(f"{folder}: unreadable training state ({type(exc).__name__}: {detail})") from None
         step = int(folder.name[len("step-"):])
+        if isinstance(info, dict) and isinstance(info.get("optimizer"), dict):
+            info["optimizer"]["param_groups"] = _with_kernels_of(optimizer, info["optimizer"].get("param_groups"))
         problem = (_info_problem(info, step) or _scheduler_problem(info["scheduler"], scheduler, step)
                    or _tensor_names_problem(tensors)
                    or _optimizer_problem(tensors, info["optimizer"], optimizer))
@@ -243,6 +245,20 @@ def _tensor_names_problem(tensors: dict[str, torch.Tensor]) -> str | None:
     other = [k for k in tensors if not (k.startswith("optim.") or k == "rng.torch"
                                         or (re.fullmatch(r"rng\.cuda\.\d+", k) and tensors[k].dtype == torch.uint8))]
     return f"unexpected tensor {other[0]!r}" if other else None
+
+
+# How the optimiser computes, not what it has learnt: the resuming process decides (a run saved
+# before the trainer used fused Adam, or on another device, resumes with today's kernel).
+KERNEL_KEYS = ("fused", "foreach", "capturable", "differentiable")
+
+
+def _with_kernels_of(optimizer: torch.optim.Optimizer, groups: Any) -> Any:
+    """Saved param groups with `optimizer`'s kernel settings; anything malformed as it is, for the
+    checks to name."""
+    fresh = optimizer.state_dict()["param_groups"]
+    if not (isinstance(groups, list) and len(groups) == len(fresh) and all(isinstance(g, dict) for g in groups)):
+        return groups
+    return [{**g, **{k: f[k] for k in KERNEL_KEYS if k in f}} for g, f in zip(groups, fresh)]
 
 
 def _optimizer_problem(tensors: dict[str, torch.Tensor], saved: Any, optimizer: torch.optim.Optimizer) -> str | None:

@@ -389,6 +389,23 @@ def test_a_tampered_trainer_state_is_refused_before_anything_is_written(case, tw
     assert after == before
 
 
+def test_a_run_saved_with_another_optimiser_kernel_resumes_with_todays(two_steps, pop20, tmp_path):
+    """Runs saved before the trainer used fused Adam wrote `fused: null` in their param groups.
+    How the optimiser computes is the resuming process's choice, not the run's state."""
+    run = tmp_path / "run"
+    shutil.copytree(two_steps, run)
+    state_json = run / "checkpoints" / "step-00000002" / "trainer_state.json"
+    state = json.loads(state_json.read_text())
+    assert all(group["fused"] is True for group in state["optimizer"]["param_groups"])
+    for group in state["optimizer"]["param_groups"]:
+        group["fused"], group["foreach"] = None, None
+    state_json.write_text(json.dumps(state))
+    assert _cli(["train", "--data", pop20, "--out", run, *TINY, "--set", "steps=4", "--set", "ckpt_every=2",
+                 "--resume"]) == 0
+    resumed = json.loads((run / "checkpoints" / "step-00000004" / "trainer_state.json").read_text())
+    assert all(group["fused"] is True for group in resumed["optimizer"]["param_groups"])
+
+
 def _log_lines(run: Path) -> list[str]:
     path = run / "log.jsonl"
     return [line for line in path.read_text().splitlines() if line.endswith("}")] if path.exists() else []

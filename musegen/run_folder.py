@@ -174,8 +174,8 @@ class TrainingState:
             detail = str(exc).splitlines()[0] if str(exc) else ""
             raise CheckpointError(f"{folder}: unreadable training state ({type(exc).__name__}: {detail})") from None
         step = int(folder.name[len("step-"):])
-        if isinstance(info, dict) and isinstance(info.get("optimizer"), dict):
-            info["optimizer"]["param_groups"] = _with_kernels_of(optimizer, info["optimizer"].get("param_groups"))
+        if isinstance(info, dict) and isinstance(info.get("optimizer"), dict) and "param_groups" in info["optimizer"]:
+            info["optimizer"]["param_groups"] = _with_kernels_of(optimizer, info["optimizer"]["param_groups"])
         problem = (_info_problem(info, step) or _scheduler_problem(info["scheduler"], scheduler, step)
                    or _tensor_names_problem(tensors)
                    or _optimizer_problem(tensors, info["optimizer"], optimizer))

@@ -324,7 +324,8 @@ def test_a_groove_sampler_ends_notes_as_often_as_the_model_says(models, prompt_f
         models, prompt_files, [(slice(NOTE_OFF, TIME_SHIFT), 0.0), (slice(0, NOTE_OFF), -math.log(2)),
                                (slice(TIME_SHIFT, TIME_SHIFT + 24), math.log(8))],
         SampleSettings(length=800, num_samples=2, seed=1, temperature=1.0, keep_note_offs=keep))
-    grammar, ends, sounding = tok.grammar(), [], []  # at each drawn token where an earlier note may end: whether one did
+    # at each drawn token where an earlier note may end: whether one did, and how many notes sound
+    grammar, ends, sounding = tok.grammar(), [], []
     for sample in samples:
         states = grammar.states(sample.ids)
         for i in range(len(prompt.ids), len(sample.ids)):

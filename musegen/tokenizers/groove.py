@@ -722,10 +722,10 @@ class GrooveGrammar(Grammar):
     def sampling_prefix(self, state: GrooveState, token: int) -> list[int]:
         """A bass line whose notes end where the next begins, one event late: before the first
         event of a new time, the note_offs of the bass notes that a later bass note began over, in
-        canonical order, an off-beat time restated before every event after the first. Why late: the note_offs of a time come
-        before its first note_on, and the models begin most new bass notes after a lower drum or
-        accompaniment note_on at that time, where the old note can no longer end; it then rang on
-        for beats (docs/sampling.md)."""
+        canonical order, an off-beat time restated before every event after the first. Why late:
+        the note_offs of a time come before its first note_on, and the models begin most new bass
+        notes after a lower drum or accompaniment note_on at that time, where the old note can no
+        longer end; it then rang on for beats (docs/sampling.md)."""
         if state.phase != 1 or state.mode != FRESH or token >= TIME_SHIFT:
             return []
         bass = sorted((onset, slot, rank) for slot, queue in state.sounding.items() if slot < N_PITCH

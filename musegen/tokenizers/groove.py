@@ -530,9 +530,13 @@ def _pair_in_order(notes: np.ndarray, velocities: np.ndarray) -> tuple[np.ndarra
 def serialize(notes: np.ndarray, tiebreak: np.ndarray | None = None) -> np.ndarray:
     """Token ids for notes (track, pitch, onset, offset): Start, events, End, as the reference
     orders them. `tiebreak` (velocities; by default all equal) orders notes that share onset,
-    pitch and duration before their track does."""
+    pitch and duration before their track does. Notes of one track and pitch that cross are
+    paired first in, first out as decoding pairs them (`_pair_in_order`): a zero-length note
+    begun over an older note of its pitch would otherwise end that one, an order the grammar
+    rightly refuses."""
     notes = np.asarray(notes, dtype=np.int64).reshape(-1, 4)
     tiebreak = np.zeros(len(notes), dtype=np.int64) if tiebreak is None else np.asarray(tiebreak)
+    notes, tiebreak, _ = _pair_in_order(notes, tiebreak)
     track, pitch, onset, offset = notes.T
     order = np.lexsort((track, tiebreak, offset - onset, pitch, onset))
     slot = ((track - 1) * N_PITCH + pitch)[order]

@@ -11,7 +11,7 @@ import torch
 from musegen.checkpoint import save_checkpoint
 from musegen.cli import main
 from musegen.errors import DataError
-from musegen.metrics.compare import compare
+from musegen.metrics.compare import compare, read_training
 from musegen.metrics.loss import evaluate_loss
 from musegen.metrics.style import evaluate_style
 from musegen.model import MusicPerformer, preset
@@ -141,3 +141,16 @@ def test_continuation_table_puts_each_model_beside_the_real_and_floor_quarters(p
         assert f"| {name} | quarter start position | mean | {sum(starts) / len(starts):,.0f} |" in \
             (tmp_path / "cmp" / "continuation.md").read_text()
     assert (tmp_path / "cmp" / "continuation.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_resumed_runs_wall_time_leaves_out_the_pause_between_sessions():
+    """Two sessions at 2 s a step, ten hours apart (a run resumed on another day): 8 steps take
+    16 s, whatever the pause; the steps before each session's first record count at that rate."""
+    def step(n, t):
+        return {"step": n, "loss": 1.0, "tokens": 10 * n, "time": t}
+
+    records = [{"step": 0, "event": "start", "parameters": 7}, step(2, 104.0), step(4, 108.0),
+               {"step": 4, "event": "resume"}, step(6, 36_104.0), step(8, 36_108.0)]
+    training = read_training(records)
+    assert training["minutes"] * 60 == pytest.approx(16.0)
+    assert (training["steps"], training["tokens"], training["parameters"]) == (8, 80, 7)

@@ -168,12 +168,21 @@ def read_training(records: list[dict[str, Any]]) -> dict[str, Any] | None:
     steps = [r for r in records if "loss" in r and "time" in r]
     if not steps:
         return None
-    # Wall time between logged steps, plus the first interval scaled from the first record's steps.
-    first, last = steps[0], steps[-1]
-    per_step = (last["time"] - first["time"]) / max(last["step"] - first["step"], 1)
+    # Wall time between the logged steps of each session (a resumed run's pause between
+    # sessions is not compute), and the steps before each session's first record at that rate.
+    seconds = timed_steps = 0.0
+    session: list[dict[str, Any]] = []
+    for record in records + [{"event": "end"}]:
+        if record.get("event") in ("start", "resume", "end") and session:
+            seconds += session[-1]["time"] - session[0]["time"]
+            timed_steps += session[-1]["step"] - session[0]["step"]
+            session = []
+        elif "loss" in record and "time" in record:
+            session.append(record)
+    last = steps[-1]
     starts = [r for r in records if r.get("event") in ("start", "resume")]
     return {"parameters": starts[0].get("parameters") if starts else None, "steps": last["step"],
-            "tokens": last["tokens"], "minutes": (last["time"] - first["time"] + per_step * first["step"]) / 60,
+            "tokens": last["tokens"], "minutes": seconds * last["step"] / max(timed_steps, 1) / 60,
             "loss": last["loss"]}
 
 

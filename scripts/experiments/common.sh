@@ -5,12 +5,14 @@ py=$("${PYTHON:-python3}" -c 'import sys; print(sys.executable)')
 musegen=("$py" -m musegen)
 JOBS=${JOBS:-2}
 
-# train_run RUN_DIR DATA_DIR SETTING... : train (or resume) a run; nothing to do when its last step exists.
+# train_run RUN_DIR DATA_DIR SETTING... : train (or resume) a run; nothing to do when it has a
+# checkpoint at its last step or later (a run trained in phases passes its earlier targets).
 train_run() {
   local run=$1 data=$2; shift 2
-  local steps
+  local steps latest
   steps=$(printf '%s\n' "$@" | sed -n 's/^steps=//p' | tail -1)
-  if [ -n "$steps" ] && [ -d "$run/checkpoints/$(printf 'step-%08d' "$steps")" ]; then
+  latest=$(ls -d "$run"/checkpoints/step-* 2>/dev/null | sort | tail -1)
+  if [ -n "$steps" ] && [ -n "$latest" ] && [ $((10#${latest##*step-})) -ge "$steps" ]; then
     echo "$run: already trained to step $steps"; return 0
   fi
   local resume=()

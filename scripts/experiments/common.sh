@@ -51,3 +51,14 @@ evaluate_models() {
   done
   wait
 }
+
+# continue_models SPLIT OPTION...: `evaluate continuation` of each model's last checkpoint on the
+# $DATA split (seed 0, one thread each) with these options, into $RUNS/<model>/continuation.
+continue_models() {
+  local split=$1; shift
+  for m in $MODELS; do
+    in_pool "${musegen[@]}" evaluate continuation --checkpoint "$(latest_checkpoint "$RUNS/$m")" --data "$DATA" \
+      --split "$split" --seed 0 --threads 1 "$@" --out "$RUNS/$m/continuation"
+  done
+  wait
+}

@@ -34,13 +34,7 @@ for stage in $stages; do
   case $stage in
     train) train_models ;;
     evaluate) evaluate_models test $L; evaluate_models train $L ;;
-    continue)
-      for m in $MODELS; do
-        in_pool "${musegen[@]}" evaluate continuation --checkpoint "$(latest_checkpoint "$RUNS/$m")" --data "$DATA" \
-          --split test --prompt-bars 2 --bars 8 --samples-per-piece 1 --seed 0 --threads 1 --pieces 24 \
-          --out "$RUNS/$m/continuation"
-      done
-      wait ;;
+    continue) continue_models test --prompt-bars 2 --bars 8 --samples-per-piece 1 --pieces 24 ;;
     report)
       for m in $MODELS; do
         mkdir -p "$OUT/$m"

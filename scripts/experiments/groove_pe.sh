@@ -58,13 +58,7 @@ for stage in $stages; do
           --baselines --out "$RUNS/$m/style"
       done
       wait ;;
-    continue)
-      for m in $MODELS; do
-        in_pool "${musegen[@]}" evaluate continuation --checkpoint "$(latest_checkpoint "$RUNS/$m")" --data "$DATA" \
-          --split test --prompt-bars 2 --bars 8 --samples-per-piece 2 --pieces 80 --seed 0 --threads 1 \
-          --out "$RUNS/$m/continuation"
-      done
-      wait ;;
+    continue) continue_models test --prompt-bars 2 --bars 8 --samples-per-piece 2 --pieces 80 ;;
     report)
       args=()
       for m in $MODELS; do

@@ -52,13 +52,7 @@ for stage in $stages; do
           --out "$RUNS/$m/samples" --threads 1
       done
       wait ;;
-    continue)
-      for m in $MODELS; do
-        in_pool "${musegen[@]}" evaluate continuation --checkpoint "$(latest_checkpoint "$RUNS/$m")" --data "$DATA" \
-          --split validation --bars $BARS --by-quarter --samples-per-piece 2 --seed 0 --threads 1 \
-          --out "$RUNS/$m/continuation"
-      done
-      wait ;;
+    continue) continue_models validation --bars "$BARS" --by-quarter --samples-per-piece 2 ;;
     report)
       args=()
       for m in $MODELS; do

@@ -11,7 +11,7 @@ import torch
 from musegen.checkpoint import save_checkpoint
 from musegen.cli import main
 from musegen.errors import DataError
-from musegen.metrics.compare import compare, read_training
+from musegen.metrics.compare import compare, compare_style_drops, read_style_rows, read_training
 from musegen.metrics.loss import evaluate_loss
 from musegen.metrics.style import evaluate_style
 from musegen.model import MusicPerformer, preset
@@ -154,3 +154,30 @@ def test_a_resumed_runs_wall_time_leaves_out_the_pause_between_sessions():
     training = read_training(records)
     assert training["minutes"] * 60 == pytest.approx(16.0)
     assert (training["steps"], training["tokens"], training["parameters"]) == (8, 80, 7)
+
+
+def test_style_drops_pair_the_same_prompts_and_roles(pop909_songs, tmp_path):
+    """Real style rows of two POP909 songs against two others; a copy whose first quarters score
+    0.1 higher loses exactly 0.1 more per pair, and an identical copy loses the same."""
+    generated, reference = tmp_path / "gen", tmp_path / "ref"
+    generated.mkdir(), reference.mkdir()
+    for i in range(2):
+        shutil.copy(pop909_songs[i], generated / f"s{i}_000.mid")
+        shutil.copy(pop909_songs[2 + i], reference / f"s{i}.mid")
+    evaluate_style(generated, reference, tmp_path / "style.csv")
+    rows = read_style_rows(tmp_path / "style.csv")
+    higher_start = [dict(r, similarity=r["similarity"] + 0.1 * (r["segment"] == 1)) for r in rows]
+    results = compare_style_drops({"a": rows, "b": higher_start, "c": rows}, tmp_path / "out")
+    found = {(r["model"], r["metric"]): r for r in results}
+    metrics = {r["metric"] for r in results}
+    assert metrics and "vs_first" not in found["a", next(iter(metrics))]
+    for metric in metrics:
+        q1 = [r["similarity"] for r in rows if r["metric"] == metric and r["segment"] == 1]
+        q4 = [r["similarity"] for r in rows if r["metric"] == metric and r["segment"] == 4]
+        assert found["a", metric]["drop"] == pytest.approx(sum(q1) / len(q1) - sum(q4) / len(q4))
+        assert found["b", metric]["drop"] == pytest.approx(found["a", metric]["drop"] + 0.1)
+        b, c = found["b", metric], found["c", metric]
+        assert (b["vs_first"], b["low"], b["high"]) == pytest.approx((-0.1, -0.1, -0.1))
+        assert (c["vs_first"], c["low"], c["high"]) == (0.0, 0.0, 0.0)
+        assert b["pairs"] == c["pairs"] == found["a", metric]["comparisons"] == len(q1)
+    assert "| b | time-pitch |" in (tmp_path / "out" / "style_drop.md").read_text()

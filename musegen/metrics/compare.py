@@ -15,6 +15,7 @@ import io
 import json
 import math
 import os
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -278,6 +279,7 @@ def compare_style(runs: dict[str, Path], out_dir: Path) -> dict[str, dict[str, l
     of `evaluate style --baselines` (style_baselines.csv), they are rows and boxes of their own."""
     tables = {name: read_style_rows(_the_one(folder, "style.csv", "musegen evaluate style"))
               for name, folder in runs.items()}
+    compare_style_drops(tables, out_dir)
     for path in _found(next(iter(runs.values())), "style_baselines.csv")[:1]:
         baselines = read_style_rows(path)
         tables |= {kind: part for kind in ("ceiling", "floor")
@@ -294,6 +296,55 @@ def compare_style(runs: dict[str, Path], out_dir: Path) -> dict[str, dict[str, l
                 "empty segment scores 0), and in brackets the share of empty segments; ceiling: the references' own "
                 "bars after the prompt; floor: another style's (`musegen evaluate style --baselines`).")
     return table
+
+
+def _style_drops(rows: list[dict[str, Any]], metric: str, last: int) -> dict[tuple, float]:
+    """{(generated, reference, track): similarity in segment 1 minus in segment `last`} for the
+    comparisons of `metric` that score both."""
+    scores: dict[tuple, dict[int, float]] = defaultdict(dict)
+    for r in rows:
+        if r["metric"] == metric and r["segment"] in (1, last) and not math.isnan(r["similarity"]):
+            scores[(r.get("generated"), r.get("reference"), r.get("track"))][r["segment"]] = r["similarity"]
+    return {key: s[1] - s[last] for key, s in scores.items() if len(s) == 2}
+
+
+def compare_style_drops(tables: dict[str, list[dict[str, Any]]], out_dir: Path,
+                        resamples: int = 2000) -> list[dict[str, Any]]:
+    """How much of the style each model loses from the first segment to the last (the paper's
+    claim that SPE keeps it while APE loses it): the mean drop over the comparisons, and against
+    the first model the mean paired difference (the first model's drop minus this model's, on
+    the same prompts and roles) with a 95% bootstrap interval over those pairs (seeded). An
+    interval above 0: this model keeps the style better than the first one."""
+    last = max(r["segment"] for table in tables.values() for r in table)
+    first = next(iter(tables))
+    rng = np.random.default_rng(0)
+    results = []
+    for metric in METRICS:
+        base = _style_drops(tables[first], metric, last)
+        for name, table in tables.items():
+            drops = _style_drops(table, metric, last)
+            if not drops:
+                continue
+            row = {"model": name, "metric": metric, "drop": float(np.mean(list(drops.values()))),
+                   "comparisons": len(drops)}
+            pairs = sorted(base.keys() & drops.keys())
+            if name != first and pairs:
+                gaps = np.array([base[key] - drops[key] for key in pairs])
+                means = rng.choice(gaps, (resamples, len(gaps))).mean(axis=1)
+                row |= {"vs_first": float(gaps.mean()), "low": float(np.quantile(means, 0.025)),
+                        "high": float(np.quantile(means, 0.975)), "pairs": len(pairs)}
+            results.append(row)
+    header = ["model", "metric", f"Q1 - Q{last} (mean)", "comparisons", f"{first}'s drop minus this one's",
+              "95% interval", "pairs"]
+    write_table(out_dir, "style_drop", header, [
+        [r["model"], r["metric"], fmt(r["drop"]), str(r["comparisons"])]
+        + ([fmt(r["vs_first"]), f"[{fmt(r['low'])}, {fmt(r['high'])}]", str(r["pairs"])] if "vs_first" in r
+           else ["-", "-", "-"]) for r in results],
+        f"Mean loss of style similarity from the first quarter of the continuation to the last, per comparison "
+        f"(prompt and role; empty segments score 0), and against {first} the mean paired difference of the drops "
+        f"with a 95% bootstrap interval ({resamples} resamples of the pairs, seed 0): above 0, the model keeps "
+        f"the style better than {first}.")
+    return results
 
 
 def read_quarters(path: Path) -> dict[str, dict[tuple[str, str], list[float]]]:

@@ -11,6 +11,8 @@
 # with 2 samples each, as the shipped groove model's card).
 #   bash scripts/experiments/groove_pe.sh                 all stages, all models
 #   MODELS="ape" bash scripts/experiments/groove_pe.sh train
+#   PHASES=1500 RUNS=runs/groove-pe-1500 OUT=docs/experiments/groove/at-1500 bash scripts/experiments/groove_pe.sh
+#                                                          the record of the first phase alone
 # Stages: train evaluate sample style continue report. Interrupted runs resume where they stopped.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -19,7 +21,7 @@ source scripts/experiments/common.sh
 L=512
 DATA=data/mma-groove
 RUNS=${RUNS:-runs/groove-pe}
-OUT=docs/experiments/groove
+OUT=${OUT:-docs/experiments/groove}
 declare -A MODEL_SETTINGS=(
   [ape]="model.pe=ape"
   [sine-gated]="model.pe=sine model.gated=true"
@@ -32,7 +34,7 @@ SHARED=(seq_len=$L batch_size=8 lr=4e-4 warmup=200 model.spe_sines=8 model.redra
 # Two phases: the 1,500 updates of the attention comparison, then resumed to 3,000 with the cosine
 # schedule stretched over the new length (after phase 1 the gated SPE models' bass notes were still
 # 2.1-2.6x the references' median; the protocol wants continuations whose notes end).
-PHASES=(1500 3000)
+read -r -a PHASES <<< "${PHASES:-1500 3000}"
 stages=${*:-train evaluate sample style continue report}
 
 [ -f "$DATA/index.json" ] || "${musegen[@]}" data prepare mma-groove --out "$DATA"

@@ -275,8 +275,9 @@ def compare_loss(runs: dict[str, Path], train_len: int, out_dir: Path) -> list[d
 
 def compare_style(runs: dict[str, Path], out_dir: Path) -> dict[str, dict[str, list[float]]]:
     """Median style similarity per model, metric and segment, with the share of empty segments
-    (table), and the grouped box plot. Where the first model's folder holds the ceiling and floor
-    of `evaluate style --baselines` (style_baselines.csv), they are rows and boxes of their own."""
+    (table), the grouped box plot, and the models' losses of style over the segments
+    (`compare_style_drops`). Where the first model's folder holds the ceiling and floor of
+    `evaluate style --baselines` (style_baselines.csv), they are rows and boxes of their own."""
     tables = {name: read_style_rows(_the_one(folder, "style.csv", "musegen evaluate style"))
               for name, folder in runs.items()}
     compare_style_drops(tables, out_dir)

@@ -11,7 +11,7 @@ train_run() {
   local run=$1 data=$2; shift 2
   local steps latest
   steps=$(printf '%s\n' "$@" | sed -n 's/^steps=//p' | tail -1)
-  latest=$(ls -d "$run"/checkpoints/step-* 2>/dev/null | sort | tail -1)
+  latest=$(latest_checkpoint "$run" 2>/dev/null) || true  # none yet: a failed pipeline, not a stop (set -e)
   if [ -n "$steps" ] && [ -n "$latest" ] && [ $((10#${latest##*step-})) -ge "$steps" ]; then
     echo "$run: already trained to step $steps"; return 0
   fi

@@ -323,7 +323,7 @@ def compare_style_drops(tables: dict[str, list[dict[str, Any]]], out_dir: Path,
     for metric in METRICS:
         base = _style_drops(tables[first], metric, last)
         for name, table in tables.items():
-            drops = _style_drops(table, metric, last)
+            drops = base if name == first else _style_drops(table, metric, last)
             if not drops:
                 continue
             row = {"model": name, "metric": metric, "drop": float(np.mean(list(drops.values()))),

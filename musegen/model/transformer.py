@@ -13,6 +13,7 @@ from torch import nn
 from ..device import use_bf16
 from .attention import FeatureMap, causal_linear_attention, softmax_attention
 from .config import ModelConfig, parse_redraw
+from . import native
 from .families import FAMILIES
 from .spe import ConvSPE, SineSPE, SPEFilter, share_codes
 from .streaming import RecurrentStep, StreamState, clone_states
@@ -70,21 +71,51 @@ def random_words(n: int) -> torch.Tensor:
     return words
 
 
+class _NativeDropout(torch.autograd.Function):
+    """x * (0 or scale) by dropout.c in one pass; the backward draws the same mask again from
+    the seed, so nothing is saved."""
+
+    @staticmethod
+    def forward(ctx, x, seed: int, cut: int, scale: float):
+        ctx.mask = seed, cut, scale
+        return _apply_native_mask(x, seed, cut, scale)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        return _apply_native_mask(grad, *ctx.mask), None, None, None
+
+
+def _apply_native_mask(x: torch.Tensor, seed: int, cut: int, scale: float) -> torch.Tensor:
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    native.library("dropout").dropout(x.data_ptr(), out.data_ptr(), x.numel(), x.dtype == torch.bfloat16,
+                                      seed, cut, scale, torch.get_num_threads())
+    return out
+
+
 class Dropout(nn.Dropout):
     """nn.Dropout whose CPU mask costs a quarter of a hashed word per element (`random_words`):
     each 64-bit word gives four 16-bit uniforms, compared with round(p * 2^16) (so the rate is p
-    to 1/65536, and the scale matches the rate exactly). The mask is applied as a product with a
-    (0 or scale) tensor in x's dtype, which CPUs vectorise (masked_fill with a bool mask was 10x
-    slower). torch's per-element Bernoulli draws were about a tenth of a CPU training step. On
-    other devices, nn.Dropout as it is."""
+    to 1/65536, and the scale matches the rate exactly). Where the C kernel (dropout.c) builds,
+    hashing, comparing and scaling are one pass and the backward redraws the mask; otherwise
+    the mask is applied as a product with a (0 or scale) tensor in x's dtype, which CPUs
+    vectorise (masked_fill with a bool mask was 10x slower). Both give the same bits. torch's
+    per-element Bernoulli draws were about a tenth of a CPU training step. On other devices,
+    nn.Dropout as it is."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0 or x.device.type != "cpu":
             return super().forward(x)
         cut = round(self.p * 2**16)
+        scale = 2**16 / (2**16 - cut)
+        if x.dtype in (torch.float32, torch.bfloat16) and native.library("dropout") is not None:
+            seed = int(torch.empty((), dtype=torch.int64).random_()) % 2**64  # as random_words draws it
+            # the scale as the eager path rounds it: to x's dtype
+            return _NativeDropout.apply(x, seed, cut, torch.tensor(scale, dtype=x.dtype).item())
         keep = random_words((x.numel() + 3) // 4).view(torch.int16)[:x.numel()].view(x.shape) >= cut - 2**15
         # through uint8: a bool -> float conversion is not vectorised, a uint8 one is
-        return _Scaled.apply(x, keep.view(torch.uint8).to(x.dtype).mul_(2**16 / (2**16 - cut)))
+        return _Scaled.apply(x, keep.view(torch.uint8).to(x.dtype).mul_(scale))
 
 
 class SelfAttention(nn.Module):

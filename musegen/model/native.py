@@ -1,0 +1,83 @@
+"""C kernels for CPU hot spots that PyTorch would run as many passes over memory.
+
+Each kernel is a C file beside this module, compiled on first use with the system's C
+compiler (`$CC`, else `cc`) into the user's cache and loaded with ctypes: no Python headers,
+no build step at install, under a second to compile. Where no compiler works (or
+MUSEGEN_NATIVE=0), `library` returns None and callers run their PyTorch version, which
+computes the same thing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+HERE = Path(__file__).parent
+# The portable flags are the fallback for compilers that do not know -march=native.
+FLAG_SETS = (["-O3", "-march=native"], ["-O3"])
+SIGNATURES = {  # name -> (function, ctypes argument types, return type)
+    "dropout": ("dropout", [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_uint64,
+                            ctypes.c_uint32, ctypes.c_float, ctypes.c_int], None),
+}
+
+
+def enabled() -> bool:
+    return os.environ.get("MUSEGEN_NATIVE", "1") != "0"
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(root) / "musegen" / "native"
+
+
+def _machine() -> str:
+    """What a -march=native build depends on: a shared home on another CPU needs its own build."""
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        flags = ""
+    return f"{platform.machine()} {platform.system()} {flags}"
+
+
+def _compile(source: Path, target: Path) -> bool:
+    compiler = shutil.which(os.environ.get("CC", "cc"))
+    if compiler is None:
+        return False
+    target.parent.mkdir(parents=True, exist_ok=True)
+    for flags in FLAG_SETS:
+        # built beside the target and renamed into place: processes starting together never load half a file
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            built = Path(tmp) / target.name
+            command = [compiler, *flags, "-shared", "-fPIC", "-pthread", str(source), "-o", str(built)]
+            if subprocess.run(command, capture_output=True).returncode == 0:
+                os.replace(built, target)
+                return True
+    return False
+
+
+@functools.cache
+def library(name: str) -> Optional[ctypes.CDLL]:
+    """The compiled kernel `name` (HERE / f"{name}.c") with its function typed, or None when it
+    cannot be built or loaded here (no compiler, a read-only or full cache, MUSEGEN_NATIVE=0)."""
+    if not enabled():
+        return None
+    source = HERE / f"{name}.c"
+    key = hashlib.sha256(source.read_bytes() + _machine().encode()).hexdigest()[:16]
+    target = cache_dir() / f"{name}-{key}.so"
+    try:
+        if not target.exists() and not _compile(source, target):
+            return None
+        lib = ctypes.CDLL(str(target))
+    except OSError:
+        return None
+    function, argtypes, restype = SIGNATURES[name]
+    getattr(lib, function).argtypes, getattr(lib, function).restype = argtypes, restype
+    return lib

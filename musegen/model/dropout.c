@@ -33,44 +33,43 @@ static inline uint16_t float_to_bf16(float f) { /* round to nearest even, as PyT
 typedef struct {
     const void *src;
     void *dst;
-    int64_t begin, end; /* elements */
+    int64_t begin, end; /* elements; begin a multiple of 4 * WORDS */
     uint64_t seed;
     uint32_t cut;
     float scale;
     int bf16;
 } Job;
 
-static inline float factor(uint64_t word, int part, uint32_t cut, float scale) {
-    uint32_t u = ((uint32_t)(word >> (16 * part)) & 0xFFFFu) ^ 0x8000u;
-    return u >= cut ? scale : 0.0f;
+#define WORDS 16 /* a block: 16 words, 64 elements */
+
+/* Element 4w + j's 16 bits are part j of word w; on a little-endian machine that is uint16
+ * number 4w + j of the words' memory, so a block's words are read back as 64 uint16. */
+static inline void draw(uint64_t w0, uint64_t seed, uint16_t parts[4 * WORDS]) {
+    uint64_t words[WORDS];
+    for (int i = 0; i < WORDS; i++)
+        words[i] = splitmix64(seed + (w0 + (uint64_t)i) * 0x9E3779B97F4A7C15ULL);
+    memcpy(parts, words, sizeof words);
 }
 
 static void *run(void *arg) {
     const Job *job = arg;
-    const uint64_t golden = 0x9E3779B97F4A7C15ULL;
-    int64_t w0 = job->begin / 4, w_end = job->end / 4; /* begin is a multiple of 4 */
-    if (job->bf16) {
-        const uint16_t *restrict src = job->src;
-        uint16_t *restrict dst = job->dst;
-        for (int64_t w = w0; w < w_end; w++) {
-            uint64_t word = splitmix64(job->seed + (uint64_t)w * golden);
-            for (int j = 0; j < 4; j++)
-                dst[4 * w + j] = float_to_bf16(bf16_to_float(src[4 * w + j]) * factor(word, j, job->cut, job->scale));
+    const uint32_t cut = job->cut;
+    const float scale = job->scale;
+    uint16_t parts[4 * WORDS];
+    for (int64_t start = job->begin; start < job->end; start += 4 * WORDS) {
+        draw((uint64_t)start / 4, job->seed, parts);
+        int64_t count = job->end - start < 4 * WORDS ? job->end - start : 4 * WORDS;
+        if (job->bf16) {
+            const uint16_t *src = (const uint16_t *)job->src + start;
+            uint16_t *dst = (uint16_t *)job->dst + start;
+            for (int64_t e = 0; e < count; e++)
+                dst[e] = float_to_bf16(bf16_to_float(src[e]) * ((uint32_t)(parts[e] ^ 0x8000u) >= cut ? scale : 0.0f));
+        } else {
+            const float *src = (const float *)job->src + start;
+            float *dst = (float *)job->dst + start;
+            for (int64_t e = 0; e < count; e++)
+                dst[e] = src[e] * ((uint32_t)(parts[e] ^ 0x8000u) >= cut ? scale : 0.0f);
         }
-        uint64_t word = splitmix64(job->seed + (uint64_t)w_end * golden);
-        for (int64_t i = 4 * w_end; i < job->end; i++)
-            dst[i] = float_to_bf16(bf16_to_float(src[i]) * factor(word, (int)(i & 3), job->cut, job->scale));
-    } else {
-        const float *restrict src = job->src;
-        float *restrict dst = job->dst;
-        for (int64_t w = w0; w < w_end; w++) {
-            uint64_t word = splitmix64(job->seed + (uint64_t)w * golden);
-            for (int j = 0; j < 4; j++)
-                dst[4 * w + j] = src[4 * w + j] * factor(word, j, job->cut, job->scale);
-        }
-        uint64_t word = splitmix64(job->seed + (uint64_t)w_end * golden);
-        for (int64_t i = 4 * w_end; i < job->end; i++)
-            dst[i] = src[i] * factor(word, (int)(i & 3), job->cut, job->scale);
     }
     return NULL;
 }
@@ -85,7 +84,7 @@ void dropout(const void *src, void *dst, int64_t n, int bf16, uint64_t seed, uin
     if (threads < 1) threads = 1;
     Job jobs[MAX_THREADS];
     pthread_t ids[MAX_THREADS];
-    int64_t share = (n / threads + 3) / 4 * 4;
+    int64_t share = (n / threads + 4 * WORDS - 1) / (4 * WORDS) * (4 * WORDS);
     for (int t = 0; t < threads; t++) {
         int64_t begin = t * share, end = t == threads - 1 ? n : (t + 1) * share;
         jobs[t] = (Job){src, dst, begin < n ? begin : n, end < n ? end : n, seed, cut, scale, bf16};

@@ -4,7 +4,6 @@
  * flipped, is at least `cut`). The same call on the gradient is the backward pass, so no mask
  * is stored. PyTorch's eager version of this makes a dozen passes over the data.
  * Loaded by musegen/model/native.py; tests/test_native.py checks it bit for bit against it. */
-#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -30,20 +29,10 @@ static inline uint16_t float_to_bf16(float f) { /* round to nearest even, as PyT
     return (uint16_t)(((bits & 0x7FFFFFFFu) > 0x7F800000u) ? ((bits >> 16) | 0x40u) : rounded); /* NaN stays NaN */
 }
 
-typedef struct {
-    const void *src;
-    void *dst;
-    int64_t begin, end; /* elements; begin a multiple of 4 * WORDS */
-    uint64_t seed;
-    uint32_t cut;
-    float scale;
-    int bf16;
-} Job;
-
-#define WORDS 16 /* a block: 16 words, 64 elements */
+#define WORDS 64 /* a block: 64 words, 256 elements */
 
 /* Element 4w + j's 16 bits are part j of word w; on a little-endian machine that is uint16
- * number 4w + j of the words' memory, so a block's words are read back as 64 uint16. */
+ * number 4w + j of the words' memory, so a block's words are read back as 4 * WORDS uint16. */
 static inline void draw(uint64_t w0, uint64_t seed, uint16_t parts[4 * WORDS]) {
     uint64_t words[WORDS];
     for (int i = 0; i < WORDS; i++)
@@ -51,50 +40,24 @@ static inline void draw(uint64_t w0, uint64_t seed, uint16_t parts[4 * WORDS]) {
     memcpy(parts, words, sizeof words);
 }
 
-static void *run(void *arg) {
-    const Job *job = arg;
-    const uint32_t cut = job->cut;
-    const float scale = job->scale;
+/* dst[i] = src[i] * (0 or scale) for i < n; bf16 (as uint16) when `bf16`, else float32. One
+ * thread: a second one would share its core with PyTorch's OpenMP workers, which spin-wait
+ * after each parallel region (measured: no faster). */
+void dropout(const void *src, void *dst, int64_t n, int bf16, uint64_t seed, uint32_t cut, float scale) {
     uint16_t parts[4 * WORDS];
-    for (int64_t start = job->begin; start < job->end; start += 4 * WORDS) {
-        draw((uint64_t)start / 4, job->seed, parts);
-        int64_t count = job->end - start < 4 * WORDS ? job->end - start : 4 * WORDS;
-        if (job->bf16) {
-            const uint16_t *src = (const uint16_t *)job->src + start;
-            uint16_t *dst = (uint16_t *)job->dst + start;
+    for (int64_t start = 0; start < n; start += 4 * WORDS) {
+        draw((uint64_t)start / 4, seed, parts);
+        int64_t count = n - start < 4 * WORDS ? n - start : 4 * WORDS;
+        if (bf16) {
+            const uint16_t *in = (const uint16_t *)src + start;
+            uint16_t *out = (uint16_t *)dst + start;
             for (int64_t e = 0; e < count; e++)
-                dst[e] = float_to_bf16(bf16_to_float(src[e]) * ((uint32_t)(parts[e] ^ 0x8000u) >= cut ? scale : 0.0f));
+                out[e] = float_to_bf16(bf16_to_float(in[e]) * ((uint32_t)(parts[e] ^ 0x8000u) >= cut ? scale : 0.0f));
         } else {
-            const float *src = (const float *)job->src + start;
-            float *dst = (float *)job->dst + start;
+            const float *in = (const float *)src + start;
+            float *out = (float *)dst + start;
             for (int64_t e = 0; e < count; e++)
-                dst[e] = src[e] * ((uint32_t)(parts[e] ^ 0x8000u) >= cut ? scale : 0.0f);
+                out[e] = in[e] * ((uint32_t)(parts[e] ^ 0x8000u) >= cut ? scale : 0.0f);
         }
     }
-    return NULL;
-}
-
-#define MAX_THREADS 64
-#define MIN_PER_THREAD (1 << 16) /* elements: below this a thread's start costs more than it saves */
-
-/* dst[i] = src[i] * (0 or scale) for i < n; bf16 (as uint16) when `bf16`, else float32. */
-void dropout(const void *src, void *dst, int64_t n, int bf16, uint64_t seed, uint32_t cut, float scale, int threads) {
-    if (threads > MAX_THREADS) threads = MAX_THREADS;
-    if (threads > n / MIN_PER_THREAD) threads = (int)(n / MIN_PER_THREAD);
-    if (threads < 1) threads = 1;
-    Job jobs[MAX_THREADS];
-    pthread_t ids[MAX_THREADS];
-    int64_t share = (n / threads + 4 * WORDS - 1) / (4 * WORDS) * (4 * WORDS);
-    for (int t = 0; t < threads; t++) {
-        int64_t begin = t * share, end = t == threads - 1 ? n : (t + 1) * share;
-        jobs[t] = (Job){src, dst, begin < n ? begin : n, end < n ? end : n, seed, cut, scale, bf16};
-    }
-    int started = 1; /* jobs[1..started) run on threads of their own, the rest here */
-    while (started < threads && pthread_create(&ids[started], NULL, run, &jobs[started]) == 0)
-        started++;
-    for (int t = started; t < threads; t++)
-        run(&jobs[t]);
-    run(&jobs[0]);
-    for (int t = 1; t < started; t++)
-        pthread_join(ids[t], NULL);
 }

@@ -25,7 +25,7 @@ HERE = Path(__file__).parent
 FLAG_SETS = (["-O3", "-march=native"], ["-O3"])
 SIGNATURES = {  # name -> (function, ctypes argument types, return type)
     "dropout": ("dropout", [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_uint64,
-                            ctypes.c_uint32, ctypes.c_float, ctypes.c_int], None),
+                            ctypes.c_uint32, ctypes.c_float], None),
 }
 
 
@@ -56,7 +56,7 @@ def _compile(source: Path, target: Path) -> bool:
         # built beside the target and renamed into place: processes starting together never load half a file
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             built = Path(tmp) / target.name
-            command = [compiler, *flags, "-shared", "-fPIC", "-pthread", str(source), "-o", str(built)]
+            command = [compiler, *flags, "-shared", "-fPIC", str(source), "-o", str(built)]
             if subprocess.run(command, capture_output=True).returncode == 0:
                 os.replace(built, target)
                 return True

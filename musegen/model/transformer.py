@@ -90,7 +90,7 @@ def _apply_native_mask(x: torch.Tensor, seed: int, cut: int, scale: float) -> to
     x = x.contiguous()
     out = torch.empty_like(x)
     native.library("dropout").dropout(x.data_ptr(), out.data_ptr(), x.numel(), x.dtype == torch.bfloat16,
-                                      seed, cut, scale, torch.get_num_threads())
+                                      seed, cut, scale)
     return out
 
 

@@ -1,9 +1,10 @@
 /* Dropout on CPU in one pass: each output is its input times 0 or the scale, the mask drawn
  * from SplitMix64 as musegen.model.transformer.random_words draws it (word w = the hash of
- * seed + w * golden ratio; element 4w + j keeps when its 16-bit part j, with the top bit
- * flipped, is at least `cut`). The same call on the gradient is the backward pass, so no mask
+ * seed + w * golden ratio; element 4w + j keeps when 16-bit part j of word w, with the top
+ * bit flipped, is at least `cut`). The same call on the gradient is the backward pass, so no mask
  * is stored. PyTorch's eager version of this makes a dozen passes over the data.
- * Loaded by musegen/model/native.py; tests/test_native.py checks it bit for bit against it. */
+ * Loaded by musegen/model/native.py; tests/test_native.py checks it bit for bit against the
+ * eager path. */
 #include <stdint.h>
 #include <string.h>
 
@@ -31,8 +32,8 @@ static inline uint16_t float_to_bf16(float f) { /* round to nearest even, as PyT
 
 #define WORDS 64 /* a block: 64 words, 256 elements */
 
-/* Element 4w + j's 16 bits are part j of word w; on a little-endian machine that is uint16
- * number 4w + j of the words' memory, so a block's words are read back as 4 * WORDS uint16. */
+/* Element 4w + j reads uint16 number 4w + j of the words' memory, as the eager path's int16
+ * view of its words does (part j of word w on a little-endian machine). */
 static inline void draw(uint64_t w0, uint64_t seed, uint16_t parts[4 * WORDS]) {
     uint64_t words[WORDS];
     for (int i = 0; i < WORDS; i++)

@@ -65,12 +65,13 @@ class SineSPE(nn.Module):
     def _codes(self, phases: torch.Tensor, weighted: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """sum_j basis[h, d, t, j] weighted[h, d, j, r] -> [H, T, D, R] in `dtype`, contiguous:
         every layer reads the codes as H*T matrices of [D, R] (mix_codes). One bmm over the H*D
-        pairs and one transposing copy that also casts (an einsum here copied matrix by matrix
-        in its backward)."""
+        pairs, its factors in `dtype` (bf16 under autocast: a product of the cosines and sines,
+        taken in fp32, with fp32 sums, like the other products), and one transposing copy (an
+        einsum here copied matrix by matrix in its backward)."""
         H, D, T, _ = phases.shape
-        basis = torch.stack([phases.cos(), phases.sin()], dim=-1).view(H * D, T, -1)  # [(h, d), T, 2K]
-        codes = torch.bmm(basis, weighted.view(H * D, -1, self.realizations))
-        return codes.view(H, D, T, -1).transpose(1, 2).to(dtype, memory_format=torch.contiguous_format)
+        basis = torch.stack([phases.cos(), phases.sin()], dim=-1).view(H * D, T, -1).to(dtype)  # [(h, d), T, 2K]
+        codes = torch.bmm(basis, weighted.to(dtype).view(H * D, -1, self.realizations))
+        return codes.view(H, D, T, -1).transpose(1, 2).contiguous()
 
     def weighted(self, noise: torch.Tensor) -> torch.Tensor:
         """The noise times each sine's gain and the codes' scale: [H, D, 2K, R], the same for
@@ -80,8 +81,9 @@ class SineSPE(nn.Module):
 
     def codes(self, noise: torch.Tensor, t0: int, t1: int, weighted: torch.Tensor | None = None,
               dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-        """(Qbar, Kbar) for positions [t0, t1), each [H, T, D, R], computed in closed form in
-        fp32 and delivered in `dtype` (`weighted`: `self.weighted(noise)`, when already at hand)."""
+        """(Qbar, Kbar) for positions [t0, t1), each [H, T, D, R] in `dtype`, in closed form: the
+        phases and their sines in fp32, the one product in `dtype` (`weighted`:
+        `self.weighted(noise)`, when already at hand)."""
         phases = self._phases(t0, t1)
         weighted = self.weighted(noise) if weighted is None else weighted
         return self._codes(phases + self.offsets[:, :, None], weighted, dtype), self._codes(phases, weighted, dtype)

@@ -11,9 +11,9 @@ import torch
 from torch import nn
 
 from ..device import use_bf16
+from . import native
 from .attention import FeatureMap, causal_linear_attention, softmax_attention
 from .config import ModelConfig, parse_redraw
-from . import native
 from .families import FAMILIES
 from .spe import ConvSPE, SineSPE, SPEFilter, share_codes
 from .streaming import RecurrentStep, StreamState, clone_states
@@ -307,8 +307,8 @@ class MusicPerformer(nn.Module):
         codes = None
         if self.spe is not None:
             device = ids.device.type
-            # The codes are computed in fp32 and cast once to the dtype of the layers' SPE
-            # products: bf16 under autocast, like the attention's products (SPEFilter).
+            # The codes come in the dtype of the layers' SPE products, once for all layers:
+            # bf16 under autocast, like the attention's products (SPEFilter).
             products = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else torch.float32
             with torch.autocast(device, enabled=False):
                 codes = tuple(share_codes(c) for c in self.spe.codes(noise.spe, t0, t1, dtype=products))

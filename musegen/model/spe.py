@@ -219,13 +219,8 @@ class SPEFilter(nn.Module):
         factors = self.gate_factors(eps)
         if factors is None:
             return mix_codes(q, qbar).float(), mix_codes(k, kbar).float()
-        wet = factors[0][:, None, :].to(dtype)  # [H, 1, D]
-        dry_eps = factors[1].to(dtype)  # [H, D, R]: the gate noise's share, one matrix per head
-
-        def mix(x, bar):
-            return mix_codes(x * wet, bar).float() + x @ dry_eps
-
-        return mix(q, qbar), mix(k, kbar)
+        wet, dry_eps = factors[0].to(dtype), factors[1].to(dtype)  # [H, D], [H, D, R]: one matrix per head
+        return gated_mix(q, qbar, wet, dry_eps), gated_mix(k, kbar, wet, dry_eps)
 
 
 class _GradientSum:
@@ -313,3 +308,53 @@ def mix_codes(x: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
     """x [B, H, T, D] (any strides), codes [H, T, D, R] contiguous -> [B, H, T, R] (a view of
     [H, T, B, R] memory). Codes from `share_codes` collect their gradient in one buffer."""
     return _MixCodes.apply(x, codes.contiguous(), getattr(codes, "gradient_sum", None))
+
+
+class _GatedMix(torch.autograd.Function):
+    """A gated layer's out[b, h, t] = (x[b, h, t] * wet[h]) @ codes[h, t] + x[b, h, t] @ dry[h],
+    summed in fp32. x is laid out once as rows [H, T, B, D]: the codes' product runs per
+    position with the batch as rows (as _MixCodes), the gate noise's per head over all T * B
+    rows, and the output is one fp32 tensor in that layout (as separate ops, x was copied twice,
+    and the two halves cast and added across layouts, forward and backward)."""
+
+    @staticmethod
+    def forward(ctx, x, codes, wet, dry, gradient_sum: Optional[_GradientSum]):
+        B, H, T, D = x.shape
+        R = codes.shape[-1]
+        rows = x.permute(1, 2, 0, 3).contiguous()  # x, wet, dry and codes share a dtype (SPEFilter)
+        wet_rows = rows * wet[:, None, None, :]
+        wide = torch.promote_types(rows.dtype, torch.float32)  # the sum's dtype: never below fp32
+        out = torch.bmm(wet_rows.view(H * T, B, D), codes.view(H * T, D, R)).to(wide)
+        out.view(H, T * B, R).add_(torch.bmm(rows.view(H, T * B, D), dry))
+        ctx.save_for_backward(rows, codes, wet, dry)
+        ctx.gradient_sum = gradient_sum
+        return out.view(H, T, B, R).permute(2, 0, 1, 3)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        rows, codes, wet, dry = ctx.saved_tensors
+        H, T, B, D = rows.shape
+        R = codes.shape[-1]
+        # [H, T, B, R], one copy: a cast writes it contiguous; without one, `to` returns the view
+        g = grad.permute(1, 2, 0, 3).to(rows.dtype, memory_format=torch.contiguous_format).contiguous()
+        d_wet_rows = torch.bmm(g.view(H * T, B, R), codes.view(H * T, D, R).transpose(1, 2)).view(H, T * B, D)
+        flat = rows.view(H, T * B, D)
+        d_wet = (d_wet_rows * flat).sum(1, dtype=torch.float32)
+        d_dry = torch.bmm(flat.transpose(1, 2), g.view(H, T * B, R))
+        dx = torch.baddbmm(d_wet_rows * wet[:, None, :], g.view(H, T * B, R), dry.transpose(1, 2))
+        d_codes = None
+        if ctx.gradient_sum is not None or ctx.needs_input_grad[1]:
+            wet_rows = (flat * wet[:, None, :]).view(H * T, B, D)  # again: cheaper than keeping it
+            if ctx.gradient_sum is not None:
+                ctx.gradient_sum.add(wet_rows, g.view(H * T, B, R))
+            else:
+                d_codes = torch.bmm(wet_rows.transpose(1, 2), g.view(H * T, B, R)).view_as(codes)
+        return dx.view(H, T, B, D).permute(2, 0, 1, 3), d_codes, d_wet.to(wet.dtype), d_dry, None
+
+
+def gated_mix(x: torch.Tensor, codes: torch.Tensor, wet: torch.Tensor, dry: torch.Tensor) -> torch.Tensor:
+    """x [B, H, T, D] (any strides), codes [H, T, D, R], wet [H, D], dry [H, D, R], one dtype ->
+    (x * wet) @ codes + x @ dry: [B, H, T, R] in fp32 or wider (a view of [H, T, B, R] memory). Codes from
+    `share_codes` collect their gradient in one buffer."""
+    return _GatedMix.apply(x, codes.contiguous(), wet, dry, getattr(codes, "gradient_sum", None))

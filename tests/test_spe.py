@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from musegen.model.spe import ConvNoise, ConvSPE, SineSPE, SPEFilter, gated_mix, mix_codes, share_codes
+from musegen.model.spe import ConvNoise, ConvSPE, SineSPE, SPEFilter, mix_codes, share_codes
 
 H, D, T = 2, 4, 24
 R_GRID = (16, 64, 256, 1024, 4096)
@@ -181,7 +181,7 @@ def test_noise_draws_differ_and_repeat_with_seed():
     assert torch.equal(a, b) and not torch.allclose(a, c)
 
 
-def test_gated_mix_is_the_gated_per_position_product_with_its_gradients():
+def test_gated_mix_codes_is_the_gated_per_position_product_with_its_gradients():
     """out[b, h, t] = (x[b, h, t] * wet[h]) @ codes[h, t] + x[b, h, t] @ dry[h], for any strides of
     x, and gradcheck of the hand backward, alone and with codes shared by two layers."""
     g = torch.Generator().manual_seed(6)
@@ -189,13 +189,13 @@ def test_gated_mix_is_the_gated_per_position_product_with_its_gradients():
     codes = torch.randn(2, 5, 4, 6, generator=g, dtype=torch.float64)
     wet, dry = torch.rand(2, 4, generator=g, dtype=torch.float64), torch.randn(2, 4, 6, generator=g, dtype=torch.float64)
     expected = torch.einsum("bhtd,hd,htdr->bhtr", x, wet, codes) + torch.einsum("bhtd,hdr->bhtr", x, dry)
-    assert torch.allclose(gated_mix(x, codes, wet, dry), expected, rtol=1e-12)
+    assert torch.allclose(mix_codes(x, codes, wet, dry), expected, rtol=1e-12)
     inputs = [t.clone().requires_grad_() for t in (x, codes, wet, dry)]
-    assert torch.autograd.gradcheck(gated_mix, inputs)
+    assert torch.autograd.gradcheck(mix_codes, inputs)
 
     def layers(x, y, codes, wet, dry):  # two "layers" reading one set of shared codes
         shared = share_codes(codes * 1.5)
-        return gated_mix(x, shared, wet, dry) * gated_mix(y, shared, wet * 0.5, dry)
+        return mix_codes(x, shared, wet, dry) * mix_codes(y, shared, wet * 0.5, dry)
 
     y = torch.randn(3, 2, 5, 4, generator=g, dtype=torch.float64).requires_grad_()
     assert torch.autograd.gradcheck(layers, (inputs[0], y, *inputs[1:]))

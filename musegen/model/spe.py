@@ -218,9 +218,9 @@ class SPEFilter(nn.Module):
         q, k = q.to(dtype), k.to(dtype)
         factors = self.gate_factors(eps)
         if factors is None:
-            return mix_codes(q, qbar).float(), mix_codes(k, kbar).float()
+            return mix_codes(q, qbar), mix_codes(k, kbar)
         wet, dry_eps = factors[0].to(dtype), factors[1].to(dtype)  # [H, D], [H, D, R]: one matrix per head
-        return gated_mix(q, qbar, wet, dry_eps), gated_mix(k, kbar, wet, dry_eps)
+        return mix_codes(q, qbar, wet, dry_eps), mix_codes(k, kbar, wet, dry_eps)
 
 
 class _GradientSum:
@@ -274,58 +274,23 @@ def share_codes(codes: torch.Tensor) -> torch.Tensor:
 
 class _MixCodes(torch.autograd.Function):
     """out[b, h, t] = x[b, h, t] @ codes[h, t]: every position has its own [D, R] matrix, shared
-    by the batch. One bmm over the H*T matrices with the batch as rows; the backward keeps the
-    same layout, so neither pass copies the codes (an einsum permutes them on every call)."""
-
-    @staticmethod
-    def forward(ctx, x, codes, gradient_sum: Optional[_GradientSum]):
-        B, H, T, D = x.shape
-        rows = x.permute(1, 2, 0, 3).reshape(H * T, B, D)  # x and codes share a dtype (SPEFilter)
-        ctx.save_for_backward(rows, codes)
-        ctx.gradient_sum = gradient_sum
-        out = torch.bmm(rows, codes.view(H * T, D, -1))
-        return out.view(H, T, B, -1).permute(2, 0, 1, 3)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad):
-        rows, codes = ctx.saved_tensors
-        H, T, D, R = codes.shape
-        # in the products' dtype, one copy either way (`to` leaves a tensor of the right dtype as
-        # it is, strides included, so the reshape copies it then)
-        grad_rows = grad.permute(1, 2, 0, 3).to(codes.dtype, memory_format=torch.contiguous_format).reshape(H * T, -1, R)
-        matrices = codes.view(H * T, D, R)
-        dx = torch.bmm(grad_rows, matrices.transpose(1, 2)).view(H, T, -1, D).permute(2, 0, 1, 3)
-        dcodes = None
-        if ctx.gradient_sum is not None:
-            ctx.gradient_sum.add(rows, grad_rows)
-        elif ctx.needs_input_grad[1]:
-            dcodes = torch.bmm(rows.transpose(1, 2), grad_rows).view_as(codes)
-        return dx, dcodes, None
-
-
-def mix_codes(x: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
-    """x [B, H, T, D] (any strides), codes [H, T, D, R] contiguous -> [B, H, T, R] (a view of
-    [H, T, B, R] memory). Codes from `share_codes` collect their gradient in one buffer."""
-    return _MixCodes.apply(x, codes.contiguous(), getattr(codes, "gradient_sum", None))
-
-
-class _GatedMix(torch.autograd.Function):
-    """A gated layer's out[b, h, t] = (x[b, h, t] * wet[h]) @ codes[h, t] + x[b, h, t] @ dry[h],
-    summed in fp32. x is laid out once as rows [H, T, B, D]: the codes' product runs per
-    position with the batch as rows (as _MixCodes), the gate noise's per head over all T * B
-    rows, and the output is one fp32 tensor in that layout (as separate ops, x was copied twice,
-    and the two halves cast and added across layouts, forward and backward)."""
+    by the batch; with a gate, (x[b, h, t] * wet[h]) @ codes[h, t] + x[b, h, t] @ dry[h]. x is
+    laid out once as rows [H, T, B, D]: the codes' product is one bmm over the H*T matrices with
+    the batch as rows, the gate noise's one bmm per head over all T*B rows, summed into one
+    output in that layout, and the backward keeps it, so the codes are never copied (an einsum
+    permutes them on every call; the gate as separate ops copied x twice and cast and added
+    its two halves across layouts, about 10% of a bf16 training update)."""
 
     @staticmethod
     def forward(ctx, x, codes, wet, dry, gradient_sum: Optional[_GradientSum]):
         B, H, T, D = x.shape
         R = codes.shape[-1]
-        rows = x.permute(1, 2, 0, 3).contiguous()  # x, wet, dry and codes share a dtype (SPEFilter)
-        wet_rows = rows * wet[:, None, None, :]
-        wide = torch.promote_types(rows.dtype, torch.float32)  # the sum's dtype: never below fp32
-        out = torch.bmm(wet_rows.view(H * T, B, D), codes.view(H * T, D, R)).to(wide)
-        out.view(H, T * B, R).add_(torch.bmm(rows.view(H, T * B, D), dry))
+        rows = x.permute(1, 2, 0, 3).contiguous()  # x, codes and the gate share a dtype (SPEFilter)
+        scaled = rows if wet is None else rows * wet[:, None, None, :]
+        wide = torch.promote_types(rows.dtype, torch.float32)  # the output: sums never below fp32
+        out = torch.bmm(scaled.view(H * T, B, D), codes.view(H * T, D, R)).to(wide)
+        if dry is not None:
+            out.view(H, T * B, R).add_(torch.bmm(rows.view(H, T * B, D), dry))
         ctx.save_for_backward(rows, codes, wet, dry)
         ctx.gradient_sum = gradient_sum
         return out.view(H, T, B, R).permute(2, 0, 1, 3)
@@ -336,25 +301,31 @@ class _GatedMix(torch.autograd.Function):
         rows, codes, wet, dry = ctx.saved_tensors
         H, T, B, D = rows.shape
         R = codes.shape[-1]
-        # [H, T, B, R], one copy: a cast writes it contiguous; without one, `to` returns the view
+        # [H, T, B, R] in the products' dtype, one copy: a cast writes it contiguous; without
+        # one, `to` returns the permuted view as it is
         g = grad.permute(1, 2, 0, 3).to(rows.dtype, memory_format=torch.contiguous_format).contiguous()
-        d_wet_rows = torch.bmm(g.view(H * T, B, R), codes.view(H * T, D, R).transpose(1, 2)).view(H, T * B, D)
-        flat = rows.view(H, T * B, D)
-        d_wet = (d_wet_rows * flat).sum(1, dtype=torch.float32)
-        d_dry = torch.bmm(flat.transpose(1, 2), g.view(H, T * B, R))
-        dx = torch.baddbmm(d_wet_rows * wet[:, None, :], g.view(H, T * B, R), dry.transpose(1, 2))
-        d_codes = None
+        flat, g_flat = rows.view(H, T * B, D), g.view(H, T * B, R)
+        dx = torch.bmm(g.view(H * T, B, R), codes.view(H * T, D, R).transpose(1, 2)).view(H, T * B, D)
+        d_wet = d_dry = d_codes = None
+        if wet is not None:
+            d_wet = (dx * flat).sum(1, dtype=torch.float32).to(wet.dtype)
+            dx = dx * wet[:, None, :]
+        if dry is not None:
+            d_dry = torch.bmm(flat.transpose(1, 2), g_flat)
+            dx = dx.baddbmm_(g_flat, dry.transpose(1, 2))
         if ctx.gradient_sum is not None or ctx.needs_input_grad[1]:
-            wet_rows = (flat * wet[:, None, :]).view(H * T, B, D)  # again: cheaper than keeping it
+            scaled = (flat if wet is None else flat * wet[:, None, :]).view(H * T, B, D)  # again: not kept
             if ctx.gradient_sum is not None:
-                ctx.gradient_sum.add(wet_rows, g.view(H * T, B, R))
+                ctx.gradient_sum.add(scaled, g.view(H * T, B, R))
             else:
-                d_codes = torch.bmm(wet_rows.transpose(1, 2), g.view(H * T, B, R)).view_as(codes)
-        return dx.view(H, T, B, D).permute(2, 0, 1, 3), d_codes, d_wet.to(wet.dtype), d_dry, None
+                d_codes = torch.bmm(scaled.transpose(1, 2), g.view(H * T, B, R)).view_as(codes)
+        return dx.view(H, T, B, D).permute(2, 0, 1, 3), d_codes, d_wet, d_dry, None
 
 
-def gated_mix(x: torch.Tensor, codes: torch.Tensor, wet: torch.Tensor, dry: torch.Tensor) -> torch.Tensor:
-    """x [B, H, T, D] (any strides), codes [H, T, D, R], wet [H, D], dry [H, D, R], one dtype ->
-    (x * wet) @ codes + x @ dry: [B, H, T, R] in fp32 or wider (a view of [H, T, B, R] memory). Codes from
-    `share_codes` collect their gradient in one buffer."""
-    return _GatedMix.apply(x, codes.contiguous(), wet, dry, getattr(codes, "gradient_sum", None))
+def mix_codes(x: torch.Tensor, codes: torch.Tensor, wet: Optional[torch.Tensor] = None,
+              dry: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """x [B, H, T, D] (any strides), codes [H, T, D, R] -> x @ codes per position, or with a
+    gate (wet [H, D], dry [H, D, R]) (x * wet) @ codes + x @ dry: [B, H, T, R] in fp32 or wider
+    (a view of [H, T, B, R] memory). All in one dtype. Codes from `share_codes` collect their
+    gradient in one buffer."""
+    return _MixCodes.apply(x, codes.contiguous(), wet, dry, getattr(codes, "gradient_sum", None))

@@ -5,8 +5,7 @@ import shutil
 import pytest
 import torch
 
-from musegen.model import native
-from musegen.model import transformer
+from musegen.model import native, transformer
 from musegen.model.transformer import _HASH_BLOCK, Dropout
 
 needs_compiler = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")

@@ -187,7 +187,8 @@ def test_gated_mix_codes_is_the_gated_per_position_product_with_its_gradients():
     g = torch.Generator().manual_seed(6)
     x = torch.randn(3, 5, 2, 4, generator=g, dtype=torch.float64).transpose(1, 2)  # [B, H, T, D], not contiguous
     codes = torch.randn(2, 5, 4, 6, generator=g, dtype=torch.float64)
-    wet, dry = torch.rand(2, 4, generator=g, dtype=torch.float64), torch.randn(2, 4, 6, generator=g, dtype=torch.float64)
+    wet = torch.rand(2, 4, generator=g, dtype=torch.float64)
+    dry = torch.randn(2, 4, 6, generator=g, dtype=torch.float64)
     expected = torch.einsum("bhtd,hd,htdr->bhtr", x, wet, codes) + torch.einsum("bhtd,hdr->bhtr", x, dry)
     assert torch.allclose(mix_codes(x, codes, wet, dry), expected, rtol=1e-12)
     inputs = [t.clone().requires_grad_() for t in (x, codes, wet, dry)]

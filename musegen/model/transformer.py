@@ -107,15 +107,20 @@ class Dropout(nn.Dropout):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0 or x.device.type != "cpu":
             return super().forward(x)
-        cut = round(self.p * 2**16)
-        scale = 2**16 / (2**16 - cut)
-        if x.dtype in (torch.float32, torch.bfloat16) and native.library("dropout") is not None:
-            seed = int(torch.empty((), dtype=torch.int64).random_()) % 2**64  # as random_words draws it
-            # the scale as the eager path rounds it: to x's dtype
-            return _NativeDropout.apply(x, seed, cut, torch.tensor(scale, dtype=x.dtype).item())
-        keep = random_words((x.numel() + 3) // 4).view(torch.int16)[:x.numel()].view(x.shape) >= cut - 2**15
-        # through uint8: a bool -> float conversion is not vectorised, a uint8 one is
-        return _Scaled.apply(x, keep.view(torch.uint8).to(x.dtype).mul_(scale))
+        return _cpu_dropout(x, self.p)
+
+
+@torch.compiler.disable  # a ctypes call and drawn seeds: torch.compile runs it as it is, between graphs
+def _cpu_dropout(x: torch.Tensor, p: float) -> torch.Tensor:
+    cut = round(p * 2**16)
+    scale = 2**16 / (2**16 - cut)
+    if x.dtype in (torch.float32, torch.bfloat16) and native.library("dropout") is not None:
+        seed = int(torch.empty((), dtype=torch.int64).random_()) % 2**64  # as random_words draws it
+        # the scale as the eager path rounds it: to x's dtype
+        return _NativeDropout.apply(x, seed, cut, torch.tensor(scale, dtype=x.dtype).item())
+    keep = random_words((x.numel() + 3) // 4).view(torch.int16)[:x.numel()].view(x.shape) >= cut - 2**15
+    # through uint8: a bool -> float conversion is not vectorised, a uint8 one is
+    return _Scaled.apply(x, keep.view(torch.uint8).to(x.dtype).mul_(scale))
 
 
 class SelfAttention(nn.Module):

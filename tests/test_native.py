@@ -77,6 +77,7 @@ def test_the_kernels_dropout_saves_nothing_for_its_backward():
 
 
 @needs_compiler
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated")  # torch's own, on compiling
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_torch_compile_runs_the_cpu_dropout_as_it_is(dtype):
     """Inside a compiled function the dropout (a ctypes call) runs between graphs: the same bits

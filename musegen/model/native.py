@@ -23,9 +23,9 @@ from typing import Optional
 HERE = Path(__file__).parent
 # The portable flags are the fallback for compilers that do not know -march=native.
 FLAG_SETS = (["-O3", "-march=native"], ["-O3"])
-SIGNATURES = {  # name -> (function, ctypes argument types, return type)
-    "dropout": ("dropout", [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_uint64,
-                            ctypes.c_uint32, ctypes.c_float], None),
+SIGNATURES = {  # kernel -> (ctypes argument types, return type) of its function of the same name
+    "dropout": ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_uint64, ctypes.c_uint32,
+                 ctypes.c_float], None),
 }
 
 
@@ -65,7 +65,7 @@ def _compile(source: Path, target: Path) -> bool:
 
 @functools.cache
 def library(name: str) -> Optional[ctypes.CDLL]:
-    """The compiled kernel `name` (HERE / f"{name}.c") with its function typed, or None when it
+    """The compiled kernel `name` (HERE / f"{name}.c") with its function `name` typed, or None when it
     cannot be built or loaded here (no compiler, a read-only or full cache, MUSEGEN_NATIVE=0)."""
     if not enabled():
         return None
@@ -78,6 +78,6 @@ def library(name: str) -> Optional[ctypes.CDLL]:
         lib = ctypes.CDLL(str(target))
     except OSError:
         return None
-    function, argtypes, restype = SIGNATURES[name]
-    getattr(lib, function).argtypes, getattr(lib, function).restype = argtypes, restype
+    function = getattr(lib, name)
+    function.argtypes, function.restype = SIGNATURES[name]
     return lib

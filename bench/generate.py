@@ -46,7 +46,7 @@ from bench.common import (CopyBandwidth, add_machine_options, apply_machine_opti
 from musegen.device import native_bf16
 from musegen.model import MusicPerformer, preset
 from musegen.model.families import FAMILIES
-from musegen.model.streaming import prepared_weights
+from musegen.model.streaming import prepared_weights, step_kernels
 from musegen.sample import Prompt, SampleSettings, generate
 from musegen.tokenizers import tokenizer_from_dict
 
@@ -88,14 +88,14 @@ def products_fn(model: MusicPerformer, device: torch.device, precision: str, bat
     [batch, width] input, as the step prepares and applies them: what the step would cost if it
     did nothing else."""
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    *layers, head = prepared_weights(model, dtype)
+    *layers, head = prepared_weights(model, dtype, step_kernels(device))
     c = model.config
-    narrow, wide = (torch.randn(batch, n, device=device).to(dtype) for n in (c.d_model, c.d_ff))
+    narrow, wide = (torch.randn(batch, n, device=device) for n in (c.d_model, c.d_ff))  # fp32, as the step's
 
     def products():
         for weights in layers:
             weights.qkv(narrow), weights.out(narrow), weights.ff_in(narrow), weights.ff_out(wide)
-        head(narrow.float())
+        head(narrow)
 
     return products
 

@@ -5,7 +5,7 @@ import shutil
 import pytest
 import torch
 
-from musegen.model import native, transformer
+from musegen.model import MusicPerformer, native, preset, streaming, transformer
 from musegen.model.transformer import _HASH_BLOCK, Dropout
 
 needs_compiler = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
@@ -96,3 +96,117 @@ def test_torch_compile_runs_the_cpu_dropout_as_it_is(dtype):
     (eager_y, eager_dx), (compiled_y, compiled_dx) = results
     assert torch.equal(compiled_y, eager_y) and torch.equal(compiled_dx, eager_dx)
     assert (eager_y == 1).float().mean() > 0.2  # it did drop
+
+
+# --- step.c: the bf16 single-token step ---------------------------------------------------------
+STEP_KERNEL = streaming.step_kernels(torch.device("cpu"))
+needs_step_kernel = pytest.mark.skipif(STEP_KERNEL is None, reason="step.c needs AVX512-BF16 and a C compiler")
+
+
+def cpu_flags() -> set:
+    try:
+        return {word for line in open("/proc/cpuinfo") if line.startswith("flags") for word in line.split()}
+    except OSError:
+        return set()
+
+
+@pytest.mark.skipif(shutil.which("cc") is None or "avx512_bf16" not in cpu_flags(),
+                    reason="needs a C compiler and a CPU with AVX512-BF16")
+def test_the_step_kernel_builds_where_the_cpu_computes_bf16():
+    assert STEP_KERNEL is not None
+
+
+@needs_compiler
+def test_without_avx512_bf16_the_step_kernel_does_not_build_and_leaves_nothing(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(native, "FLAG_SETS", (["-O3"],))  # the baseline instruction set of the compiler's target
+    assert native.library.__wrapped__("step") is None
+    assert not any(p.is_file() for p in tmp_path.rglob("*"))
+
+
+@needs_step_kernel
+@pytest.mark.parametrize("batch", [1, 2, 3, 8])  # one sequence, a pair, a pair and one, four pairs
+@pytest.mark.parametrize("n_out, n_in", [(13, 40), (1544, 512), (512, 2048), (7, 5)])
+def test_linear_bf16_is_the_bf16_product_summed_in_fp32(batch, n_out, n_in):
+    """Weights and inputs rounded to bf16, products summed in fp32 (to fp32 rounding, against a
+    float64 sum), the fp32 bias and residual added; odd sizes are padded, not read past."""
+    generator = torch.Generator().manual_seed(n_out + n_in + batch)
+    weight, bias = torch.randn(n_out, n_in, generator=generator), torch.randn(n_out, generator=generator)
+    x, residual = torch.randn(batch, n_in, generator=generator) * 3, torch.randn(batch, n_out, generator=generator)
+    linear = streaming._Linear(weight, bias, torch.bfloat16, kernels=STEP_KERNEL)
+    rounded_x, rounded_w = x.bfloat16().double(), weight.bfloat16().double()
+    expected = rounded_x @ rounded_w.T + bias.double()
+    scale = (rounded_x.abs() @ rounded_w.abs().T).max()
+    added = torch.empty(batch, n_out)  # the residual, as layer_step adds it while it writes
+    assert STEP_KERNEL.linear_bf16(linear.weight.data_ptr(), linear.bias.data_ptr(), x.data_ptr(),
+                                   residual.data_ptr(), added.data_ptr(), batch, n_out, n_in) == 0
+    for y, want in ((linear(x), expected), (added, expected + residual.double())):
+        assert y.dtype == torch.float32 and y.shape == (batch, n_out)
+        assert (y.double() - want).abs().max() <= 1e-6 * scale
+
+
+def attention_inputs(model, batch: int, magnitude: float, seed: int = 0):
+    """A session's step with random projections (values followed by their constant 1), SPE codes
+    of position 9 and a random positive state, as a layer's attention sees them."""
+    generator = torch.Generator().manual_seed(seed)
+    step = streaming.RecurrentStep(model, batch, model.draw_noise(generator), torch.bfloat16)
+    H, D = step.H, step.D
+    projected = torch.randn(batch, 2 * H * D + H * (D + 1), generator=generator) * magnitude
+    projected[:, 2 * H * D:].view(batch, H, D + 1)[..., D] = 1
+    for sums in step.sums:
+        sums.copy_(torch.rand(sums.shape, generator=generator) * 3)
+    return step, projected, step._codes(9)
+
+
+@needs_step_kernel
+@pytest.mark.parametrize("variant", [dict(pe="sine", gated=True), dict(pe="sine", gated=False), dict(pe="conv", gated=True),
+                                     dict(pe="none"), dict(pe="sine", attention="elu"), dict(pe="conv", attention="relu")],
+                         ids=lambda v: "-".join(str(x) for x in v.values()))
+@pytest.mark.parametrize("batch", [1, 5])  # one row, and a group of four plus one (step.c's matmul)
+@pytest.mark.parametrize("magnitude", [1.0, 30.0])  # exponents far into exp's under- and overflow
+def test_the_attention_kernel_computes_the_pytorch_attention(variant, batch, magnitude):
+    torch.manual_seed(0)
+    model = MusicPerformer(preset("tiny", **variant)).eval()
+    step, projected, codes = attention_inputs(model, batch, magnitude)
+    before = [sums.clone() for sums in step.sums]
+    H, D, width = step.H, step.D, step._kernel_shape.width
+    out = torch.empty(batch, H * D)
+    layer = step._kernel_layers[1]
+    status = STEP_KERNEL.linear_attention_step(
+        projected.data_ptr(), None if codes is None else codes.data_ptr(), layer.wet, layer.dry_eps, layer.projection,
+        step._kernel_shape.kind, step._kernel_shape.log_scale, step._kernel_shape.key_scale, step._kernel_shape.eps,
+        layer.sums, out.data_ptr(), batch, H, D, width, step.sums[1].shape[1])
+    assert status == 0
+    kernel_sums = step.sums[1].clone()
+    step.sums[1].copy_(before[1])
+    expected = step._attend(1, projected, codes)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, expected, rtol=2e-5, atol=2e-5 * expected.abs().max().item())
+    torch.testing.assert_close(kernel_sums, step.sums[1], rtol=2e-5, atol=2e-5 * step.sums[1].abs().max().item())
+    assert all(torch.equal(a, b) for i, (a, b) in enumerate(zip(step.sums, before)) if i != 1)  # other layers untouched
+
+
+@needs_step_kernel
+@pytest.mark.parametrize("variant", [dict(pe="ape"), dict(pe="sine", gated=True), dict(pe="conv", gated=False),
+                                     dict(pe="sine", activation="gelu"), dict(pe="none", norm="pre"),
+                                     dict(pe="conv", attention="relu", norm="pre", activation="gelu"),
+                                     dict(pe="sine", attention="elu")],
+                         ids=lambda v: "-".join(str(x) for x in v.values()))
+@pytest.mark.parametrize("batch", [1, 3])
+def test_kernel_steps_follow_the_pytorch_steps(monkeypatch, variant, batch):
+    """Whole bf16 steps (norms, products, activation, attention, residuals, pre- and post-norm)
+    through step.c and through PyTorch: the same logits to well within bf16's tolerance (the
+    kernel keeps its products' outputs in fp32, PyTorch rounds them to bf16)."""
+    torch.manual_seed(0)
+    model = MusicPerformer(preset("tiny", dropout=0.0, **variant)).eval().for_inference("bf16")
+    torch.nn.init.normal_(model.head.weight, std=0.5)
+    tokens = torch.randint(0, 333, (batch, 40), generator=torch.Generator().manual_seed(1))
+
+    def logits():
+        with model.streaming(batch, seed=5):
+            return torch.stack([model.step(tokens[:, t]) for t in range(tokens.shape[1])], dim=1)
+
+    kernel = logits()
+    monkeypatch.setattr(streaming, "step_kernels", lambda device: None)
+    pytorch = logits()
+    assert (kernel - pytorch).abs().max() <= 2e-3 * pytorch.abs().max()

@@ -23,9 +23,12 @@ from typing import Optional
 HERE = Path(__file__).parent
 # The portable flags are the fallback for compilers that do not know -march=native.
 FLAG_SETS = (["-O3", "-march=native"], ["-O3"])
-SIGNATURES = {  # kernel -> (ctypes argument types, return type) of its function of the same name
-    "dropout": ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_uint64, ctypes.c_uint32,
-                 ctypes.c_float], None),
+_POINTER, _INT, _INT64, _FLOAT = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
+SIGNATURES = {  # kernel -> {function: (ctypes argument types, return type)}
+    "dropout": {"dropout": ([_POINTER, _POINTER, _INT64, _INT, ctypes.c_uint64, ctypes.c_uint32, _FLOAT], None)},
+    "step": {"linear_bf16": ([_POINTER] * 5 + [_INT64] * 3, _INT),
+             "linear_attention_step": ([_POINTER] * 5 + [_INT] + [_FLOAT] * 3 + [_POINTER] * 2 + [_INT64] * 5, _INT),
+             "layer_step": ([_POINTER] * 4, _INT)},
 }
 
 
@@ -65,8 +68,9 @@ def _compile(source: Path, target: Path) -> bool:
 
 @functools.cache
 def library(name: str) -> Optional[ctypes.CDLL]:
-    """The compiled kernel `name` (HERE / f"{name}.c") with its function `name` typed, or None when it
-    cannot be built or loaded here (no compiler, a read-only or full cache, MUSEGEN_NATIVE=0)."""
+    """The compiled kernel `name` (HERE / f"{name}.c") with its functions typed, or None when it
+    cannot be built or loaded here (no compiler, a read-only or full cache, a CPU it needs
+    instructions from, MUSEGEN_NATIVE=0)."""
     if not enabled():
         return None
     source = HERE / f"{name}.c"
@@ -78,6 +82,6 @@ def library(name: str) -> Optional[ctypes.CDLL]:
         lib = ctypes.CDLL(str(target))
     except OSError:
         return None
-    function = getattr(lib, name)
-    function.argtypes, function.restype = SIGNATURES[name]
+    for function, (argtypes, restype) in SIGNATURES[name].items():
+        getattr(lib, function).argtypes, getattr(lib, function).restype = argtypes, restype
     return lib

@@ -6,21 +6,28 @@ parameters) and does little else, so a step should cost about the time the memor
 deliver the weights. Run through the training code it costs 5-10x that: about 1,000 small
 operations (per-layer SPE einsums, feature maps, copies) and unpacked matrix-vector products.
 `RecurrentStep` does the same arithmetic as the parallel pass (tests/test_transformer.py checks
-every variant against it) with per-layer work merged into a few large operations:
+every variant against it), in one of two ways:
 
-- the SPE codes of the position are computed once per step for all layers; each layer's gate
-  folds into one [2, H, D, R] matrix (wet * codes + dry * eps), applied to q and k in one bmm;
-- the FAVOR+ exponents of q and k come from one matmul with [w, -w] (FeatureMap.signed_projection);
-- the value projection has an extra constant-1 output per head (zero weights, bias 1), so the
-  recurrent sums S and z live in one [H * B, M, Dv + 1] tensor, updated by one in-place
-  outer-product add and read by one bmm (numerator and denominator together);
-- weights are prepared once per model version: in bf16 where the device computes bf16
-  natively, on CPU also reordered by oneDNN (`_Linear`); the residual stream, the attention
-  sums and the output head stay fp32.
+- in bf16 on a CPU with AVX512-BF16, each layer is one call of step.c's `layer_step` (C, built on
+  first use by native.py): weights in bf16 tiles read as one sequential stream, the norms,
+  activation, residual adds and the whole attention (SPE codes, feature map, state update and
+  read-out) in the same call, the next rows of the state prefetched while one computes;
+- elsewhere (fp32, CUDA, no compiler, MUSEGEN_NATIVE=0) in PyTorch, with per-layer work merged
+  into a few large operations: the SPE codes of the position computed once per step for all
+  layers, each layer's gate folded into one [2, H, D, R] matrix (wet * codes + dry * eps) applied
+  to q and k in one bmm; the FAVOR+ exponents of q and k from one matmul with [w, -w]
+  (FeatureMap.signed_projection); weights in bf16 where the device computes bf16 natively, on CPU
+  reordered by oneDNN (`_Linear`).
+
+Both ways, the value projection has an extra constant-1 output per head (zero weights, bias 1), so
+the recurrent sums S and z live in one [H * B, M, Dv + 1] tensor, updated by one outer-product add
+and read by one product (numerator and denominator together); the residual stream, the attention
+sums and the output head stay fp32.
 """
 
 from __future__ import annotations
 
+import ctypes
 import math
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -28,6 +35,7 @@ from typing import Any, Optional
 import torch
 from torch.nn import functional as F
 
+from . import native
 from .attention import EPS
 from .spe import SineSPE
 
@@ -60,28 +68,93 @@ def _onednn_bf16(device: torch.device) -> bool:
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
 
 
+def step_kernels(device: torch.device) -> Optional[ctypes.CDLL]:
+    """step.c's kernels where they run (a CPU with AVX512-BF16 and a C compiler), else None."""
+    return native.library("step") if device.type == "cpu" else None
+
+
+_TILE = (8, 32)  # step.c's ROWS x COLUMNS
+
+
+def _tiles(weight: torch.Tensor) -> torch.Tensor:
+    """weight [n_out, n_in] zero-padded to whole tiles and laid out tile after tile, in bf16, as
+    step.c's linear_bf16 reads it: one sequential stream."""
+    (n_out, n_in), (rows, columns) = weight.shape, _TILE
+    padded = weight.new_zeros(-(-n_out // rows) * rows, -(-n_in // columns) * columns)
+    padded[:n_out, :n_in] = weight
+    return padded.to(torch.bfloat16).view(-1, rows, padded.shape[1] // columns, columns).transpose(1, 2).contiguous()
+
+
+class _KernelLinear(ctypes.Structure):  # step.c's struct linear
+    _fields_ = [("tiles", ctypes.c_void_p), ("bias", ctypes.c_void_p),
+                ("n_out", ctypes.c_int64), ("n_in", ctypes.c_int64)]
+
+
+class _KernelNorm(ctypes.Structure):  # struct norm
+    _fields_ = [("weight", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("eps", ctypes.c_float)]
+
+
+class _KernelLayer(ctypes.Structure):  # struct layer
+    _fields_ = ([(name, _KernelLinear) for name in ("qkv", "out", "ff_in", "ff_out")]
+                + [("norm1", _KernelNorm), ("norm2", _KernelNorm)]
+                + [(name, ctypes.c_void_p) for name in ("wet", "dry_eps", "projection", "sums")])
+
+
+class _KernelShape(ctypes.Structure):  # struct shape
+    _fields_ = ([(name, ctypes.c_int64) for name in ("batch", "heads", "head_dim", "width", "features")]
+                + [(name, ctypes.c_int) for name in ("kind", "pre_norm", "gelu")]
+                + [(name, ctypes.c_float) for name in ("log_scale", "key_scale", "eps")])
+
+
+def _checked(status: int) -> None:
+    if status != 0:
+        raise MemoryError("the step's kernel could not allocate its scratch memory")
+
+
+def _activate(y: torch.Tensor, activation: Optional[str]) -> torch.Tensor:
+    if activation == "relu":
+        return F.relu_(y)
+    return F.gelu(y) if activation == "gelu" else y
+
+
 class _Linear:
-    """y = activation(x W^T + b) for inference, weights cast once to `dtype`. On CPU in bf16 the
-    weights are also reordered by oneDNN (for one row; measured as fast for 8): a 1-row bf16
-    product then runs near the memory bandwidth (an unpacked one reaches about half of it),
-    with the activation fused."""
+    """activation(x W^T + b) (+ add_to) for inference: x of any float dtype, the result fp32, the
+    weights cast once to `dtype`. In bf16 on CPU, fastest first: step.c's linear_bf16 (weights
+    in tiles, read as one stream), oneDNN's packed product (weights reordered for one row; an
+    unpacked one reaches about half the memory bandwidth), F.linear."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor, dtype: torch.dtype,
-                 activation: Optional[str] = None):
-        self.activation = activation
-        self.weight, self.bias = weight.detach().to(dtype), bias.detach().to(dtype)
+                 activation: Optional[str] = None, kernels: Optional[ctypes.CDLL] = None):
+        self.activation, self.dtype = activation, dtype
+        self.kernels = kernels if dtype == torch.bfloat16 else None
+        weight, bias = weight.detach(), bias.detach()
+        self.n_out, self.n_in = weight.shape
+        if self.kernels is not None:
+            self.weight, self.bias = _tiles(weight), bias.float().contiguous()
+            return
+        self.weight, self.bias = weight.to(dtype), bias.to(dtype)
         self.packed = dtype == torch.bfloat16 and _onednn_bf16(weight.device)
         if self.packed:
             self.weight = torch.ops.mkldnn._reorder_linear_weight(self.weight, 1)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, add_to: Optional[torch.Tensor] = None) -> torch.Tensor:
+        y = self._torch(x) if self.kernels is None else _activate(self._kernel(x), self.activation)
+        return y if add_to is None else add_to + y
+
+    def _kernel(self, x: torch.Tensor) -> torch.Tensor:
+        """step.c's product on its own (its layer_step calls it from C; this is for benchmarks and tests)."""
+        x = x.float().contiguous()
+        y = x.new_empty(len(x), self.n_out)
+        _checked(self.kernels.linear_bf16(self.weight.data_ptr(), self.bias.data_ptr(), x.data_ptr(), None,
+                                          y.data_ptr(), len(x), self.n_out, self.n_in))
+        return y
+
+    def _torch(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed:
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, self.activation or "none", [],
-                                                      "none" if self.activation == "gelu" else "")
-        y = F.linear(x, self.weight, self.bias)
-        if self.activation == "relu":
-            return F.relu_(y)
-        return F.gelu(y) if self.activation == "gelu" else y
+            return torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.weight, self.bias,
+                                                      self.activation or "none", [],
+                                                      "none" if self.activation == "gelu" else "").float()
+        return _activate(F.linear(x.to(self.dtype), self.weight, self.bias), self.activation).float()
 
 
 def _qkv_with_ones(attention) -> tuple[torch.Tensor, torch.Tensor]:
@@ -108,24 +181,25 @@ class _LayerWeights:
     ff_out: _Linear
 
 
-def prepared_weights(model, dtype: torch.dtype) -> list:
-    """Every layer's `_LayerWeights` plus the head, built once per (dtype, device) and kept on
-    the model until a parameter changes (an optimiser step or a load bumps its version)."""
+def prepared_weights(model, dtype: torch.dtype, kernels: Optional[ctypes.CDLL] = None) -> list:
+    """Every layer's `_LayerWeights` plus the head, built once per (dtype, device, kernels) and
+    kept on the model until a parameter changes (an optimiser step or a load bumps its version)."""
     version = tuple((p.data_ptr(), p._version) for p in model.parameters())
     cache = model.__dict__.setdefault("_prepared", {})
     for key in [key for key, (seen, _) in cache.items() if seen != version]:
         del cache[key]  # stale: free it before building anything new
-    key = (dtype, model.device)
+    key = (dtype, model.device, kernels is not None)
     if key in cache:
         return cache[key][1]
     activation = "relu" if model.config.activation == "relu" else "gelu"
     layers = []
     for layer in model.layers:
         ff_in, ff_out = layer.ff[0], layer.ff[3]
-        layers.append(_LayerWeights(_Linear(*_qkv_with_ones(layer.attention), dtype),
-                                    _Linear(layer.attention.out.weight, layer.attention.out.bias, dtype),
-                                    _Linear(ff_in.weight, ff_in.bias, dtype, activation),
-                                    _Linear(ff_out.weight, ff_out.bias, dtype)))
+        layers.append(_LayerWeights(_Linear(*_qkv_with_ones(layer.attention), dtype, kernels=kernels),
+                                    _Linear(layer.attention.out.weight, layer.attention.out.bias, dtype,
+                                            kernels=kernels),
+                                    _Linear(ff_in.weight, ff_in.bias, dtype, activation, kernels),
+                                    _Linear(ff_out.weight, ff_out.bias, dtype, kernels=kernels)))
     # The head stays fp32: it is small (vocab x d_model), and bf16 logits would be rounded to 2^-8.
     prepared = layers + [_Linear(model.head.weight, model.head.bias, torch.float32)]
     cache[key] = (version, prepared)
@@ -142,22 +216,25 @@ class RecurrentStep:
         self.model, self.dtype, self.batch = model, dtype, batch_size
         self.H, self.D = c.n_heads, c.d_model // c.n_heads
         self.pre_norm, self.kind = c.norm == "pre", c.attention
-        self.weights = prepared_weights(model, dtype)
+        # step.c runs whole layers in bf16; fp32 sessions (and machines without it) run PyTorch
+        self.kernels = step_kernels(model.device) if dtype == torch.bfloat16 else None
+        self.weights = prepared_weights(model, dtype, self.kernels)
         self.embedding = model.embedding.weight.detach() * math.sqrt(c.d_model)
         attentions = [layer.attention for layer in model.layers]
         # each layer's two norms as F.layer_norm's arguments: read through nn.Module's attribute
         # lookup, they cost about 4% of a step
         self.norms = [[(ln.normalized_shape, ln.weight, ln.bias, ln.eps) for ln in (layer.norm1, layer.norm2)]
                       for layer in model.layers]
-        self.use_noise(noise)
         self.projections = [a.features.signed_projection().detach() if self.kind == "performer" else None
                             for a in attentions]
         self.features = attentions[0].features
-        if self.kind == "performer":
-            self._log_scale = torch.tensor(-math.log(self.features.n_features) / 2, device=model.device)
+        if self.kind == "performer":  # the keys' exponent shift -log(M)/2 (FeatureMap.key_shift)
+            self.log_scale = -math.log(self.features.n_features) / 2
+            self._log_scale = torch.tensor(self.log_scale, device=model.device)
         width = c.n_features if self.kind == "performer" else (c.spe_realizations if model.spe else self.D)
         self.sums = [torch.zeros(self.H * batch_size, width, self.D + 1, device=model.device)
                      for _ in attentions]
+        self.use_noise(noise)
         self._mixed = None  # the [2, H, D, R] buffer of a layer's gated codes
         self._graph = None  # CUDA: the layers captured as one graph (see _replay)
 
@@ -169,6 +246,8 @@ class RecurrentStep:
         self.gates = [self._gate(layer.attention.spe_filter, eps) for layer, eps in zip(self.model.layers, noise.gates)]
         spe = self.model.spe
         self._weighted = spe.weighted(noise.spe).detach() if isinstance(spe, SineSPE) else None
+        if self.kernels is not None:
+            self._describe_for_kernel()
 
     @staticmethod
     def supports(config) -> bool:
@@ -180,7 +259,7 @@ class RecurrentStep:
         factors = None if spe_filter is None else spe_filter.gate_factors(eps)
         if factors is None:
             return None
-        return factors[0].detach()[..., None], factors[1].detach()
+        return factors[0].detach()[..., None].contiguous(), factors[1].detach().contiguous()
 
     # --- state conversion ----------------------------------------------------------------
     def states(self) -> list:
@@ -223,9 +302,9 @@ class RecurrentStep:
         keys.sub_(torch.linalg.vecdot(x[self.H:], x[self.H:]).unsqueeze(-1), alpha=self.features.temperature / 2)
         return u.exp_()
 
-    def _attend(self, layer: int, x: torch.Tensor, codes: Optional[torch.Tensor]) -> torch.Tensor:
+    def _attend(self, layer: int, projected: torch.Tensor, codes: Optional[torch.Tensor]) -> torch.Tensor:
+        """The attention between the projections: projected [B, 2HD + H(D+1)] (fp32) -> [B, HD]."""
         H, D, B = self.H, self.D, self.batch
-        projected = self.weights[layer].qkv(x).float()  # x: already in the step's dtype
         qk = projected[:, :2 * H * D].view(B, 2 * H, D).transpose(0, 1)  # [2H, B, D]
         if codes is not None:
             gate = self.gates[layer]
@@ -239,32 +318,61 @@ class RecurrentStep:
         sums.addcmul_(phi[H:].reshape(H * B, -1, 1), values.reshape(H * B, 1, D + 1))  # += phi(k) [v, 1]
         read = torch.bmm(phi[:H].reshape(H * B, 1, -1), sums).view(H, B, D + 1)
         y = read[..., :D] / read[..., D:].add_(EPS)  # numerator / (denominator + eps)
-        return y.transpose(0, 1).reshape(B, H * D).to(self.dtype)  # the output projection is the caller's
+        return y.transpose(0, 1).reshape(B, H * D)
 
     def _block(self, layer: int, x: torch.Tensor, codes: Optional[torch.Tensor]) -> torch.Tensor:
         """One layer; the residual stream x stays fp32 (in bf16 it would round every layer's
         sum: measured 30x the logit error of bf16 products alone)."""
         weights, (norm1, norm2) = self.weights[layer], self.norms[layer]
 
-        def attend(h):
-            return weights.out(self._attend(layer, h.to(self.dtype), codes))
+        def attend(h, add_to):
+            return weights.out(self._attend(layer, weights.qkv(h), codes), add_to=add_to)
 
-        def feed_forward(h):
-            return weights.ff_out(weights.ff_in(h.to(self.dtype)))
+        def feed_forward(h, add_to):
+            return weights.ff_out(weights.ff_in(h), add_to=add_to)
 
         def norm(arguments, h):
             return F.layer_norm(h, *arguments)
 
         if self.pre_norm:
-            x = x + attend(norm(norm1, x))
-            return x + feed_forward(norm(norm2, x))
-        x = norm(norm1, x + attend(x))
-        return norm(norm2, x + feed_forward(x))
+            x = attend(norm(norm1, x), add_to=x)
+            return feed_forward(norm(norm2, x), add_to=x)
+        x = norm(norm1, attend(x, add_to=x))
+        return norm(norm2, feed_forward(x, add_to=x))
 
     def _layers(self, x: torch.Tensor, codes: Optional[torch.Tensor]) -> torch.Tensor:
-        for layer in range(len(self.sums)):
-            x = self._block(layer, x, codes)
+        if self.kernels is not None:
+            x = x.contiguous()  # step.c updates it in place, layer by layer
+            for layer in self._kernel_layers:
+                _checked(self.kernels.layer_step(ctypes.addressof(layer), ctypes.addressof(self._kernel_shape),
+                                                 None if codes is None else codes.data_ptr(), x.data_ptr()))
+        else:
+            for layer in range(len(self.sums)):
+                x = self._block(layer, x, codes)
         return self.weights[-1](self.model.final_norm(x))
+
+    def _describe_for_kernel(self) -> None:
+        """step.c's view of the session: per layer a `_KernelLayer` of pointers into the tensors
+        this step holds (weights, norms, gates, state), and the `_KernelShape` all layers share."""
+        c, spe = self.model.config, self.model.spe
+        self._kernel_shape = _KernelShape(
+            batch=self.batch, heads=self.H, head_dim=self.D, width=self.D if spe is None else c.spe_realizations,
+            features=self.sums[0].shape[1], kind=FAST_ATTENTIONS.index(self.kind), pre_norm=self.pre_norm,
+            gelu=c.activation != "relu", log_scale=getattr(self, "log_scale", 0.0),
+            key_scale=self.features.temperature / 2, eps=EPS)
+
+        def pointer(tensor):
+            return None if tensor is None else tensor.data_ptr()
+
+        self._kernel_layers = []
+        for weights, norms, gate, projection, sums in zip(self.weights, self.norms, self.gates, self.projections,
+                                                          self.sums):
+            wet, dry_eps = gate or (None, None)
+            self._kernel_layers.append(_KernelLayer(
+                *(_KernelLinear(pointer(w.weight), pointer(w.bias), w.n_out, w.n_in)
+                  for w in (weights.qkv, weights.out, weights.ff_in, weights.ff_out)),
+                *(_KernelNorm(pointer(weight), pointer(bias), eps) for _, weight, bias, eps in norms),
+                pointer(wet), pointer(dry_eps), pointer(projection), pointer(sums)))
 
     def __call__(self, tokens: torch.Tensor, position: int) -> torch.Tensor:
         """tokens [B] at `position` -> logits [B, vocab] (fp32); the sums move one step on."""

@@ -32,16 +32,21 @@ def resolve_device(name: str | torch.device | None = "auto") -> torch.device:
 
 
 @functools.cache
+def cpu_flags() -> frozenset:
+    """The CPU's feature flags as Linux lists them (x86 "flags", Arm "Features"); empty elsewhere."""
+    try:
+        return frozenset(word for line in Path("/proc/cpuinfo").read_text().splitlines()
+                         if line.startswith(("flags", "Features")) for word in line.split(":", 1)[1].split())
+    except (OSError, IndexError):
+        return frozenset()
+
+
+@functools.cache
 def _cpu_computes_bf16() -> bool:
     for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"):  # torch's own CPU checks
         if getattr(torch.cpu, probe, lambda: False)():
             return True
-    try:
-        flags = {word for line in Path("/proc/cpuinfo").read_text().splitlines()
-                 if line.startswith(("flags", "Features")) for word in line.split(":", 1)[1].split()}
-    except (OSError, IndexError):
-        return False
-    return bool(flags & _BF16_CPU_FLAGS)
+    return bool(cpu_flags() & _BF16_CPU_FLAGS)
 
 
 def native_bf16(device: torch.device) -> bool:

@@ -5,6 +5,7 @@ import shutil
 import pytest
 import torch
 
+from musegen.device import cpu_flags
 from musegen.model import MusicPerformer, native, preset, streaming, transformer
 from musegen.model.transformer import _HASH_BLOCK, Dropout
 
@@ -101,13 +102,6 @@ def test_torch_compile_runs_the_cpu_dropout_as_it_is(dtype):
 # --- step.c: the bf16 single-token step ---------------------------------------------------------
 STEP_KERNEL = streaming.step_kernels(torch.device("cpu"))
 needs_step_kernel = pytest.mark.skipif(STEP_KERNEL is None, reason="step.c needs AVX512-BF16 and a C compiler")
-
-
-def cpu_flags() -> set:
-    try:
-        return {word for line in open("/proc/cpuinfo") if line.startswith("flags") for word in line.split()}
-    except OSError:
-        return set()
 
 
 @pytest.mark.skipif(shutil.which("cc") is None or "avx512_bf16" not in cpu_flags(),

@@ -20,6 +20,8 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
+from ..device import cpu_flags
+
 HERE = Path(__file__).parent
 # The portable flags are the fallback for compilers that do not know -march=native.
 FLAG_SETS = (["-O3", "-march=native"], ["-O3"])
@@ -43,11 +45,7 @@ def cache_dir() -> Path:
 
 def _machine() -> str:
     """What a -march=native build depends on: a shared home on another CPU needs its own build."""
-    try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
-    except (OSError, StopIteration):
-        flags = ""
-    return f"{platform.machine()} {platform.system()} {flags}"
+    return f"{platform.machine()} {platform.system()} {' '.join(sorted(cpu_flags()))}"
 
 
 def _compile(source: Path, target: Path) -> bool:

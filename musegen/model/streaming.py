@@ -228,12 +228,12 @@ class RecurrentStep:
         self.projections = [a.features.signed_projection().detach() if self.kind == "performer" else None
                             for a in attentions]
         self.features = attentions[0].features
-        if self.kind == "performer":  # the keys' exponent shift -log(M)/2 (FeatureMap.key_shift)
-            self.log_scale = -math.log(self.features.n_features) / 2
-            self._log_scale = torch.tensor(self.log_scale, device=model.device)
-        width = c.n_features if self.kind == "performer" else (c.spe_realizations if model.spe else self.D)
-        self.sums = [torch.zeros(self.H * batch_size, width, self.D + 1, device=model.device)
-                     for _ in attentions]
+        # FAVOR+'s exponent shift -log(M)/2 (FeatureMap.key_shift)
+        self.log_scale = -math.log(self.features.n_features) / 2 if self.kind == "performer" else 0.0
+        self._log_scale = torch.tensor(self.log_scale, device=model.device)
+        self.width = c.spe_realizations if model.spe else self.D  # of the queries and keys the feature map takes
+        self.sums = [torch.zeros(self.H * batch_size, c.n_features if self.kind == "performer" else self.width,
+                                 self.D + 1, device=model.device) for _ in attentions]
         self.use_noise(noise)
         self._mixed = None  # the [2, H, D, R] buffer of a layer's gated codes
         self._graph = None  # CUDA: the layers captured as one graph (see _replay)
@@ -343,9 +343,9 @@ class RecurrentStep:
     def _layers(self, x: torch.Tensor, codes: Optional[torch.Tensor]) -> torch.Tensor:
         if self.kernels is not None:
             x = x.contiguous()  # step.c updates it in place, layer by layer
+            shape, codes_pointer = ctypes.addressof(self._kernel_shape), None if codes is None else codes.data_ptr()
             for layer in self._kernel_layers:
-                _checked(self.kernels.layer_step(ctypes.addressof(layer), ctypes.addressof(self._kernel_shape),
-                                                 None if codes is None else codes.data_ptr(), x.data_ptr()))
+                _checked(self.kernels.layer_step(ctypes.addressof(layer), shape, codes_pointer, x.data_ptr()))
         else:
             for layer in range(len(self.sums)):
                 x = self._block(layer, x, codes)
@@ -354,11 +354,10 @@ class RecurrentStep:
     def _describe_for_kernel(self) -> None:
         """step.c's view of the session: per layer a `_KernelLayer` of pointers into the tensors
         this step holds (weights, norms, gates, state), and the `_KernelShape` all layers share."""
-        c, spe = self.model.config, self.model.spe
         self._kernel_shape = _KernelShape(
-            batch=self.batch, heads=self.H, head_dim=self.D, width=self.D if spe is None else c.spe_realizations,
-            features=self.sums[0].shape[1], kind=FAST_ATTENTIONS.index(self.kind), pre_norm=self.pre_norm,
-            gelu=c.activation != "relu", log_scale=getattr(self, "log_scale", 0.0),
+            batch=self.batch, heads=self.H, head_dim=self.D, width=self.width, features=self.sums[0].shape[1],
+            kind=FAST_ATTENTIONS.index(self.kind), pre_norm=self.pre_norm,
+            gelu=self.model.config.activation != "relu", log_scale=self.log_scale,
             key_scale=self.features.temperature / 2, eps=EPS)
 
         def pointer(tensor):

@@ -1,5 +1,6 @@
 """`musegen evaluate style` (Fig. 5 style similarity), `loss` (Fig. 3 NLL, and per token type),
-`continuation` (continuations beside the real ones) and `compare` (models side by side)."""
+`continuation` (continuations beside the real ones), `copy` (whether a model keeps a groove) and
+`compare` (models side by side)."""
 
 from __future__ import annotations
 
@@ -114,6 +115,45 @@ def continuation(
         if table in result["files"]:
             typer.echo(Path(result["files"][table]).read_text().rstrip() + "\n")
     typer.echo(f"wrote {', '.join(Path(f).name for f in result['files'].values())} to {out}")
+
+
+@evaluate_app.command("copy")
+def copy(
+    checkpoint: list[str] = typer.Option(..., "--checkpoint", "-c", help="Checkpoint folder, or NAME=FOLDER; "
+                                                                        "repeat to put models side by side."),
+    out: Path = typer.Option(..., "--out", "-o", help="Folder for copy.md, copy.csv, copy.json and the samples."),
+    data: Optional[Path] = typer.Option(None, help="A prepared groove corpus: its split's first pieces give "
+                                                   "patterns too (2 bars from the first bar with a note)."),
+    split: str = typer.Option("test", help="Which split's pieces give patterns."),
+    pieces: int = typer.Option(4, help="Patterns taken from the corpus (the first usable pieces)."),
+    built: bool = typer.Option(True, help="Also the grooves built in musegen (drums, bass figure, chord rhythm)."),
+    bars: int = typer.Option(4, help="Bars continued and scored after the 4-bar prompt."),
+    samples: int = typer.Option(2, help="Continuations sampled per pattern."),
+    seed: int = typer.Option(0, help="Pattern i is sampled with seed + i."),
+    device: str = typer.Option("auto", help="auto (CUDA when present), cpu, cuda or cuda:N."),
+    threads: Optional[int] = typer.Option(None, min=1, help="CPU threads while sampling (default 1)."),
+):
+    """Whether a model keeps a groove: 2-bar patterns played twice, continued, and each new bar scored per
+    role by how exactly it repeats the pattern (1: a perfect loop), beside the loop itself and an
+    unrelated pattern."""
+    from musegen.errors import ConfigError
+    from musegen.metrics.copying import CopySettings, evaluate_copy
+
+    checkpoints = {}
+    for item in checkpoint:
+        name, sep, folder = item.partition("=")
+        name, folder = (name, folder) if sep else (Path(item).name, item)
+        if not name or not folder or name in checkpoints:
+            raise ConfigError(f"--checkpoint expects FOLDER or NAME=FOLDER with distinct names, got {item!r}")
+        checkpoints[name] = folder
+    result = evaluate_copy(checkpoints, out, data, split, pieces, built, CopySettings(bars, samples, seed),
+                           device=device, threads=threads)
+    for name, reason in list(result["skipped"].items())[:5]:
+        typer.echo(f"  skipped {name}: {reason}")
+    if len(result["skipped"]) > 5:
+        typer.echo(f"  ... and {len(result['skipped']) - 5} more skipped")
+    typer.echo(Path(result["files"]["md"]).read_text().rstrip() + "\n")
+    typer.echo(f"wrote copy.md, copy.csv, copy.json and samples/ to {out}")
 
 
 @evaluate_app.command("compare")

@@ -1,0 +1,401 @@
+"""Can a model keep a groove it is given? `musegen evaluate copy`.
+
+Continuing a groove is mostly copying: the drum pattern, the bass figure and the chord rhythm of
+the bars just heard. This test asks for nothing else. A *pattern* is 2 bars of a multi-track
+piece: the first 2 bars from the first bar holding a note of a prepared corpus's pieces (the
+test styles), or one of a few grooves built here (`BUILT_GROOVES`: drums, a bass figure and a
+chord rhythm, at several tempos). The prompt is the pattern played twice (4 bars), encoded with
+the model's tokenizer; the model continues it for N bars with the normal sampler and its default
+settings.
+
+Each continuation bar b is compared, role by role (bass, drums, other, as the groove tokenizer
+finds them), with the prompt's bar of the same phase (b mod 2), as the tokenizer gave it back:
+the F1 of their (onset tick within the bar, pitch) sets, 2 |A & B| / (|A| + |B|). A bar where
+neither plays in that role is left out; a role's score is the mean over the other bars (so a
+loop that plays the pattern exactly scores 1, silence or a transposed copy 0, a copy one step
+late 0). A role that neither the pattern nor the continuation plays is not scored.
+
+Two rows bracket the models' (per tokenizer, since they go through its encoding):
+- *ceiling*: the pattern itself looped on for the same bars, encoded and decoded like the
+  prompt (1 wherever the tokenizer keeps a pattern as it is);
+- *floor*: an unrelated pattern looped the same way (the one half the list of patterns away),
+  scored against this one.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import miditoolkit
+import numpy as np
+from tqdm import tqdm
+
+from ..errors import ConfigError, DataError, MusegenError, TokenError
+from ..io import write_json
+from ..tokenizers.base import Tokenizer
+from ..tokenizers.constants import BEATS_PER_BAR
+from .continuation import NoteTable, _json_safe
+from .style import ROLES
+
+PATTERN_BARS = 2
+PROMPT_REPEATS = 2  # the prompt: the pattern played this many times
+PROMPT_BARS = PATTERN_BARS * PROMPT_REPEATS
+TPQ = 480  # ticks per beat of the patterns built here
+
+
+@dataclass
+class Pattern:
+    """PATTERN_BARS bars of multi-track MIDI (notes from tick 0, none past the pattern's end)."""
+
+    name: str
+    source: str  # "corpus" or "built"
+    midi: miditoolkit.MidiFile
+
+
+# ---- patterns -------------------------------------------------------------------------------------
+
+def cut_pattern(midi: miditoolkit.MidiFile, first_bar: int, name: str, source: str) -> Pattern:
+    """Bars first_bar .. first_bar + PATTERN_BARS - 1 of `midi` as a pattern: the notes that start
+    in them, moved to tick 0 and ended at the pattern's end at the latest."""
+    bar = BEATS_PER_BAR * midi.ticks_per_beat
+    lo, hi = first_bar * bar, (first_bar + PATTERN_BARS) * bar
+    out = miditoolkit.MidiFile(ticks_per_beat=midi.ticks_per_beat)
+    out.tempo_changes = [miditoolkit.TempoChange(_tempo_at(midi, lo), 0)]
+    out.time_signature_changes = [miditoolkit.TimeSignature(BEATS_PER_BAR, 4, 0)]
+    for inst in midi.instruments:
+        notes = [miditoolkit.Note(n.velocity, n.pitch, n.start - lo, min(n.end, hi) - lo)
+                 for n in inst.notes if lo <= n.start < hi]
+        if notes:
+            kept = miditoolkit.Instrument(inst.program, is_drum=inst.is_drum, name=inst.name)
+            kept.notes = notes
+            out.instruments.append(kept)
+    return Pattern(name, source, out)
+
+
+def _tempo_at(midi: miditoolkit.MidiFile, tick: int) -> float:
+    before = [t.tempo for t in sorted(midi.tempo_changes, key=lambda t: t.time) if t.time <= tick]
+    return float(before[-1]) if before else 120.0
+
+
+def looped(pattern: Pattern, bars: int) -> bytes:
+    """The pattern played on for `bars` bars (a whole number of repeats, or cut in the last), as
+    MIDI file bytes."""
+    midi = pattern.midi
+    length = PATTERN_BARS * BEATS_PER_BAR * midi.ticks_per_beat
+    out = miditoolkit.MidiFile(ticks_per_beat=midi.ticks_per_beat)
+    out.tempo_changes, out.time_signature_changes = midi.tempo_changes, midi.time_signature_changes
+    repeats = math.ceil(bars / PATTERN_BARS)
+    end = bars * BEATS_PER_BAR * midi.ticks_per_beat
+    for inst in midi.instruments:
+        copy = miditoolkit.Instrument(inst.program, is_drum=inst.is_drum, name=inst.name)
+        copy.notes = [miditoolkit.Note(n.velocity, n.pitch, n.start + k * length, n.end + k * length)
+                      for k in range(repeats) for n in inst.notes if n.start + k * length < end]
+        out.instruments.append(copy)
+    buffer = io.BytesIO()
+    out.dump(file=buffer)
+    return buffer.getvalue()
+
+
+def corpus_patterns(data_dir: str | os.PathLike, split: str, limit: int) -> tuple[list[Pattern], dict[str, str]]:
+    """Patterns from the first `limit` usable pieces of a prepared corpus's split (the first 2
+    bars from the piece's first bar holding a note, both bars playing), and why others were
+    skipped."""
+    from ..shards import Shards, resolve_split
+
+    shards = Shards(data_dir)
+    found = resolve_split(shards.splits, split)
+    if found is None:
+        raise DataError(f"{data_dir}: no split {split!r} (has {', '.join(shards.splits) or 'none'})")
+    tokenizer = shards.tokenizer
+    if not tokenizer.roles:
+        raise DataError(f"{data_dir}: a {tokenizer.kind} corpus has no track roles; the copy test needs a groove corpus")
+    patterns, skipped = [], {}
+    for name, ids in zip(shards.names(found), shards.pieces(found)):
+        if len(patterns) == limit:
+            break
+        try:
+            midi = tokenizer.decode(ids)
+        except TokenError as exc:
+            skipped[name] = f"cannot decode: {str(exc).splitlines()[0]}"
+            continue
+        notes = NoteTable.from_midi(midi)
+        first = notes.first_bar()
+        if first is None or any(not len(notes.onsets_in(first + k, 1)) for k in range(PATTERN_BARS)):
+            skipped[name] = f"fewer than {PATTERN_BARS} playing bars from its first note"
+            continue
+        patterns.append(cut_pattern(midi, first, name, "corpus"))
+    return patterns, skipped
+
+
+# Each groove: tempo, then per role (program, is_drum) the notes of its 2 bars as (beat, length,
+# pitch); the second bar moves to another chord, so the two bars differ.
+def _groove(tempo: float, bass: list, drums: list, chords: list, bass_program: int = 33,
+            chord_program: int = 0) -> dict[str, Any]:
+    return {"tempo": tempo, "parts": [(bass_program, False, bass), (0, True, drums), (chord_program, False, chords)]}
+
+
+def _each(beats, length: float, pitches) -> list[tuple[float, float, int]]:
+    return [(b, length, p) for b in beats for p in pitches]
+
+
+KICK, SNARE, HAT, RIDE, RIM = 36, 38, 42, 51, 37
+C_MAJOR, F_MAJOR, A_MINOR, D_MINOR = (60, 64, 67), (60, 65, 69), (57, 60, 64), (57, 62, 65)
+BUILT_GROOVES = {
+    "rock-8ths": _groove(
+        120, bass=_each([0, 1.5, 2, 3], 0.5, [36]) + _each([4, 5.5, 6, 7], 0.5, [41]),
+        drums=_each([0, 2.5, 4, 6.5], 0.25, [KICK]) + _each([1, 3, 5, 7], 0.25, [SNARE])
+        + _each(np.arange(0, 8, 0.5), 0.25, [HAT]),
+        chords=_each([0], 4, C_MAJOR) + _each([4], 4, F_MAJOR)),
+    "funk-16ths": _groove(
+        100, bass=_each([0, 0.75, 1.5], 0.25, [33]) + _each([2.5, 3.25], 0.25, [45])
+        + _each([4, 4.75, 5.5], 0.25, [38]) + _each([6.5, 7.25], 0.25, [50]),
+        drums=_each([0, 0.75, 2.5, 4, 4.75, 6.5], 0.25, [KICK]) + _each([1, 3, 5, 7], 0.25, [SNARE])
+        + _each(np.arange(0, 8, 0.25), 0.125, [HAT]),
+        chords=_each([0.5, 1.75, 3.5], 0.25, A_MINOR) + _each([4.5, 5.75, 7.5], 0.25, D_MINOR), chord_program=27),
+    "bossa": _groove(
+        140, bass=_each([0, 1.5], 0.5, [36]) + _each([2, 3.5], 0.5, [43]) + _each([4, 5.5], 0.5, [38])
+        + _each([6, 7.5], 0.5, [45]),
+        drums=_each([0, 1.5, 2, 3.5, 4, 5.5, 6, 7.5], 0.25, [KICK]) + _each([0, 1.5, 3, 4.5, 5.5, 6.5], 0.25, [RIM])
+        + _each(np.arange(0, 8, 0.5), 0.25, [HAT]),
+        chords=_each([0, 1.5, 3], 1, C_MAJOR) + _each([4.5, 5.5, 7], 1, D_MINOR), chord_program=24),
+    "shuffle": _groove(
+        90, bass=_each([0, 1, 2, 3], 2 / 3, [36]) + _each([b + 2 / 3 for b in range(4)], 1 / 3, [43])
+        + _each([4, 5, 6, 7], 2 / 3, [41]) + _each([b + 2 / 3 for b in range(4, 8)], 1 / 3, [48]),
+        drums=_each([0, 2, 4, 6], 0.25, [KICK]) + _each([1, 3, 5, 7], 0.25, [SNARE])
+        + _each([b + t for b in range(8) for t in (0, 2 / 3)], 0.25, [RIDE]),
+        chords=_each([1, 3], 2 / 3, C_MAJOR) + _each([5, 7], 2 / 3, F_MAJOR)),
+}
+
+
+def built_patterns() -> list[Pattern]:
+    patterns = []
+    for name, groove in BUILT_GROOVES.items():
+        midi = miditoolkit.MidiFile(ticks_per_beat=TPQ)
+        midi.tempo_changes = [miditoolkit.TempoChange(groove["tempo"], 0)]
+        midi.time_signature_changes = [miditoolkit.TimeSignature(BEATS_PER_BAR, 4, 0)]
+        for program, is_drum, notes in groove["parts"]:
+            inst = miditoolkit.Instrument(program, is_drum=is_drum)
+            inst.notes = [miditoolkit.Note(100, int(p), round(b * TPQ), round((b + d) * TPQ)) for b, d, p in notes]
+            midi.instruments.append(inst)
+        patterns.append(Pattern(f"built/{name}", "built", midi))
+    return patterns
+
+
+# ---- scoring --------------------------------------------------------------------------------------
+
+def bar_keys(notes: NoteTable, role: str, bar: int, tpq: int) -> set[tuple[int, int]]:
+    """(onset tick within the bar at `tpq` ticks a beat, pitch) of `role`'s notes starting in `bar`."""
+    mine = notes.select(notes.role == role).onsets_in(bar, 1)
+    ticks = np.rint((mine.start - bar * BEATS_PER_BAR) * tpq).astype(np.int64)
+    return set(zip(ticks.tolist(), mine.pitch.tolist()))
+
+
+def f1(found: set, wanted: set) -> float:
+    """2 |found & wanted| / (|found| + |wanted|); NaN when both are empty."""
+    total = len(found) + len(wanted)
+    return 2 * len(found & wanted) / total if total else math.nan
+
+
+@dataclass
+class Loop:
+    """What a continuation should repeat: per role, the (onset, pitch) set of each pattern bar,
+    read from the prompt's last repeat as the tokenizer gave it back."""
+
+    tpq: int
+    bars: dict[str, list[set[tuple[int, int]]]]
+
+    @classmethod
+    def of(cls, prompt_piece: miditoolkit.MidiFile, roles: tuple[str, ...]) -> "Loop":
+        notes = NoteTable.from_midi(prompt_piece)
+        first = PROMPT_BARS - PATTERN_BARS  # a multiple of PATTERN_BARS: bar b has phase b mod 2
+        return cls(notes.tpq, {role: [bar_keys(notes, role, first + k, notes.tpq) for k in range(PATTERN_BARS)]
+                               for role in roles})
+
+    def scores(self, notes: NoteTable, first_bar: int, bars: int) -> dict[str, float]:
+        """Per role: the mean F1 of bars first_bar .. first_bar + bars - 1 against the pattern's bar
+        of the same phase, over the bars where either plays (NaN where neither ever does)."""
+        out = {}
+        for role, wanted in self.bars.items():
+            values = [f1(bar_keys(notes, role, b, self.tpq), wanted[b % PATTERN_BARS])
+                      for b in range(first_bar, first_bar + bars)]
+            values = [v for v in values if not math.isnan(v)]
+            out[role] = float(np.mean(values)) if values else math.nan
+        return out
+
+
+def silence() -> NoteTable:
+    return NoteTable.from_midi(miditoolkit.MidiFile())
+
+
+@dataclass
+class Prepared:
+    """A pattern as one tokenizer takes it: the prompt to continue and the loop to score against."""
+
+    pattern: Pattern
+    prompt: Any  # sample.Prompt
+    loop: Loop
+
+
+def prepare(tokenizer: Tokenizer, pattern: Pattern) -> Prepared:
+    """The pattern's prompt (played PROMPT_REPEATS times, encoded) and its loop; DataError when
+    the tokenizer does not keep its PROMPT_BARS bars."""
+    from ..sample import load_prompt
+
+    prompt = load_prompt(tokenizer, looped(pattern, PROMPT_BARS))
+    if prompt.bars != PROMPT_BARS:
+        raise DataError(f"the {tokenizer.kind} tokenizer keeps {prompt.bars} of its {PROMPT_BARS} prompt bars")
+    return Prepared(pattern, prompt, Loop.of(prompt.piece, tokenizer.roles))
+
+
+def loop_scores(tokenizer: Tokenizer, loop: Loop, pattern: Pattern, bars: int) -> dict[str, float]:
+    """The scores of `pattern` played on past the prompt (encoded and decoded by the tokenizer),
+    measured against `loop`: the ceiling for the loop's own pattern, a floor for another."""
+    midi = tokenizer.decode(tokenizer.encode(looped(pattern, PROMPT_BARS + bars)).ids)
+    return loop.scores(NoteTable.from_midi(midi), PROMPT_BARS, bars)
+
+
+# ---- the test over checkpoints --------------------------------------------------------------------
+
+@dataclass
+class CopySettings:
+    bars: int = 4  # continued and scored after the prompt
+    samples: int = 2  # per pattern
+    seed: int = 0  # pattern i is sampled with seed + i
+
+    def checked(self) -> "CopySettings":
+        for name, least in (("bars", 1), ("samples", 1), ("seed", 0)):
+            if getattr(self, name) < least:
+                raise ConfigError(f"--{name} must be at least {least}, got {getattr(self, name)}")
+        return self
+
+
+def evaluate_copy(checkpoints: dict[str, str | os.PathLike], out_dir: str | os.PathLike,
+                  data_dir: str | os.PathLike | None = None, split: str = "test", pieces: int = 4,
+                  built: bool = True, settings: CopySettings | None = None, device: str = "auto",
+                  threads: int | None = None, progress: bool = True) -> dict[str, Any]:
+    """The copy test of every checkpoint ({name: folder}) on the same patterns, beside the ceiling
+    and floor of each tokenizer. Writes copy.md / copy.csv (the table), copy.json (settings,
+    every score, the table) and samples/<model>/ (the continuations as MIDI)."""
+    from ..checkpoint import load_checkpoint
+    from ..device import resolve_device
+    from ..sample import SampleSettings, generate, write_samples
+
+    settings = (settings or CopySettings()).checked()
+    if pieces < 0:
+        raise ConfigError(f"--pieces must be at least 0, got {pieces}")
+    patterns, skipped = corpus_patterns(data_dir, split, pieces) if data_dir is not None and pieces else ([], {})
+    patterns += built_patterns() if built else []
+    if not patterns:
+        raise ConfigError("no patterns to continue: give --data with a groove corpus (and --pieces > 0), or --built")
+    device = resolve_device(device)
+    out_dir = Path(out_dir)
+    models, baselines, prepared_by = {}, {}, {}
+    for name, folder in checkpoints.items():
+        model, tokenizer, _, _ = load_checkpoint(folder, device=device)
+        if not tokenizer.roles:
+            raise ConfigError(f"{folder}: a {tokenizer.kind} model plays no track roles; the copy test needs a "
+                              "multi-track (groove) model")
+        key = tokenizer.kind + repr(sorted(tokenizer.settings().items()))
+        if key not in prepared_by:
+            prepared_by[key] = _prepare_all(tokenizer, patterns, skipped)
+            baselines[key] = (tokenizer.kind, _baselines(tokenizer, prepared_by[key], settings.bars))
+        rows, started = [], time.perf_counter()
+        sample_settings = SampleSettings(bars=settings.bars, num_samples=settings.samples)
+        for i, item in enumerate(tqdm(prepared_by[key], desc=f"copy test: {name}", unit="pattern",
+                                      disable=not progress)):
+            samples, _ = generate(model, tokenizer, item.prompt, replace(sample_settings, seed=settings.seed + i),
+                                  device=device, progress=False, threads=threads)
+            write_samples(samples, tokenizer, item.prompt, out_dir / "samples" / name, _stem(item.pattern.name))
+            for j, sample in enumerate(samples):
+                try:
+                    notes = NoteTable.from_midi(tokenizer.decode(sample.ids))
+                except TokenError:  # nothing usable written: no credit
+                    notes = silence()
+                rows.append(_row(item.pattern, j, item.loop.scores(notes, item.prompt.bars, settings.bars)))
+        models[name] = {"checkpoint": str(folder), "tokenizer": tokenizer.kind, "rows": rows,
+                        "seconds": round(time.perf_counter() - started, 1)}
+    return _report(out_dir, patterns, skipped, models, baselines, settings, data_dir, split)
+
+
+def _stem(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)
+
+
+def _row(pattern: Pattern, sample: int, scores: dict[str, float]) -> dict[str, Any]:
+    return {"pattern": pattern.name, "source": pattern.source, "sample": sample} | scores
+
+
+def _prepare_all(tokenizer: Tokenizer, patterns: list[Pattern], skipped: dict[str, str]) -> list[Prepared]:
+    """Every pattern the tokenizer takes; the others go to `skipped` with the reason."""
+    prepared = []
+    for pattern in patterns:
+        try:
+            prepared.append(prepare(tokenizer, pattern))
+        except MusegenError as exc:
+            skipped[f"{pattern.name} ({tokenizer.kind})"] = str(exc).splitlines()[0]
+    return prepared
+
+
+def _baselines(tokenizer: Tokenizer, prepared: list[Prepared], bars: int) -> dict[str, list[dict[str, Any]]]:
+    """Ceiling rows (each pattern's own loop) and floor rows (the pattern half the list away)."""
+    n = len(prepared)
+    ceiling = [_row(p.pattern, 0, loop_scores(tokenizer, p.loop, p.pattern, bars)) for p in prepared]
+    floor = [_row(p.pattern, 0, loop_scores(tokenizer, p.loop, prepared[(i + max(1, n // 2)) % n].pattern, bars))
+             for i, p in enumerate(prepared)] if n > 1 else []
+    return {"ceiling": ceiling, "floor": floor}
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Mean per role over the rows that score it; `mean`: the mean over rows of each row's mean
+    over its scored roles, also per source (`mean, corpus`, `mean, built`)."""
+    def mean(values) -> float:
+        values = [v for v in values if not math.isnan(v)]
+        return float(np.mean(values)) if values else math.nan
+
+    per_row = [mean([r[role] for role in ROLES if role in r]) for r in rows]
+    out = {role: mean([r[role] for r in rows if role in r]) for role in ROLES}
+    out["mean"] = mean(per_row)
+    for source in ("corpus", "built"):
+        out[f"mean, {source}"] = mean([v for v, r in zip(per_row, rows) if r["source"] == source])
+    return out
+
+
+def _report(out_dir: Path, patterns: list[Pattern], skipped: dict[str, str], models: dict, baselines: dict,
+            settings: CopySettings, data_dir, split: str) -> dict[str, Any]:
+    from .compare import fmt, write_table
+
+    several = len({kind for kind, _ in baselines.values()}) > 1
+    table = []
+    for name, run in models.items():
+        table.append({"name": name, "scored": len(run["rows"]), **summary(run["rows"]), "seconds": run["seconds"]})
+    for kind, rows in baselines.values():
+        for label, part in (("ceiling: the prompt's own loop", rows["ceiling"]),
+                            ("floor: an unrelated pattern's loop", rows["floor"])):
+            if part:
+                table.append({"name": label + (f" ({kind})" if several else ""), "scored": len(part),
+                              **summary(part), "seconds": math.nan})
+    columns = ["scored", *ROLES, "mean", "mean, corpus", "mean, built", "seconds"]
+    cells = [[r["name"], str(r["scored"])] + [fmt(r[c], 2) for c in columns[1:-1]]
+             + [fmt(r["seconds"], 1)] for r in table]
+    corpus = sum(p.source == "corpus" for p in patterns)
+    note = (f"{len(patterns)} patterns ({corpus} from the first usable pieces of {data_dir or '-'} split {split!r}, "
+            f"{len(patterns) - corpus} built), each played {PROMPT_REPEATS} times as the prompt; {settings.bars} bars "
+            f"continued, {settings.samples} samples a pattern, the tokenizer's sampling defaults. Scores: per role, "
+            "the F1 of each bar's (onset, pitch) set against the prompt bar of the same phase, averaged over bars "
+            "(1: an exact loop; 0: silence). scored: patterns x samples; seconds: sampling and scoring. "
+            "Definitions: docs/evaluation.md.")
+    write_table(out_dir, "copy", ["model"] + columns, cells, note)
+    result = {"settings": {"bars": settings.bars, "samples": settings.samples, "seed": settings.seed,
+                           "data": str(data_dir) if data_dir else None, "split": split,
+                           "prompt_bars": PROMPT_BARS, "pattern_bars": PATTERN_BARS},
+              "patterns": [p.name for p in patterns], "skipped": skipped, "table": table,
+              "models": models, "baselines": {kind: rows for kind, rows in baselines.values()}}
+    write_json(out_dir / "copy.json", _json_safe(result))
+    return result | {"files": {kind: str(out_dir / f"copy.{kind}") for kind in ("md", "csv", "json")}}
+

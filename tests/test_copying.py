@@ -113,17 +113,19 @@ def test_real_pieces_loop_to_one_and_other_pieces_score_less(path):
 
 @pytest.fixture(scope="module")
 def groove_corpus(tmp_path_factory):
-    """Token shards of real MMA renderings, all in the test split."""
+    """Token shards of real MMA renderings, all in the test split, two to a style folder."""
     out = tmp_path_factory.mktemp("corpus")
-    items = [Item(name=p.stem, path=p, group=p.stem) for p in MMA_FILES]
+    items = [Item(name=f"style{i // 2}/{p.stem}", path=p, group=p.stem) for i, p in enumerate(MMA_FILES)]
     prepare_shards(TOK, items, out, {"test": 1.0}, workers=1, split_of=lambda group: "test")
     return out
 
 
-def test_corpus_patterns_are_the_first_two_playing_bars_of_the_test_pieces(groove_corpus, pop909_songs, tmp_path):
-    patterns, skipped = corpus_patterns(groove_corpus, "test", 3)
-    assert [p.name for p in patterns] == [p.stem for p in MMA_FILES[:3]] and not skipped
-    for pattern, path in zip(patterns, MMA_FILES):
+def test_corpus_patterns_are_the_first_two_playing_bars_of_one_piece_a_style(groove_corpus, pop909_songs, tmp_path):
+    patterns, skipped = corpus_patterns(groove_corpus, "test", 4)  # one a style first
+    chosen = [MMA_FILES[i] for i in (0, 2, 4, 1)]
+    assert [p.name for p in patterns] == [f"style{i // 2}/{p.stem}" for i, p in zip((0, 2, 4, 1), chosen)]
+    assert not skipped
+    for pattern, path in zip(patterns, chosen):
         wanted = NoteTable.from_midi(real_pattern(path).midi)
         got = NoteTable.from_midi(pattern.midi)
         assert sorted(zip(got.start, got.pitch)) == sorted(zip(wanted.start, wanted.pitch))

@@ -122,10 +122,10 @@ def copy(
     checkpoint: list[str] = typer.Option(..., "--checkpoint", "-c", help="Checkpoint folder, or NAME=FOLDER; "
                                                                         "repeat to put models side by side."),
     out: Path = typer.Option(..., "--out", "-o", help="Folder for copy.md, copy.csv, copy.json and the samples."),
-    data: Optional[Path] = typer.Option(None, help="A prepared groove corpus: its split's first pieces give "
+    data: Optional[Path] = typer.Option(None, help="A prepared groove corpus: pieces of its split give "
                                                    "patterns too (2 bars from the first bar with a note)."),
     split: str = typer.Option("test", help="Which split's pieces give patterns."),
-    pieces: int = typer.Option(4, help="Patterns taken from the corpus (the first usable pieces)."),
+    pieces: int = typer.Option(4, help="Patterns taken from the corpus: one piece a style first, in split order."),
     built: bool = typer.Option(True, help="Also the grooves built in musegen (drums, bass figure, chord rhythm)."),
     bars: int = typer.Option(4, help="Bars continued and scored after the 4-bar prompt."),
     samples: int = typer.Option(2, help="Continuations sampled per pattern."),

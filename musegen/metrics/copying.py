@@ -29,7 +29,7 @@ import math
 import os
 import time
 from dataclasses import dataclass, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import miditoolkit
@@ -103,9 +103,9 @@ def looped(pattern: Pattern, bars: int) -> bytes:
 
 
 def corpus_patterns(data_dir: str | os.PathLike, split: str, limit: int) -> tuple[list[Pattern], dict[str, str]]:
-    """Patterns from the first `limit` usable pieces of a prepared corpus's split (the first 2
-    bars from the piece's first bar holding a note, both bars playing), and why others were
-    skipped."""
+    """Patterns from `limit` usable pieces of a prepared corpus's split (the first 2 bars from the
+    piece's first bar holding a note, both bars playing), and why others were skipped. The first
+    piece of each style (the folder of its name) comes first, so few pieces cover many styles."""
     from ..shards import Shards, resolve_split
 
     shards = Shards(data_dir)
@@ -116,9 +116,11 @@ def corpus_patterns(data_dir: str | os.PathLike, split: str, limit: int) -> tupl
     if not tokenizer.roles:
         raise DataError(f"{data_dir}: a {tokenizer.kind} corpus has no track roles; the copy test needs a groove corpus")
     patterns, skipped = [], {}
-    for name, ids in zip(shards.names(found), shards.pieces(found)):
+    names, pieces = shards.names(found), shards.pieces(found)
+    for index in _by_style(names):
         if len(patterns) == limit:
             break
+        name, ids = names[index], pieces[index]
         try:
             midi = tokenizer.decode(ids)
         except TokenError as exc:
@@ -131,6 +133,17 @@ def corpus_patterns(data_dir: str | os.PathLike, split: str, limit: int) -> tupl
             continue
         patterns.append(cut_pattern(midi, first, name, "corpus"))
     return patterns, skipped
+
+
+def _by_style(names: list[str]) -> list[int]:
+    """The pieces' indices: each style's first piece in split order, then each style's second, ..."""
+    taken: dict[str, int] = {}
+    rank = []
+    for name in names:
+        style = str(PurePosixPath(name).parent)
+        rank.append(taken.get(style, 0))
+        taken[style] = rank[-1] + 1
+    return sorted(range(len(names)), key=lambda i: (rank[i], i))
 
 
 # Each groove: tempo, then per role (program, is_drum) the notes of its 2 bars as (beat, length,
@@ -384,7 +397,7 @@ def _report(out_dir: Path, patterns: list[Pattern], skipped: dict[str, str], mod
     cells = [[r["name"], str(r["scored"])] + [fmt(r[c], 2) for c in columns[1:-1]]
              + [fmt(r["seconds"], 1)] for r in table]
     corpus = sum(p.source == "corpus" for p in patterns)
-    note = (f"{len(patterns)} patterns ({corpus} from the first usable pieces of {data_dir or '-'} split {split!r}, "
+    note = (f"{len(patterns)} patterns ({corpus} from {data_dir or '-'} split {split!r}, one piece a style first; "
             f"{len(patterns) - corpus} built), each played {PROMPT_REPEATS} times as the prompt; {settings.bars} bars "
             f"continued, {settings.samples} samples a pattern, the tokenizer's sampling defaults. Scores: per role, "
             "the F1 of each bar's (onset, pitch) set against the prompt bar of the same phase, averaged over bars "

@@ -30,7 +30,7 @@ import os
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import miditoolkit
 import numpy as np
@@ -42,6 +42,9 @@ from ..tokenizers.base import Tokenizer
 from ..tokenizers.constants import BEATS_PER_BAR
 from .continuation import NoteTable, _json_safe
 from .style import ROLES
+
+if TYPE_CHECKING:
+    from ..sample import Prompt
 
 PATTERN_BARS = 2
 PROMPT_REPEATS = 2  # the prompt: the pattern played this many times
@@ -251,7 +254,7 @@ class Prepared:
     """A pattern as one tokenizer takes it: the prompt to continue and the loop to score against."""
 
     pattern: Pattern
-    prompt: Any  # sample.Prompt
+    prompt: "Prompt"
     loop: Loop
 
 

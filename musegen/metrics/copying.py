@@ -233,16 +233,22 @@ class Loop:
         return cls(notes.tpq, {role: [bar_keys(notes, role, first + k, notes.tpq) for k in range(PATTERN_BARS)]
                                for role in roles})
 
+    def bar_scores(self, notes: NoteTable, first_bar: int, bars: int) -> dict[str, list[float]]:
+        """Per role: the F1 of each bar first_bar .. first_bar + bars - 1 against the pattern's bar
+        of the same phase (NaN where neither plays)."""
+        return {role: [f1(bar_keys(notes, role, b, self.tpq), wanted[b % PATTERN_BARS])
+                       for b in range(first_bar, first_bar + bars)] for role, wanted in self.bars.items()}
+
     def scores(self, notes: NoteTable, first_bar: int, bars: int) -> dict[str, float]:
-        """Per role: the mean F1 of bars first_bar .. first_bar + bars - 1 against the pattern's bar
-        of the same phase, over the bars where either plays (NaN where neither ever does)."""
-        out = {}
-        for role, wanted in self.bars.items():
-            values = [f1(bar_keys(notes, role, b, self.tpq), wanted[b % PATTERN_BARS])
-                      for b in range(first_bar, first_bar + bars)]
-            values = [v for v in values if not math.isnan(v)]
-            out[role] = float(np.mean(values)) if values else math.nan
-        return out
+        """Per role: the mean of `bar_scores` over the bars where either plays (NaN where neither
+        ever does)."""
+        return {role: nan_mean(values) for role, values in self.bar_scores(notes, first_bar, bars).items()}
+
+
+def nan_mean(values) -> float:
+    """The mean of the values that are not NaN; NaN if none."""
+    values = [v for v in values if not math.isnan(v)]
+    return float(np.mean(values)) if values else math.nan
 
 
 def silence() -> NoteTable:
@@ -333,7 +339,9 @@ def evaluate_copy(checkpoints: dict[str, str | os.PathLike], out_dir: str | os.P
                     notes = NoteTable.from_midi(tokenizer.decode(sample.ids))
                 except TokenError:  # nothing usable written: no credit
                     notes = silence()
-                rows.append(_row(item.pattern, j, item.loop.scores(notes, item.prompt.bars, settings.bars)))
+                by_bar = item.loop.bar_scores(notes, item.prompt.bars, settings.bars)
+                rows.append(_row(item.pattern, j, {role: nan_mean(v) for role, v in by_bar.items()})
+                            | {"by_bar": [nan_mean(bar) for bar in zip(*by_bar.values())]})
         models[name] = {"checkpoint": str(folder), "tokenizer": tokenizer.kind, "rows": rows,
                         "seconds": round(time.perf_counter() - started, 1)}
     return _report(out_dir, patterns, skipped, models, baselines, settings, data_dir, split)
@@ -367,18 +375,17 @@ def _baselines(tokenizer: Tokenizer, prepared: list[Prepared], bars: int) -> dic
     return {"ceiling": ceiling, "floor": floor}
 
 
-def summary(rows: list[dict[str, Any]]) -> dict[str, float]:
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Mean per role over the rows that score it; `mean`: the mean over rows of each row's mean
-    over its scored roles, also per source (`mean, corpus`, `mean, built`)."""
-    def mean(values) -> float:
-        values = [v for v in values if not math.isnan(v)]
-        return float(np.mean(values)) if values else math.nan
-
-    per_row = [mean([r[role] for role in ROLES if role in r]) for r in rows]
-    out = {role: mean([r[role] for r in rows if role in r]) for role in ROLES}
-    out["mean"] = mean(per_row)
+    over its scored roles, also per source (`mean, corpus`, `mean, built`); for model rows also
+    `by_bar`, that mean for each continued bar."""
+    per_row = [nan_mean([r[role] for role in ROLES if role in r]) for r in rows]
+    out: dict[str, Any] = {role: nan_mean([r[role] for r in rows if role in r]) for role in ROLES}
+    out["mean"] = nan_mean(per_row)
     for source in ("corpus", "built"):
-        out[f"mean, {source}"] = mean([v for v, r in zip(per_row, rows) if r["source"] == source])
+        out[f"mean, {source}"] = nan_mean([v for v, r in zip(per_row, rows) if r["source"] == source])
+    if rows and "by_bar" in rows[0]:
+        out["by_bar"] = [nan_mean(bar) for bar in zip(*(r["by_bar"] for r in rows))]
     return out
 
 
@@ -406,6 +413,8 @@ def _report(out_dir: Path, patterns: list[Pattern], skipped: dict[str, str], mod
             "the F1 of each bar's (onset, pitch) set against the prompt bar of the same phase, averaged over bars "
             "(1: an exact loop; 0: silence). scored: patterns x samples; seconds: sampling and scoring. "
             "Definitions: docs/evaluation.md.")
+    note += f" Models' mean by continued bar (1..{settings.bars}): " + "; ".join(
+        f"{r['name']} " + " ".join(fmt(v, 2) for v in r["by_bar"]) for r in table if "by_bar" in r) + "."
     write_table(out_dir, "copy", ["model"] + columns, cells, note)
     result = {"settings": {"bars": settings.bars, "samples": settings.samples, "seed": settings.seed,
                            "data": str(data_dir) if data_dir else None, "split": split,

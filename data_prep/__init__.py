@@ -7,7 +7,8 @@ Each corpus is a module here with one entry point:
 
 `source` is a local copy of the raw corpus (None: the corpus' default location), `download`
 allows fetching it when it is missing, `limit` caps the number of pieces (for quick trials),
-`tokenizer` overrides the corpus' default representation where that makes sense.
+`tokenizer` overrides the corpus' default representation where that makes sense. A corpus may
+take further keywords of its own (mma-groove: `scale`, its size).
 """
 
 from __future__ import annotations

@@ -6,20 +6,29 @@ rendering is reduced to the bass/drums/other trio by the groove tokenizer, and t
 are split into train/validation/test so that test styles are never seen in training.
 
 - A *style* is one MMA groove (e.g. `stdlib/bossanova/BossaNovaSus`): 4/4, with drums and at
-  least two melodic tracks, intros/endings/fills left out. The list, with one tempo per style
-  chosen from its name, is `mma_styles.json`, made by `python -m data_prep.mma_groove --catalogue`.
+  least two melodic tracks; its variations (`Plus`, `1`/`2`, A-D) and sustained (`Sus`) versions
+  are styles too. Intros and endings are left out, as Groove2Groove's charts are one long section
+  in one groove (its test files are exactly 16 bars after the count-in); fills are played where
+  they belong, in the last bar of a phrase (below). The list, with one tempo per style chosen
+  from its name, and the fills of each family are `mma_styles.json`, made by
+  `python -m data_prep.mma_groove --catalogue`.
 - The split is by style *family* (the library file), so variants of a test groove (its
-  `Sus`/`Plus` versions) are not in training either: families in a fixed pseudo-random order
-  (by hash) fill the test split up to HELD_OUT_STYLES styles, then validation, and the rest
-  is training. `styles.json` in the output lists the three disjoint style sets.
+  `Sus`/`Plus` versions, its fills) are not in training either: families in a fixed
+  pseudo-random order (by hash) fill the test split up to HELD_OUT_STYLES styles, then
+  validation, and the rest is training. `styles.json` in the output lists the three disjoint
+  style sets.
 - Each style renders PIECES_PER_STYLE pieces of BARS_PER_PIECE bars, each on a different
   POP909 song's progression (chosen by hashing, so reruns are identical; MMA's random
-  humanisation is seeded too).
+  humanisation is seeded too). With `scale` > 1 it renders scale x as many: the further pieces
+  are variants, each in a key, at a tempo, with MMA treatments (swing, articulation, voicing)
+  and a fill chosen by hashing (`piece_plan`); `styles.json` lists each piece's plan.
+- A rerun resumes: renderings (`rendered/`) and layouts (`g2g/`) already there are reused, and
+  every file is written atomically, so an interrupted run loses at most the pieces in flight.
 - Each rendering is written again in Groove2Groove's layout (`to_groove2groove`), so the groove
   tokenizer reads it as it reads the paper's data: tracks named `BB Drums`, `BB Bass` and up to
   three of `BB Guitar` / `BB Piano` / `BB Strings`, after a 2-bar count-in, tempo changes kept.
-- Output: token shards, `styles.json`, `rendered/` (the raw MMA MIDI, reused by reruns), `g2g/`
-  (the same pieces in Groove2Groove's layout) and `references/<style>/<n>.mid`: each test
+- Output: token shards, `styles.json`, `rendered/` (the raw MMA MIDI), `g2g/` (the same pieces
+  in Groove2Groove's layout) and `references/<style>/<n>.mid`: each test
   piece's trio as the tokens hold it (decoded with the original programs and tempo changes),
   the style reference for evaluation.
 """
@@ -32,6 +41,7 @@ import io
 import multiprocessing as mp
 import os
 import re
+import shutil
 import subprocess
 import tempfile
 import time
@@ -52,14 +62,34 @@ from musegen.tokenizers.groove import COUNT_IN_BEATS, G2G_BASS, G2G_DRUMS, G2G_H
 LIBRARY = Path("/usr/share/mma/lib")  # where Debian's `mma` keeps its groove library
 STYLES_FILE = Path(__file__).with_name("mma_styles.json")
 POP909_DEFAULT = Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "pop909"
-PIECES_PER_STYLE = 4
+PIECES_PER_STYLE = 4  # plain pieces per style; `scale` adds variants up to scale x this many
 BARS_PER_PIECE = 32
 HELD_OUT_STYLES = 50  # at least this many styles each in test and validation, as in the paper
 SPLITS = ("test", "validation", "train")
 RENDER_TIME_LIMIT_S = 60
+LAYOUT_VERSION = 1  # raise it when to_groove2groove changes: reruns then lay every piece out again
 LEFT_OUT = re.compile(r"intro|end|fill|break", re.IGNORECASE)  # not grooves one plays a song in
+FILL = re.compile(r"fill", re.IGNORECASE)  # a groove for the last bar of a phrase
 BASS_TRACK = re.compile(r"(bass|walk)", re.IGNORECASE)  # MMA's bass line tracks: Bass, Bass-8, Walk...
 CLICK_PITCH, CLICK_VELOCITY = 37, 80  # the count-in: a side stick on every beat, an eighth note long
+
+# Variants of a groove (see piece_plan). Ways MMA plays a groove differently, as song-file lines;
+# a variant takes at most one of each group. Swing comes before the library is read: MMA swings
+# a groove's patterns when it compiles them. New instruments are not among them: the trio's
+# tokens carry no programs, so they would repeat a piece token for token.
+TREATMENTS = {
+    "swing": "SwingMode On Skew=66",
+    "staccato": "AllTracks Articulate 60",
+    "legato": "AllTracks Articulate 100",
+    "inverted": "AllTracks Chord Invert 1",
+    "higher": "AllTracks Chord Octave +1",
+    "strummed": "AllTracks Chord Strum 15",
+}
+TREATMENT_GROUPS = (("swing",), ("staccato", "legato"), ("inverted", "higher", "strummed"))
+BEFORE_USE = {"swing"}
+KEY_SHIFTS = range(-5, 7)  # semitones a variant's progression moves by
+TEMPO_FACTORS = (0.85, 1.0, 1.15)
+FILL_EVERY = 8  # bars in a phrase; with a fill, its last bar plays the fill groove
 
 
 @dataclass(frozen=True)
@@ -67,10 +97,36 @@ class Style:
     family: str  # library file without suffix, e.g. "stdlib/bossanova"
     groove: str  # the groove's name inside it, e.g. "BossaNovaSus"
     tempo: int
+    swings: bool = False  # MMA can swing it (TREATMENTS), and it then sounds different
 
     @property
     def name(self) -> str:
         return f"{self.family}/{self.groove}"
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One rendering of a style: BARS_PER_PIECE bars of a POP909 song's progression from
+    `first_bar`, moved by `key` semitones, at `tempo`, played with `treatments` (names in
+    TREATMENTS) and with the `fill` groove in the last bar of every phrase."""
+
+    style: Style
+    k: int
+    song: str
+    first_bar: int
+    tempo: int
+    key: int = 0
+    treatments: tuple[str, ...] = ()
+    fill: str | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.style.name}/{self.k}"
+
+    @property
+    def variant(self) -> str:
+        """What the piece plays beyond its groove ("" for the groove as its library defines it)."""
+        return "+".join(self.treatments + ((f"fill:{self.fill}",) if self.fill else ()))
 
 
 # ---- the style catalogue ----------------------------------------------------------------
@@ -95,60 +151,96 @@ def tempo_for(groove: str) -> int:
     return next((bpm for word, bpm in TEMPO_KEYWORDS if word in lowered), DEFAULT_TEMPO)
 
 
-def library_grooves(library: Path = LIBRARY) -> list[tuple[str, str]]:
-    """(family, groove) for every DefGroove in MMA's library, intros/endings/fills left out."""
-    found = []
+def library_grooves(library: Path = LIBRARY, wanted: re.Pattern | None = None) -> list[tuple[str, str]]:
+    """(family, groove) for every DefGroove in MMA's library, intros/endings/fills left out; or,
+    with `wanted`, those whose name matches it. A name defined twice in one file counts once."""
+    found, seen = [], set()
     for path in sorted(library.rglob("*.mma")):
         family = path.relative_to(library).with_suffix("").as_posix()
         for line in path.read_text(errors="replace").splitlines():
             words = line.split()
-            if len(words) >= 2 and words[0].lower() == "defgroove" and not LEFT_OUT.search(words[1]):
+            if len(words) < 2 or words[0].lower() != "defgroove" or (family, words[1].lower()) in seen:
+                continue
+            if (wanted.search(words[1]) if wanted else not LEFT_OUT.search(words[1])):
+                seen.add((family, words[1].lower()))
                 found.append((family, words[1]))
     return found
 
 
-def _probe(entry: tuple[str, str]) -> dict[str, Any] | None:
-    """Render 4 bars of a groove; keep it when it is 4/4 with drums and two melodic tracks."""
-    import symusic
-
-    family, groove = entry
+def _probe_render(family: str, groove: str, treatments: tuple[str, ...] = ()) -> bytes | None:
+    """4 bars of a groove as MIDI, or None if MMA cannot render them."""
     bars = [["C", "/", "Am", "/"], ["F", "/", "G7", "/"]] * 2
     try:
-        data = render_mma(mma_text(Style(family, groove, 120), bars, seed=1))
-        score = symusic.Score.from_midi(data)
-    except Exception:
+        return render_mma(mma_text(Style(family, groove, 120), bars, seed=1, treatments=treatments))
+    except MusegenError:
+        return None
+
+
+def _four_four_score(data: bytes | None):
+    """A rendering read by symusic when it is all in 4/4, else None."""
+    import symusic
+
+    score = None if data is None else symusic.Score.from_midi(data)
+    if score is None or any((ts.numerator, ts.denominator) != (4, 4) for ts in score.time_signatures):
+        return None
+    return score
+
+
+def _probe(entry: tuple[str, str]) -> dict[str, Any] | None:
+    """Render 4 bars of a groove; keep it when it is 4/4 with drums and two melodic tracks."""
+    family, groove = entry
+    plain = _probe_render(family, groove)
+    score = _four_four_score(plain)
+    if score is None:
         return None
     onsets = [n.time for t in score.tracks for n in t.notes]
     drums = sum(len(t.notes) for t in score.tracks if t.is_drum)
     melodic = sum(1 for t in score.tracks if not t.is_drum and len(t.notes))
-    four_four = all((ts.numerator, ts.denominator) == (4, 4) for ts in score.time_signatures)
-    if not onsets or not four_four or drums == 0 or melodic < 2:
+    if not onsets or drums == 0 or melodic < 2:
         return None
     if not 12 * score.tpq <= max(onsets) < 16 * score.tpq:  # 4 bars of 4 beats, not 3 or 6
         return None
-    return {"family": family, "groove": groove, "tempo": tempo_for(groove)}
+    # swing is a variant only where MMA can swing the groove and it then plays differently
+    swung = _probe_render(family, groove, ("swing",))
+    swings = swung is not None and swung != plain
+    return {"family": family, "groove": groove, "tempo": tempo_for(groove), "swings": swings}
+
+
+def _probe_fill(entry: tuple[str, str]) -> tuple[str, str] | None:
+    """Keep a fill groove that renders in 4/4 with notes (a fill may be drums alone)."""
+    score = _four_four_score(_probe_render(*entry))
+    return entry if score is not None and any(len(t.notes) for t in score.tracks) else None
 
 
 def build_catalogue(workers: int | None = None) -> list[dict[str, Any]]:
-    """Probe every library groove (a few minutes) and write mma_styles.json."""
-    grooves = library_grooves()
-    seen, unique = set(), []
-    for family, groove in grooves:  # a name defined twice in one file: the first counts
-        if (family, groove.lower()) not in seen:
-            seen.add((family, groove.lower()))
-            unique.append((family, groove))
+    """Probe every library groove and fill (a few minutes) and write mma_styles.json."""
+    grooves, fills = library_grooves(), library_grooves(wanted=FILL)
     with mp.get_context("fork").Pool(workers or os.cpu_count()) as pool:
-        probed = list(tqdm(pool.imap(_probe, unique, chunksize=4), total=len(unique), desc="probing grooves"))
+        probed = list(tqdm(pool.imap(_probe, grooves, chunksize=4), total=len(grooves), desc="probing grooves"))
+        fills_ok = list(tqdm(pool.imap(_probe_fill, fills, chunksize=4), total=len(fills), desc="probing fills"))
     styles = [p for p in probed if p]
-    write_json(STYLES_FILE, {"mma_version": _mma_version(), "styles": styles})
+    families = {s["family"] for s in styles}
+    fills_of: dict[str, list[str]] = {}
+    for family, fill in filter(None, fills_ok):
+        if family in families:
+            fills_of.setdefault(family, []).append(fill)
+    write_json(STYLES_FILE, {"mma_version": _mma_version(), "styles": styles, "fills": fills_of})
     return styles
 
 
-def load_styles() -> list[Style]:
+def load_catalogue() -> tuple[list[Style], dict[str, list[str]]]:
+    """The styles of mma_styles.json, and the fill grooves of each family."""
     try:
-        return [Style(s["family"], s["groove"], int(s["tempo"])) for s in read_json(STYLES_FILE)["styles"]]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        catalogue = read_json(STYLES_FILE)
+        styles = [Style(s["family"], s["groove"], int(s["tempo"]), bool(s["swings"])) for s in catalogue["styles"]]
+        fills = {str(family): [str(f) for f in names] for family, names in catalogue["fills"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise DataError(f"{STYLES_FILE}: unreadable style catalogue ({exc})") from None
+    return styles, fills
+
+
+def load_styles() -> list[Style]:
+    return load_catalogue()[0]
 
 
 # ---- chord progressions from POP909 ------------------------------------------------------
@@ -160,6 +252,7 @@ QUALITIES = {  # POP909 (Harte) quality -> MMA chord suffix
     "maj6": "6", "min6": "m6", "dim": "dim", "dim7": "dim7", "hdim7": "m7b5", "aug": "aug",
     "minmaj7": "mM7", "sus4(b7)": "7sus4", "9": "9", "maj9": "M9", "min9": "m9",
 }
+CHORD_NAME = re.compile(r"([A-G][#b]?)([^/]*)(?:/([A-G][#b]?))?")  # root, quality, bass of an MMA chord
 INTERVALS = {"b2": 1, "2": 2, "b3": 3, "3": 4, "4": 5, "b5": 6, "5": 7, "#5": 8, "b6": 8, "6": 9,
              "b7": 10, "7": 11, "9": 2}
 
@@ -233,20 +326,58 @@ def _hash(*parts: Any) -> int:
     return int.from_bytes(hashlib.sha256(":".join(map(str, parts)).encode()).digest()[:8], "big")
 
 
-def piece_plan(style: Style, k: int, songs: list[tuple[str, list[list[str]]]]) -> tuple[str, int, list[list[str]]]:
-    """The progression of piece k of a style: (song, first bar, bars)."""
+def piece_plan(style: Style, k: int, songs: list[tuple[str, list[list[str]]]],
+               fills: list[str] = ()) -> tuple[Piece, list[list[str]]]:
+    """Piece k of a style and its bars of chords. The first PIECES_PER_STYLE pieces play the
+    groove as it is; the others are variants, each chosen by hashing: a key (-5..+6), a tempo
+    around the style's, at most one treatment of each group and, for half of them, the fill of
+    the groove's family whose name is closest to the groove's."""
     song, bars = songs[_hash(style.name, k) % len(songs)]
     first = _hash(style.name, k, "bar") % (len(bars) - BARS_PER_PIECE + 1)
-    return song, first, bars[first:first + BARS_PER_PIECE]
+    bars = bars[first:first + BARS_PER_PIECE]
+    if k < PIECES_PER_STYLE:
+        return Piece(style, k, song, first, style.tempo), bars
+    draw = lambda what, n: _hash(style.name, k, what) % n
+    key = KEY_SHIFTS[draw("key", len(KEY_SHIFTS))]
+    tempo = round(style.tempo * TEMPO_FACTORS[draw("tempo", len(TEMPO_FACTORS))])
+    treatments = tuple(group[i] for group in TREATMENT_GROUPS if (i := draw(group[0], len(group) + 2)) < len(group)
+                       and (style.swings or group[i] != "swing"))
+    fill = None
+    if fills and draw("fill", 2):
+        fill = max(fills, key=lambda f: len(os.path.commonprefix([f.lower(), style.groove.lower()])))
+    return (Piece(style, k, song, first, tempo, key, treatments, fill),
+            [[transpose_chord(c, key) for c in bar] for bar in bars])
+
+
+def transpose_chord(name: str, semitones: int) -> str:
+    """An MMA chord name moved by `semitones` (`Bbm7/Ab` + 2 -> `Cm7/Bb`); `/` (hold) stays."""
+    def move(root: str) -> str:
+        pc = NATURAL[root[0]] + root[1:].count("#") - root[1:].count("b")
+        return ROOTS[(pc + semitones) % 12]
+
+    match = CHORD_NAME.fullmatch(name)
+    if not match:
+        return name
+    root, quality, bass = match.groups()
+    return move(root) + quality + (f"/{move(bass)}" if bass else "")
 
 
 # ---- rendering ---------------------------------------------------------------------------
 
-def mma_text(style: Style, bars: list[list[str]], seed: int) -> str:
-    lines = [f"Use {style.family}", f"Groove {style.groove}", f"Tempo {style.tempo}", f"RndSeed {seed}"]
-    for bar in bars:
+def mma_text(style: Style, bars: list[list[str]], seed: int, tempo: int | None = None,
+             treatments: tuple[str, ...] = (), fill: str | None = None) -> str:
+    """An MMA song file: `bars` (4 chords each) in the style's groove, the treatments after every
+    groove change (MMA restores a groove's settings when it is selected), the fill groove for the
+    last bar of every FILL_EVERY."""
+    settings = [TREATMENTS[t] for t in treatments if t not in BEFORE_USE]
+    lines = [TREATMENTS[t] for t in treatments if t in BEFORE_USE] + [f"Use {style.family}"]
+    lines += [f"Groove {style.groove}", *settings, f"Tempo {tempo or style.tempo}", f"RndSeed {seed}"]
+    for n, bar in enumerate(bars, 1):
         beats = [c if i == 0 or c != bar[i - 1] else "/" for i, c in enumerate(bar)]
+        phrase_end = fill is not None and n % FILL_EVERY == 0
+        lines += [f"Groove {fill}", *settings] if phrase_end else []
         lines.append(" ".join(beats))
+        lines += [f"Groove {style.groove}", *settings] if phrase_end and n < len(bars) else []
     return "\n".join(lines) + "\n"
 
 
@@ -325,24 +456,39 @@ def _midi_track(events: list[tuple[int, Any]]) -> mido.MidiTrack:
     track, now = mido.MidiTrack(), 0
     for i in order:
         tick, msg = events[i]
-        track.append(msg.copy(time=tick - now))
+        msg.time = tick - now  # (each message is made for this track: set in place, not copied)
+        track.append(msg)
         now = tick
     track.append(mido.MetaMessage("end_of_track", time=0))
     return track
 
 
-def _render_one(job: tuple[Style, int, list[list[str]], Path, Path]) -> tuple[Path, str | None, bool]:
-    """Render a piece unless its raw MIDI is there, then write its Groove2Groove version.
-    Returns the destination, an error line or None, and whether MMA ran."""
-    style, k, bars, raw, dest = job
+def _render_one(job: tuple[str, str, Path, Path]) -> tuple[str | None, bool]:
+    """Render a piece unless its raw MIDI is there, and write its Groove2Groove version unless
+    that is there. Returns an error line or None, and whether MMA ran."""
+    name, text, raw, dest = job
     try:
         rendered = not raw.is_file()
         if rendered:
-            write_bytes(raw, render_mma(mma_text(style, bars, seed=_hash(style.name, k) % 100_000)))
-        to_groove2groove(raw, dest)
-        return dest, None, rendered
+            write_bytes(raw, render_mma(text))
+        if rendered or not dest.is_file():
+            to_groove2groove(raw, dest)
+        return None, rendered
     except MusegenError as exc:
-        return dest, f"{style.name}/{k}: {exc}", False
+        return f"{name}: {exc}", False
+
+
+def _current_layouts(g2g: Path) -> None:
+    """Make `g2g` hold layouts of this LAYOUT_VERSION only: files of another version (or of an
+    unstamped folder) are removed, to be written again from the raw renderings."""
+    stamp = g2g / "layout.json"
+    try:
+        current = read_json(stamp).get("version") == LAYOUT_VERSION
+    except (MusegenError, AttributeError):
+        current = False
+    if not current:
+        shutil.rmtree(g2g, ignore_errors=True)
+        write_json(stamp, {"version": LAYOUT_VERSION})
 
 
 # ---- the corpus --------------------------------------------------------------------------
@@ -360,14 +506,14 @@ def family_splits(styles: list[Style]) -> dict[str, str]:
     return splits
 
 
-def choose_styles(styles: list[Style], limit: int | None) -> list[Style]:
+def choose_styles(styles: list[Style], limit: int | None, per_style: int = PIECES_PER_STYLE) -> list[Style]:
     """All styles, or for `limit` pieces enough styles taken in turn from test, validation and
     train, so a small trial still has every split."""
     if limit is None:
         return styles
     split = family_splits(styles)
     by_split = {s: [st for st in styles if split[st.family] == s] for s in SPLITS}
-    chosen, n = [], -(-limit // PIECES_PER_STYLE)
+    chosen, n = [], -(-limit // per_style)
     while len(chosen) < n and any(by_split.values()):
         for split in by_split:
             if by_split[split] and len(chosen) < n:
@@ -376,37 +522,54 @@ def choose_styles(styles: list[Style], limit: int | None) -> list[Style]:
 
 
 def prepare(out: Path, source: Path | None = None, download: bool = False, workers: int | None = None,
-            limit: int | None = None, tokenizer: str | None = None) -> dict[str, Any]:
+            limit: int | None = None, tokenizer: str | None = None, scale: int = 1) -> dict[str, Any]:
+    """`scale`: render scale x PIECES_PER_STYLE pieces per style (the plain ones, then variants).
+    A rerun resumes: what is rendered and laid out is reused."""
     if tokenizer not in (None, "groove"):
         raise DataError(f"the mma-groove corpus is tokenised as groove, not {tokenizer!r}")
+    if scale < 1:
+        raise DataError(f"scale must be at least 1, not {scale}")
     out = Path(out)
     tok = tokenizer_from_dict({"kind": "groove"})
-    catalogue = load_styles()
+    catalogue, fills = load_catalogue()
     family_split = family_splits(catalogue)
-    styles = choose_styles(catalogue, limit)
+    per_style = scale * PIECES_PER_STYLE
+    styles = choose_styles(catalogue, limit, per_style)
     songs = progressions(Path(source) if source else POP909_DEFAULT)
 
-    items, jobs, plans = [], [], {}
+    items, jobs, plans, variants = [], [], {}, {s: set() for s in SPLITS}
+    _current_layouts(out / "g2g")
     for style in styles:
-        for k in range(PIECES_PER_STYLE):
+        for k in range(per_style):
             if limit is not None and len(items) >= limit:
                 break
-            song, first, bars = piece_plan(style, k, songs)
-            path = out / "g2g" / style.name / f"{k}.mid"
-            items.append(Item(name=f"{style.name}/{k}", path=path, group=style.family))
-            plans[f"{style.name}/{k}"] = {"song": song, "first_bar": first}
-            # the layout is rewritten every time (cheap): a fix to it reaches an existing corpus
-            jobs.append((style, k, bars, out / "rendered" / style.name / f"{k}.mid", path))
+            piece, bars = piece_plan(style, k, songs, fills.get(style.family, []))
+            path = out / "g2g" / f"{piece.name}.mid"
+            raw = out / "rendered" / f"{piece.name}.mid"
+            items.append(Item(name=piece.name, path=path, group=style.family))
+            plans[piece.name] = {"song": piece.song, "first_bar": piece.first_bar}
+            if k >= PIECES_PER_STYLE:
+                plans[piece.name].update(key=piece.key, tempo=piece.tempo, variant=piece.variant)
+            variants[family_split[style.family]].add((style.name, piece.variant))
+            if not (raw.is_file() and path.is_file()):
+                text = mma_text(style, bars, seed=_hash(style.name, k) % 100_000, tempo=piece.tempo,
+                                treatments=piece.treatments, fill=piece.fill)
+                jobs.append((k, piece.name, text, raw, path))
+    # piece 0 of every style first, then piece 1...: a run stopped early leaves every style with
+    # its first pieces, which a smaller scale then reuses whole
+    jobs = [job[1:] for job in sorted(jobs, key=lambda job: job[0])]
 
     started = time.perf_counter()
     render_failures, rendered = [], 0
-    if jobs:
-        with mp.get_context("fork").Pool(max(1, workers or os.cpu_count() or 1)) as pool:
-            for _, error, ran in tqdm(pool.imap_unordered(_render_one, jobs, chunksize=2), total=len(jobs),
-                                      desc="rendering (mma) and laying out", unit="piece"):
-                rendered += ran
-                if error:
-                    render_failures.append(error)
+    with tqdm(total=len(items), initial=len(items) - len(jobs), desc="rendering (mma) and laying out",
+              unit="piece") as progress:
+        if jobs:
+            with mp.get_context("fork").Pool(max(1, workers or os.cpu_count() or 1)) as pool:
+                for error, ran in pool.imap_unordered(_render_one, jobs, chunksize=2):
+                    progress.update(1)
+                    rendered += ran
+                    if error:
+                        render_failures.append(error)
     render_s = round(time.perf_counter() - started, 1)
 
     style_sets = {s: sorted(st.name for st in styles if family_split[st.family] == s) for s in SPLITS}
@@ -414,7 +577,9 @@ def prepare(out: Path, source: Path | None = None, download: bool = False, worke
                                      "tempo": {st.name: st.tempo for st in styles}, "pieces": plans})
     report = prepare_shards(tok, items, out, {"validation": 0.0, "test": 0.0}, workers,
                             split_of=family_split.__getitem__, extra_report={
-                                "styles": {s: len(v) for s, v in style_sets.items()}, "rendered": rendered,
+                                "styles": {s: len(v) for s, v in style_sets.items()},
+                                "style_variants": {s: len(v) for s, v in variants.items()},
+                                "pieces_per_style": per_style, "rendered": rendered,
                                 "render_seconds": render_s, "render_failures": render_failures})
     _write_references(out, tok)
     return report

@@ -4,8 +4,14 @@ Groove2Groove layout, and an exact round trip on every prepared piece of a 10-st
 from __future__ import annotations
 
 import io
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from collections import Counter, defaultdict
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -50,6 +56,12 @@ def test_catalogue_has_over_300_styles_split_disjointly_by_family():
     families = {s: {st.family for st in styles if split[st.family] == s} for s in mg.SPLITS}
     assert not (families["train"] & (families["test"] | families["validation"]))
     assert all(not mg.LEFT_OUT.search(st.groove) for st in styles)
+    groove_names = {st.groove for st in styles}
+    assert any(g.endswith("Sus") for g in groove_names) and any(g.endswith("Plus") for g in groove_names)
+    _, fills = mg.load_catalogue()
+    assert sum(map(len, fills.values())) >= 100 and set(fills) <= {st.family for st in styles}
+    assert all(mg.FILL.search(f) for names in fills.values() for f in names)
+    assert 100 < sum(st.swings for st in styles) < len(styles)  # straight grooves swing, swung ones need not
 
 
 def test_tempo_follows_the_style_name():
@@ -77,12 +89,77 @@ def test_song_bars_follow_the_annotation(pop909_dir):
     assert bars[0] == ["B", "B", "C#", "C#"] and bars[1] == ["Bbm", "Bbm", "Ebm", "Ebm"]
 
 
+def test_chords_move_to_another_key():
+    assert mg.transpose_chord("Bbm7/Ab", 2) == "Cm7/Bb" and mg.transpose_chord("B", 1) == "C"
+    assert mg.transpose_chord("C#M7/F", -5) == "AbM7/C" and mg.transpose_chord("/", 3) == "/"
+
+
 def test_rendering_is_deterministic():
     style = mg.load_styles()[0]
     text = mg.mma_text(style, [["C", "/", "G", "/"], ["Am", "/", "F", "/"]], seed=7)
     assert mg.render_mma(text) == mg.render_mma(text)
     with pytest.raises(DataError, match="mma failed"):
         mg.render_mma(text.replace("Am", "Hm"))
+
+
+# ---------------------------------------------------------------- variants of a groove
+
+def test_variant_plans_cover_every_treatment_key_and_fill(pop909_dir):
+    styles, fills = mg.load_catalogue()
+    songs = mg.progressions(pop909_dir)
+    style = next(st for st in styles if st.swings and st.family in fills)
+    plans = [mg.piece_plan(style, k, songs, fills[style.family]) for k in range(400)]
+    plain, variants = [p for p, _ in plans[:mg.PIECES_PER_STYLE]], [p for p, _ in plans[mg.PIECES_PER_STYLE:]]
+    assert all(p.variant == "" and p.key == 0 and p.tempo == style.tempo for p in plain)
+    assert Counter(t for p in variants for t in p.treatments).keys() == mg.TREATMENTS.keys()
+    assert {p.key for p in variants} == set(mg.KEY_SHIFTS) and len({p.tempo for p in variants}) == 3
+    assert 0.4 < np.mean([p.fill is not None for p in variants]) < 0.6
+    assert {p.fill for p in variants} - {None} <= set(fills[style.family])
+    assert all(len(set(p.treatments) & set(group)) <= 1 for p in variants for group in mg.TREATMENT_GROUPS)
+    for (piece, bars), (again, bars_again) in zip(plans[:20], [mg.piece_plan(style, k, songs, fills[style.family])
+                                                              for k in range(20)]):
+        assert piece == again and bars == bars_again  # by hashing: reruns render the same pieces
+    moved = next((p, b) for p, b in plans[mg.PIECES_PER_STYLE:] if p.key)
+    original = dict(songs)[moved[0].song][moved[0].first_bar:moved[0].first_bar + mg.BARS_PER_PIECE]
+    assert moved[1] == [[mg.transpose_chord(c, moved[0].key) for c in bar] for bar in original]
+
+
+def rendered_trio(tmp_path, style, bars, **variant) -> np.ndarray:
+    """(track, pitch, on, off) of a rendering as the groove tokens hold it, 12 ticks a beat."""
+    raw, g2g = tmp_path / "raw.mid", tmp_path / "g2g.mid"
+    raw.write_bytes(mg.render_mma(mg.mma_text(style, bars, seed=5, **variant)))
+    mg.to_groove2groove(raw, g2g)
+    return TOK.notes(TOK.encode(g2g).ids)
+
+
+def test_each_variant_changes_the_music_as_it_says(tmp_path):
+    """On a straight 8-beat groove: swing delays the off-beat eighths of bass and drums (its
+    chords are off-beat quarter notes, which MMA does not swing), articulation shortens or
+    lengthens the notes, the chords move an octave up, a key moves the bass, and a fill changes
+    the last bar of each phrase and leaves the bass and drums before it as they were."""
+    style = mg.Style("stdlib/8beat", "8Beat", 120, swings=True)
+    bars = [["C", "/", "Am", "/"], ["F", "/", "G7", "/"], ["Dm7", "/", "G7", "/"], ["C", "/", "/", "/"]] * 4
+    plain = rendered_trio(tmp_path, style, bars)
+    position = lambda notes: Counter((notes[notes[:, 0] < 3][:, 2] % 12).tolist())  # bass and drums
+    duration = lambda notes: np.median(notes[notes[:, 0] != 2][:, 3] - notes[notes[:, 0] != 2][:, 2])
+    track = lambda notes, t: notes[notes[:, 0] == t]
+
+    swung = rendered_trio(tmp_path, style, bars, treatments=("swing",))
+    assert position(plain)[6] > 0 and position(swung)[6] == 0 and position(swung)[8] == position(plain)[6]
+    assert duration(rendered_trio(tmp_path, style, bars, treatments=("staccato",))) < duration(plain)
+    assert duration(rendered_trio(tmp_path, style, bars, treatments=("legato",))) > duration(plain)
+    higher = rendered_trio(tmp_path, style, bars, treatments=("higher",))
+    assert track(higher, 3)[:, 1].mean() > track(plain, 3)[:, 1].mean() + 6
+
+    moved = rendered_trio(tmp_path, style, [[mg.transpose_chord(c, 2) for c in bar] for bar in bars])
+    assert np.array_equal(track(moved, 2), track(plain, 2))  # the drums do not change key
+    assert Counter(((track(moved, 1)[:, 1] - 2) % 12).tolist()) == Counter((track(plain, 1)[:, 1] % 12).tolist())
+
+    filled = rendered_trio(tmp_path, style, bars, fill="8BeatFill")
+    bar_of = lambda notes: notes[:, 2] // 48
+    before = lambda notes: {tuple(n) for n in notes[(bar_of(notes) < 7) & (notes[:, 0] < 3)].tolist()}
+    in_fill = lambda notes: {tuple(n) for n in notes[bar_of(notes) == 7].tolist()}
+    assert before(filled) == before(plain) and in_fill(filled) != in_fill(plain)
 
 
 # ---------------------------------------------------------------- the trial corpus
@@ -211,8 +288,56 @@ def test_rerun_reuses_renderings(corpus, pop909_dir):
     assert again["rendered"] == 0 and again["tokens"] == corpus[1]["tokens"]
 
 
+def test_a_scaled_corpus_adds_variants_and_keeps_the_plain_pieces(corpus, pop909_dir, tmp_path):
+    out, _ = corpus
+    report = mg.prepare(out=tmp_path / "x2", source=pop909_dir, limit=8, scale=2, workers=2)
+    assert report["pieces_per_style"] == 8 and report["encoded"] == 8 and not report["render_failures"]
+    assert report["styles"]["test"] == 1 and report["style_variants"]["test"] > 1
+    plans = read_json(tmp_path / "x2" / "styles.json")["pieces"]
+    variants = [plan for name, plan in plans.items() if int(name.rsplit("/", 1)[1]) >= mg.PIECES_PER_STYLE]
+    assert len(variants) == 4 and all({"key", "tempo", "variant"} <= plan.keys() for plan in variants)
+    trial, scaled = Shards(out), Shards(tmp_path / "x2")
+    trial_pieces = dict(zip(trial.names("test"), trial.pieces("test")))
+    scaled_pieces = dict(zip(scaled.names("test"), scaled.pieces("test")))
+    plain = [name for name in scaled_pieces if int(name.rsplit("/", 1)[1]) < mg.PIECES_PER_STYLE]
+    assert len(plain) == 4 and all(np.array_equal(scaled_pieces[n], trial_pieces[n]) for n in plain)
+    assert all(not np.array_equal(scaled_pieces[n], scaled_pieces[n.rsplit("/", 1)[0] + "/0"])
+               for n in scaled_pieces if n not in plain)
+
+
+def test_an_interrupted_run_resumes_where_it_stopped(corpus, pop909_dir, tmp_path):
+    """The command is killed after a few pieces; run again, it renders only the rest, shows
+    progress from where it stopped, and writes the same tokens as an uninterrupted run."""
+    out = tmp_path / "resumed"
+    command = [sys.executable, "-m", "musegen", "data", "prepare", "mma-groove", "--source", str(pop909_dir),
+               "--limit", "12", "--workers", "1", "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while len(list(out.glob("rendered/**/*.mid"))) < 3 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    _, stderr = proc.communicate()
+    done = len(list(out.glob("rendered/**/*.mid")))
+    complete = sum((out / "g2g" / path.relative_to(out / "rendered")).is_file() for path in out.glob("rendered/**/*.mid"))
+    assert "rendering (mma) and laying out" in stderr and 3 <= done < 12 and not (out / "index.json").exists()
+
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert f"{complete}/12" in result.stderr  # the progress bar starts from the pieces already there
+    report = Shards(out).index["report"]
+    assert report["rendered"] == 12 - done and report["encoded"] == 12
+    trial, resumed = Shards(corpus[0]), Shards(out)
+    for split in mg.SPLITS:
+        expected = dict(zip(trial.names(split), trial.pieces(split)))
+        assert resumed.names(split) and all(np.array_equal(ids, expected[name])
+                                            for name, ids in zip(resumed.names(split), resumed.pieces(split)))
+
+
 def test_bad_sources_are_one_line_data_errors(tmp_path):
     with pytest.raises(DataError, match="POP909 folder not found"):
         mg.prepare(out=tmp_path / "x", source=tmp_path / "missing", limit=4)
     with pytest.raises(DataError, match="tokenised as groove"):
         mg.prepare(out=tmp_path / "x", tokenizer="remi", limit=4)
+    with pytest.raises(DataError, match="scale must be at least 1"):
+        mg.prepare(out=tmp_path / "x", limit=4, scale=0)

@@ -20,13 +20,19 @@ def prepare(
     workers: Optional[int] = typer.Option(None, min=1, help="Processes to encode with (default: all cores)."),
     limit: Optional[int] = typer.Option(None, min=1, help="Use at most this many pieces (quick trials)."),
     tokenizer: Optional[str] = typer.Option(None, help="remi | groove (only for corpora that allow both)."),
+    scale: Optional[int] = typer.Option(None, min=1, help="mma-groove only: render this many times the default "
+                                        "pieces per style, the further ones style variants (keys, tempos, fills, "
+                                        "swing, articulation, voicing). Rerun the same command to resume."),
 ):
     """Encode a corpus into train/validation(/test) token shards, skipping and counting bad files."""
     from data_prep import corpus_prepare
     from data_prep.common import summary_lines
+    from musegen.errors import DataError
 
+    if scale is not None and corpus != "mma-groove":
+        raise DataError(f"--scale is for the mma-groove corpus, not {corpus}")
     report = corpus_prepare(corpus)(out=out, source=source, download=download, workers=workers,
-                                    limit=limit, tokenizer=tokenizer)
+                                    limit=limit, tokenizer=tokenizer, **({"scale": scale} if scale else {}))
     for line in summary_lines(report):
         typer.echo(line)
     typer.echo(f"shards written to {out}")

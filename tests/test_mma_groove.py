@@ -27,6 +27,7 @@ pytestmark = pytest.mark.skipif(shutil.which("mma") is None, reason="the Debian 
 
 TOK = GrooveTokenizer()
 TRIAL_PIECES = 40  # 10 styles x 4 pieces
+CLI_ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}  # `python -m musegen` of this copy
 
 
 def dump(midi) -> bytes:
@@ -311,18 +312,20 @@ def test_an_interrupted_run_resumes_where_it_stopped(corpus, pop909_dir, tmp_pat
     out = tmp_path / "resumed"
     command = [sys.executable, "-m", "musegen", "data", "prepare", "mma-groove", "--source", str(pop909_dir),
                "--limit", "12", "--workers", "1", "--out", str(out)]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while len(list(out.glob("rendered/**/*.mid"))) < 3 and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    _, stderr = proc.communicate()
-    done = len(list(out.glob("rendered/**/*.mid")))
-    complete = sum((out / "g2g" / path.relative_to(out / "rendered")).is_file() for path in out.glob("rendered/**/*.mid"))
-    assert "rendering (mma) and laying out" in stderr and 3 <= done < 12 and not (out / "index.json").exists()
+    rendered = lambda: list(out.glob("rendered/**/*.mid"))
+    with open(tmp_path / "stderr.txt", "w") as stderr:  # a file, not a pipe no one reads while it runs
+        proc = subprocess.Popen(command, env=CLI_ENV, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
+        deadline = time.monotonic() + 120
+        while len(rendered()) < 3 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGKILL)  # the command and its rendering workers, as a crash would
+        proc.wait()
+    done = len(rendered())
+    complete = sum((out / "g2g" / path.relative_to(out / "rendered")).is_file() for path in rendered())
+    assert "rendering (mma) and laying out" in (tmp_path / "stderr.txt").read_text()
+    assert 3 <= done < 12 and not (out / "index.json").exists()
 
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(command, env=CLI_ENV, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert f"{complete}/12" in result.stderr  # the progress bar starts from the pieces already there
     report = Shards(out).index["report"]
@@ -341,3 +344,8 @@ def test_bad_sources_are_one_line_data_errors(tmp_path):
         mg.prepare(out=tmp_path / "x", tokenizer="remi", limit=4)
     with pytest.raises(DataError, match="scale must be at least 1"):
         mg.prepare(out=tmp_path / "x", limit=4, scale=0)
+    proc = subprocess.run([sys.executable, "-m", "musegen", "data", "prepare", "chorales", "--scale", "2", "--out",
+                           str(tmp_path / "y")], capture_output=True, text=True, timeout=120,
+                          env=CLI_ENV)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr and not (tmp_path / "y").exists()
+    assert "--scale is for the mma-groove corpus, not chorales" in proc.stderr + proc.stdout

@@ -124,6 +124,11 @@ class Piece:
         return f"{self.style.name}/{self.k}"
 
     @property
+    def seed(self) -> int:
+        """MMA's random seed (its humanisation), so a rerun renders the same notes."""
+        return _hash(self.style.name, self.k) % 100_000
+
+    @property
     def variant(self) -> str:
         """What the piece plays beyond its groove ("" for the groove as its library defines it)."""
         return "+".join(self.treatments + ((f"fill:{self.fill}",) if self.fill else ()))
@@ -552,8 +557,7 @@ def prepare(out: Path, source: Path | None = None, download: bool = False, worke
                 plans[piece.name].update(key=piece.key, tempo=piece.tempo, variant=piece.variant)
             variants[family_split[style.family]].add((style.name, piece.variant))
             if not (raw.is_file() and path.is_file()):
-                text = mma_text(style, bars, seed=_hash(style.name, k) % 100_000, tempo=piece.tempo,
-                                treatments=piece.treatments, fill=piece.fill)
+                text = mma_text(style, bars, piece.seed, piece.tempo, piece.treatments, piece.fill)
                 jobs.append((k, piece.name, text, raw, path))
     # piece 0 of every style first, then piece 1...: a run stopped early leaves every style with
     # its first pieces, which a smaller scale then reuses whole

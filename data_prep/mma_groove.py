@@ -22,8 +22,9 @@ are split into train/validation/test so that test styles are never seen in train
   humanisation is seeded too). With `scale` > 1 it renders scale x as many: the further pieces
   are variants, each in a key, at a tempo, with MMA treatments (swing, articulation, voicing)
   and a fill chosen by hashing (`piece_plan`); `styles.json` lists each piece's plan.
-- A rerun resumes: renderings (`rendered/`) and layouts (`g2g/`) already there are reused, and
-  every file is written atomically, so an interrupted run loses at most the pieces in flight.
+- A rerun resumes: renderings (`rendered/`), layouts (`g2g/`) and their tokens (kept beside
+  each layout) already there are reused, and every file is written atomically, so an
+  interrupted run loses at most the pieces in flight.
 - Each rendering is written again in Groove2Groove's layout (`to_groove2groove`), so the groove
   tokenizer reads it as it reads the paper's data: tracks named `BB Drums`, `BB Bass` and up to
   three of `BB Guitar` / `BB Piano` / `BB Strings`, after a 2-bar count-in, tempo changes kept.
@@ -38,6 +39,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import io
+import json
 import multiprocessing as mp
 import os
 import re
@@ -56,7 +58,7 @@ from tqdm import tqdm
 from data_prep.common import Item, prepare as prepare_shards
 from musegen.errors import DataError, MusegenError
 from musegen.io import atomic_path, read_json, write_bytes, write_json
-from musegen.tokenizers.base import tokenizer_from_dict
+from musegen.tokenizers.base import Encoding, Tokenizer, tokenizer_from_dict
 from musegen.tokenizers.groove import COUNT_IN_BEATS, G2G_BASS, G2G_DRUMS, G2G_HARMONIC, Part, read_parts
 
 LIBRARY = Path("/usr/share/mma/lib")  # where Debian's `mma` keeps its groove library
@@ -496,6 +498,26 @@ def _current_layouts(g2g: Path) -> None:
         write_json(stamp, {"version": LAYOUT_VERSION})
 
 
+def _encode_piece(tokenizer: Tokenizer, item: Item) -> Encoding:
+    """A piece's tokens, kept beside its layout (`<k>.<tokenizer>.npz`) so that an interrupted
+    encoding resumes: read back when that file is newer than the layout, else encoded and kept.
+    What is kept is what the shards need: the ids and the report's counts."""
+    settings = json.dumps(tokenizer.to_dict(), sort_keys=True)
+    kept = item.path.with_name(f"{item.path.stem}.{tokenizer.kind}-{_hash(settings) % 16**8:08x}.npz")
+    try:
+        fresh = kept.stat().st_mtime >= item.path.stat().st_mtime
+    except OSError:
+        fresh = False
+    if fresh:
+        with np.load(kept) as stored:
+            return Encoding(stored["ids"], json.loads(str(stored["counts"])))
+    enc = tokenizer.encode(item.path)
+    counts = {k: v for k, v in enc.report.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    with atomic_path(kept) as tmp, open(tmp, "wb") as f:
+        np.savez_compressed(f, ids=enc.ids, counts=json.dumps(counts))
+    return enc
+
+
 # ---- the corpus --------------------------------------------------------------------------
 
 def family_splits(styles: list[Style]) -> dict[str, str]:
@@ -580,7 +602,7 @@ def prepare(out: Path, source: Path | None = None, download: bool = False, worke
     write_json(out / "styles.json", {"split_by": "family", "styles": style_sets,
                                      "tempo": {st.name: st.tempo for st in styles}, "pieces": plans})
     report = prepare_shards(tok, items, out, {"validation": 0.0, "test": 0.0}, workers,
-                            split_of=family_split.__getitem__, extra_report={
+                            split_of=family_split.__getitem__, encode=_encode_piece, extra_report={
                                 "styles": {s: len(v) for s, v in style_sets.items()},
                                 "style_variants": {s: len(v) for s, v in variants.items()},
                                 "pieces_per_style": per_style, "rendered": rendered,

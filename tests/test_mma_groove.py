@@ -289,6 +289,28 @@ def test_rerun_reuses_renderings(corpus, pop909_dir):
     assert again["rendered"] == 0 and again["tokens"] == corpus[1]["tokens"]
 
 
+def test_a_rerun_reads_the_kept_tokens_unless_the_layout_is_newer(corpus, pop909_dir):
+    """Each piece's tokens are kept beside its layout: a rerun takes them from there (shown here
+    by swapping two pieces' kept files), and encodes again a layout written after them."""
+    out, report = corpus
+    train = Shards(out).names("train")
+    kept = lambda name: next((out / "g2g" / name).parent.glob(f"{name.rsplit('/', 1)[1]}.groove-*.npz"))
+    first, second = kept(train[0]), kept(train[1])
+    first_bytes, second_bytes = first.read_bytes(), second.read_bytes()
+    first.write_bytes(second_bytes)
+    second.write_bytes(first_bytes)
+    mg.prepare(out=out, source=pop909_dir, limit=TRIAL_PIECES, workers=2)
+    pieces = dict(zip(Shards(out).names("train"), Shards(out).pieces("train")))
+    assert not np.array_equal(pieces[train[0]], pieces[train[1]])
+    assert np.array_equal(pieces[train[0]], TOK.encode(out / "g2g" / f"{train[1]}.mid").ids)
+    for name in train[:2]:
+        (out / "g2g" / f"{name}.mid").touch()  # a layout newer than its kept tokens
+    again = mg.prepare(out=out, source=pop909_dir, limit=TRIAL_PIECES, workers=2)
+    pieces = dict(zip(Shards(out).names("train"), Shards(out).pieces("train")))
+    assert all(np.array_equal(pieces[name], TOK.encode(out / "g2g" / f"{name}.mid").ids) for name in train[:2])
+    assert again["tokens"] == report["tokens"] and again["encode_counts"] == report["encode_counts"]
+
+
 def test_a_scaled_corpus_adds_variants_and_keeps_the_plain_pieces(corpus, pop909_dir, tmp_path):
     """--scale 2: a style's first 4 pieces are token for token those of the plain corpus, the
     next 4 are variants, and styles.json records each variant's plan."""

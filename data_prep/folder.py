@@ -1,4 +1,4 @@
-"""Any folder of MIDI files -> token shards (REMI by default, or groove).
+"""Any folder of MIDI files -> token shards (REMI by default, groove or groove-dur).
 
 Every file is its own group, 5% validation by hashed relative path. Unreadable or unusable
 files (and FIFOs, devices, link loops with a MIDI suffix) are skipped, counted and listed,
@@ -17,7 +17,7 @@ from musegen.tokenizers.base import tokenizer_from_dict
 
 from .common import Item, prepare as prepare_items
 
-KINDS = ("remi", "groove")
+KINDS = ("remi", "groove", "groove-dur")
 FRACTIONS = {"validation": 0.05}
 
 

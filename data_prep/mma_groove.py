@@ -552,12 +552,12 @@ def prepare(out: Path, source: Path | None = None, download: bool = False, worke
             limit: int | None = None, tokenizer: str | None = None, scale: int = 1) -> dict[str, Any]:
     """`scale`: render scale x PIECES_PER_STYLE pieces per style (the plain ones, then variants).
     A rerun resumes: what is rendered and laid out is reused."""
-    if tokenizer not in (None, "groove"):
-        raise DataError(f"the mma-groove corpus is tokenised as groove, not {tokenizer!r}")
+    if tokenizer not in (None, "groove", "groove-dur"):
+        raise DataError(f"the mma-groove corpus is tokenised as groove or groove-dur, not {tokenizer!r}")
     if scale < 1:
         raise DataError(f"scale must be at least 1, not {scale}")
     out = Path(out)
-    tok = tokenizer_from_dict({"kind": "groove"})
+    tok = tokenizer_from_dict({"kind": tokenizer or "groove"})
     catalogue, fills = load_catalogue()
     family_split = family_splits(catalogue)
     per_style = scale * PIECES_PER_STYLE

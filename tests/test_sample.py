@@ -31,7 +31,8 @@ from musegen.tokenizers import Tokenizer, tokenizer_from_dict
 
 KINDS = sorted(Tokenizer.registry)
 PROMPTS = {kind: Path(__file__).resolve().parents[1] / "checkpoints" / "prompts" / name
-           for kind, name in (("remi", "pop_progression.mid"), ("groove", "groove_rock.mid"))}
+           for kind, name in (("remi", "pop_progression.mid"), ("groove", "groove_rock.mid"),
+                              ("groove-dur", "groove_rock.mid"))}
 EMPTY = Prompt(np.zeros(0, dtype=np.int64))
 BAR_TICKS = 4 * 480  # both representations decode 4/4 at 480 ticks per beat
 
@@ -136,7 +137,8 @@ def test_a_stop_mid_note_is_finished_then_closed(models):
 @pytest.fixture(scope="module")
 def prompt_files(pop909_songs, tmp_path_factory):
     """A real piece each representation reads: a POP909 song, the bass/drums/piano test trio."""
-    return {"remi": pop909_songs[0], "groove": trio_midi(tmp_path_factory.mktemp("trio") / "trio.mid")}
+    trio = trio_midi(tmp_path_factory.mktemp("trio") / "trio.mid")
+    return {"remi": pop909_songs[0], "groove": trio, "groove-dur": trio}
 
 
 @pytest.mark.parametrize("kind", KINDS)

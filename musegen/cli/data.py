@@ -19,7 +19,7 @@ def prepare(
     download: bool = typer.Option(False, help="Download the corpus when no local copy is found."),
     workers: Optional[int] = typer.Option(None, min=1, help="Processes to encode with (default: all cores)."),
     limit: Optional[int] = typer.Option(None, min=1, help="Use at most this many pieces (quick trials)."),
-    tokenizer: Optional[str] = typer.Option(None, help="remi | groove (only for corpora that allow both)."),
+    tokenizer: Optional[str] = typer.Option(None, help="remi | groove | groove-dur (for corpora that allow several)."),
     scale: Optional[int] = typer.Option(None, min=1, help="mma-groove only: render this many times the default "
                                         "pieces per style, the further ones style variants (keys, tempos, fills, "
                                         "swing, articulation, voicing). Rerun the same command to resume."),
@@ -41,7 +41,7 @@ def prepare(
 @data_app.command("show")
 def show(
     midi: Path = typer.Argument(..., help="A MIDI file."),
-    tokenizer: str = typer.Option("remi", help="remi | groove, or a tokenizer.json file."),
+    tokenizer: str = typer.Option("remi", help="remi | groove | groove-dur, or a tokenizer.json file."),
     max_tokens: int = typer.Option(64, min=1, help="How many tokens to print."),
     as_json: bool = typer.Option(False, "--json", help="Print the whole encoding (ids, event names, report) "
                                                       "as one JSON object."),

@@ -435,8 +435,14 @@ class GrooveTokenizer(Tokenizer):
         changes; otherwise the `programs` setting and 120 bpm. A zero-length note lasts one
         tick; velocities keep the order of notes that differ only by track, so that
         `encode(decode(ids)) == ids` for every sequence the grammar accepts."""
-        meta = meta or {}
         notes, ties = decode_events(_as_ids(ids, self.vocab_size))
+        return self.trio_midi(notes, DEFAULT_VELOCITY + ties, meta)
+
+    def trio_midi(self, notes: np.ndarray, velocities: np.ndarray, meta: dict[str, Any] | None = None
+                  ) -> miditoolkit.MidiFile:
+        """Notes (track, pitch, onset, offset) in grid units as the 3-track MIDI `decode` writes,
+        with programs and tempo changes from `meta` (see `decode`)."""
+        meta = meta or {}
         program = {role: self.programs[role] if meta.get(f"{role}_program") is None else int(meta[f"{role}_program"])
                    for role in ("bass", "other")}
         midi = miditoolkit.MidiFile(ticks_per_beat=TICKS_PER_BEAT)
@@ -447,9 +453,9 @@ class GrooveTokenizer(Tokenizer):
         parts = {BASS: miditoolkit.Instrument(program["bass"], name=ROLE_NAMES[BASS]),
                  DRUMS: miditoolkit.Instrument(0, is_drum=True, name=ROLE_NAMES[DRUMS]),
                  OTHER: miditoolkit.Instrument(program["other"], name=ROLE_NAMES[OTHER])}
-        for (track, pitch, on, off), tie in zip(notes.tolist(), ties.tolist()):
-            velocity = min(DEFAULT_VELOCITY + tie, 127)
-            parts[track].notes.append(miditoolkit.Note(velocity, pitch, on * unit, max(off * unit, on * unit + 1)))
+        for (track, pitch, on, off), velocity in zip(notes.tolist(), np.asarray(velocities).tolist()):
+            parts[track].notes.append(miditoolkit.Note(min(velocity, 127), pitch, on * unit,
+                                                       max(off * unit, on * unit + 1)))
         midi.instruments = [parts[BASS], parts[DRUMS], parts[OTHER]]
         return midi
 
@@ -460,15 +466,7 @@ class GrooveTokenizer(Tokenizer):
         first whose time is 4b beats or later (a shift that lands on or past the bar line), so
         ids[:bar_starts[b]] is the piece before bar b. Bar 0 starts after Start."""
         ids = _as_ids(ids, self.vocab_size)
-        times = token_times(ids)
-        end = _content_end(ids)
-        last = int(times[end - 1]) if end else 0
-        starts = [1 if len(ids) and ids[0] == START else 0]
-        bar = 1
-        while bar * BAR_UNITS < last:
-            starts.append(int(np.searchsorted(times[:end], bar * BAR_UNITS, side="left")))
-            bar += 1
-        return starts
+        return bar_starts_at(token_times(ids), _content_end(ids), bool(len(ids) and ids[0] == START))
 
     def to_bar_line(self, state: "GrooveState", bar: int) -> list[int]:
         """Appended to a piece cut where bar `bar` starts (`ids[:bar_starts[bar]]`, in grammar state
@@ -620,6 +618,18 @@ def _rewrite(ids: np.ndarray, change) -> np.ndarray:
     closed = np.concatenate([body, shifts_between(last, last + 1), unfinished, [END]]).astype(np.int64)
     notes, ties = decode_events(closed)
     return np.concatenate([serialize(change(notes), ties)[:end], ids[end:]]).astype(ids.dtype)
+
+
+def bar_starts_at(times: np.ndarray, end: int, opened: bool) -> list[int]:
+    """`bar_starts` from the time after each token (`token_times`), the end of the piece's
+    content and whether it opens with Start (bar 0 starts after it)."""
+    last = int(times[end - 1]) if end else 0
+    starts = [int(opened)]
+    bar = 1
+    while bar * BAR_UNITS < last:
+        starts.append(int(np.searchsorted(times[:end], bar * BAR_UNITS, side="left")))
+        bar += 1
+    return starts
 
 
 def _is_shift(ids: np.ndarray) -> np.ndarray:

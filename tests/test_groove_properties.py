@@ -13,6 +13,7 @@ import miditoolkit
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings, strategies as st
+from tokenizer_properties import check_decode_total, closed_walk
 
 from musegen.errors import TokenError
 from musegen.tokenizers.groove import (END, NOTE_OFF, START, TIME_SHIFT, GrooveTokenizer, decode_events,
@@ -33,30 +34,12 @@ def dump(midi: miditoolkit.MidiFile) -> bytes:
 
 # ---------------------------------------------------------------- (a) accepted sequences are canonical
 
-# Which family of allowed tokens the walk takes next; drawing the family first keeps the walks
-# musical (uniform over tokens would almost always pick one of the 384 note_ons).
 FAMILIES = {"on": (0, NOTE_OFF), "off": (NOTE_OFF, TIME_SHIFT), "shift": (TIME_SHIFT, START), "end": (END, END + 1)}
 
 
 def random_walk(data, max_steps: int) -> list[int]:
-    """Start, then tokens drawn among `allowed()`, ended by `close()`; End may come early."""
-    g = TOK.grammar()
-    state, ids = g.step(g.start(), START), [START]
-    for _ in range(data.draw(st.integers(0, max_steps), label="steps")):
-        mask = g.allowed(state)
-        families = [f for f, (a, b) in FAMILIES.items() if mask[a:b].any()]
-        family = data.draw(st.sampled_from(families), label="family")
-        a, b = FAMILIES[family]
-        tok = a + data.draw(st.sampled_from(np.flatnonzero(mask[a:b]).tolist()), label="token")
-        ids.append(tok)
-        state = g.step(state, tok)
-        if tok == END:
-            return ids
-    if not g.can_close(state):  # nothing started yet, or right after a shift: start a note
-        tok = data.draw(st.sampled_from(np.flatnonzero(g.allowed(state)[:NOTE_OFF]).tolist()), label="on")
-        ids.append(tok)
-        state = g.step(state, tok)
-    return ids + g.close(state)
+    """Start, tokens drawn among `allowed()` (End may come early), notes drawn until it can close, closed."""
+    return closed_walk(data, TOK.grammar(), FAMILIES, max_steps, finishers=(0, NOTE_OFF))
 
 
 def check_walk_round_trips(data, max_steps: int):
@@ -95,15 +78,6 @@ def test_a_track_may_be_missing_and_still_round_trip():
 
 # ---------------------------------------------------------------- (b) any sequence decodes or is a TokenError
 
-def check_decode_total(ids):
-    try:
-        midi = TOK.decode(ids)
-    except TokenError as err:
-        assert str(err) and "\n" not in str(err)
-    else:
-        assert len(midi.instruments) == 3
-
-
 ANY_IDS = st.one_of(
     st.lists(st.integers(0, TOK.vocab_size - 1), max_size=600),  # in range
     st.lists(st.integers(-3, TOK.vocab_size + 3), max_size=50),  # a few out of range
@@ -116,14 +90,14 @@ ANY_IDS = st.one_of(
 @FAST
 @given(ANY_IDS)
 def test_any_sequence_decodes_or_raises_token_error(ids):
-    check_decode_total(ids)
+    check_decode_total(TOK, ids)
 
 
 @pytest.mark.slow
 @SLOW
 @given(ANY_IDS)
 def test_any_sequence_decodes_or_raises_token_error_many(ids):
-    check_decode_total(ids)
+    check_decode_total(TOK, ids)
 
 
 def test_decode_rejects_what_is_not_a_token_sequence():

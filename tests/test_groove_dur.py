@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import math
+import os
 import shutil
 from pathlib import Path
 
@@ -25,12 +26,13 @@ from musegen.tokenizers.groove import GrooveTokenizer
 from musegen.tokenizers.groove_dur import (DRUM_UNITS, DURATION, DURATIONS, END, SHIFT, GrooveDurTokenizer,
                                            decode_notes, serialize)
 
-from conftest import GOLDEN
+from conftest import GOLDEN, REPO
 
 TOK = GrooveDurTokenizer()
 GROOVE = GrooveTokenizer()
 MMA_FILES = sorted((GOLDEN / "groove_spe").glob("mma_*.mid"))  # real MMA renderings, Groove2Groove layout
-SHARED_MMA = Path("/work/main/data/mma-groove/g2g")  # the prepared corpus, where this machine has it
+# the prepared MMA corpus (`musegen data prepare mma-groove`), for the slow test
+PREPARED_MMA = Path(os.environ.get("MUSEGEN_MMA_GROOVE", REPO / "data" / "mma-groove")) / "g2g"
 UNIT = 40  # ticks of a grid unit at 480 per beat
 FAST = settings(deadline=None, max_examples=100, suppress_health_check=[HealthCheck.too_slow])
 
@@ -88,9 +90,9 @@ def test_real_mma_renderings_keep_every_note(path):
 
 @pytest.mark.slow
 def test_the_prepared_mma_corpus_keeps_every_note():
-    files = sorted(SHARED_MMA.glob("*/*/*/*.mid"))[::7] if SHARED_MMA.is_dir() else []
+    files = sorted(PREPARED_MMA.rglob("*.mid"))[::7] if PREPARED_MMA.is_dir() else []
     if len(files) < 50:
-        pytest.skip(f"the prepared MMA corpus is not at {SHARED_MMA}")
+        pytest.skip(f"the prepared MMA corpus is not at {PREPARED_MMA} (set MUSEGEN_MMA_GROOVE)")
     for path in files:
         check_keeps_notes(path)
 
@@ -199,6 +201,8 @@ def test_decoding_refuses_what_has_no_reading_in_one_line():
     # a note cut off before its duration is left out; what follows End is ignored
     assert TOK.notes(ids_of("Start", "Note_2_36", "Note_3_60")).tolist() == [[2, 36, 0, 3]]
     assert TOK.notes(ids_of("Start", "Note_2_36", "End", "Duration_3")).tolist() == [[2, 36, 0, 3]]
+    assert TOK.notes(ids_of("Start", "Note_1_36", "PAD", "Duration_3")).tolist() == [[1, 36, 0, 3]]
+    assert TOK.notes(ids_of("Start", "Note_2_36", "Note_1_40", "End")).tolist() == [[2, 36, 0, 3]]
 
 
 def test_a_piece_ends_with_end_after_a_complete_note():

@@ -110,15 +110,15 @@ def serialize(notes: np.ndarray) -> tuple[np.ndarray, dict[str, int]]:
 def decode_notes(ids: np.ndarray) -> np.ndarray:
     """The notes (track, pitch, onset, offset) of ids, sorted by (onset, track, pitch, offset).
     TokenError for a Duration without its note, a bass or other note without its Duration, or a
-    Start inside the piece; a note cut off before its Duration is left out, and tokens after End
-    (and PAD) are ignored."""
+    Start inside the piece; a note cut off before its Duration is left out, PAD is ignored, and
+    so is what follows End."""
     time, waiting, found = 0, None, []  # waiting: (track, pitch) of a note before its Duration
     for i, tok in enumerate(ids.tolist()):
-        if waiting is not None:
-            if not DURATION <= tok < SHIFT:
-                raise TokenError(f"token {i}: a bass or other note must be followed by its Duration")
+        if waiting is not None and DURATION <= tok < SHIFT:
             found.append((*waiting, time, time + int(DURATIONS[tok - DURATION])))
             waiting = None
+        elif waiting is not None and tok < END:
+            raise TokenError(f"token {i}: a bass or other note must be followed by its Duration")
         elif tok < DURATION:
             track, pitch = tok // N_PITCH + 1, tok % N_PITCH
             if track == DRUMS:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import miditoolkit
 import muspy
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import DATA
 from data_prep.common import Item, prepare
 from musegen.checkpoint import save_checkpoint
 from musegen.cli import main
@@ -290,3 +292,36 @@ def test_cli_prints_the_table_and_bad_options_are_one_line(pop, tmp_path, capsys
         assert exit_info.value.code != 0
         err = capsys.readouterr().err.strip()
         assert err.count("\n") == 0 and err.startswith("error:"), err
+
+
+def test_a_folder_of_midi_files_is_continued_tune_by_tune(tmp_path, one_torch_thread):
+    """Real multi-track MIDI that is in no corpus (the Freedoom tunes): each file is a piece encoded
+    by the model's tokenizer, measured against its own bars and another tune's; a file the
+    tokenizer cannot read is skipped with why."""
+    folder = tmp_path / "tunes"
+    folder.mkdir()
+    tunes = sorted((DATA / "multitrack").glob("*.mid"))[:2]
+    for path in tunes:
+        shutil.copy(path, folder)
+    (folder / "broken.mid").write_bytes(b"MThd not really")
+    tok = GrooveTokenizer()
+    ckpt = tiny_checkpoint(tmp_path / "ckpt", tok)
+    result = evaluate_continuation(ckpt, folder, tmp_path / "eval", ContinuationSettings(prompt_bars=2, bars=2,
+                                   samples_per_piece=1), device="cpu", progress=False)
+    assert result["split"] == "midi" and result["pieces"] == 2
+    assert list(result["skipped"]) == ["broken"] and result["skipped"]["broken"].startswith("cannot encode")
+    records = {r["piece"]: r for r in map(json.loads, (tmp_path / "eval" / "pieces.jsonl").read_text().splitlines())}
+    assert sorted(records) == [p.stem for p in tunes]
+    for path in tunes:
+        record = records[path.stem]
+        assert record["floor_piece"] == next(p.stem for p in tunes if p != path)
+        notes = NoteTable.from_midi(tok.decode(tok.encode(path).ids))  # the tune as the tokenizer reads it
+        span = notes.select(notes.role == "bass").onsets_in(record["span_start_bar"], 2)
+        assert record["real"]["bass notes per bar"] == [len(span) / 2]
+        assert record["span_start_bar"] == notes.first_bar() + 3  # pickup bar + 2 prompt bars
+        assert len(record["real"]["style onset-drum Q1"]) == 1  # the tunes have drums, bass and other
+    assert len(list((tmp_path / "eval" / "samples").glob("*.mid"))) == 2
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match="neither a prepared corpus"):
+        evaluate_continuation(ckpt, tmp_path / "empty", tmp_path / "e2", ContinuationSettings(), device="cpu",
+                              progress=False)

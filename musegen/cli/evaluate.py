@@ -76,7 +76,8 @@ def loss(
 @evaluate_app.command("continuation")
 def continuation(
     checkpoint: Path = typer.Option(..., "--checkpoint", "-c", help="Checkpoint folder."),
-    data: Path = typer.Option(..., help="Token shards folder (musegen data prepare)."),
+    data: Path = typer.Option(..., help="Token shards folder (musegen data prepare), or a folder of MIDI files "
+                                        "(each encoded by the model's tokenizer; --split is then not used)."),
     out: Path = typer.Option(..., "--out", "-o", help="Folder for the table, plot, samples and per-piece "
                                                      "results (a rerun with the same settings resumes)."),
     split: str = typer.Option("valid", help="Which split's pieces to continue."),

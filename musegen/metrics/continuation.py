@@ -55,7 +55,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ..device import resolve_device
-from ..errors import ConfigError, DataError, TokenError
+from ..errors import ConfigError, DataError, MusegenError, TokenError
 from ..io import read_json, write_json, write_text
 from ..plots import pyplot, save_png
 from ..shard_midi import piece_stem
@@ -296,6 +296,37 @@ class Piece:
     def reference(self) -> dict[str, dict[str, np.ndarray]] | None:
         """Style profiles of the whole piece for multi-track pieces, else None."""
         return reference_profiles(self.notes) if len(set(self.notes.role.tolist())) > 1 else None
+
+
+MIDI_SPLIT = "midi"  # the split name of a folder of MIDI files
+
+
+def split_pieces(data_dir: str | os.PathLike, split: str, tokenizer: Tokenizer
+                 ) -> tuple[str, list[str], list[np.ndarray], dict[str, str]]:
+    """(split, piece names, their ids, unreadable pieces with why) of a prepared corpus's split,
+    or of every MIDI file under a folder without a shard index (real music that is not in any
+    corpus; each file encoded by the model's tokenizer, named by its path in the folder; `split`
+    is then not used)."""
+    from ..midi import MIDI_SUFFIXES
+    from ..shards import INDEX, Shards
+
+    folder = Path(data_dir)
+    if folder.is_dir() and not (folder / INDEX).exists():
+        files = sorted(p for p in folder.rglob("*") if p.suffix in MIDI_SUFFIXES and p.is_file())
+        if not files:
+            raise DataError(f"{folder}: neither a prepared corpus ({INDEX}) nor a folder of MIDI files")
+        names, ids, unreadable = [], [], {}
+        for path in files:
+            name = str(path.relative_to(folder).with_suffix(""))
+            try:
+                ids.append(np.asarray(tokenizer.encode(path).ids, dtype=np.int64))
+                names.append(name)
+            except MusegenError as exc:
+                unreadable[name] = f"cannot encode: {str(exc).splitlines()[0]}"
+        return MIDI_SPLIT, names, ids, unreadable
+    shards = Shards(folder)
+    split, ids = shards.pieces_for(split, tokenizer)
+    return split, shards.names(split), ids, {}
 
 
 def usable_pieces(tokenizer: Tokenizer, names: list[str], pieces: list[np.ndarray],
@@ -564,16 +595,15 @@ def evaluate_continuation(checkpoint: str | os.PathLike, data_dir: str | os.Path
     across interruptions), samples/<piece>_<i>.mid, and continuation.csv/.md/.png (the table).
     """
     from ..checkpoint import load_checkpoint
-    from ..shards import Shards
 
     settings = settings.checked()
     if limit is not None and limit < 1:
         raise ConfigError(f"--pieces must be at least 1, got {limit}")
     device = resolve_device(device)
     model, tokenizer, _, _ = load_checkpoint(checkpoint, device=device)
-    shards = Shards(data_dir)
-    split, ids = shards.pieces_for(split, tokenizer)
-    usable, skipped = usable_pieces(tokenizer, shards.names(split), ids, settings)
+    split, names, ids, unreadable = split_pieces(data_dir, split, tokenizer)
+    usable, skipped = usable_pieces(tokenizer, names, ids, settings)
+    skipped = unreadable | skipped
     if not usable:
         why = next(iter(skipped.values()), "the split is empty")
         raise DataError(f"{data_dir}: no piece of split {split!r} can be used ({len(skipped)} skipped; {why})")

@@ -1,0 +1,185 @@
+"""Issue #28's "done when" for a groove model, as one table: `musegen evaluate groove-targets`.
+
+Each criterion of the issue that a measurement decides, its target, the value measured, the real
+and floor values beside it, and whether it passes, read from the outputs of three runs:
+- `evaluate continuation` on the unseen MMA test styles (2-bar prompts, at least 60 pieces x 2
+  samples): the first quarter's style medians (empty quarters score 0), bass and other notes per
+  bar (means over spans, within 25% of the real spans'), their median durations (the median over
+  spans of each span's median, within 1.5x of the real one) and the mean pitch (within 3
+  semitones of the real mean);
+- `evaluate continuation` on a folder of real multi-track MIDI that is not MMA: bass and other
+  median durations within 2x of the real continuations', and the three style medians of the
+  first quarter above those of an unrelated piece's bars (the floor);
+- `evaluate copy`: each model's mean score beside the ceiling and floor (the issue sets no
+  number; the row passes nothing and fails nothing).
+Values are recomputed from the runs' per-piece results (pieces.jsonl), not from rounded tables.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import DataError
+from ..io import read_json, write_json
+from .compare import read_jsonl
+from .continuation import pooled_values, summary_rows
+
+MMA_PIECES, MMA_SAMPLES, PROMPT_BARS = 60, 2, 2
+STYLE_TARGETS = {"time-pitch": 0.6, "onset-duration": 0.5, "onset-drum": 0.7}
+NOTES_TOLERANCE = 0.25  # notes per bar within +-25% of the real mean
+MMA_DURATION_RATIO = 1.5
+MIDI_DURATION_RATIO = 2.0
+PITCH_TOLERANCE = 3.0  # semitones
+PITCHED_ROLES = ("bass", "other")
+
+
+@dataclass
+class Check:
+    """One row of the table: `passed` None where the issue sets no number."""
+
+    part: str
+    criterion: str
+    target: str
+    model: float
+    real: float = math.nan
+    floor: float = math.nan
+    passed: bool | None = None
+
+
+@dataclass
+class ContinuationRun:
+    """What `targets` needs of one `evaluate continuation` output folder."""
+
+    settings: dict[str, Any]
+    pieces: int
+    rows: dict[str, dict[str, Any]]  # summary_rows by metric
+
+    @classmethod
+    def read(cls, folder: str | os.PathLike) -> "ContinuationRun":
+        folder = Path(folder)
+        try:
+            settings = read_json(folder / "run.json")
+            records = read_jsonl(folder / "pieces.jsonl")
+            rows = {r["metric"]: r for r in summary_rows(pooled_values(records))}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise DataError(f"{folder}: not the output of `musegen evaluate continuation` ({exc})") from None
+        if not records:
+            raise DataError(f"{folder}: no piece was continued yet")
+        return cls(settings, len(records), rows)
+
+    def statistic(self, metric: str, statistic: str) -> tuple[float, float, float]:
+        """(model, real, floor) `statistic` ("mean" or "median") of a metric; NaN where missing."""
+        row = self.rows.get(metric, {})
+        return tuple(row.get(f"{source}_{statistic}", math.nan) for source in ("model", "real", "floor"))
+
+
+def _within_ratio(model: float, real: float, ratio: float) -> bool:
+    return real > 0 and model > 0 and 1 / ratio <= model / real <= ratio
+
+
+def mma_checks(run: ContinuationRun) -> list[Check]:
+    """The criteria on the unseen MMA test styles."""
+    part = "MMA test styles"
+    s = run.settings
+    protocol = (s.get("prompt_bars") == PROMPT_BARS and run.pieces >= MMA_PIECES
+                and s.get("samples_per_piece", 0) >= MMA_SAMPLES)
+    checks = [Check(part, f"pieces ({s.get('samples_per_piece')} samples each, {s.get('prompt_bars')}-bar prompts, "
+                          f"{s.get('bars')} bars continued)", f">= {MMA_PIECES} x {MMA_SAMPLES}, 2-bar prompts",
+                    run.pieces, passed=protocol)]
+    for metric, least in STYLE_TARGETS.items():
+        model, real, floor = run.statistic(f"style {metric} Q1", "median")
+        checks.append(Check(part, f"style {metric} Q1 (median, empty = 0)", f">= {least}", model, real, floor,
+                            model >= least))
+    for role in PITCHED_ROLES:
+        model, real, floor = run.statistic(f"{role} notes per bar", "mean")
+        checks.append(Check(part, f"{role} notes per bar (mean)", f"real +-{NOTES_TOLERANCE:.0%}", model, real, floor,
+                            real > 0 and abs(model / real - 1) <= NOTES_TOLERANCE))
+    for role in PITCHED_ROLES:
+        model, real, floor = run.statistic(f"{role} median duration", "median")
+        checks.append(Check(part, f"{role} median duration, beats (median)", f"within {MMA_DURATION_RATIO}x of real",
+                            model, real, floor, _within_ratio(model, real, MMA_DURATION_RATIO)))
+    model, real, floor = run.statistic("mean pitch", "mean")
+    checks.append(Check(part, "mean pitch (mean)", f"real +-{PITCH_TOLERANCE:g} semitones", model, real, floor,
+                        abs(model - real) <= PITCH_TOLERANCE))
+    return checks
+
+
+def midi_checks(run: ContinuationRun) -> list[Check]:
+    """The criteria on real multi-track MIDI that is not MMA."""
+    part = f"real MIDI ({run.pieces} pieces x {run.settings.get('samples_per_piece')})"
+    checks = []
+    for role in PITCHED_ROLES:
+        model, real, floor = run.statistic(f"{role} median duration", "median")
+        checks.append(Check(part, f"{role} median duration, beats (median)", f"within {MIDI_DURATION_RATIO:g}x of real",
+                            model, real, floor, _within_ratio(model, real, MIDI_DURATION_RATIO)))
+    for metric in STYLE_TARGETS:
+        model, real, floor = run.statistic(f"style {metric} Q1", "median")
+        checks.append(Check(part, f"style {metric} Q1 (median, empty = 0)", "> floor (an unrelated piece)",
+                            model, real, floor, model > floor))
+    return checks
+
+
+def copy_checks(folder: str | os.PathLike) -> list[Check]:
+    """Each model's copy-test mean, beside the ceiling and floor of its tokenizer."""
+    folder = Path(folder)
+    try:
+        table = read_json(folder / "copy.json")["table"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise DataError(f"{folder}: not the output of `musegen evaluate copy` ({exc})") from None
+    bounds = {r["name"].split(":")[0]: r["mean"] for r in table if r["name"].startswith(("ceiling", "floor"))}
+    return [Check("copy test", f"{r['name']}: mean F1 per bar ({r['scored']} scored)",
+                  "shown beside softmax and the previous model", _number(r["mean"]),
+                  _number(bounds.get("ceiling")), _number(bounds.get("floor")))
+            for r in table if not r["name"].startswith(("ceiling", "floor"))]
+
+
+def _number(value) -> float:
+    return math.nan if value is None else float(value)
+
+
+COLUMNS = ("part", "criterion", "target", "measured", "real", "floor", "pass")
+
+
+def write_targets(out_dir: str | os.PathLike, checks: list[Check], note: str = "") -> dict[str, Path]:
+    """done_when.md (the table, then `note`), .csv and .json (every check, numbers unrounded)."""
+    from .compare import fmt, write_table
+
+    out_dir = Path(out_dir)
+    verdict = {True: "pass", False: "FAIL", None: "-"}
+    cells = [[c.part, c.criterion, c.target, fmt(c.model), fmt(c.real), fmt(c.floor), verdict[c.passed]]
+             for c in checks]
+    write_table(out_dir, "done_when", list(COLUMNS), cells, note)  # and done_when.csv
+    decided = [c.passed for c in checks if c.passed is not None]
+    write_json(out_dir / "done_when.json", {
+        "checks": [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in asdict(c).items()}
+                   for c in checks],
+        "passed": sum(decided), "decided": len(decided)})
+    return {"md": out_dir / "done_when.md", "json": out_dir / "done_when.json"}
+
+
+def groove_targets(out_dir: str | os.PathLike, mma: str | os.PathLike | None = None,
+                   midi: str | os.PathLike | None = None, copy: str | os.PathLike | None = None) -> dict[str, Any]:
+    """The table from whichever of the three outputs are given; the criteria of the runs not given
+    are left out (and named in the note)."""
+    checks: list[Check] = []
+    missing = []
+    for label, folder, judge in (("MMA test styles", mma, lambda f: mma_checks(ContinuationRun.read(f))),
+                                 ("real MIDI", midi, lambda f: midi_checks(ContinuationRun.read(f))),
+                                 ("copy test", copy, copy_checks)):
+        if folder is None:
+            missing.append(label)
+        else:
+            checks += judge(folder)
+    note = ("measured: the model's value (for the copy test: its mean; real: the ceiling, the prompt's own loop; "
+            "floor: an unrelated pattern's loop). real: the pieces' own continuation bars; floor: another piece's "
+            "bars after its own prompt. Definitions: docs/evaluation.md; criteria: issue #28 and "
+            "musegen/metrics/targets.py. Not measured here: the docs criterion (comparison runs in "
+            "docs/experiments/, the limits in the card and docs/results.md).")
+    if missing:
+        note += f" Not run: {', '.join(missing)}."
+    files = write_targets(out_dir, checks, note)
+    return {"checks": checks, "files": files}

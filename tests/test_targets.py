@@ -34,7 +34,8 @@ def runs(tmp_path_factory, one_torch_thread):
     ckpt = tiny_checkpoint("groove", root / "ckpt")
     settings = ContinuationSettings(prompt_bars=2, bars=4, samples_per_piece=2)
     evaluate_continuation(ckpt, root / "data", root / "mma", settings, split="test", device="cpu", progress=False)
-    evaluate_continuation(ckpt, FREEDOOM, root / "midi", ContinuationSettings(prompt_bars=2, bars=4, samples_per_piece=1),
+    evaluate_continuation(ckpt, FREEDOOM, root / "midi", ContinuationSettings(prompt_bars=2, bars=4,
+                                                                             samples_per_piece=1),
                           device="cpu", progress=False)
     evaluate_copy({"tiny": ckpt}, root / "copy", settings=CopySettings(bars=2, samples=1), device="cpu",
                   progress=False)
@@ -76,7 +77,8 @@ def test_the_table_reads_each_criterion_from_the_runs(runs):
         assert (notes.model, notes.real) == pytest.approx((model, real))
         assert notes.passed == (abs(model / real - 1) <= 0.25)
         durations = checks[("real MIDI", f"{role} median duration, beats")]
-        model, real = (np.median(finite(pooled(runs / "midi", s, f"{role} median duration"))) for s in ("model", "real"))
+        model, real = (np.median(finite(pooled(runs / "midi", s, f"{role} median duration")))
+                       for s in ("model", "real"))
         assert (durations.model, durations.real) == pytest.approx((model, real))
         assert durations.passed == (0.5 <= model / real <= 2)
     drum = checks[("real MIDI", "style onset-drum Q1")]
@@ -85,11 +87,13 @@ def test_the_table_reads_each_criterion_from_the_runs(runs):
     copy = json.loads((runs / "copy" / "copy.json").read_text())["table"]
     tiny = checks[("copy test", "tiny: mean F1 per bar")]
     assert tiny.model == pytest.approx(copy[0]["mean"]) and tiny.real == pytest.approx(1.0)  # the loop's ceiling
-    assert tiny.passed is None
+    assert tiny.passed is None and result["checks"][-1].part == "docs" and result["checks"][-1].passed is None
     table = (runs / "table" / "done_when.md").read_text()
     assert table.count("\n| ") == len(result["checks"]) and "| FAIL |" in table
     saved = json.loads((runs / "table" / "done_when.json").read_text())
-    assert len(saved["checks"]) == len(result["checks"]) and saved["decided"] == len(result["checks"]) - 1
+    assert len(saved["checks"]) == len(result["checks"]) and saved["decided"] == len(result["checks"]) - 2
+    assert saved["runs"]["MMA test styles"]["prompt_bars"] == 2 and saved["runs"]["real MIDI"]["split"] == "midi"
+    assert saved["runs"]["copy test"]["checkpoints"] == {"tiny": str(runs / "ckpt")}
 
 
 def test_a_model_that_plays_the_real_bars_meets_the_ratio_targets_and_not_the_floor_test(runs, tmp_path):

@@ -12,6 +12,7 @@ and floor values beside it, and whether it passes, read from the outputs of thre
   first quarter above those of an unrelated piece's bars (the floor);
 - `evaluate copy`: each model's mean score beside the ceiling and floor (the issue sets no
   number; the row passes nothing and fails nothing).
+The issue's last criterion (what the docs say) is listed, for a reader to check.
 Values are recomputed from the runs' per-piece results (pieces.jsonl), not from rounded tables.
 """
 
@@ -44,7 +45,7 @@ class Check:
     part: str
     criterion: str
     target: str
-    model: float
+    model: float  # a count (int) in the protocol row
     real: float = math.nan
     floor: float = math.nan
     passed: bool | None = None
@@ -123,18 +124,27 @@ def midi_checks(run: ContinuationRun) -> list[Check]:
     return checks
 
 
-def copy_checks(folder: str | os.PathLike) -> list[Check]:
-    """Each model's copy-test mean, beside the ceiling and floor of its tokenizer."""
+def read_copy(folder: str | os.PathLike) -> dict[str, Any]:
+    """What the table needs of an `evaluate copy` output: its rows as (name, scored, mean), and its
+    settings with the models' checkpoints."""
     folder = Path(folder)
     try:
-        table = read_json(folder / "copy.json")["table"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        result = read_json(folder / "copy.json")
+        return {"rows": [(row["name"], row["scored"], row["mean"]) for row in result["table"]],
+                "settings": dict(result["settings"]) | {
+                    "checkpoints": {name: model["checkpoint"] for name, model in result["models"].items()}}}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise DataError(f"{folder}: not the output of `musegen evaluate copy` ({exc})") from None
-    bounds = {r["name"].split(":")[0]: r["mean"] for r in table if r["name"].startswith(("ceiling", "floor"))}
-    return [Check("copy test", f"{r['name']}: mean F1 per bar ({r['scored']} scored)",
-                  "shown beside softmax and the previous model", _number(r["mean"]),
-                  _number(bounds.get("ceiling")), _number(bounds.get("floor")))
-            for r in table if not r["name"].startswith(("ceiling", "floor"))]
+
+
+def copy_checks(copy: dict[str, Any]) -> list[Check]:
+    """Each model's copy-test mean (`read_copy`), beside the ceiling and floor of its tokenizer."""
+    baselines = ("ceiling", "floor")
+    bounds = {name.split(":")[0]: mean for name, _, mean in copy["rows"] if name.startswith(baselines)}
+    return [Check("copy test", f"{name}: mean F1 per bar ({scored} scored)",
+                  "shown beside softmax and the previous model", _number(mean), _number(bounds.get("ceiling")),
+                  _number(bounds.get("floor")))
+            for name, scored, mean in copy["rows"] if not name.startswith(baselines)]
 
 
 def _number(value) -> float:
@@ -144,20 +154,22 @@ def _number(value) -> float:
 COLUMNS = ("part", "criterion", "target", "measured", "real", "floor", "pass")
 
 
-def write_targets(out_dir: str | os.PathLike, checks: list[Check], note: str = "") -> dict[str, Path]:
-    """done_when.md (the table, then `note`), .csv and .json (every check, numbers unrounded)."""
+def write_targets(out_dir: str | os.PathLike, checks: list[Check], note: str = "",
+                  runs: dict[str, Any] | None = None) -> dict[str, Path]:
+    """done_when.md (the table, then `note`), .csv and .json (every check, numbers unrounded, and
+    `runs`: the settings of the runs measured)."""
     from .compare import fmt, write_table
 
     out_dir = Path(out_dir)
     verdict = {True: "pass", False: "FAIL", None: "-"}
-    cells = [[c.part, c.criterion, c.target, fmt(c.model), fmt(c.real), fmt(c.floor), verdict[c.passed]]
-             for c in checks]
+    cells = [[c.part, c.criterion, c.target, str(c.model) if isinstance(c.model, int) else fmt(c.model),
+              fmt(c.real), fmt(c.floor), verdict[c.passed]] for c in checks]
     write_table(out_dir, "done_when", list(COLUMNS), cells, note)  # and done_when.csv
     decided = [c.passed for c in checks if c.passed is not None]
     write_json(out_dir / "done_when.json", {
         "checks": [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in asdict(c).items()}
                    for c in checks],
-        "passed": sum(decided), "decided": len(decided)})
+        "passed": sum(decided), "decided": len(decided), "runs": runs or {}})
     return {"md": out_dir / "done_when.md", "json": out_dir / "done_when.json"}
 
 
@@ -166,20 +178,28 @@ def groove_targets(out_dir: str | os.PathLike, mma: str | os.PathLike | None = N
     """The table from whichever of the three outputs are given; the criteria of the runs not given
     are left out (and named in the note)."""
     checks: list[Check] = []
+    runs: dict[str, Any] = {}
     missing = []
-    for label, folder, judge in (("MMA test styles", mma, lambda f: mma_checks(ContinuationRun.read(f))),
-                                 ("real MIDI", midi, lambda f: midi_checks(ContinuationRun.read(f))),
-                                 ("copy test", copy, copy_checks)):
+    for label, folder, judge in (("MMA test styles", mma, mma_checks), ("real MIDI", midi, midi_checks)):
         if folder is None:
             missing.append(label)
         else:
-            checks += judge(folder)
+            run = ContinuationRun.read(folder)
+            checks += judge(run)
+            runs[label] = run.settings
+    if copy is None:
+        missing.append("copy test")
+    else:
+        found = read_copy(copy)
+        checks += copy_checks(found)
+        runs["copy test"] = found["settings"]
+    checks.append(Check("docs", "comparison runs in docs/experiments/ with their compute; what limits the model, "
+                                "with numbers, in the card and docs/results.md", "written", math.nan))
     note = ("measured: the model's value (for the copy test: its mean; real: the ceiling, the prompt's own loop; "
             "floor: an unrelated pattern's loop). real: the pieces' own continuation bars; floor: another piece's "
             "bars after its own prompt. Definitions: docs/evaluation.md; criteria: issue #28 and "
-            "musegen/metrics/targets.py. Not measured here: the docs criterion (comparison runs in "
-            "docs/experiments/, the limits in the card and docs/results.md).")
+            "musegen/metrics/targets.py. The docs criterion is for a reader to check.")
     if missing:
         note += f" Not run: {', '.join(missing)}."
-    files = write_targets(out_dir, checks, note)
+    files = write_targets(out_dir, checks, note, runs)
     return {"checks": checks, "files": files}

@@ -11,14 +11,18 @@
 # Settings (environment): DATA (default data/mma-<the checkpoint's tokenizer kind>), PIECES (80),
 # SAMPLES (2), MIDI (tests/data/multitrack), MIDI_SAMPLES (4), NAME (the model's name in the copy
 # table; default the checkpoint folder's name), COPY_WITH (more NAME=CHECKPOINT for the copy table:
-# softmax, the previous model). One CPU thread throughout.
-# Stages (after the two arguments): mma midi copy table, all by default. Interrupted continuation
+# softmax, the previous model), REPORT (a folder, e.g. docs/experiments/groove-targets/<model>: the
+# report stage copies the tables there). One CPU thread throughout.
+# Stages (after the two arguments): mma midi copy table (all by default) and report (by default
+# when REPORT is set). Interrupted continuation
 # stages resume where they stopped; a copy stage with a copy.json is done (remove it to redo it).
 set -euo pipefail
 if [ $# -lt 2 ]; then
-  echo "usage: groove_eval.sh CHECKPOINT OUT_DIR [STAGE...]  (stages: mma midi copy table)" >&2; exit 2
+  echo "usage: groove_eval.sh CHECKPOINT OUT_DIR [STAGE...]  (stages: mma midi copy table report)" >&2; exit 2
 fi
-[ -f "$1/config.json" ] || { echo "groove_eval.sh: $1 is not a checkpoint folder (no config.json)" >&2; exit 2; }
+for f in config.json tokenizer.json; do
+  [ -f "$1/$f" ] || { echo "groove_eval.sh: $1 is not a checkpoint folder (no $f)" >&2; exit 2; }
+done
 CHECKPOINT=$(realpath "$1")
 mkdir -p "$2"
 OUT=$(realpath "$2")
@@ -34,7 +38,8 @@ SAMPLES=${SAMPLES:-2}
 MIDI=${MIDI:-tests/data/multitrack}
 MIDI_SAMPLES=${MIDI_SAMPLES:-4}
 NAME=${NAME:-$(basename "$CHECKPOINT")}
-stages=${*:-mma midi copy table}
+REPORT=${REPORT:-}
+stages=${*:-mma midi copy table${REPORT:+ report}}
 
 # continuation OUT DATA SAMPLES [OPTION...]: the protocol of (a) and (b), seed 0, resumable.
 continuation() {
@@ -59,6 +64,12 @@ for stage in $stages; do
       parts=()
       for part in mma midi copy; do [ -d "$OUT/$part" ] && parts+=(--"$part" "$OUT/$part"); done
       "${musegen[@]}" evaluate groove-targets "${parts[@]}" --out "$OUT" ;;
-    *) echo "groove_eval.sh: unknown stage $stage (mma midi copy table)" >&2; exit 2 ;;
+    report)
+      [ -n "$REPORT" ] || { echo "groove_eval.sh: the report stage needs REPORT=<folder>" >&2; exit 2; }
+      mkdir -p "$REPORT"
+      cp "$OUT"/done_when.{md,json} "$REPORT/"
+      for part in mma midi; do [ -f "$OUT/$part/continuation.md" ] && cp "$OUT/$part/continuation.md" "$REPORT/$part.md"; done
+      [ -f "$OUT/copy/copy.md" ] && cp "$OUT/copy/copy.md" "$REPORT/copy.md" ;;
+    *) echo "groove_eval.sh: unknown stage $stage (mma midi copy table report)" >&2; exit 2 ;;
   esac
 done

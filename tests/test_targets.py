@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
-from conftest import DATA, GOLDEN
+from conftest import DATA, GOLDEN, REPO
 from data_prep.common import Item, prepare
 from musegen.cli import main
 from musegen.metrics.continuation import ContinuationSettings, evaluate_continuation
@@ -127,3 +130,23 @@ def test_cli_writes_the_table_and_refuses_bad_folders_in_one_line(runs, tmp_path
         assert exit_info.value.code != 0
         err = capsys.readouterr().err.strip()
         assert err.count("\n") == 0 and err.startswith("error:"), err
+
+
+def test_the_script_runs_every_stage_resumes_and_writes_the_table(runs, tmp_path):
+    """scripts/experiments/groove_eval.sh end to end on the tiny model: the table of a groove
+    checkpoint in one command; run again, it samples nothing anew."""
+    env = os.environ | {"PYTHON": sys.executable, "PYTHONPATH": str(REPO), "DATA": str(runs / "data"),
+                        "PIECES": "2", "MIDI_SAMPLES": "1", "NAME": "tiny", "REPORT": str(tmp_path / "report")}
+    script = [str(REPO / "scripts" / "experiments" / "groove_eval.sh"), str(runs / "ckpt"), str(tmp_path / "out")]
+    first = subprocess.run(["bash", *script], env=env, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr[-2000:]
+    saved = json.loads((tmp_path / "report" / "done_when.json").read_text())
+    assert {c["part"].split(" (")[0] for c in saved["checks"]} == {"MMA test styles", "real MIDI", "copy test", "docs"}
+    assert saved["checks"][0]["model"] == 2 and saved["checks"][0]["passed"] is False  # 2 pieces < 60
+    assert sorted(p.name for p in (tmp_path / "report").iterdir()) == ["copy.md", "done_when.json", "done_when.md",
+                                                                      "midi.md", "mma.md"]
+    again = subprocess.run(["bash", *script], env=env, capture_output=True, text=True)
+    assert again.returncode == 0 and "(2 from an earlier run)" in again.stdout and "copy: done" in again.stdout
+    bad = subprocess.run(["bash", script[0], str(tmp_path), str(tmp_path / "x")], env=env, capture_output=True,
+                         text=True)
+    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "not a checkpoint folder" in bad.stderr

@@ -8,7 +8,8 @@ K .. K + M - 1. Three kinds of span are measured: the model's, the real piece's 
 a ceiling), and another piece's span after its own prompt (the floor: real music that ignores
 this prompt; the piece half the list of usable pieces away, so that in corpora sorted by style it
 is seldom of the same style). Pieces whose last note starts before bar K + M - 1 are too short
-and skipped.
+and skipped. Instead of a prepared corpus, a folder of MIDI files can give the pieces (real music
+in no corpus), each encoded by the model's tokenizer.
 
 Every metric is computed on a span (bars of 4 beats; steps are 16th notes; *pitched* notes are the
 non-drum ones; a note *sounds* at a step or beat it overlaps for a positive time):

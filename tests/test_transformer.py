@@ -1,12 +1,15 @@
 """The decoder: recurrent generation equals the parallel pass, presets, devices, autocast."""
 
+import math
+
 import pytest
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from musegen.errors import ConfigError
 from musegen.model import MusicPerformer, preset
-from musegen.model.attention import fast_transformers_available
+from musegen.model.attention import EPS, fast_transformers_available
 from musegen.model import streaming
 from musegen.model.streaming import StreamState
 from musegen.model.transformer import _HASH_BLOCK, Dropout, random_words
@@ -211,6 +214,45 @@ def test_bf16_training_gradients_follow_fp32(pe, gated, attention):
             continue
         cosine = torch.nn.functional.cosine_similarity(g.flatten(), fast[name].flatten(), dim=0)
         assert cosine > 0.99 and 0.9 < fast[name].norm() / g.norm() < 1.1, (name, float(cosine))
+
+
+def test_a_float64_model_mixes_sine_spe_codes_and_attends_in_float64():
+    """The reference formulas in float64 (Liutkus et al.): Qbar_d(t) = s sum_k lambda_dk
+    (cos(2 pi f_dk t + theta_dk) Z_d[2k] + sin(...) Z_d[2k+1]), Kbar without theta, gated as
+    sqrt(1 - g) Qbar + sqrt(g) eps; qhat = q @ Qbar per position; then causal linear attention
+    with relu features. Codes or activations rounded to fp32 anywhere would miss by about 1e-7."""
+    model = tiny(pe="sine", gated=True, attention="relu").double()
+    noise = model.draw_noise(torch.Generator().manual_seed(3))
+    model.draw_noise = lambda: noise  # the forward's fresh draw is this one
+    attention, seen = model.layers[0].attention, {}
+    attention.spe_filter.register_forward_hook(lambda _, inputs, outputs: seen.update(mix=(inputs, outputs)))
+    attention.register_forward_hook(lambda _, inputs, output: seen.update(layer=(inputs[0], output[0])))
+    tokens = ids()
+    with torch.no_grad():
+        model(tokens)
+        (q, k, _, eps), (qhat, khat) = seen["mix"]
+        spe, T = model.spe, tokens.shape[1]
+        angles = 2 * math.pi * (torch.sigmoid(spe.freqs) / 2)[:, :, None] * torch.arange(T).double()[:, None]
+        gains, z = F.softplus(spe.gains), noise.spe.double()
+
+        def code(angle):  # [H, D, T, K] -> [H, T, D, R]
+            terms = angle.cos()[..., None] * z[:, :, None, 0::2] + angle.sin()[..., None] * z[:, :, None, 1::2]
+            return (gains[:, :, None, :, None] * terms).sum(3).transpose(1, 2) * spe.code_scale
+
+        g = torch.sigmoid(attention.spe_filter.gate)
+        gated = [(1 - g).sqrt()[:, None, :, None] * code(a) + (g.sqrt()[..., None] * eps)[:, None]
+                 for a in (angles + spe.offsets[:, :, None], angles)]
+        want_q, want_k = (torch.einsum("bhtd,htdr->bhtr", x, c) for x, c in zip((q, k), gated))
+        assert qhat.dtype == torch.float64
+        assert (qhat - want_q).abs().max() <= 1e-10 * want_q.abs().max()
+        assert (khat - want_k).abs().max() <= 1e-10 * want_k.abs().max()
+
+        x, y = seen["layer"]
+        v = attention.split(attention.qkv(x))[2]
+        scores = (F.relu(want_q) @ F.relu(want_k).transpose(-1, -2)).tril()
+        heads = (scores @ v) / (scores.sum(-1, keepdim=True) + EPS)
+        want_y = attention.out(heads.transpose(1, 2).reshape(*x.shape[:2], -1))
+        assert (y - want_y).abs().max() <= 1e-10 * want_y.abs().max()
 
 
 def test_inference_precision_is_checked():

@@ -157,8 +157,9 @@ class SelfAttention(nn.Module):
         # take the projection's dtype (bf16 under autocast), as the linear layers do.
         with torch.autocast(x.device.type, enabled=False):
             if self.spe_filter is not None:
-                q, k = self.spe_filter(q, k, codes, gate_noise)  # fp32 out
-            q, k, v = (None if t is None else t.to(torch.float32, memory_format=torch.contiguous_format)
+                q, k = self.spe_filter(q, k, codes, gate_noise)  # fp32 or wider
+            wide = torch.promote_types(projected.dtype, torch.float32)
+            q, k, v = (None if t is None else t.to(wide, memory_format=torch.contiguous_format)
                        for t in (q, k, v))
             if self.family is not None:
                 y, state = self.family(q, k, v, state)
@@ -313,8 +314,10 @@ class MusicPerformer(nn.Module):
         if self.spe is not None:
             device = ids.device.type
             # The codes come in the dtype of the layers' SPE products, once for all layers:
-            # bf16 under autocast, like the attention's products (SPEFilter).
-            products = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else torch.float32
+            # bf16 under autocast, like the attention's products (SPEFilter), else the model's
+            # dtype or fp32, whichever is wider (a float64 model keeps float64 codes).
+            products = (torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device)
+                        else torch.promote_types(x.dtype, torch.float32))
             with torch.autocast(device, enabled=False):
                 codes = tuple(share_codes(c) for c in self.spe.codes(noise.spe, t0, t1, dtype=products))
         new_states = []

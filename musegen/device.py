@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import platform
 from pathlib import Path
 
 import torch
@@ -32,13 +33,33 @@ def resolve_device(name: str | torch.device | None = "auto") -> torch.device:
 
 
 @functools.cache
+def _cpuinfo() -> dict:
+    """The first processor's fields of Linux's /proc/cpuinfo (empty elsewhere)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    fields = {}
+    for line in text.split("\n\n")[0].splitlines():
+        key, _, value = line.partition(":")
+        fields[key.strip()] = value.strip()
+    return fields
+
+
 def cpu_flags() -> frozenset:
     """The CPU's feature flags as Linux lists them (x86 "flags", Arm "Features"); empty elsewhere."""
-    try:
-        return frozenset(word for line in Path("/proc/cpuinfo").read_text().splitlines()
-                         if line.startswith(("flags", "Features")) for word in line.split(":", 1)[1].split())
-    except (OSError, IndexError):
-        return frozenset()
+    info = _cpuinfo()
+    return frozenset((info.get("flags") or info.get("Features") or "").split())
+
+
+def cpu_name() -> str:
+    """The CPU's model as Linux names it, with x86's family and model numbers (a VM often shows
+    only "AMD EPYC"), else the platform's processor string."""
+    info = _cpuinfo()
+    name = info.get("model name") or info.get("CPU part") or platform.processor() or platform.machine()
+    if "cpu family" in info:
+        name += f" (family {info['cpu family']} model {info.get('model', '?')})"
+    return name
 
 
 @functools.cache

@@ -42,6 +42,7 @@ from .device import resolve_device
 from .errors import ConfigError, MidiError, MusegenError, TokenError
 from .io import atomic_path, check_regular, read_json, write_json
 from .midi import MIDI_SUFFIXES
+from .precision import step_choice
 from .render import PROMPT_END_MARKER, pianoroll_png, render_wav
 from .tokenizers.base import Grammar, Tokenizer
 from .tokenizers.constants import MAX_BARS
@@ -72,7 +73,7 @@ class SampleSettings:
     seed: int | None = None  # None: drawn at random and recorded
     grammar: bool = True
     prompt_bars: int | None = None
-    precision: str = "auto"  # of the model's steps: "auto" is bf16 where the device computes it natively
+    precision: str = "auto"  # of the model's steps: "auto" is the fastest here (musegen.precision)
     keep_note_offs: bool = True  # the mask keeps the model's note-off share (`keep_type_mass`); False: the paper's
     mono_bass: bool = True  # groove: a bass note another began over ends at the next event (Grammar.sampling_prefix)
 
@@ -443,8 +444,9 @@ def _generate(model, tokenizer: Tokenizer, prompt: Prompt, s: SampleSettings, de
     gen = torch.Generator(device=device).manual_seed(s.seed)
     bar = tqdm(total=len(rows) * budget if s.length else None, unit="tok", unit_scale=True,
                desc="sampling", disable=not progress, leave=False)
+    choice = step_choice(s.precision, model, len(rows))  # timed before the clock starts, where not cached
     started = time.perf_counter()
-    with torch.inference_mode(), model.streaming(len(rows), seed=s.seed):
+    with torch.inference_mode(), model.streaming(len(rows), seed=s.seed, choice=choice):
         logits = _ingest(model, start_ids, len(rows), device)
         kept = _note_off_ids(tokenizer, logits.shape[-1], device) if s.keep_note_offs else None
         for _ in range(budget + FINISH_LIMIT):
@@ -465,7 +467,7 @@ def _generate(model, tokenizer: Tokenizer, prompt: Prompt, s: SampleSettings, de
     bar.close()
     samples = [Sample(np.array(r.ids, dtype=np.int64), len(prompt.ids), r.new, r.closed and r.violation is None,
                       r.violation) for r in rows]
-    return samples, _stats(samples, elapsed, state_bytes)
+    return samples, {**_stats(samples, elapsed, state_bytes), "precision": choice.record()}
 
 
 def _draw(logits: torch.Tensor, rows: list[_Row], vocab_size: int, s: SampleSettings,

@@ -31,12 +31,13 @@ from tqdm import tqdm
 
 from .checkpoint import load_checkpoint, read_checkpoint_config
 from .data import CROP_CHOICES, SAMPLING_CHOICES, Augmenter, CropDataset, StepBatches, derive_seed
-from .device import resolve_device, use_bf16
+from .device import resolve_device
 from .errors import CheckpointError, ConfigError, DataError, TrainingError
 from .io import read_input, write_json
 from .metrics.loss import position_nll, summarize, write_position_nll
 from .model import MusicPerformer
 from .model.config import ModelConfig, preset, replace_checked
+from .precision import Choice, training_choice
 from .run_folder import (RUN_CONFIG, RunLock, RunLog, TrainingState, clean_leftovers, latest_checkpoint,
                          state_is_finite, write_checkpoint)
 from .shards import Shards, resolve_split
@@ -87,7 +88,7 @@ class TrainConfig:
     grad_clip: float = 0.5  # max global gradient norm; 0 disables clipping
     # hardware
     device: str = "auto"  # "auto" (cuda when available) | "cpu" | "cuda" | "cuda:N"
-    precision: str = "auto"  # "auto" (bf16 autocast where the device computes bf16 natively) | "fp32" | "bf16"
+    precision: str = "auto"  # "auto" (the faster of fp32 and bf16, timed once: musegen.precision) | "fp32" | "bf16"
     compile: bool = False  # torch.compile the model
     # checkpoints, validation, logs
     ckpt_every: int = 1000
@@ -405,13 +406,27 @@ class Trainer:
         procs.barrier()
         self.net = self._wrap()
         self.loader = self._make_loader(data.train)
-        self.bf16 = use_bf16(cfg.precision, device)
+        self.precision = self._choose_precision()
+        self.bf16 = self.precision.bf16
         self.latest, self.last_loss, self.rate = source, math.nan, None
         self.valid_result: dict[str, Any] | None = None
         self.stopped = False
         self._open_run_folder(source)
 
     # -- set-up and resume --
+
+    def _choose_precision(self) -> Choice:
+        """What cfg.precision means here (musegen.precision: "auto" timed once per machine and
+        shape). Rank 0 decides for all ranks, so that they run alike."""
+        cfg, procs = self.cfg, self.procs
+        choice = training_choice(cfg.precision, self.model_cfg, self.micro, cfg.seq_len, self.device,
+                                 quiet=not procs.main)
+        if procs.world > 1:
+            bf16 = torch.tensor([choice.bf16], dtype=torch.int32, device=self.device)
+            dist.broadcast(bf16, src=0)
+            if not procs.main and bool(bf16) != choice.bf16:
+                choice = Choice("bf16" if bf16 else "fp32", "rank 0's choice")
+        return choice
 
     def _refuse_used_folder(self) -> None:
         if latest_checkpoint(self.run_dir) is not None:
@@ -476,7 +491,8 @@ class Trainer:
                 "resumed_from": str(source) if source else None, "init": cfg.init or None})
         self.log = RunLog(self.run_dir, procs.main, self.step if source is not None else None)
         record = {"step": self.step, "event": "resume" if source else "start", "command": self.command,
-                  "parameters": self.raw.num_parameters(), "world_size": procs.world}
+                  "parameters": self.raw.num_parameters(), "world_size": procs.world,
+                  "precision": self.precision.record()}
         if cfg.init:
             record["init"] = cfg.init
         if self.log.dropped:

@@ -114,6 +114,8 @@ def test_precision_sets_the_steps_and_a_nonsense_one_is_refused(models, checkpoi
         samples, stats = generate(model, tok, EMPTY, SampleSettings(length=96, num_samples=2, seed=3,
                                                                     precision=precision), progress=False)
         assert model.inference_precision == precision and stats["invalid"] == 0
+        assert stats["precision"]["reason"] == "asked for"  # the JSON says which path made the logits
+        assert stats["precision"]["path"] in {"fp32": ["fp32"], "bf16": ["bf16", "bf16-step.c"]}[precision]
         return [s.ids.tolist() for s in samples]
 
     assert run("fp32") == run("fp32")

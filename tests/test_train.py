@@ -182,7 +182,8 @@ def _watch(run: Path, stop: threading.Event, gaps: list):
 
 
 def test_sigkill_then_resume_reaches_the_same_weights(pop20, tmp_path):
-    common = ["--data", pop20, *TINY, *CONSTANT_LR, "--set", "ckpt_every=5", "--set", "keep=2"]
+    # one precision for both runs: each would time "auto" for itself, under the load of the other
+    common = ["--data", pop20, *TINY, *CONSTANT_LR, "--set", "ckpt_every=5", "--set", "keep=2", "--set", "precision=bf16"]
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     reference = subprocess.Popen(_musegen("train", "--out", straight, *common, "--set", "steps=20"),
                                  env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -298,6 +299,7 @@ def test_init_fine_tunes_from_an_exported_model_with_a_fresh_optimiser(pop20, pr
         assert saved["init"] == saved["config"]["init"] == str(exported) and saved["config"]["seq_len"] == 32
         start_record = json.loads((run / "log.jsonl").read_text().splitlines()[0])
         assert start_record["event"] == "start" and start_record["init"] == str(exported)
+        assert start_record["precision"]["path"] in ("fp32", "bf16") and start_record["precision"]["reason"]
         assert load_checkpoint(latest_checkpoint(run))[3]["init"] == str(exported)
     # the same command with --resume continues the fine-tuning run; its new lr takes effect
     assert _cli(["train", "--data", pop20, "--out", run, *TINY[2:], *CONSTANT_LR, "--set", "lr=2e-4",

@@ -44,8 +44,9 @@ def sample(
     keep_note_offs: bool = KEEP_NOTE_OFFS,
     mono_bass: bool = MONO_BASS,
     device: str = typer.Option("auto", help="auto (CUDA when present), cpu, cuda or cuda:N."),
-    precision: str = typer.Option("auto", help="Precision of the model's steps: auto (bf16 where the device "
-                                  "computes it natively, else fp32), fp32 or bf16."),
+    precision: str = typer.Option("auto", help="Precision of the model's steps: auto (the fastest of fp32, bf16 "
+                                  "and bf16 in C, timed once per machine and batch and cached; "
+                                  "MUSEGEN_PRECISION=measure times again), fp32 or bf16."),
     threads: Optional[int] = typer.Option(None, help="CPU threads while sampling, 1..256 (default 1: small "
                                                      "per-token work runs faster on one thread)."),
 ):

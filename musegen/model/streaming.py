@@ -206,18 +206,24 @@ def prepared_weights(model, dtype: torch.dtype, kernels: Optional[ctypes.CDLL] =
     return prepared
 
 
+def forget_prepared(model) -> None:
+    """Free every prepared copy of the weights (the next session prepares what it uses)."""
+    model.__dict__.pop("_prepared", None)
+
+
 class RecurrentStep:
     """One token of every sequence through a linear-attention model, on a fixed-size state
     (module docstring). Holds the session's recurrent sums; `states()` / `load()` convert them
     to and from the parallel pass's (S, z) so both forms can continue each other."""
 
-    def __init__(self, model, batch_size: int, noise, dtype: torch.dtype):
+    def __init__(self, model, batch_size: int, noise, dtype: torch.dtype, use_kernels: bool = True):
         c = model.config
         self.model, self.dtype, self.batch = model, dtype, batch_size
         self.H, self.D = c.n_heads, c.d_model // c.n_heads
         self.pre_norm, self.kind = c.norm == "pre", c.attention
-        # step.c runs whole layers in bf16; fp32 sessions (and machines without it) run PyTorch
-        self.kernels = step_kernels(model.device) if dtype == torch.bfloat16 else None
+        # step.c runs whole layers in bf16; fp32 sessions (and machines without it, or where
+        # PyTorch's step was timed faster: musegen.precision) run PyTorch
+        self.kernels = step_kernels(model.device) if dtype == torch.bfloat16 and use_kernels else None
         self.weights = prepared_weights(model, dtype, self.kernels)
         self.embedding = model.embedding.weight.detach() * math.sqrt(c.d_model)
         attentions = [layer.attention for layer in model.layers]

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from ..device import use_bf16
+from ..precision import Choice, step_choice
 from . import native
 from .attention import FeatureMap, causal_linear_attention, softmax_attention
 from .config import ModelConfig, parse_redraw
@@ -264,6 +265,7 @@ class MusicPerformer(nn.Module):
         self._redraw_kind, self._redraw_value = parse_redraw(config.redraw)
         self._session: Optional[_Session] = None
         self.inference_precision = "fp32"
+        self.inference_choice = None  # the last session's musegen.precision.Choice
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, std=0.02)
@@ -336,21 +338,24 @@ class MusicPerformer(nn.Module):
 
     # --- streaming generation --------------------------------------------------------------
     def for_inference(self, precision: str = "auto") -> "MusicPerformer":
-        """Set the precision of later streaming sessions ("auto": bf16 where the device computes
-        it natively, musegen.device.use_bf16); returns the model."""
+        """Set the precision of later streaming sessions ("auto": the fastest here, timed once per
+        machine and batch size, musegen.precision); returns the model."""
         use_bf16(precision, self.device)  # a ConfigError for anything else
         self.inference_precision = precision
         return self
 
     @contextlib.contextmanager
-    def streaming(self, batch_size: int, seed: Optional[int] = None):
-        """Freeze all noise and hold per-layer recurrent state for `batch_size` sequences."""
+    def streaming(self, batch_size: int, seed: Optional[int] = None, choice: Optional[Choice] = None):
+        """Freeze all noise and hold per-layer recurrent state for `batch_size` sequences.
+        `choice`: the precision's, when made already (else step_choice makes it)."""
         generator = torch.Generator(device=self.device)
         generator.manual_seed(int(torch.randint(0, 2**62, ())) if seed is None else seed)
         noise = self.draw_noise(generator)
-        bf16 = use_bf16(self.inference_precision, self.device)
+        self.inference_choice = choice or step_choice(self.inference_precision, self, batch_size)
+        bf16 = self.inference_choice.bf16
         with torch.no_grad():
-            fast = (RecurrentStep(self, batch_size, noise, torch.bfloat16 if bf16 else torch.float32)
+            fast = (RecurrentStep(self, batch_size, noise, torch.bfloat16 if bf16 else torch.float32,
+                                  self.inference_choice.step_c)
                     if RecurrentStep.supports(self.config) else None)
         self._session = _Session(batch_size, noise, bf16, fast, len(self.layers))
         try:

@@ -1,5 +1,6 @@
 """The C kernels (musegen/model/native.py): built here, the same bits as their PyTorch versions."""
 
+import ctypes
 import shutil
 
 import pytest
@@ -100,39 +101,88 @@ def test_torch_compile_runs_the_cpu_dropout_as_it_is(dtype):
 
 
 # --- step.c: the bf16 single-token step ---------------------------------------------------------
-STEP_KERNEL = streaming.step_kernels(torch.device("cpu"))
-needs_step_kernel = pytest.mark.skipif(STEP_KERNEL is None, reason="step.c needs AVX512-BF16 and a C compiler")
+NATIVE_STEP = streaming.step_kernels(torch.device("cpu"))
+
+
+@pytest.fixture(params=["native", "portable"])
+def step_kernel(request, monkeypatch):
+    """step.c built for this CPU (where it has AVX512-BF16), and its portable build, which runs
+    on any CPU (its bf16 products emulated in plain C); the bf16 step runs the one given."""
+    library = NATIVE_STEP if request.param == "native" else streaming.step_library(portable=True)
+    if library is None:
+        pytest.skip("step.c's native build needs AVX512-BF16 and a C compiler" if request.param == "native"
+                    else "needs a C compiler")
+    monkeypatch.setattr(streaming, "step_kernels", lambda device: library)
+    return library
 
 
 @pytest.mark.skipif(shutil.which("cc") is None or "avx512_bf16" not in cpu_flags(),
                     reason="needs a C compiler and a CPU with AVX512-BF16")
 def test_the_step_kernel_builds_where_the_cpu_computes_bf16():
-    assert STEP_KERNEL is not None
+    assert NATIVE_STEP is not None and NATIVE_STEP.step_interface(b"NATIVE_BF16") == 1
 
 
 @needs_compiler
-def test_without_avx512_bf16_the_step_kernel_does_not_build_and_leaves_nothing(monkeypatch, tmp_path):
+def test_without_avx512_bf16_step_c_builds_portable_and_the_step_stays_in_pytorch(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(native, "FLAG_SETS", (["-O3"],))  # the baseline instruction set of the compiler's target
-    assert native.library.__wrapped__("step") is None
-    assert not any(p.is_file() for p in tmp_path.rglob("*"))
+    monkeypatch.setattr(native, "library", native.library.__wrapped__)  # built anew, with these flags
+    assert streaming.step_library().step_interface(b"NATIVE_BF16") == 0
+    assert streaming.step_kernels(torch.device("cpu")) is None  # emulated bf16 is no faster than PyTorch
 
 
-@needs_step_kernel
+@needs_compiler
+def test_the_interface_python_assumes_is_checked_when_step_c_loads(monkeypatch):
+    library = streaming.step_library(portable=True)
+    assert len(streaming._interface()) > 30
+    assert all(library.step_interface(name.encode()) == value for name, value in streaming._interface().items())
+    assert library.step_interface(b"no such name") == -1
+    monkeypatch.setattr(streaming, "_TILE", (8, 16))
+    with pytest.raises(RuntimeError, match="disagree on their interface: COLUMNS: C 32, Python 16"):
+        streaming.step_library(portable=True)
+    monkeypatch.undo()
+
+    class NormWithoutEps(ctypes.Structure):  # a field that Python forgot
+        _fields_ = [("weight", ctypes.c_void_p), ("bias", ctypes.c_void_p)]
+
+    monkeypatch.setattr(streaming, "_KernelNorm", NormWithoutEps)
+    with pytest.raises(RuntimeError, match="sizeof norm: C 24, Python 16"):
+        streaming.step_library(portable=True)
+
+
+@pytest.mark.skipif(NATIVE_STEP is None, reason="compares with the native build: needs AVX512-BF16")
+@pytest.mark.parametrize("variant", [dict(pe="sine", gated=True), dict(pe="conv", attention="relu", norm="pre",
+                                                                            activation="gelu")],
+                         ids=lambda v: "-".join(str(x) for x in v.values()))
+def test_the_portable_build_computes_the_native_builds_bits(monkeypatch, variant):
+    """The emulated bf16 dot product adds each pair's products in VDPBF16PS's order, and the
+    other operations follow their instructions: whole steps give the same logits, bit for bit."""
+    torch.manual_seed(0)
+    model = MusicPerformer(preset("tiny", dropout=0.0, **variant)).eval().for_inference("bf16")
+    tokens = torch.randint(0, 333, (3, 20), generator=torch.Generator().manual_seed(1))
+
+    def logits(library):
+        monkeypatch.setattr(streaming, "step_kernels", lambda device: library)
+        with model.streaming(3, seed=5):
+            return torch.stack([model.step(tokens[:, t]) for t in range(tokens.shape[1])], dim=1)
+
+    assert torch.equal(logits(NATIVE_STEP), logits(streaming.step_library(portable=True)))
+
+
 @pytest.mark.parametrize("batch", [1, 2, 3, 8])  # one sequence, a pair, a pair and one, four pairs
 @pytest.mark.parametrize("n_out, n_in", [(13, 40), (1544, 512), (512, 2048), (7, 5)])
-def test_linear_bf16_is_the_bf16_product_summed_in_fp32(batch, n_out, n_in):
+def test_linear_bf16_is_the_bf16_product_summed_in_fp32(step_kernel, batch, n_out, n_in):
     """Weights and inputs rounded to bf16, products summed in fp32 (to fp32 rounding, against a
     float64 sum), the fp32 bias and residual added; odd sizes are padded, not read past."""
     generator = torch.Generator().manual_seed(n_out + n_in + batch)
     weight, bias = torch.randn(n_out, n_in, generator=generator), torch.randn(n_out, generator=generator)
     x, residual = torch.randn(batch, n_in, generator=generator) * 3, torch.randn(batch, n_out, generator=generator)
-    linear = streaming._Linear(weight, bias, torch.bfloat16, kernels=STEP_KERNEL)
+    linear = streaming._Linear(weight, bias, torch.bfloat16, kernels=step_kernel)
     rounded_x, rounded_w = x.bfloat16().double(), weight.bfloat16().double()
     expected = rounded_x @ rounded_w.T + bias.double()
     scale = (rounded_x.abs() @ rounded_w.abs().T).max()
     added = torch.empty(batch, n_out)  # the residual, as layer_step adds it while it writes
-    assert STEP_KERNEL.linear_bf16(linear.weight.data_ptr(), linear.bias.data_ptr(), x.data_ptr(),
+    assert step_kernel.linear_bf16(linear.weight.data_ptr(), linear.bias.data_ptr(), x.data_ptr(),
                                    residual.data_ptr(), added.data_ptr(), batch, n_out, n_in) == 0
     for y, want in ((linear(x), expected), (added, expected + residual.double())):
         assert y.dtype == torch.float32 and y.shape == (batch, n_out)
@@ -152,13 +202,12 @@ def attention_inputs(model, batch: int, magnitude: float, seed: int = 0):
     return step, projected, step._codes(9)
 
 
-@needs_step_kernel
 @pytest.mark.parametrize("variant", [dict(pe="sine", gated=True), dict(pe="sine", gated=False), dict(pe="conv", gated=True),
                                      dict(pe="none"), dict(pe="sine", attention="elu"), dict(pe="conv", attention="relu")],
                          ids=lambda v: "-".join(str(x) for x in v.values()))
 @pytest.mark.parametrize("batch", [1, 5])  # one row, and a group of four plus one (step.c's matmul)
 @pytest.mark.parametrize("magnitude", [1.0, 30.0])  # exponents far into exp's under- and overflow
-def test_the_attention_kernel_computes_the_pytorch_attention(variant, batch, magnitude):
+def test_the_attention_kernel_computes_the_pytorch_attention(step_kernel, variant, batch, magnitude):
     torch.manual_seed(0)
     model = MusicPerformer(preset("tiny", **variant)).eval()
     step, projected, codes = attention_inputs(model, batch, magnitude)
@@ -166,7 +215,7 @@ def test_the_attention_kernel_computes_the_pytorch_attention(variant, batch, mag
     H, D, width = step.H, step.D, step._kernel_shape.width
     out = torch.empty(batch, H * D)
     layer = step._kernel_layers[1]
-    status = STEP_KERNEL.linear_attention_step(
+    status = step_kernel.linear_attention_step(
         projected.data_ptr(), None if codes is None else codes.data_ptr(), layer.wet, layer.dry_eps, layer.projection,
         step._kernel_shape.kind, step._kernel_shape.log_scale, step._kernel_shape.key_scale, step._kernel_shape.eps,
         layer.sums, out.data_ptr(), batch, H, D, width, step.sums[1].shape[1])
@@ -180,14 +229,13 @@ def test_the_attention_kernel_computes_the_pytorch_attention(variant, batch, mag
     assert all(torch.equal(a, b) for i, (a, b) in enumerate(zip(step.sums, before)) if i != 1)  # other layers untouched
 
 
-@needs_step_kernel
 @pytest.mark.parametrize("variant", [dict(pe="ape"), dict(pe="sine", gated=True), dict(pe="conv", gated=False),
                                      dict(pe="sine", activation="gelu"), dict(pe="none", norm="pre"),
                                      dict(pe="conv", attention="relu", norm="pre", activation="gelu"),
                                      dict(pe="sine", attention="elu")],
                          ids=lambda v: "-".join(str(x) for x in v.values()))
 @pytest.mark.parametrize("batch", [1, 3])
-def test_kernel_steps_follow_the_pytorch_steps(monkeypatch, variant, batch):
+def test_kernel_steps_follow_the_pytorch_steps(step_kernel, monkeypatch, variant, batch):
     """Whole bf16 steps (norms, products, activation, attention, residuals, pre- and post-norm)
     through step.c and through PyTorch: the same logits to well within bf16's tolerance (the
     kernel keeps its products' outputs in fp32, PyTorch rounds them to bf16)."""

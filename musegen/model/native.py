@@ -30,7 +30,7 @@ SIGNATURES = {  # kernel -> {function: (ctypes argument types, return type)}
     "dropout": {"dropout": ([_POINTER, _POINTER, _INT64, _INT, ctypes.c_uint64, ctypes.c_uint32, _FLOAT], None)},
     "step": {"linear_bf16": ([_POINTER] * 5 + [_INT64] * 3, _INT),
              "linear_attention_step": ([_POINTER] * 5 + [_INT] + [_FLOAT] * 3 + [_POINTER] * 2 + [_INT64] * 5, _INT),
-             "layer_step": ([_POINTER] * 4, _INT)},
+             "layer_step": ([_POINTER] * 4, _INT), "step_interface": ([ctypes.c_char_p], _INT64)},
 }
 
 
@@ -48,7 +48,7 @@ def _machine() -> str:
     return f"{platform.machine()} {platform.system()} {' '.join(sorted(cpu_flags()))}"
 
 
-def _compile(source: Path, target: Path) -> bool:
+def _compile(source: Path, target: Path, defines: list[str]) -> bool:
     compiler = shutil.which(os.environ.get("CC", "cc"))
     if compiler is None:
         return False
@@ -57,7 +57,7 @@ def _compile(source: Path, target: Path) -> bool:
         # built beside the target and renamed into place: processes starting together never load half a file
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             built = Path(tmp) / target.name
-            command = [compiler, *flags, "-shared", "-fPIC", str(source), "-o", str(built)]
+            command = [compiler, *flags, *defines, "-shared", "-fPIC", str(source), "-o", str(built), "-lm"]
             if subprocess.run(command, capture_output=True).returncode == 0:
                 os.replace(built, target)
                 return True
@@ -65,17 +65,20 @@ def _compile(source: Path, target: Path) -> bool:
 
 
 @functools.cache
-def library(name: str) -> Optional[ctypes.CDLL]:
-    """The compiled kernel `name` (HERE / f"{name}.c") with its functions typed, or None when it
-    cannot be built or loaded here (no compiler, a read-only or full cache, a CPU it needs
-    instructions from, MUSEGEN_NATIVE=0)."""
+def library(name: str, portable: bool = False) -> Optional[ctypes.CDLL]:
+    """The compiled kernel `name` (HERE / f"{name}.c", with the headers beside it named
+    f"{name}_*.h") with its functions typed, or None when it cannot be built or loaded here (no
+    compiler, a read-only or full cache, a CPU it needs instructions from, MUSEGEN_NATIVE=0).
+    `portable`: built with -DMUSEGEN_PORTABLE, its plain-C version where it has one."""
     if not enabled():
         return None
     source = HERE / f"{name}.c"
-    key = hashlib.sha256(source.read_bytes() + _machine().encode()).hexdigest()[:16]
-    target = cache_dir() / f"{name}-{key}.so"
+    defines = ["-DMUSEGEN_PORTABLE"] if portable else []
+    text = b"".join(p.read_bytes() for p in [source, *sorted(HERE.glob(f"{name}_*.h"))])
+    key = hashlib.sha256(text + " ".join([_machine(), *defines]).encode()).hexdigest()[:16]
+    target = cache_dir() / f"{name}{'-portable' if portable else ''}-{key}.so"
     try:
-        if not target.exists() and not _compile(source, target):
+        if not target.exists() and not _compile(source, target, defines):
             return None
         lib = ctypes.CDLL(str(target))
     except OSError:

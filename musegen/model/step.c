@@ -11,15 +11,29 @@
  * or not; the feature map; the state update and read-out, in one pass over each head's state).
  * The residual stream, the norms, the attention and its state stay fp32.
  *
- * Needs AVX512-BF16: elsewhere this file does not compile and musegen runs the PyTorch step.
- * Loaded by musegen/model/native.py; tests/test_native.py checks it against PyTorch. */
-#if !defined(__AVX512F__) || !defined(__AVX512BF16__)
-#error "needs AVX512-BF16"
-#endif
-#include <immintrin.h>
+ * Built for AVX512-BF16. Elsewhere, or with -DMUSEGEN_PORTABLE, step_portable.h stands in for
+ * the intrinsics in plain C (the same arithmetic, not fast: musegen then runs the PyTorch step,
+ * and the tests run this build to check the kernel on any CPU). Loaded by
+ * musegen/model/native.py; streaming.py checks the interface below when it loads the library,
+ * and tests/test_native.py checks the kernel against PyTorch. */
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
+#if defined(__AVX512F__) && defined(__AVX512BF16__) && !defined(MUSEGEN_PORTABLE)
+#include <immintrin.h>
+enum { NATIVE_BF16 = 1 };
+
+static inline __m512bh load_bf16(const uint16_t *p) { return (__m512bh)_mm512_loadu_si512(p); } /* 32 bf16 */
+
+/* v rounded to bf16 (nearest even), stored as 16 bf16 at p */
+static inline void store_bf16(uint16_t *p, __m512 v) {
+    _mm256_storeu_si256((__m256i *)p, (__m256i)_mm512_cvtneps_pbh(v));
+}
+#else
+#include "step_portable.h"
+#endif
 
 enum { ROWS = 8, COLUMNS = 32 }; /* a tile of the packed weights: 8 rows of 32 bf16 (8 cache lines) */
 
@@ -51,11 +65,11 @@ static inline void tile_dot(const uint16_t *tiles, const uint16_t *x, int64_t ch
     for (int r = 0; r < ROWS; r++)
         sum[r] = _mm512_setzero_ps();
     for (int64_t j = 0; j < chunks; j++) {
-        const __m512bh xj = (__m512bh)_mm512_loadu_si512(x + j * COLUMNS);
+        const __m512bh xj = load_bf16(x + j * COLUMNS);
         const uint16_t *tile = tiles + j * ROWS * COLUMNS;
         for (int r = 0; r < ROWS; r++) {
             _mm_prefetch((const char *)(tile + r * COLUMNS + AHEAD), _MM_HINT_T0);
-            sum[r] = _mm512_dpbf16_ps(sum[r], (__m512bh)_mm512_loadu_si512(tile + r * COLUMNS), xj);
+            sum[r] = _mm512_dpbf16_ps(sum[r], load_bf16(tile + r * COLUMNS), xj);
         }
     }
 }
@@ -66,11 +80,10 @@ static inline void tile_dot2(const uint16_t *tiles, const uint16_t *x0, const ui
     for (int r = 0; r < ROWS; r++)
         sum0[r] = sum1[r] = _mm512_setzero_ps();
     for (int64_t j = 0; j < chunks; j++) {
-        const __m512bh a = (__m512bh)_mm512_loadu_si512(x0 + j * COLUMNS);
-        const __m512bh b = (__m512bh)_mm512_loadu_si512(x1 + j * COLUMNS);
+        const __m512bh a = load_bf16(x0 + j * COLUMNS), b = load_bf16(x1 + j * COLUMNS);
         const uint16_t *tile = tiles + j * ROWS * COLUMNS;
         for (int r = 0; r < ROWS; r++) {
-            const __m512bh w = (__m512bh)_mm512_loadu_si512(tile + r * COLUMNS);
+            const __m512bh w = load_bf16(tile + r * COLUMNS);
             sum0[r] = _mm512_dpbf16_ps(sum0[r], w, a);
             sum1[r] = _mm512_dpbf16_ps(sum1[r], w, b);
         }
@@ -99,10 +112,8 @@ int linear_bf16(const uint16_t *packed, const float *bias, const float *x, const
     if (xs == NULL)
         return -1;
     for (int64_t b = 0; b < batch; b++)
-        for (int64_t k = 0; k < padded_in; k += 16) {
-            const __m512 v = load16(x + b * n_in + k, n_in - k); /* zeros past n_in */
-            _mm256_storeu_si256((__m256i *)(xs + b * padded_in + k), (__m256i)_mm512_cvtneps_pbh(v));
-        }
+        for (int64_t k = 0; k < padded_in; k += 16)
+            store_bf16(xs + b * padded_in + k, load16(x + b * n_in + k, n_in - k)); /* zeros past n_in */
     for (int64_t block = 0; block < padded_out; block += BLOCK) {
         const int64_t end = block + BLOCK < padded_out ? block + BLOCK : padded_out;
         int64_t b = 0;
@@ -422,4 +433,32 @@ int layer_step(const struct layer *layer, const struct shape *shape, const float
         layer_norm(&layer->norm2, x, x, B, d_model);
     free(scratch);
     return status ? -1 : 0;
+}
+
+/* The interface Python mirrors (streaming.py's ctypes structs, tile shape and feature-map
+ * numbers): every size, offset and constant it relies on, by name, for it to compare when it
+ * loads the library; -1 for a name not listed. */
+#define FIELD(type, name) {#type "." #name, offsetof(struct type, name)}
+static const struct {
+    const char *name;
+    int64_t value;
+} INTERFACE[] = {
+    {"ROWS", ROWS}, {"COLUMNS", COLUMNS}, {"PERFORMER", PERFORMER}, {"RELU", RELU}, {"ELU", ELU},
+    {"NATIVE_BF16", NATIVE_BF16},
+    {"sizeof linear", sizeof(struct linear)}, FIELD(linear, tiles), FIELD(linear, bias), FIELD(linear, n_out),
+    FIELD(linear, n_in),
+    {"sizeof norm", sizeof(struct norm)}, FIELD(norm, weight), FIELD(norm, bias), FIELD(norm, eps),
+    {"sizeof layer", sizeof(struct layer)}, FIELD(layer, qkv), FIELD(layer, out), FIELD(layer, ff_in),
+    FIELD(layer, ff_out), FIELD(layer, norm1), FIELD(layer, norm2), FIELD(layer, wet), FIELD(layer, dry_eps),
+    FIELD(layer, projection), FIELD(layer, sums),
+    {"sizeof shape", sizeof(struct shape)}, FIELD(shape, batch), FIELD(shape, heads), FIELD(shape, head_dim),
+    FIELD(shape, width), FIELD(shape, features), FIELD(shape, kind), FIELD(shape, pre_norm), FIELD(shape, gelu),
+    FIELD(shape, log_scale), FIELD(shape, key_scale), FIELD(shape, eps),
+};
+
+int64_t step_interface(const char *name) {
+    for (size_t i = 0; i < sizeof INTERFACE / sizeof INTERFACE[0]; i++)
+        if (strcmp(INTERFACE[i].name, name) == 0)
+            return INTERFACE[i].value;
+    return -1;
 }

@@ -8,8 +8,8 @@ operations (per-layer SPE einsums, feature maps, copies) and unpacked matrix-vec
 `RecurrentStep` does the same arithmetic as the parallel pass (tests/test_transformer.py checks
 every variant against it), in one of two ways:
 
-- in bf16 on a CPU with AVX512-BF16, each layer is one call of step.c's `layer_step` (C, built on
-  first use by native.py): weights in bf16 tiles read as one sequential stream, the norms,
+- in bf16 on a CPU with AVX512-BF16 (where musegen.precision timed it fastest), each layer is one
+  call of step.c's `layer_step` (C, built on first use by native.py): weights in bf16 tiles read as one sequential stream, the norms,
   activation, residual adds and the whole attention (SPE codes, feature map, state update and
   read-out) in the same call, the next rows of the state prefetched while one computes;
 - elsewhere (fp32, CUDA, no compiler, MUSEGEN_NATIVE=0) in PyTorch, with per-layer work merged
@@ -69,8 +69,18 @@ def _onednn_bf16(device: torch.device) -> bool:
 
 
 def step_kernels(device: torch.device) -> Optional[ctypes.CDLL]:
-    """step.c's kernels where they run (a CPU with AVX512-BF16 and a C compiler), else None."""
-    return native.library("step") if device.type == "cpu" else None
+    """step.c's kernels where they run fast (a CPU with AVX512-BF16 and a C compiler), else None."""
+    library = step_library() if device.type == "cpu" else None
+    return library if library is not None and library.step_interface(b"NATIVE_BF16") == 1 else None
+
+
+def step_library(portable: bool = False) -> Optional[ctypes.CDLL]:
+    """step.c as built here (`portable`: its plain-C build, which runs on any CPU), its interface
+    checked against this module's; None where it does not build."""
+    library = native.library("step", portable)
+    if library is not None:
+        _check_interface(library)
+    return library
 
 
 _TILE = (8, 32)  # step.c's ROWS x COLUMNS
@@ -104,6 +114,25 @@ class _KernelShape(ctypes.Structure):  # struct shape
     _fields_ = ([(name, ctypes.c_int64) for name in ("batch", "heads", "head_dim", "width", "features")]
                 + [(name, ctypes.c_int) for name in ("kind", "pre_norm", "gelu")]
                 + [(name, ctypes.c_float) for name in ("log_scale", "key_scale", "eps")])
+
+
+def _interface() -> dict[str, int]:
+    """What this module assumes of step.c, by the names its step_interface answers to: the tile
+    shape, the feature maps' numbers, and every struct's size and field offsets."""
+    expected = {"ROWS": _TILE[0], "COLUMNS": _TILE[1]}
+    expected.update({name.upper(): i for i, name in enumerate(FAST_ATTENTIONS)})
+    for name, struct in (("linear", _KernelLinear), ("norm", _KernelNorm), ("layer", _KernelLayer),
+                         ("shape", _KernelShape)):
+        expected[f"sizeof {name}"] = ctypes.sizeof(struct)
+        expected.update({f"{name}.{field}": getattr(struct, field).offset for field, _ in struct._fields_})
+    return expected
+
+
+def _check_interface(library: ctypes.CDLL) -> None:
+    differences = [f"{name}: C {library.step_interface(name.encode())}, Python {value}"
+                   for name, value in _interface().items() if library.step_interface(name.encode()) != value]
+    if differences:
+        raise RuntimeError(f"step.c and streaming.py disagree on their interface: {'; '.join(differences)}")
 
 
 def _checked(status: int) -> None:

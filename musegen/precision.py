@@ -118,8 +118,11 @@ def step_choice(precision: str, model, batch: int, quiet: bool = False) -> Choic
     fast = streaming.RecurrentStep.supports(model.config)
     c_step = fast and streaming.step_kernels(model.device) is not None
 
+    built = []
+
     @torch.no_grad()
     def candidates():
+        built.append(True)
         noise = model.draw_noise(torch.Generator(model.device).manual_seed(0))
         tokens = torch.zeros(batch, dtype=torch.long, device=model.device)
         steps = {"fp32": streaming.RecurrentStep(model, batch, noise, torch.float32),
@@ -129,11 +132,11 @@ def step_choice(precision: str, model, batch: int, quiet: bool = False) -> Choic
         return {name: torch.no_grad()(lambda step=step: step(tokens, 0)) for name, step in steps.items()}
 
     what = f"the step of {_digest(model.config.to_dict())} at batch {batch}"
-    try:
-        return _choose(precision, model.device, what, STEP_C if c_step else "bf16",
-                       candidates if fast else None, rounds=(5, 30), budget=1.5, quiet=quiet)
-    finally:
-        streaming.forget_prepared(model)  # the candidates' weights: the session prepares its own
+    choice = _choose(precision, model.device, what, STEP_C if c_step else "bf16", candidates if fast else None,
+                     rounds=(5, 30), budget=1.5, quiet=quiet)
+    if built:
+        streaming.forget_prepared(model)  # the candidates' weights: the session prepares what it uses
+    return choice
 
 
 def _choose(precision: str, device: torch.device, what: str, bf16_path: str, candidates, rounds: tuple[int, int],

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from musegen.device import resolve_device
+from musegen.device import cpu_name, resolve_device
 
 
 def _status_kib(field: str) -> int:
@@ -84,7 +84,7 @@ class CopyBandwidth:
 def describe(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"CPU, torch {torch.__version__}, {torch.get_num_threads()} thread(s)"
+    return f"CPU {cpu_name()}, torch {torch.__version__}, {torch.get_num_threads()} thread(s)"
 
 
 def add_machine_options(parser: argparse.ArgumentParser, threads_help: str) -> None:

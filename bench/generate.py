@@ -4,16 +4,18 @@ paper-pop shape (24 layers, d_model 512, 8 heads, sineSPE, R = 64, 128 features)
 weights, eval mode, no gradients, all in one run so the ratios share the machine's load.
     python -m bench.generate            # positions 512, 2048, 8192; sampler over 2048 tokens
     python -m bench.generate --quick    # prefix re-runs timed once, sampler over 512 tokens
+    python -m bench.generate --step-only   # part 1 alone: the step's paths and auto's choices
 (-m from the repository root keeps bench/ off sys.path: bench/tokenize.py would shadow the
 standard library's tokenize.)
 
-1. step vs bound: single-token `step()` at position 512 in fp32 and in bf16 (where the device
-   computes it natively; `model.for_inference`), batch 1 and 8, timed in interleaved rounds
+1. step vs bound: single-token `step()` at position 512 on each path (fp32; where the CPU lists
+   bf16 arithmetic, bf16 in PyTorch and in step.c), batch 1 and 8, timed in interleaved rounds
    with a memory copy that measures the bandwidth on the spot. A step reads every weight once,
    so weight bytes / bandwidth is the least a step can take: "step/bound" is how far from it.
    "products": the step's matrices alone, applied as the step applies them (packed bf16 on
    CPU), in the same rounds: the part of the step that the matrix kernels set, whatever the
-   rest of the step does.
+   rest of the step does. Then what "auto" picks at each batch (musegen.precision's own short
+   timing, cached per machine) against the fastest path of the table.
 2. step vs prefix, in the default precision ("auto"): the session is advanced to each position
    with the parallel `step(ids[1, T])` and snapshotted (`get_state`); single-token steps from
    each snapshot (`set_state`) are timed in interleaved rounds. "prefix" is what the reference
@@ -37,6 +39,7 @@ import argparse
 import os
 import statistics
 from collections import defaultdict
+from typing import Optional
 
 import numpy as np
 import torch
@@ -44,6 +47,7 @@ import torch
 from bench.common import (CopyBandwidth, add_machine_options, apply_machine_options, describe, peak_memory_mib,
                           seconds, timed_peak)
 from musegen.device import native_bf16
+from musegen.precision import STEP_C, Choice, step_choice
 from musegen.model import MusicPerformer, preset
 from musegen.model.families import FAMILIES
 from musegen.model.streaming import prepared_weights, step_kernels
@@ -56,10 +60,11 @@ BATCHES = (1, 8)
 FLAT = 1.2  # latency at 8192 within 1.2x of latency at 512
 
 
-def snapshots(model: MusicPerformer, tokens: torch.Tensor, positions, batch: int = 1) -> dict:
+def snapshots(model: MusicPerformer, tokens: torch.Tensor, positions, batch: int = 1,
+              choice: Optional[Choice] = None) -> dict:
     """{position: the session's state there}, advancing in parallel blocks of up to 512 tokens."""
     states = {}
-    with torch.no_grad(), model.streaming(batch, seed=0):
+    with torch.no_grad(), model.streaming(batch, seed=0, choice=choice):
         for position in positions:
             while model.position < position:
                 model.step(tokens[:batch, model.position:min(position, model.position + 512)])
@@ -67,11 +72,12 @@ def snapshots(model: MusicPerformer, tokens: torch.Tensor, positions, batch: int
     return states
 
 
-def step_seconds(model: MusicPerformer, device: torch.device, state, tokens: torch.Tensor, steps: int = 3) -> float:
+def step_seconds(model: MusicPerformer, device: torch.device, state, tokens: torch.Tensor, steps: int = 3,
+                 choice: Optional[Choice] = None) -> float:
     """Median time of `steps` single-token steps continuing from `state` (its session entered
     and restored untimed)."""
     batch, position = state.batch_size, state.position
-    with torch.no_grad(), model.streaming(batch):
+    with torch.no_grad(), model.streaming(batch, choice=choice):
         model.set_state(state)
         return statistics.median(seconds(lambda t=t: model.step(tokens[:batch, position + t]), device)
                                  for t in range(steps))
@@ -83,12 +89,12 @@ def weight_bytes(model: MusicPerformer, bf16: bool) -> int:
     return layers * (2 if bf16 else 4) + model.head.weight.nbytes
 
 
-def products_fn(model: MusicPerformer, device: torch.device, precision: str, batch: int):
+def products_fn(model: MusicPerformer, device: torch.device, path: str, batch: int):
     """A closure applying every matrix a step reads (each layer's four, then the head) once to a
-    [batch, width] input, as the step prepares and applies them: what the step would cost if it
-    did nothing else."""
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    *layers, head = prepared_weights(model, dtype, step_kernels(device))
+    [batch, width] input, as the step of `path` prepares and applies them: what the step would
+    cost if it did nothing else."""
+    dtype = torch.float32 if path == "fp32" else torch.bfloat16
+    *layers, head = prepared_weights(model, dtype, step_kernels(device) if path == STEP_C else None)
     c = model.config
     narrow, wide = (torch.randn(batch, n, device=device) for n in (c.d_model, c.d_ff))  # fp32, as the step's
 
@@ -100,27 +106,25 @@ def products_fn(model: MusicPerformer, device: torch.device, precision: str, bat
     return products
 
 
-def step_vs_bound(model: MusicPerformer, device: torch.device, precisions, tokens, rounds: int
+def step_vs_bound(model: MusicPerformer, device: torch.device, paths, tokens, rounds: int
                   ) -> tuple[dict, dict, float]:
-    """({(precision, batch): median step seconds at 512}, {(precision, batch): median seconds of
-    the step's matrix products alone}, median bandwidth in bytes/s)."""
+    """({(path, batch): median step seconds at 512}, {(path, batch): median seconds of the
+    step's matrix products alone}, median bandwidth in bytes/s)."""
     states, products = {}, {}
-    for precision in precisions:
-        model.for_inference(precision)
+    for path in paths:
         for batch in BATCHES:
-            states[(precision, batch)] = snapshots(model, tokens, (512,), batch)[512]
-            products[(precision, batch)] = products_fn(model, device, precision, batch)
+            states[(path, batch)] = snapshots(model, tokens, (512,), batch, Choice(path, "bench"))[512]
+            products[(path, batch)] = products_fn(model, device, path, batch)
     bandwidth, times, product_times = CopyBandwidth(device), defaultdict(list), defaultdict(list)
     with torch.no_grad():
         for run in products.values():
             run()  # warm-up
     for _ in range(rounds):  # rounds over every case, so a change in load hits all alike
         bandwidth.measure()
-        for (precision, batch), state in states.items():
-            model.for_inference(precision)
-            times[(precision, batch)].append(step_seconds(model, device, state, tokens))
+        for (path, batch), state in states.items():
+            times[(path, batch)].append(step_seconds(model, device, state, tokens, choice=Choice(path, "bench")))
             with torch.no_grad():
-                product_times[(precision, batch)].append(seconds(products[(precision, batch)], device))
+                product_times[(path, batch)].append(seconds(products[(path, batch)], device))
     median = {key: statistics.median(t) for key, t in times.items()}
     return median, {key: statistics.median(t) for key, t in product_times.items()}, bandwidth.median()
 
@@ -129,14 +133,29 @@ def print_bound_table(model: MusicPerformer, times: dict, products: dict, bandwi
     print(f"# step() at position 512 vs the memory bound (weight bytes / copy bandwidth "
           f"{bandwidth / 1e9:.1f} GB/s, read + write, measured in the same rounds) and vs its matrix "
           f"products alone")
-    print(f"{'precision':>9} {'batch':>5} {'step ms':>8} {'ms/seq':>7} {'weights MB':>10} {'bound ms':>8} "
+    print(f"{'path':>11} {'batch':>5} {'step ms':>8} {'ms/seq':>7} {'weights MB':>10} {'bound ms':>8} "
           f"{'step/bound':>10} {'products ms':>11} {'prod/bound':>10} {'vs batch 1':>10}")
-    for (precision, batch), step_s in times.items():
-        bound = weight_bytes(model, precision == "bf16") / bandwidth
-        alone = products[(precision, batch)]
-        print(f"{precision:>9} {batch:>5} {step_s * 1e3:>8.2f} {step_s * 1e3 / batch:>7.2f} "
-              f"{weight_bytes(model, precision == 'bf16') / 1e6:>10.0f} {bound * 1e3:>8.2f} {step_s / bound:>9.2f}x "
-              f"{alone * 1e3:>11.2f} {alone / bound:>9.2f}x {step_s / times[(precision, 1)]:>9.2f}x")
+    for (path, batch), step_s in times.items():
+        weights = weight_bytes(model, path != "fp32")
+        bound, alone = weights / bandwidth, products[(path, batch)]
+        print(f"{path:>11} {batch:>5} {step_s * 1e3:>8.2f} {step_s * 1e3 / batch:>7.2f} "
+              f"{weights / 1e6:>10.0f} {bound * 1e3:>8.2f} {step_s / bound:>9.2f}x "
+              f"{alone * 1e3:>11.2f} {alone / bound:>9.2f}x {step_s / times[(path, 1)]:>9.2f}x")
+
+
+def print_auto_choices(model: MusicPerformer, times: dict) -> Choice:
+    """What "auto" picks at each batch (musegen.precision's short timing) against the table's
+    timings; returns batch 1's choice."""
+    choices = {batch: step_choice("auto", model, batch) for batch in BATCHES}
+    for batch, choice in choices.items():
+        fixed = {path: t for (path, b), t in times.items() if b == batch}
+        fastest = min(fixed, key=fixed.get)
+        print(f"auto at batch {batch}: {choice}; its step {fixed[choice.path] / fixed[fastest]:.2f}x the fastest "
+              f"path's ({fastest}; target <= 1.05x), {fixed['fp32'] / fixed[choice.path]:.2f}x faster than fp32")
+    one, eight = choices[1].path, choices[max(BATCHES)].path
+    print(f"auto: batch {max(BATCHES)} / batch 1 {times[(eight, max(BATCHES))] / times[(one, 1)]:.2f}x "
+          f"(target <= 2x)")
+    return choices[1]
 
 
 def step_latencies(model: MusicPerformer, device: torch.device, tokens: torch.Tensor) -> dict[int, tuple]:
@@ -220,6 +239,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="prefix re-runs timed once, sampler over 512 tokens")
     parser.add_argument("--pe", default="sine", choices=["sine", "conv", "ape"])
+    parser.add_argument("--step-only", action="store_true", help="the step table and auto's choices only (part 1)")
     add_machine_options(parser, "torch CPU threads (default 1, the sampler's default: see docs/performance.md)")
     args = parser.parse_args()
     device = apply_machine_options(args)
@@ -227,13 +247,15 @@ def main() -> None:
     model = MusicPerformer(preset("paper-pop", pe=args.pe, vocab_size=tokenizer_from_dict({"kind": "remi"}).vocab_size))
     model = model.to(device).eval()
     tokens = torch.randint(0, model.config.vocab_size, (max(BATCHES), max(POSITIONS) + 64), device=device)
-    default = "bf16" if native_bf16(device) else "fp32"
-    print(f"# paper-pop ({args.pe}), {describe(device)}; default inference precision here: {default}")
+    paths = ["fp32"] + (["bf16"] if native_bf16(device) else []) + ([STEP_C] if step_kernels(device) else [])
+    print(f"# paper-pop ({args.pe}), {describe(device)}; step paths: {', '.join(paths)}")
 
-    times, products, bandwidth = step_vs_bound(model, device, ("fp32", "bf16") if default == "bf16" else ("fp32",),
-                                               tokens, rounds=7 if args.quick else 15)
+    times, products, bandwidth = step_vs_bound(model, device, paths, tokens, rounds=7 if args.quick else 15)
     print_bound_table(model, times, products, bandwidth)
+    default = print_auto_choices(model, times).path
     bare = times[(default, 1)]
+    if args.step_only:
+        return
 
     model.for_inference("auto")
     print(f"# per-token cost by position ({default}, batch 1): step, and re-running the prefix (fp32)")

@@ -1,15 +1,17 @@
-"""Training throughput (tokens/s) and peak memory of the `small` preset: fp32 against the default
-precision ("auto": bf16 autocast where the device computes bf16 natively), side by side in one
-run, with fast-transformers' kernel and exact softmax attention as further rows.
+"""Training throughput (tokens/s) and peak memory of the `small` preset: fp32, bf16 and the default
+precision ("auto": the faster of the two as musegen.precision timed it on this machine and shape),
+side by side in one run, with fast-transformers' kernel and exact softmax attention as further rows.
 
     python -m bench.train [--quick] [--device cpu|cuda] [--threads 2] [--batch 8] [--steps 7]
+                          [--lengths 512 2048] [--variants fp32 bf16 default]
     python -m bench.train --curves [--curve-steps 500]   # loss curves: fp32 vs the default
 
 Throughput: every variant is built in this process and timed in interleaved rounds of full
 updates (forward, backward, Adam; dropout on; the trainer's loss and optimiser), after two
 warm-up updates, so a change in the machine's load hits every variant alike; the median update
-is reported. Peak memory is one update's growth of the resident set (bench/common.py) or CUDA's
-max allocated bytes.
+is reported. The header names the CPU; each length's last line compares the default with the
+faster fixed precision (target: within 5%) and with fp32. Peak memory is one update's growth of
+the resident set (bench/common.py) or CUDA's max allocated bytes.
 `--quick`: 3 rounds at lengths 512 and 1024 only.
 
 Loss curves (`--curves`): `musegen train` on real POP909 shards (prepared from the repository's
@@ -32,61 +34,53 @@ from pathlib import Path
 import torch
 
 from bench.common import add_machine_options, apply_machine_options, describe, peak_memory_mib, seconds
-from musegen.device import use_bf16
 from musegen.model import MusicPerformer, preset
 from musegen.model.attention import fast_transformers_available
-from musegen.train import make_optimizer, next_token_nll
+from musegen.precision import training_choice, training_update
 
 REPO = Path(__file__).resolve().parents[1]
 # name: (model overrides, precision)
-VARIANTS = {"fp32": (dict(kernel="torch"), "fp32"), "default": (dict(kernel="torch"), "auto"),
+VARIANTS = {"fp32": (dict(kernel="torch"), "fp32"), "bf16": (dict(kernel="torch"), "bf16"),
+            "default": (dict(kernel="torch"), "auto"),
             "fast-transformers": (dict(kernel="fast-transformers"), "fp32"),
             "softmax": (dict(attention="softmax"), "auto")}
-TARGET = 2.5  # default over fp32, tokens/s
+TARGET = 2.5  # default over fp32, tokens/s, where bf16 arithmetic is fast
 
 
 def update_fn(variant: str, length: int, batch: int, device: torch.device):
-    """A closure running one full training update of `variant` at `length`."""
+    """(a closure running one full training update of `variant` at `length`, its precision's Choice)."""
     overrides, precision = VARIANTS[variant]
+    config = preset("small", **overrides)
+    choice = training_choice(precision, config, batch, length, device)
     torch.manual_seed(0)
-    model = MusicPerformer(preset("small", **overrides)).to(device).train()
-    optimizer = make_optimizer(model.parameters(), "adam", 1e-4, 0.0, device)  # as `musegen train`
+    model = MusicPerformer(config).to(device).train()
     ids = torch.randint(0, model.config.vocab_size - 1, (batch, length + 1), device=device)
-    bf16 = use_bf16(precision, device)
-
-    def update():
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            logits = model(ids[:, :-1])
-        (next_token_nll(logits, ids[:, 1:]) / ids[:, 1:].numel()).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    return update
+    return training_update(model, ids, choice.bf16), choice
 
 
 def throughput(args, device: torch.device) -> None:
-    lengths = (512, 1024) if args.quick else (512, 1024, 2048)
+    lengths = (512, 1024) if args.quick else args.lengths
     rounds = 3 if args.quick else args.steps
-    names = [v for v in VARIANTS if v != "fast-transformers" or fast_transformers_available()]
-    default = "bf16" if use_bf16("auto", device) else "fp32"
-    print(f"# small preset, batch {args.batch}, {describe(device)}; default precision here: {default}; "
-          f"median of {rounds} interleaved updates")
+    names = [v for v in args.variants if v != "fast-transformers" or fast_transformers_available()]
+    print(f"# small preset, batch {args.batch}, {describe(device)}; median of {rounds} interleaved updates")
     print(f"{'length':>6}  {'variant':<18} {'precision':>9} {'tokens/s':>10} {'peak MiB':>9} {'vs fp32':>8}")
     for length in lengths:
-        updates = {name: update_fn(name, length, args.batch, device) for name in names}
-        for update in updates.values():
+        built = {name: update_fn(name, length, args.batch, device) for name in names}
+        for update, _ in built.values():
             update(), update()  # warm-up: allocator, kernels
         times = {name: [] for name in names}
         for _ in range(rounds):
-            for name, update in updates.items():
+            for name, (update, _) in built.items():
                 times[name].append(seconds(update, device))
         rates = {name: args.batch * length / statistics.median(t) for name, t in times.items()}
-        for name, update in updates.items():
-            precision = "bf16" if use_bf16(VARIANTS[name][1], device) else "fp32"
-            print(f"{length:>6}  {name:<18} {precision:>9} {rates[name]:>10,.0f} "
+        for name, (update, choice) in built.items():
+            print(f"{length:>6}  {name:<18} {choice.path:>9} {rates[name]:>10,.0f} "
                   f"{peak_memory_mib(update, device):>9,.0f} {rates[name] / rates['fp32']:>7.2f}x")
-        print(f"{'':>6}  default / fp32 at {length}: {rates['default'] / rates['fp32']:.2f}x (target >= {TARGET}x)")
-        del updates
+        default = built["default"][1]
+        print(f"{'':>6}  default at {length}: {default}; {rates['default'] / max(rates['fp32'], rates['bf16']):.2f}x "
+              f"the faster fixed precision (target >= 0.95x), {rates['default'] / rates['fp32']:.2f}x fp32 "
+              f"(target >= {TARGET}x where bf16 arithmetic is fast)")
+        del built
 
 
 def run_training(data: Path, out: Path, precision: str, seed: int, args) -> list[float]:
@@ -112,9 +106,10 @@ def curves(args) -> None:
         runs = {name: smoothed(run_training(data, Path(tmp) / name.replace(" ", "-"), precision, seed, args))
                 for name, precision, seed in (("fp32 seed 0", "fp32", 0), ("default seed 0", "auto", 0),
                                               ("fp32 seed 1", "fp32", 1))}
-    default = "bf16" if use_bf16("auto", torch.device(args.device if args.device != "auto" else "cpu")) else "fp32"
+    device = torch.device(args.device if args.device != "auto" else "cpu")
+    default = training_choice("auto", preset("small"), 4, args.curve_len, device)
     print(f"# small preset on POP909 ({args.source}), seq_len {args.curve_len}, batch 4, {args.curve_steps} updates;"
-          f" default precision here: {default}; training loss smoothed over 50 steps")
+          f" {describe(device)}; default precision here: {default}; training loss smoothed over 50 steps")
     print(f"{'step':>6}" + "".join(f" {name:>15}" for name in runs))
     for i in range(49, args.curve_steps, 50):
         print(f"{i + 1:>6}" + "".join(f" {curve[i]:>15.4f}" for curve in runs.values()))
@@ -133,6 +128,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="3 rounds at 512 and 1024 only")
     parser.add_argument("--batch", type=int, default=8, help="sequences an update (8: as the shipped models trained)")
     parser.add_argument("--steps", type=int, default=7, help="timed rounds")
+    parser.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048], help="sequence lengths")
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS),
+                        help="rows to time (fp32, bf16 and default always)")
     parser.add_argument("--curves", action="store_true", help="loss curves: fp32 vs the default precision")
     parser.add_argument("--curve-steps", type=int, default=500)
     parser.add_argument("--curve-len", type=int, default=512)
@@ -140,6 +138,7 @@ def main() -> None:
     add_machine_options(parser, "torch CPU threads (default 2)")
     parser.set_defaults(threads=2)
     args = parser.parse_args()
+    args.variants = ["fp32", "bf16", "default"] + [v for v in args.variants if v not in ("fp32", "bf16", "default")]
     device = apply_machine_options(args)
     if args.curves:
         curves(args)

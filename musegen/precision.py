@@ -8,10 +8,11 @@ and trains at 0.70x fp32 in bf16 (docs/performance.md). So on first use on a mac
 - sampling times the single-token step at the session's batch in fp32, in bf16 as PyTorch runs
   it, and in bf16 through step.c (musegen/model/step.c) where it builds;
 and the fastest is kept in `~/.cache/musegen/precision.json`, keyed by the CPU, the torch
-threads, the torch and musegen versions and the shapes. A measurement takes seconds and says
-so on stderr. `MUSEGEN_PRECISION=fp32` or `bf16` makes "auto" mean that without timing;
-`MUSEGEN_PRECISION=measure` times again and replaces the cached choice. Not timed: CPUs that
-list no bf16 arithmetic (bf16 is emulated there: fp32) and GPUs (bf16 where supported).
+threads, the torch and musegen versions and the shapes. A measurement takes seconds on an idle
+machine (a few updates, a few dozen steps) and says so on stderr. `MUSEGEN_PRECISION=fp32` or
+`bf16` makes "auto" mean that without timing; `MUSEGEN_PRECISION=measure` times again and
+replaces the cached choice. Not timed: CPUs that list no bf16 arithmetic (bf16 is emulated
+there: fp32) and GPUs (bf16 where supported).
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ def training_choice(precision: str, config, batch: int, length: int, device: tor
         return {"fp32": training_update(model, ids, False), "bf16": training_update(model, ids, True)}
 
     what = f"training {_digest(config.to_dict())} at batch {batch} x {length}"
-    return _choose(precision, device, what, "bf16", candidates, rounds=(3, 5), budget=3.0, quiet=quiet)
+    return _choose(precision, device, what, "bf16", candidates, rounds=(2, 5), budget=3.0, quiet=quiet)
 
 
 def training_update(model, ids: torch.Tensor, bf16: bool) -> Callable[[], None]:
@@ -152,7 +153,8 @@ def _choose(precision: str, device: torch.device, what: str, bf16_path: str, can
     if forced in ("fp32", "bf16"):
         return Choice(bf16_path if forced == "bf16" else "fp32", f"{ENV}={forced}")
     if device.type == "cuda":
-        return Choice(bf16_path if native_bf16(device) else "fp32", "on CUDA: bf16 where the GPU supports it, not timed")
+        return Choice(bf16_path if native_bf16(device) else "fp32",
+                      "on CUDA: bf16 where the GPU supports it, not timed")
     if not native_bf16(device):
         return Choice("fp32", "this CPU lists no bf16 arithmetic, not timed")
     if candidates is None:

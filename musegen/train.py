@@ -419,13 +419,12 @@ class Trainer:
         """What cfg.precision means here (musegen.precision: "auto" timed once per machine and
         shape). Rank 0 decides for all ranks, so that they run alike."""
         cfg, procs = self.cfg, self.procs
-        choice = training_choice(cfg.precision, self.model_cfg, self.micro, cfg.seq_len, self.device,
-                                 quiet=not procs.main)
-        if procs.world > 1:
-            bf16 = torch.tensor([choice.bf16], dtype=torch.int32, device=self.device)
+        choice = (training_choice(cfg.precision, self.model_cfg, self.micro, cfg.seq_len, self.device)
+                  if procs.main else None)
+        if procs.world > 1:  # the other ranks wait here while rank 0 times
+            bf16 = torch.tensor([choice.bf16 if procs.main else 0], dtype=torch.int32, device=self.device)
             dist.broadcast(bf16, src=0)
-            if not procs.main and bool(bf16) != choice.bf16:
-                choice = Choice("bf16" if bf16 else "fp32", "rank 0's choice")
+            choice = choice or Choice("bf16" if bool(bf16) else "fp32", "rank 0's choice")
         return choice
 
     def _refuse_used_folder(self) -> None:

@@ -8,9 +8,9 @@ operations (per-layer SPE einsums, feature maps, copies) and unpacked matrix-vec
 `RecurrentStep` does the same arithmetic as the parallel pass (tests/test_transformer.py checks
 every variant against it), in one of two ways:
 
-- in bf16 on a CPU with AVX512-BF16 (where musegen.precision timed it fastest), each layer is one
-  call of step.c's `layer_step` (C, built on first use by native.py): weights in bf16 tiles read as one sequential stream, the norms,
-  activation, residual adds and the whole attention (SPE codes, feature map, state update and
+- in bf16 on a CPU with AVX512-BF16 (where musegen.precision timed it fastest), each layer is
+  one call of step.c's `layer_step` (C, built on first use by native.py): weights in bf16 tiles
+  read as one sequential stream, the norms, activation, residual adds and the whole attention (SPE codes, feature map, state update and
   read-out) in the same call, the next rows of the state prefetched while one computes;
 - elsewhere (fp32, CUDA, no compiler, MUSEGEN_NATIVE=0) in PyTorch, with per-layer work merged
   into a few large operations: the SPE codes of the position computed once per step for all

@@ -77,10 +77,8 @@ def native_bf16(device: torch.device) -> bool:
     return device.type == "cpu" and _cpu_computes_bf16()
 
 
-def use_bf16(precision: str, device: torch.device) -> bool:
-    """The precision decision for training and inference: "bf16" always, "fp32" never, "auto"
-    where the device computes bf16 natively (CUDA GPUs with bf16, CPUs with AVX512-BF16/AMX/Arm
-    BF16). Parts that need fp32 stay in fp32 either way (the model's feature maps, attention sums)."""
+def check_precision(precision: str) -> None:
+    """A ConfigError unless `precision` is one musegen knows ("auto" is decided by
+    musegen.precision; parts that need fp32 stay in fp32 either way: feature maps, attention sums)."""
     if precision not in PRECISIONS:
         raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
-    return precision == "bf16" or (precision == "auto" and native_bf16(device))

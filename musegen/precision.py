@@ -31,7 +31,7 @@ from typing import Callable
 import torch
 
 from . import __version__
-from .device import cpu_flags, cpu_name, native_bf16, use_bf16
+from .device import check_precision, cpu_flags, cpu_name, native_bf16
 from .errors import ConfigError, MusegenError
 from .io import read_json, write_json
 
@@ -144,7 +144,7 @@ def _choose(precision: str, device: torch.device, what: str, bf16_path: str, can
             budget: float, quiet: bool) -> Choice:
     """The choice for `precision`: as asked, as forced by the environment, by rule where nothing
     is timed, else cached or timed now (`candidates()` builds name -> one run)."""
-    use_bf16(precision, device)  # a ConfigError for an unknown precision
+    check_precision(precision)
     forced = os.environ.get(ENV, "")
     if forced and forced not in ENV_VALUES:
         raise ConfigError(f"{ENV} must be one of {', '.join(ENV_VALUES)} (or unset), got {forced!r}")

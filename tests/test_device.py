@@ -3,8 +3,7 @@
 import pytest
 import torch
 
-from musegen import device as devices
-from musegen.device import native_bf16, resolve_device, use_bf16
+from musegen.device import check_precision, native_bf16, resolve_device
 from musegen.errors import ConfigError
 
 
@@ -31,17 +30,11 @@ def test_cuda_device_resolves():
     assert resolve_device("cuda:0").type == "cuda"
 
 
-@pytest.mark.parametrize("native", [True, False])
-def test_precision_auto_follows_native_bf16(monkeypatch, native):
-    monkeypatch.setattr(devices, "native_bf16", lambda device: native)
-    cpu = torch.device("cpu")
-    assert use_bf16("auto", cpu) is native
-    assert use_bf16("bf16", cpu) and not use_bf16("fp32", cpu)
-
-
 def test_nonsense_precision_is_a_config_error():
+    for known in ("auto", "fp32", "bf16"):
+        check_precision(known)
     with pytest.raises(ConfigError, match="precision must be one of"):
-        use_bf16("fp8", torch.device("cpu"))
+        check_precision("fp8")
 
 
 def test_cpu_bf16_detection_agrees_with_the_cpu_flags():

@@ -10,7 +10,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from ..device import use_bf16
+from ..device import check_precision
 from ..precision import Choice, step_choice
 from . import native
 from .attention import FeatureMap, causal_linear_attention, softmax_attention
@@ -340,7 +340,7 @@ class MusicPerformer(nn.Module):
     def for_inference(self, precision: str = "auto") -> "MusicPerformer":
         """Set the precision of later streaming sessions ("auto": the fastest here, timed once per
         machine and batch size, musegen.precision); returns the model."""
-        use_bf16(precision, self.device)  # a ConfigError for anything else
+        check_precision(precision)
         self.inference_precision = precision
         return self
 

@@ -19,8 +19,9 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from .errors import CheckpointError, MusegenError
-from .io import atomic_path, printable, read_head, read_json, write_json
+from . import schemas
+from .errors import CheckpointError, FormatError, InputFileError, MusegenError
+from .io import atomic_path, printable, read_head, write_json
 from .model.config import ModelConfig
 from .tokenizers.base import RepresentationError, Tokenizer, load_tokenizer
 
@@ -28,12 +29,6 @@ FORMAT = "musegen-checkpoint"
 VERSION = 1
 WEIGHTS, CONFIG, TOKENIZER = "model.safetensors", "config.json", "tokenizer.json"
 MAX_CONFIG_BYTES = 2**20
-# The most a checkpoint's config may ask for. The weights pin most sizes (their shapes are
-# compared), but the model is built from the config first, and a few sizes (SPE realizations,
-# heads) shape only the work done at each step: bounded here, at many times the paper's values.
-CONFIG_LIMITS = {"vocab_size": 2**20, "n_layers": 256, "d_model": 16384, "n_heads": 256, "d_ff": 65536,
-                 "spe_sines": 256, "spe_kernel": 4096, "spe_realizations": 1024, "n_features": 8192,
-                 "max_relative_distance": 65536, "synthesizer_rank": 4096, "max_len": 65536}
 
 
 def save_checkpoint(folder: str | os.PathLike, model: torch.nn.Module, config: ModelConfig,
@@ -65,6 +60,8 @@ def _cast(name: str, tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def read_checkpoint_config(folder: str | os.PathLike) -> tuple[ModelConfig, dict[str, Any]]:
+    """The model config and meta of a checkpoint, checked against their schema (sizes bounded by
+    ModelConfig's own bounds) before anything is built."""
     folder = Path(folder)
     if not folder.is_dir():
         raise CheckpointError(f"{printable(folder)}: checkpoint folder not found")
@@ -72,26 +69,10 @@ def read_checkpoint_config(folder: str | os.PathLike) -> tuple[ModelConfig, dict
     if not path.exists() and not path.is_symlink():
         raise CheckpointError(f"{printable(folder)}: missing {CONFIG}")
     try:
-        data = read_json(path, MAX_CONFIG_BYTES)
-    except MusegenError as exc:
+        data = schemas.read(path, "checkpoint config", MAX_CONFIG_BYTES)
+    except InputFileError as exc:
         raise CheckpointError(str(exc)) from None
-    except ValueError as exc:
-        raise CheckpointError(f"{printable(path)}: not valid JSON ({_first_line(exc)})") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise CheckpointError(f"{printable(path)}: not a musegen checkpoint config")
-    if data.get("version") != VERSION:
-        raise CheckpointError(f"{printable(path)}: checkpoint format version {data.get('version')!r}, expected {VERSION}")
-    if not isinstance(data.get("model"), dict):
-        raise CheckpointError(f"{printable(path)}: invalid model config (no settings object)")
-    try:
-        config = ModelConfig.from_dict(data["model"])
-    except MusegenError as exc:
-        raise CheckpointError(f"{printable(path)}: invalid model config ({exc})") from None
-    for field, limit in CONFIG_LIMITS.items():
-        if getattr(config, field) > limit:
-            raise CheckpointError(f"{printable(path)}: invalid model config ({field} = {getattr(config, field)}; "
-                                  f"a checkpoint may ask for at most {limit:,})")
-    return config, data.get("meta", {})
+    return schemas.model_settings(data.model, path), data.meta
 
 
 def load_checkpoint(folder: str | os.PathLike, device: str | torch.device = "cpu"):
@@ -108,6 +89,8 @@ def load_checkpoint(folder: str | os.PathLike, device: str | torch.device = "cpu
         tokenizer = load_tokenizer(folder / TOKENIZER, remedy="retrain the model")
     except RepresentationError as exc:  # its own message says what to do
         raise CheckpointError(str(exc)) from None
+    except FormatError:  # names the file and the field
+        raise
     except MusegenError as exc:
         raise CheckpointError(f"{folder}: bad tokenizer ({exc})") from None
     if tokenizer.vocab_size != config.vocab_size:

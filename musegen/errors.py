@@ -9,6 +9,8 @@ and exits non-zero; anything else is a bug in musegen.
 class MusegenError(Exception):
     """Base class: a problem with the user's input, reported as one line."""
 
+    exit_code = 1
+
 
 class MidiError(MusegenError):
     """A MIDI file that cannot be read or holds nothing the tokenizer can use."""
@@ -42,3 +44,15 @@ class DiskFullError(MusegenError, OSError):
 class InputFileError(MusegenError, OSError):
     """A path that names no regular, readable file of acceptable size. Also an OSError, so code
     that expects what a plain `open()` raises for a missing file handles it the same way."""
+
+
+class FormatError(MusegenError):
+    """A JSON or YAML file that does not match its declared schema (musegen/schemas.py)."""
+
+    exit_code = 2
+
+
+class ResourceError(ConfigError):
+    """A request refused before allocation: it would need more memory, time or disk than there is."""
+
+    exit_code = 2

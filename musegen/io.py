@@ -100,7 +100,11 @@ def read_json(path: str | os.PathLike, max_bytes: int = MAX_JSON_BYTES) -> Any:
     """Parse a JSON file: InputFileError (a MusegenError and an OSError) for a file that is missing,
     not a regular file or too big; ValueError (as for any invalid JSON) for bad text or nesting
     deeper than MAX_JSON_DEPTH."""
-    text = read_input(path, "JSON file", max_bytes).decode("utf-8")
+    return parse_json(read_input(path, "JSON file", max_bytes).decode("utf-8"))
+
+
+def parse_json(text: str) -> Any:
+    """`json.loads` with the nesting bound (ValueError past it)."""
     _check_depth(text)
     return json.loads(text)
 

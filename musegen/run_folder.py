@@ -29,9 +29,10 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from . import schemas
 from .checkpoint import read_checkpoint_config, save_checkpoint
-from .errors import CheckpointError, TrainingError
-from .io import atomic_path, read_json, write_json, write_text
+from .errors import CheckpointError, FormatError, TrainingError
+from .io import atomic_path, write_json, write_text
 
 CHECKPOINTS = "checkpoints"
 STATE_JSON, STATE_TENSORS = "trainer_state.json", "trainer_state.safetensors"
@@ -64,7 +65,7 @@ def latest_checkpoint(run: str | os.PathLike) -> Path | None:
     for _, folder in reversed(checkpoint_dirs(run)):
         try:
             read_checkpoint_config(folder)
-        except CheckpointError:
+        except (CheckpointError, FormatError):
             continue
         if is_complete(folder):
             return folder
@@ -167,14 +168,14 @@ class TrainingState:
     @classmethod
     def read(cls, folder: Path, optimizer: torch.optim.Optimizer, scheduler) -> "TrainingState":
         """Read and check everything, or raise CheckpointError naming the first problem."""
+        info = schemas.read(folder / STATE_JSON, "training state").model_dump()
         try:
-            info = read_json(folder / STATE_JSON)
             tensors = load_file(str(folder / STATE_TENSORS))
         except (OSError, SafetensorError, ValueError, UnicodeDecodeError, RecursionError) as exc:
             detail = str(exc).splitlines()[0] if str(exc) else ""
             raise CheckpointError(f"{folder}: unreadable training state ({type(exc).__name__}: {detail})") from None
         step = int(folder.name[len("step-"):])
-        if isinstance(info, dict) and isinstance(info.get("optimizer"), dict) and "param_groups" in info["optimizer"]:
+        if "param_groups" in info["optimizer"]:
             info["optimizer"]["param_groups"] = _with_kernels_of(optimizer, info["optimizer"]["param_groups"])
         problem = (_info_problem(info, step) or _scheduler_problem(info["scheduler"], scheduler, step)
                    or _tensor_names_problem(tensors)
@@ -192,19 +193,7 @@ class TrainingState:
         torch.set_rng_state(self.rng)
 
 
-def _is_count(value: Any) -> bool:
-    return type(value) is int and value >= 0
-
-
-def _info_problem(info: Any, step: int) -> str | None:
-    if not isinstance(info, dict):
-        return f"{STATE_JSON} is not an object"
-    missing = [key for key in ("step", *COUNTERS, "optimizer", "scheduler") if key not in info]
-    if missing:
-        return f"{STATE_JSON} has no {missing[0]!r}"
-    bad = [key for key in ("step", *COUNTERS) if not _is_count(info[key])]
-    if bad:
-        return f"{bad[0]} must be a non-negative integer, got {info[bad[0]]!r}"
+def _info_problem(info: dict[str, Any], step: int) -> str | None:
     if info["step"] != step:
         return f"step {info['step']} in the folder of step {step}"
     if info["nonfinite_streak"] > info["nonfinite_total"]:
@@ -328,13 +317,11 @@ class RunLog:
         kept = []
         for line in filter(str.strip, lines):
             try:
-                record = json.loads(line)
-            except (ValueError, RecursionError):
-                record = None
-            step = record.get("step", 0) if isinstance(record, dict) else None
-            if not isinstance(record, dict):
+                step = schemas.loads(line, "log record", self.path).step
+            except FormatError:
                 self.dropped += 1
-            elif resume_step is None or not isinstance(step, int) or step <= resume_step:
+                continue
+            if resume_step is None or step <= resume_step:
                 kept.append(line)
         if self.dropped or len(kept) != len(lines):
             write_text(self.path, "".join(line + "\n" for line in kept))

@@ -20,8 +20,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .errors import CheckpointError, DataError, MusegenError
-from .io import atomic_path, read_head, read_json, write_json
+from .errors import CheckpointError, DataError, FormatError, MusegenError
+from . import schemas
+from .io import atomic_path, read_head, write_json
 from .tokenizers.base import Tokenizer, load_tokenizer
 
 FORMAT, VERSION = "musegen-shards", 1
@@ -60,11 +61,10 @@ def _indexed_files(folder: Path) -> set[str]:
     """The shard files the folder's current index names (plain `<split>-<digest>.npy` names only:
     an edited index must not make a rewrite delete files elsewhere)."""
     try:
-        splits = read_json(folder / INDEX)["splits"]
-        names = {entry["file"] for entry in splits.values()}
-    except (MusegenError, ValueError, KeyError, TypeError, AttributeError):  # no index of ours: nothing to delete
+        splits = schemas.read(folder / INDEX, "shard index").splits
+    except MusegenError:  # no index of ours: nothing to delete
         return set()
-    return {n for n in names if isinstance(n, str) and re.fullmatch(r"[\w.-]+-[0-9a-f]{16}\.npy", n)}
+    return {entry.file for entry in splits.values() if entry.file and re.fullmatch(r"[\w.-]+-[0-9a-f]{16}\.npy", entry.file)}
 
 
 class Shards:
@@ -76,19 +76,13 @@ class Shards:
             raise DataError(f"{self.folder}: data folder not found")
         if not (self.folder / INDEX).is_file():
             raise DataError(f"{self.folder}: no {INDEX}; prepare it with `musegen data prepare`")
-        try:
-            self.index = read_json(self.folder / INDEX)
-        except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested too deeply
-            raise DataError(f"{self.folder / INDEX}: not valid JSON") from None
-        if (not isinstance(self.index, dict) or self.index.get("format") != FORMAT
-                or not isinstance(self.index.get("splits"), dict)):
-            raise DataError(f"{self.folder / INDEX}: not a musegen shard index")
+        self.index = schemas.read(self.folder / INDEX, "shard index").model_dump()
         try:
             self.tokenizer = load_tokenizer(self.folder / TOKENIZER)
+        except FormatError:  # names the file and the field
+            raise
         except MusegenError as exc:
             raise DataError(f"{self.folder}: {exc}") from None
-        except RecursionError:
-            raise DataError(f"{self.folder / TOKENIZER}: JSON nested too deeply") from None
         self._cache: dict[str, np.ndarray] = {}
 
     @property
@@ -109,7 +103,7 @@ class Shards:
     def _load_tokens(self, split: str, entry: dict[str, Any]) -> np.ndarray:
         """The split's token file, checked against the index and the tokenizer's vocabulary: an id
         outside it would only fail later, deep inside the model's embedding."""
-        path = self.folder / entry.get("file", f"{split}.npy")  # (older folders: one name per split)
+        path = self.folder / (entry["file"] or f"{split}.npy")  # (older folders: one name per split)
         read_head(path, 8, "shard file", DataError)  # a FIFO or device would block or never end
         try:
             tokens = np.load(path, mmap_mode="r", allow_pickle=False)
@@ -146,17 +140,11 @@ class Shards:
         return entry
 
 
-def _valid_entry(entry: Any) -> bool:
-    """A split entry whose names, offsets and lengths describe consecutive pieces."""
-    file = entry.get("file", "split.npy") if isinstance(entry, dict) else None
-    if not isinstance(file, str) or file != Path(file).name or file.startswith("."):  # a name inside the folder
-        return False
-    names, offsets, lengths = entry.get("names"), entry.get("offsets"), entry.get("lengths")
-    if not all(isinstance(x, list) for x in (names, offsets, lengths)):
-        return False
+def _valid_entry(entry: dict[str, Any]) -> bool:
+    """A split entry (its types checked by the schema) whose names, offsets and lengths describe
+    consecutive pieces."""
+    names, offsets, lengths = entry["names"], entry["offsets"], entry["lengths"]
     if not len(names) == len(offsets) == len(lengths):
-        return False
-    if not all(type(x) is int and x >= 0 for x in offsets + lengths):
         return False
     return not offsets or (offsets[0] == 0 and all(a + n == b for a, n, b in zip(offsets, lengths, offsets[1:])))
 

@@ -10,7 +10,7 @@ import pytest
 
 from musegen.data import Augmenter, CropDataset, StepBatches, derive_seed
 from musegen.shards import Shards, resolve_split, write_shards
-from musegen.errors import ConfigError, DataError
+from musegen.errors import ConfigError, DataError, FormatError
 from musegen.tokenizers.groove import GrooveTokenizer
 from musegen.tokenizers.remi import RemiTokenizer
 
@@ -129,21 +129,22 @@ def test_float_shards_and_malformed_indexes_are_refused(tmp_path):
     np.save(npy, np.array([1, 2, np.nan, 4, 5]))  # what a NaN id would look like
     with pytest.raises(DataError, match="integer token ids, got float64"):
         Shards(folder).pieces("train")
-    for name, edit in {"offsets as text": lambda e: e.update(offsets=["0", "3"]),
-                       "overlapping pieces": lambda e: e.update(offsets=[0, 1]),
-                       "a path outside the folder": lambda e: e.update(file="../elsewhere.npy"),
-                       "fewer names than pieces": lambda e: e.update(names=["a"])}.items():
+    for name, (edit, error, words) in {
+            "offsets as text": (lambda e: e.update(offsets=["0", "3"]), FormatError, r"splits.train.offsets.0"),
+            "a path outside the folder": (lambda e: e.update(file="../elsewhere.npy"), FormatError, "splits.train.file"),
+            "overlapping pieces": (lambda e: e.update(offsets=[0, 1]), DataError, "malformed entry for split 'train'"),
+            "fewer names than pieces": (lambda e: e.update(names=["a"]), DataError, "malformed entry")}.items():
         broken = json.loads(json.dumps(index))
         edit(broken["splits"]["train"])
         (folder / "index.json").write_text(json.dumps(broken))
-        with pytest.raises(DataError, match="malformed entry for split 'train'"):
+        with pytest.raises(error, match=words):
             Shards(folder).pieces("train")
     (folder / "index.json").write_text("[" * 100000 + "]" * 100000)
-    with pytest.raises(DataError, match="not valid JSON"):
+    with pytest.raises(FormatError, match="index.json: not valid JSON"):
         Shards(folder)
     (folder / "index.json").write_text(json.dumps(index))
     (folder / "tokenizer.json").write_text("[" * 100000 + "]" * 100000)
-    with pytest.raises(DataError, match="tokenizer"):
+    with pytest.raises(FormatError, match="tokenizer.json: not valid JSON"):
         Shards(folder)
 
 

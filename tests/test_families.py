@@ -252,7 +252,7 @@ def test_config_refuses_combinations_that_make_no_sense():
     for spec in ("dense+dense", "attention", "", "dense+"):
         with pytest.raises(ConfigError, match="synthesizer must be"):
             preset("tiny", synthesizer=spec)
-    with pytest.raises(ConfigError, match="must be positive"):
+    with pytest.raises(ConfigError, match="greater than or equal to 1"):
         preset("tiny", attention="relative", pe="none", max_relative_distance=0)
 
 

@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     except MusegenError as exc:
         if debug:
             raise
-        fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__, exc.exit_code)
     except KeyboardInterrupt:
         fail("interrupted", 130)
     except Terminated:

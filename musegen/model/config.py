@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import ConfigDict, Field, ValidationError
+from pydantic.dataclasses import dataclass
 
 from ..errors import ConfigError
 
@@ -16,14 +18,22 @@ SYNTHESIZER_VARIANTS = ("dense", "random", "random-fixed", "factorized", "dot")
 KERNEL_CHOICES = ("torch", "fast-transformers")
 
 
-@dataclass
+def size(most: int, least: int = 1):
+    """An int setting within [least, most]."""
+    return Annotated[int, Field(ge=least, le=most)]
+
+
+# Every setting is checked where a config is made (from code, `--set`, a YAML file or a checkpoint),
+# with its type and bounds. The upper bounds are many times the paper's values; some sizes (SPE
+# realizations, heads) shape only the work of each step, so nothing else would bound them.
+@dataclass(config=ConfigDict(strict=True, extra="forbid", allow_inf_nan=False))
 class ModelConfig:
-    vocab_size: int = 333
-    n_layers: int = 24
-    d_model: int = 512
-    n_heads: int = 8
-    d_ff: int = 2048
-    dropout: float = 0.1
+    vocab_size: size(2**20) = 333
+    n_layers: size(256) = 24
+    d_model: size(16384) = 512
+    n_heads: size(256) = 8
+    d_ff: size(65536) = 2048
+    dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.1
     activation: str = "relu"  # "relu" | "gelu"
     norm: str = "post"  # "post" (reference code) | "pre"
     # Positional encoding: APE adds sinusoids to the embedding; SPE variants replace it.
@@ -33,20 +43,20 @@ class ModelConfig:
     # N(0, 0.01), the sinusoids added after the dropout, so positions are never dropped.
     ape_input: str = "musegen"
     gated: bool = True
-    spe_sines: int = 5  # K for sineSPE
-    spe_kernel: int = 128  # filter length P for convSPE
-    spe_realizations: int = 64  # R
+    spe_sines: size(256) = 5  # K for sineSPE
+    spe_kernel: size(4096) = 128  # filter length P for convSPE
+    spe_realizations: size(1024) = 64  # R
     # Attention: FAVOR+ ("performer"), plain feature maps ("relu", "elu"), or exact softmax.
     attention: str = "performer"
-    n_features: int = 128  # FAVOR+ features: n_features // 2 projections x [exp(+wx), exp(-wx)]
+    n_features: size(8192, least=2) = 128  # FAVOR+ features: n_features // 2 projections x [exp(+wx), exp(-wx)]
     redraw: str = "prob:0.05"  # "fixed" | "prob:P" | "every:N"
     kernel: str = "torch"  # causal linear attention kernel, one of KERNEL_CHOICES
     # The other attention families (docs/attention_families.md); pe must be "none" or "ape".
-    max_relative_distance: int = 256  # relative: distances clipped here
+    max_relative_distance: size(65536) = 256  # relative: distances clipped here
     relative_values: bool = False  # relative: relative embeddings for the values too
     synthesizer: str = "dense"  # variants of SYNTHESIZER_VARIANTS, mixed with "+" (e.g. "dense+dot")
-    synthesizer_rank: int = 8  # "factorized": rank of R1 R2^T
-    max_len: int = 2048  # synthesizer: logits exist for positions < max_len only
+    synthesizer_rank: size(4096) = 8  # "factorized": rank of R1 R2^T
+    max_len: size(65536) = 2048  # synthesizer: logits exist for positions < max_len only
 
     def __post_init__(self):
         checks = [
@@ -58,11 +68,6 @@ class ModelConfig:
             (self.activation in ("relu", "gelu"), f"activation must be 'relu' or 'gelu', got {self.activation!r}"),
             (self.d_model % self.n_heads == 0, "d_model must be divisible by n_heads"),
             (self.n_features % 2 == 0, "n_features must be even"),
-            (min(self.vocab_size, self.n_layers, self.d_model, self.n_heads, self.d_ff) > 0, "sizes must be positive"),
-            (0.0 <= self.dropout < 1.0, "dropout must be in [0, 1)"),
-            (min(self.spe_sines, self.spe_kernel, self.spe_realizations) > 0, "SPE sizes must be positive"),
-            (min(self.max_relative_distance, self.synthesizer_rank, self.max_len) > 0,
-             "max_relative_distance, synthesizer_rank and max_len must be positive"),
             (self.attention in DOT_PRODUCT_ATTENTIONS or self.pe in ("none", "ape"),
              f"attention {self.attention!r} takes pe 'none' or 'ape' (SPE applies to "
              f"{', '.join(DOT_PRODUCT_ATTENTIONS)}), got pe={self.pe!r}"),
@@ -121,7 +126,8 @@ def synthesizer_variants(spec: str) -> tuple[str, ...]:
 
 
 def replace_checked(obj, overrides: dict[str, Any]):
-    """`dataclasses.replace` that rejects unknown fields and values of the wrong type."""
+    """`dataclasses.replace` that rejects unknown fields, values of the wrong type and, for a
+    ModelConfig, values out of bounds (ConfigError naming the setting)."""
     fields = {f.name: f for f in dataclasses.fields(obj)}
     clean = {}
     for key, value in overrides.items():
@@ -133,7 +139,12 @@ def replace_checked(obj, overrides: dict[str, Any]):
         if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
             raise ConfigError(f"setting {key!r} expects {expected.__name__}, got {value!r}")
         clean[key] = value
-    return dataclasses.replace(obj, **clean)
+    try:
+        return dataclasses.replace(obj, **clean)
+    except ValidationError as exc:
+        from ..schemas import first_problem
+
+        raise ConfigError(f"setting {first_problem(exc)}") from None
 
 
 PRESETS: dict[str, dict[str, Any]] = {

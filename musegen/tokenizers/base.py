@@ -20,8 +20,8 @@ from typing import Any, ClassVar, Mapping
 import miditoolkit
 import numpy as np
 
-from ..errors import TokenError
-from ..io import read_json, write_json
+from ..errors import ConfigError, FormatError, TokenError
+from ..io import write_json
 
 
 
@@ -235,19 +235,23 @@ REMEDY = "re-prepare the data / retrain"
 
 def tokenizer_from_dict(data: dict[str, Any], source: str = "the tokenizer", remedy: str = REMEDY) -> Tokenizer:
     """Build a tokenizer from `to_dict()` output (or just {"kind": ...} for the defaults),
-    checking its representation version (when stored) and vocabulary."""
-    kind = data.get("kind") if isinstance(data, dict) else None
+    checked against its schema (musegen/schemas.py), then its representation version (when
+    stored) and vocabulary."""
+    from .. import schemas
+
+    checked = schemas.check(data, "tokenizer", source)
+    kind = checked.kind
     if kind not in Tokenizer.registry:
-        raise TokenError(f"unknown tokenizer kind {kind!r}")
+        raise FormatError(f"{source}: unknown tokenizer kind {kind!r} (known: {', '.join(Tokenizer.registry)})")
     cls = Tokenizer.registry[kind]
-    if "version" in data and data["version"] != cls.version:
-        raise RepresentationError(f"{source} was made with {kind.upper()} representation v{data['version']}; "
+    if "version" in data and checked.version != cls.version:
+        raise RepresentationError(f"{source} was made with {kind.upper()} representation v{checked.version}; "
                                   f"this musegen reads v{cls.version}: {remedy} or use an older musegen")
     try:
-        tok = cls(**data.get("settings", {}))
-    except TypeError as exc:
-        raise TokenError(f"invalid {kind} tokenizer settings: {exc}") from None
-    if "vocab" in data and list(data["vocab"]) != list(tok.vocab):
+        tok = cls(**schemas.tokenizer_settings(kind, checked.settings, source))
+    except ConfigError as exc:  # settings that disagree with each other
+        raise FormatError(f"{source}: invalid {kind} tokenizer settings: {exc}") from None
+    if checked.vocab is not None and checked.vocab != list(tok.vocab):
         raise TokenError(f"stored {kind} vocabulary does not match the one its settings produce")
     return tok
 
@@ -255,13 +259,10 @@ def tokenizer_from_dict(data: dict[str, Any], source: str = "the tokenizer", rem
 def load_tokenizer(path: str | os.PathLike, remedy: str = REMEDY) -> Tokenizer:
     """The tokenizer stored in a tokenizer.json. Files from before representation versions
     count as version 1, so they are refused like any other version this musegen does not read."""
+    from .. import schemas
+
     path = Path(path)
     if not path.is_file():
         raise TokenError(f"{path}: tokenizer file not found")
-    try:
-        data = read_json(path)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise TokenError(f"{path}: not valid JSON ({exc})") from None
-    if isinstance(data, dict):
-        data = {"version": 1, **data}
-    return tokenizer_from_dict(data, str(path), remedy)
+    data = schemas.read(path, "tokenizer")
+    return tokenizer_from_dict({"version": 1, **data.model_dump(exclude_unset=True)}, str(path), remedy)

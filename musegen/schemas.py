@@ -1,0 +1,244 @@
+"""Every JSON or YAML file musegen reads, declared once: its format, version and schema.
+
+`read(path, format)` is the one way musegen reads such a file, and `check(data, format, where)`
+the one way it checks a value parsed elsewhere (a YAML file, a line of a JSON-lines log). The
+bytes go through `io.read_json`'s bounds (size, nesting), the value through the format's pydantic
+model: strict types, no unknown fields where musegen wrote every field, and bounds that follow
+from the representation (a MIDI pitch is 0..127) or from what a machine can hold. An invalid file
+is a FormatError: one line naming the file and the first field that is wrong.
+
+The studio's requests have no format here yet: the studio does not exist.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, TypeAdapter, ValidationError
+
+from .errors import ConfigError, FormatError
+from .io import parse_json, printable, read_json
+from .model.config import ModelConfig
+
+STRICT = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
+OPEN = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)  # files that carry free-form extras
+
+Count = Annotated[int, Field(ge=0, le=2**62)]
+Name = Annotated[str, Field(max_length=4096)]
+Pitch = Annotated[int, Field(ge=0, le=127)]
+MAX_ITEMS = 2**24  # pieces in a shard index, records in a summary: far past any corpus
+
+
+# ---- checkpoints ------------------------------------------------------------------------------------
+
+class CheckpointConfig(BaseModel):
+    """A checkpoint's config.json. `model` is the ModelConfig itself, bounds included."""
+    model_config = STRICT
+    format: Literal["musegen-checkpoint"]
+    version: Literal[1]
+    model: dict[str, JsonValue]  # checked by ModelConfig (`model_settings`), which knows its defaults
+    meta: dict[str, JsonValue] = {}
+
+
+class RemiSettings(BaseModel):
+    model_config = STRICT
+    beat_resolution: Annotated[int, Field(ge=1, le=160)] = 4
+    pitch_range: Annotated[list[Pitch], Field(min_length=2, max_length=2)] = [22, 107]  # (lowest, highest)
+    velocity_range: Annotated[list[Pitch], Field(min_length=3, max_length=3)] = [40, 86, 2]  # (low, high, step)
+    # grid steps: 256 bars of 4/4 at the default resolution; each step is a token of the vocabulary
+    max_duration: Annotated[int, Field(ge=1, le=4096)] = 16
+    tempos: Annotated[list[Annotated[int, Field(ge=1, le=1000)]], Field(min_length=1, max_length=1000)] | None = None
+    chords: bool = True
+
+
+class GrooveSettings(BaseModel):
+    model_config = STRICT
+    programs: dict[Literal["bass", "other"], Annotated[int, Field(ge=0, le=127)]] = {}
+    other_seed: Annotated[int, Field(ge=0, le=2**63 - 1)] | None = None
+
+
+class TokenizerFile(BaseModel):
+    """tokenizer.json: what `Tokenizer.to_dict` writes (just {"kind"} means the defaults)."""
+    model_config = STRICT
+    kind: Name  # one of Tokenizer.registry (checked by tokenizer_from_dict)
+    version: Annotated[int, Field(ge=1, le=1000)] = 1
+    settings: dict[str, JsonValue] = {}  # checked by the kind's settings model (TOKENIZER_SETTINGS)
+    vocab: Annotated[list[Name], Field(max_length=2**20)] | None = None
+
+
+class NoSettings(BaseModel):
+    model_config = STRICT
+
+
+# A representation with constructor settings declares them here; one without takes none.
+TOKENIZER_SETTINGS: dict[str, type[BaseModel]] = {"remi": RemiSettings, "groove": GrooveSettings}
+
+
+class TrainingState(BaseModel):
+    """trainer_state.json beside a run's checkpoint (optimizer and scheduler: structure checked
+    against the live objects by run_folder, which knows them)."""
+    model_config = OPEN
+    step: Count
+    nonfinite_total: Count
+    nonfinite_streak: Count
+    tokens_seen: Count
+    optimizer: dict[str, JsonValue]
+    scheduler: dict[str, JsonValue]
+
+
+# ---- data --------------------------------------------------------------------------------------------
+
+class ShardSplit(BaseModel):
+    model_config = STRICT
+    file: Annotated[str, Field(pattern=r"^[\w-][\w.-]*$", max_length=255)] | None = None  # None: `<split>.npy`
+    names: Annotated[list[Name], Field(max_length=MAX_ITEMS)]
+    offsets: Annotated[list[Count], Field(max_length=MAX_ITEMS)]
+    lengths: Annotated[list[Count], Field(max_length=MAX_ITEMS)]
+
+
+class ShardIndex(BaseModel):
+    model_config = STRICT
+    format: Literal["musegen-shards"]
+    version: Literal[1]
+    tokenizer: Name
+    splits: dict[Name, ShardSplit]
+    report: dict[str, JsonValue] = {}
+
+
+class MirexNote(BaseModel):
+    model_config = ConfigDict(strict=True, allow_inf_nan=False)  # extra keys (velocity, ...) ignored
+    start: Annotated[int, Field(ge=0, le=2**31)]  # 16ths; the piece's length bound is mirex.MAX_TIME
+    pitch: Pitch
+    duration: Annotated[int, Field(ge=1, le=2**31)]
+
+
+class MirexPrompt(BaseModel):
+    model_config = ConfigDict(strict=True, allow_inf_nan=False)
+    prompt: Annotated[list[MirexNote], Field(min_length=1, max_length=2**20)]
+
+
+# ---- what musegen writes and reads back -----------------------------------------------------------
+
+class SampleRecord(BaseModel):
+    model_config = OPEN
+    midi: Name | None = None
+    wav: Name | None = None
+    pianoroll: Name | None = None
+    json_: Name | None = Field(None, alias="json")
+
+
+class SampleStats(BaseModel):
+    model_config = OPEN
+    tokens_per_second: Annotated[float, Field(ge=0)] | None = None
+    state_bytes: Count | None = None
+
+
+class SampleSummary(BaseModel):
+    """`<stem>.json` of one prompt's output set and `batch.json` of a folder of prompts."""
+    model_config = OPEN
+    samples: Annotated[list[SampleRecord], Field(max_length=MAX_ITEMS)]
+    stats: SampleStats
+
+
+class TrainSettings(BaseModel):
+    """A `train --config` YAML file: TrainConfig's fields, and `model:` ModelConfig's (both checked,
+    bounds included, where the configs are made)."""
+    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
+    model: dict[str, JsonValue] = {}
+
+
+class LogRecord(BaseModel):
+    """A line of a run's log.jsonl."""
+    model_config = OPEN
+    step: Count = 0
+
+
+class PieceRecord(BaseModel):
+    """A line of `evaluate continuation`'s pieces.jsonl."""
+    model_config = OPEN
+    piece: Name
+
+
+@dataclass(frozen=True)
+class Format:
+    name: str
+    version: int | None  # None: the file carries no version of its own (its owner's version rules)
+    schema: Any
+
+
+FORMATS = {f.name: f for f in (
+    Format("checkpoint config", 1, CheckpointConfig),
+    Format("tokenizer", None, TokenizerFile),
+    Format("training state", None, TrainingState),
+    Format("shard index", 1, ShardIndex),
+    Format("sample summary", None, SampleSummary),
+    Format("mirex prompt", None, MirexPrompt),
+    Format("train settings", None, TrainSettings),
+    Format("log record", None, LogRecord),
+    Format("piece record", None, PieceRecord),
+    Format("evaluation settings", None, dict[str, JsonValue]),
+)}
+_ADAPTERS: dict[str, TypeAdapter] = {}
+
+
+def check(data: Any, format: str, where: str | os.PathLike) -> Any:
+    """`data` validated as `format` (a pydantic model, or the plain value for non-model schemas);
+    FormatError naming `where` and the field otherwise."""
+    adapter = _ADAPTERS.get(format) or _ADAPTERS.setdefault(format, TypeAdapter(FORMATS[format].schema))
+    try:
+        return adapter.validate_python(data)
+    except ValidationError as exc:
+        raise FormatError(f"{printable(where)}: invalid {format}: {first_problem(exc)}") from None
+
+
+def read(path: str | os.PathLike, format: str, max_bytes: int | None = None) -> Any:
+    """The file at `path` parsed and validated as `format`."""
+    try:
+        data = read_json(path, *([max_bytes] if max_bytes else []))
+    except (ValueError, UnicodeDecodeError) as exc:
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise FormatError(f"{printable(path)}: not valid JSON ({text})") from None
+    return check(data, format, path)
+
+
+def loads(text: str, format: str, where: str | os.PathLike) -> Any:
+    """One JSON text (a line of a JSON-lines file) parsed and validated as `format`."""
+    try:
+        data = parse_json(text)
+    except (ValueError, RecursionError) as exc:
+        raise FormatError(f"{printable(where)}: not valid JSON ({str(exc).splitlines()[0] if str(exc) else 'nesting'})") from None
+    return check(data, format, where)
+
+
+def model_settings(settings: dict[str, Any], where: str | os.PathLike) -> ModelConfig:
+    """A ModelConfig from a file's settings (defaults for those it lacks), as FormatError."""
+    try:
+        return ModelConfig(**settings)
+    except ValidationError as exc:
+        raise FormatError(f"{printable(where)}: invalid model config: {first_problem(exc)}") from None
+    except ConfigError as exc:  # the config's own cross-field checks
+        raise FormatError(f"{printable(where)}: invalid model config: {exc}") from None
+
+
+def tokenizer_settings(kind: str, settings: dict[str, Any], where: str | os.PathLike) -> dict[str, Any]:
+    """`settings` for a tokenizer of `kind`, checked by its schema (only those it states)."""
+    checked = check_model(TOKENIZER_SETTINGS.get(kind, NoSettings), settings, f"{printable(where)}: invalid {kind} tokenizer settings")
+    return checked.model_dump(include=set(settings))
+
+
+def check_model(schema: type[BaseModel], data: Any, prefix: str) -> BaseModel:
+    try:
+        return schema.model_validate(data)
+    except ValidationError as exc:
+        raise FormatError(f"{prefix}: {first_problem(exc)}") from None
+
+
+def first_problem(exc: ValidationError) -> str:
+    """'field.path: what is wrong (got VALUE)' for the first error pydantic found."""
+    error = exc.errors(include_url=False)[0]
+    field = ".".join(str(part) for part in error["loc"]) or "(the whole file)"
+    value = repr(error.get("input"))
+    value = value if len(value) <= 40 else value[:37] + "..."
+    return f"{field}: {error['msg'][0].lower() + error['msg'][1:]} (got {printable(value)})"

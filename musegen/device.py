@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import functools
+import os
 import platform
+import resource
 from pathlib import Path
 
 import torch
 
-from .errors import ConfigError
+from .errors import ConfigError, ResourceError
 
 PRECISIONS = ("auto", "fp32", "bf16")
 # CPU flags (Linux /proc/cpuinfo) of bf16 arithmetic in hardware: x86 AVX512-BF16 and AMX,
@@ -82,3 +84,24 @@ def check_precision(precision: str) -> None:
     musegen.precision; parts that need fp32 stay in fp32 either way: feature maps, attention sums)."""
     if precision not in PRECISIONS:
         raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+
+
+def device_memory(device: torch.device) -> int | None:
+    """Bytes the device can hold (for the CPU, the machine's memory or this process's address-space
+    limit, whichever is smaller), or None when unknown."""
+    try:
+        if device.type == "cuda":
+            return int(torch.cuda.mem_get_info(device)[1])
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError, RuntimeError):
+        return None
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    return memory if limit == resource.RLIM_INFINITY else min(memory, limit)
+
+
+def check_fits(need: int, what: str, device: torch.device, remedy: str = "") -> None:
+    """ResourceError, before anything is allocated, when `need` bytes exceed the device's memory."""
+    memory = device_memory(device)
+    if memory and need > memory:
+        raise ResourceError(f"{what} needs about {need / 2**30:,.1f} GiB but {device} has {memory / 2**30:,.1f} GiB"
+                            + (f"; {remedy}" if remedy else ""))

@@ -46,8 +46,9 @@ class InputFileError(MusegenError, OSError):
     that expects what a plain `open()` raises for a missing file handles it the same way."""
 
 
-class FormatError(MusegenError):
-    """A JSON or YAML file that does not match its declared schema (musegen/schemas.py)."""
+class FormatError(ConfigError):
+    """A file (JSON, YAML) or a setting whose value breaks its declared schema: a wrong type, a
+    missing field, a number out of bounds (musegen/schemas.py, ModelConfig)."""
 
     exit_code = 2
 

@@ -16,8 +16,9 @@ from typing import Any, Iterable, NamedTuple
 
 import miditoolkit
 
+from . import schemas
 from .errors import MidiError
-from .io import read_json, write_json
+from .io import write_json
 from .tokenizers.constants import BEATS_PER_BAR, MAX_BARS, TICKS_PER_BEAT
 
 SIXTEENTHS_PER_BAR = 4 * BEATS_PER_BAR
@@ -35,32 +36,15 @@ class Note(NamedTuple):
 
 
 def read_prompt(path: str | os.PathLike) -> list[Note]:
-    """The notes of a task prompt file, checked (MidiError with one line otherwise)."""
+    """The notes of a task prompt file, checked against its schema and the piece's length bound."""
     path = Path(path)
     if path.stat().st_size > MAX_FILE_BYTES:
         raise MidiError(f"{path}: {path.stat().st_size:,} bytes, more than a prompt can be ({MAX_FILE_BYTES:,})")
-    try:
-        data = read_json(path)
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-        raise MidiError(f"{path}: not valid JSON ({str(exc).splitlines()[0] if str(exc) else 'nesting'})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("prompt"), list):
-        raise MidiError(f'{path}: not a MIREX prompt (no "prompt" list of notes)')
-    notes = [_note(item, f"{path}: prompt note {i}") for i, item in enumerate(data["prompt"])]
-    if not notes:
-        raise MidiError(f"{path}: the prompt holds no notes")
+    notes = [Note(n.start, n.pitch, n.duration) for n in schemas.read(path, "mirex prompt").prompt]
+    for i, note in enumerate(notes):
+        if note.start + note.duration > MAX_TIME:
+            raise MidiError(f"{path}: prompt note {i} ends after 16th {MAX_TIME:,} ({MAX_BARS:,} bars, the longest piece)")
     return sorted(notes)
-
-
-def _note(item: Any, where: str) -> Note:
-    values = {k: item.get(k) for k in Note._fields} if isinstance(item, dict) else {}
-    if not values or any(type(v) is not int for v in values.values()):  # bool is no number here
-        raise MidiError(f"{where}: needs integer start, pitch and duration, got {item!r:.80}")
-    note = Note(**values)
-    if not (0 <= note.pitch <= 127 and note.start >= 0 and note.duration >= 1):
-        raise MidiError(f"{where}: pitch must lie in 0..127, start be >= 0 and duration >= 1, got {item!r:.80}")
-    if note.start + note.duration > MAX_TIME:
-        raise MidiError(f"{where}: ends after 16th {MAX_TIME:,} ({MAX_BARS:,} bars, the longest piece)")
-    return note
 
 
 def prompt_midi(notes: Iterable[Note]) -> bytes:

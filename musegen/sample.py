@@ -37,10 +37,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from . import mirex
-from .device import resolve_device
-from .errors import ConfigError, MidiError, MusegenError, TokenError
-from .io import atomic_path, check_regular, read_json, write_json
+from . import mirex, schemas
+from .device import check_fits, device_memory, resolve_device
+from .errors import CheckpointError, ConfigError, MidiError, MusegenError, TokenError
+from .io import atomic_path, check_regular, write_json
 from .midi import MIDI_SUFFIXES
 from .precision import step_choice
 from .render import PROMPT_END_MARKER, pianoroll_png, render_wav
@@ -485,7 +485,21 @@ def _draw(logits: torch.Tensor, rows: list[_Row], vocab_size: int, s: SampleSett
     if s.grammar and kept is not None:
         logits = keep_type_mass(logits, allowed, kept)
     filtered = filter_logits(logits.masked_fill(~allowed, -math.inf), s.temperature, s.top_k, s.top_p)
-    return torch.multinomial(filtered.softmax(-1), 1, generator=gen).squeeze(1)
+    probs = filtered.softmax(-1)
+    no_mass = ~torch.isfinite(probs).all(-1) | ~(probs.sum(-1) > 0)
+    live = torch.tensor([not row.done for row in rows], device=probs.device)
+    if (no_mass & live).any():
+        b = int((no_mass & live).nonzero()[0])
+        raise CheckpointError(f"the model's next-token distribution for sample {b} after {len(rows[b].ids)} tokens "
+                              f"has no finite mass (its logits are {_logit_kinds(logits[b])}): the checkpoint's weights "
+                              f"make its activations overflow; nothing drawn")
+    probs[no_mass] = 1.0  # rows already done draw a token that is ignored
+    return torch.multinomial(probs, 1, generator=gen).squeeze(1)
+
+
+def _logit_kinds(logits: torch.Tensor) -> str:
+    kinds = [name for name, found in (("NaN", logits.isnan().any()), ("inf", logits.isinf().any())) if found]
+    return " and ".join(kinds) or "all masked"
 
 
 def _note_off_ids(tokenizer: Tokenizer, width: int, device) -> torch.Tensor | None:
@@ -550,21 +564,9 @@ def check_memory(model, num_samples: int, tokens: int, device: torch.device) -> 
         model.step(one)
         growth = model.state_bytes - first
     per_sample = first + growth * tokens + 64 * model.config.vocab_size + 64 * tokens
-    memory = _device_memory(device)
-    if memory and num_samples * per_sample > memory:
-        raise ConfigError(f"--num-samples {num_samples} needs about {num_samples * per_sample / 2**30:,.1f} GiB "
-                          f"with this model ({per_sample / 2**20:,.1f} MiB per sample) but {device} has "
-                          f"{memory / 2**30:,.1f} GiB: at most {memory // per_sample:,} fit")
-
-
-def _device_memory(device: torch.device) -> int | None:
-    """The device's memory in bytes (the machine's for the CPU), or None when unknown."""
-    try:
-        if device.type == "cuda":
-            return int(torch.cuda.mem_get_info(device)[1])
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError, RuntimeError):
-        return None
+    memory = device_memory(device) or 0
+    check_fits(num_samples * per_sample, f"--num-samples {num_samples}", device,
+               f"{per_sample / 2**20:,.2f} MiB per sample: at most {memory // per_sample:,} fit")
 
 
 # ---- writing the outputs ------------------------------------------------------------------------
@@ -661,10 +663,10 @@ def output_set(out_dir: Path, manifest: str) -> Iterator[Path]:
 def _set_files(manifest: Path) -> set[str]:
     """The files an earlier run's manifest lists as its set (only names the set's pattern allows)."""
     try:
-        records = read_json(manifest)["samples"]
-        names = {r[k] for r in records for k in ("midi", "wav", "pianoroll", "json") if isinstance(r.get(k), str)}
-    except (OSError, ValueError, UnicodeDecodeError, KeyError, TypeError, RecursionError):
+        records = schemas.read(manifest, "sample summary").samples
+    except MusegenError:  # no summary of ours: no set to replace
         return set()
+    names = {name for r in records for name in (r.midi, r.wav, r.pianoroll, r.json_) if name}
     pattern = re.escape(manifest.stem) + r"_\d{3,}\.(mid|wav|png|json)"
     return {name for name in names if re.fullmatch(pattern, name)}
 

@@ -29,9 +29,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from . import schemas
 from .checkpoint import load_checkpoint, read_checkpoint_config
 from .data import CROP_CHOICES, SAMPLING_CHOICES, Augmenter, CropDataset, StepBatches, derive_seed
-from .device import resolve_device
+from .device import check_fits, resolve_device
 from .errors import CheckpointError, ConfigError, DataError, TrainingError
 from .io import read_input, write_json
 from .metrics.loss import position_nll, summarize, write_position_nll
@@ -157,10 +158,9 @@ def _read_config_file(path: str | os.PathLike | None) -> tuple[dict[str, Any], d
         raise ConfigError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
     except RecursionError:
         raise ConfigError(f"{path}: nested too deeply for a settings file") from None
-    if not isinstance(loaded, dict) or not isinstance(loaded.get("model", {}), dict):
-        raise ConfigError(f"{path}: expected a mapping of settings (and a `model:` mapping)")
-    model = loaded.pop("model", {})
-    return loaded, model
+    checked = schemas.check(loaded, "train settings", path).model_dump()
+    model = checked.pop("model")
+    return checked, model
 
 
 def _parse_sets(sets: Iterable[str]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -375,6 +375,7 @@ def train(cfg: TrainConfig, resume: bool = False, command: str = "") -> dict[str
     try:
         data = load_training_data(cfg)
         model_cfg = dataclasses.replace(cfg.model, vocab_size=data.tokenizer.vocab_size)  # the data decides
+        _check_model_fits(model_cfg, device)
         init = None
         if cfg.init and not resume:
             init = _compatible_weights(Path(cfg.init), data.tokenizer, model_cfg, cfg.data)
@@ -385,6 +386,14 @@ def train(cfg: TrainConfig, resume: bool = False, command: str = "") -> dict[str
     finally:
         if procs.world > 1 and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _check_model_fits(model_cfg: ModelConfig, device: torch.device) -> None:
+    """ResourceError before the model is built when its weights, gradients and Adam's two moments
+    (16 bytes a parameter, activations not counted) cannot fit; counted on the meta device."""
+    with torch.device("meta"):
+        params = sum(p.numel() for p in MusicPerformer(model_cfg).parameters())
+    check_fits(16 * params, f"training a model of {params:,} parameters", device, "choose a smaller model")
 
 
 class Trainer:

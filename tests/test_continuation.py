@@ -18,7 +18,7 @@ from conftest import DATA
 from data_prep.common import Item, prepare
 from musegen.checkpoint import save_checkpoint
 from musegen.cli import main
-from musegen.errors import ConfigError, DataError
+from musegen.errors import ConfigError, DataError, FormatError
 from musegen.io import read_json
 from musegen.metrics.continuation import (ContinuationSettings, NoteTable, ResultLog, evaluate_continuation,
                                           measure, pitch_classes, reference_profiles, role_metrics, sounding,
@@ -235,10 +235,13 @@ def test_the_result_log_keeps_its_own_settings_and_refuses_foreign_files(tmp_pat
     with pytest.raises(ConfigError, match=r"other settings \(seed\)"):
         ResultLog(tmp_path, {"bars": 12, "seed": 1})
     (tmp_path / "pieces.jsonl").write_text("{not json\n")
-    with pytest.raises(DataError, match="not the per-piece results"):
+    with pytest.raises(FormatError, match="pieces.jsonl: not valid JSON"):
+        ResultLog(tmp_path, settings)
+    (tmp_path / "pieces.jsonl").write_text('{"real": {}}\n')
+    with pytest.raises(FormatError, match="pieces.jsonl: invalid piece record: piece: field required"):
         ResultLog(tmp_path, settings)
     (tmp_path / "run.json").write_text("{")
-    with pytest.raises(DataError, match="not valid JSON"):
+    with pytest.raises(FormatError, match="run.json: not valid JSON"):
         ResultLog(tmp_path, settings)
 
 

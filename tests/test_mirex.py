@@ -11,7 +11,7 @@ from tiny_models import tiny_checkpoint
 
 from musegen import mirex
 from musegen.cli import main
-from musegen.errors import MidiError
+from musegen.errors import MusegenError
 from musegen.render import PROMPT_END_MARKER
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -44,22 +44,22 @@ def test_a_prompt_becomes_midi_with_the_same_notes(pop909_songs, tmp_path):
 
 
 @pytest.mark.parametrize("content, message", [
-    ("[1, 2]", 'not a MIREX prompt (no "prompt" list'),
-    ('{"generation": []}', 'not a MIREX prompt (no "prompt" list'),
-    ('{"prompt": []}', "the prompt holds no notes"),
-    ('{"prompt": [{"start": 0, "pitch": 60}]}', "prompt note 0: needs integer start, pitch and duration"),
-    ('{"prompt": [{"start": 0.5, "pitch": 60, "duration": 2}]}', "needs integer start"),
-    ('{"prompt": [{"start": true, "pitch": 60, "duration": 2}]}', "needs integer start"),
-    ('{"prompt": [{"start": 0, "pitch": 128, "duration": 2}]}', "pitch must lie in 0..127"),
-    ('{"prompt": [{"start": -1, "pitch": 60, "duration": 2}]}', "start be >= 0"),
-    ('{"prompt": [{"start": 0, "pitch": 60, "duration": 0}]}', "duration >= 1"),
+    ("[1, 2]", "invalid mirex prompt: (the whole file)"),
+    ('{"generation": []}', "invalid mirex prompt: prompt: field required"),
+    ('{"prompt": []}', "prompt: list should have at least 1 item"),
+    ('{"prompt": [{"start": 0, "pitch": 60}]}', "prompt.0.duration: field required"),
+    ('{"prompt": [{"start": 0.5, "pitch": 60, "duration": 2}]}', "prompt.0.start: input should be a valid integer"),
+    ('{"prompt": [{"start": true, "pitch": 60, "duration": 2}]}', "prompt.0.start: input should be a valid integer"),
+    ('{"prompt": [{"start": 0, "pitch": 128, "duration": 2}]}', "prompt.0.pitch: input should be less than or equal to 127"),
+    ('{"prompt": [{"start": -1, "pitch": 60, "duration": 2}]}', "prompt.0.start: input should be greater than"),
+    ('{"prompt": [{"start": 0, "pitch": 60, "duration": 0}]}', "prompt.0.duration: input should be greater than"),
     ('{"prompt": [{"start": 160000, "pitch": 60, "duration": 1}]}', "ends after 16th 160,000"),
     ("{'prompt': ", "not valid JSON"),
     ("[" * 100000, "not valid JSON"),
 ])
 def test_a_bad_prompt_file_is_one_clear_line(tmp_path, content, message):
     (tmp_path / "bad.json").write_text(content)
-    with pytest.raises(MidiError) as err:
+    with pytest.raises(MusegenError) as err:
         mirex.read_prompt(tmp_path / "bad.json")
     assert message in str(err.value) and len(str(err.value).splitlines()) == 1
 

@@ -21,8 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import DataError
-from ..io import read_json, write_text
+from .. import schemas
+from ..errors import DataError, FormatError
+from ..io import write_text
 from ..plots import pyplot, save_png
 from .loss import summarize
 from .style import METRICS, empty_shares, medians
@@ -145,23 +146,25 @@ def plot_style_comparison(tables: dict[str, str | os.PathLike | list[dict[str, A
 def read_sampling(folder: Path) -> dict[str, float] | None:
     """Generation speed and recurrent-state size from a `musegen sample` summary, if one is there."""
     for path in _found(folder, "batch.json") + _found(folder, "*.json"):
-        summary = read_json(path)
-        if isinstance(summary, dict) and "stats" in summary:
-            stats = summary["stats"]
-            return {"ms_per_token": 1000.0 / stats["tokens_per_second"] if stats.get("tokens_per_second") else math.nan,
-                    "state_kib": stats.get("state_bytes", math.nan) / 1024}
+        try:
+            stats = schemas.read(path, "sample summary").stats
+        except FormatError:  # another JSON file in the folder
+            continue
+        return {"ms_per_token": 1000.0 / stats.tokens_per_second if stats.tokens_per_second else math.nan,
+                "state_kib": (stats.state_bytes if stats.state_bytes is not None else math.nan) / 1024}
     return None
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The records of a JSON-lines file (blank lines skipped)."""
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+def read_jsonl(path: Path, format: str) -> list[dict[str, Any]]:
+    """The records of a JSON-lines file (blank lines skipped), each checked as `format`."""
+    return [schemas.loads(line, format, path).model_dump(by_alias=True, exclude_unset=True)
+            for line in path.read_text().splitlines() if line.strip()]
 
 
 def read_log(folder: Path) -> list[dict[str, Any]]:
     """A run folder's log.jsonl records (none when the folder is not a run)."""
     path = folder / "log.jsonl"
-    return read_jsonl(path) if path.is_file() else []
+    return read_jsonl(path, "log record") if path.is_file() else []
 
 
 def read_training(records: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -364,7 +367,7 @@ def mean_quarter_starts(folder: Path) -> list[float]:
     """Mean token position where each quarter of the model's continuations begins (pieces.jsonl)."""
     from .continuation import mean_positions
 
-    means = mean_positions(read_jsonl(folder / "pieces.jsonl"))
+    means = mean_positions(read_jsonl(folder / "pieces.jsonl", "piece record"))
     return [math.nan] * 4 if means is None else means[:4].tolist()
 
 

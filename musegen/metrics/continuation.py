@@ -55,9 +55,10 @@ import miditoolkit
 import numpy as np
 from tqdm import tqdm
 
+from .. import schemas
 from ..device import resolve_device
 from ..errors import ConfigError, DataError, MusegenError, TokenError
-from ..io import read_json, write_json, write_text
+from ..io import write_json, write_text
 from ..plots import pyplot, save_png
 from ..shard_midi import piece_stem
 from ..tokenizers.base import Tokenizer
@@ -409,21 +410,15 @@ class ResultLog:
         self.path, self.run = out_dir / "pieces.jsonl", out_dir / "run.json"
         self.records: dict[str, dict[str, Any]] = {}
         if self.run.is_file():
-            try:
-                before = read_json(self.run)
-            except (ValueError, UnicodeDecodeError):
-                raise DataError(f"{self.run}: not valid JSON; remove it or choose another --out") from None
+            before = schemas.read(self.run, "evaluation settings")
             if before != settings:
                 changed = sorted(k for k in set(before) | set(settings) if before.get(k) != settings.get(k))
                 raise ConfigError(f"{out_dir} holds results of other settings ({', '.join(changed)}); "
                                   "choose another --out")
             if self.path.is_file():
                 lines = self.path.read_text(encoding="utf-8").splitlines()
-                try:
-                    self.records = {r["piece"]: r for r in map(json.loads, filter(None, lines))}
-                except (ValueError, TypeError, KeyError):
-                    raise DataError(f"{self.path}: not the per-piece results of `musegen evaluate "
-                                    "continuation`; remove it or choose another --out") from None
+                records = [schemas.loads(line, "piece record", self.path) for line in filter(None, lines)]
+                self.records = {r.piece: r.model_dump() for r in records}
         else:
             write_json(self.run, settings)
 

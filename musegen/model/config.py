@@ -8,7 +8,7 @@ from typing import Annotated, Any
 from pydantic import ConfigDict, Field, ValidationError
 from pydantic.dataclasses import dataclass
 
-from ..errors import ConfigError
+from ..errors import ConfigError, FormatError
 
 PE_CHOICES = ("ape", "sine", "conv", "none")
 DOT_PRODUCT_ATTENTIONS = ("performer", "relu", "elu", "softmax")  # the ones SPE (and kernel) apply to
@@ -144,7 +144,7 @@ def replace_checked(obj, overrides: dict[str, Any]):
     except ValidationError as exc:
         from ..schemas import first_problem
 
-        raise ConfigError(f"setting {first_problem(exc)}") from None
+        raise FormatError(f"setting {first_problem(exc)}") from None
 
 
 PRESETS: dict[str, dict[str, Any]] = {

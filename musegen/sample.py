@@ -60,6 +60,7 @@ MAX_THREADS = 256
 # machine's core count.
 DEFAULT_CPU_THREADS = 1
 SCRATCH_PREFIX = ".musegen-sample-"  # hidden folders an output set is written into before it is moved in
+JOURNAL = ".publishing.json"  # in a scratch folder: the set is complete and being moved in (see output_set)
 
 
 @dataclass
@@ -638,26 +639,38 @@ def write_samples(samples: list[Sample], tokenizer: Tokenizer, prompt: Prompt, o
 
 @contextlib.contextmanager
 def output_set(out_dir: Path, manifest: str) -> Iterator[Path]:
-    """A hidden scratch folder for one prompt's files. When the block succeeds they replace the
-    prompt's previous set: its manifest (`<stem>.json`) is removed first, the new files moved in,
-    files of the old set that the new one lacks removed, the new manifest moved in last. So a run
-    killed while sampling or writing leaves the old set, and a reader that trusts the manifest
-    never sees two runs mixed. Scratch folders of killed runs are removed by the next run."""
+    """A hidden scratch folder for one prompt's files. When the block succeeds (its last act is to
+    write the manifest, `<stem>.json`) the set is published: a journal naming the old set and the
+    new one is written in the scratch folder, then the old manifest and the old set's files go,
+    the new files come in, and the new manifest comes in last. A kill before the journal leaves
+    the old set; a kill after it, an old or new set without its manifest (never files of two
+    runs side by side), which the next run into the folder completes from the journal."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    _remove_dead_scratch(out_dir)
+    _recover_dead_scratch(out_dir)
     scratch = Path(tempfile.mkdtemp(dir=out_dir, prefix=f"{SCRATCH_PREFIX}{os.getpid()}-"))
     try:
         yield scratch
-        old = _set_files(out_dir / manifest)
-        new = {p.name for p in scratch.iterdir()} - {manifest}
-        (out_dir / manifest).unlink(missing_ok=True)
-        for name in sorted(new):
-            os.replace(scratch / name, out_dir / name)
-        for name in sorted(old - new):
-            (out_dir / name).unlink(missing_ok=True)
-        os.replace(scratch / manifest, out_dir / manifest)
+        new = sorted(p.name for p in scratch.iterdir())
+        write_json(scratch / JOURNAL, {"manifest": manifest, "old": sorted(_set_files(out_dir / manifest)),
+                                       "new": new})
+        _publish(scratch, out_dir, schemas.read(scratch / JOURNAL, "publish journal"))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _publish(scratch: Path, out_dir: Path, journal) -> None:
+    """Replace the journal's old set by the new one; done again after a kill, it ends the same.
+    Every old file goes before a new one comes in: a file of the old set that is still there
+    when the new one has moved in would sit beside it as if of one run."""
+    (out_dir / journal.manifest).unlink(missing_ok=True)
+    for name in journal.old:
+        if name not in journal.new or (scratch / name).exists():  # (else the new file is already in)
+            (out_dir / name).unlink(missing_ok=True)
+    for name in journal.new:
+        if name != journal.manifest and (scratch / name).exists():
+            os.replace(scratch / name, out_dir / name)
+    if (scratch / journal.manifest).exists():
+        os.replace(scratch / journal.manifest, out_dir / journal.manifest)
 
 
 def _set_files(manifest: Path) -> set[str]:
@@ -667,14 +680,16 @@ def _set_files(manifest: Path) -> set[str]:
     except MusegenError:  # no summary of ours: no set to replace
         return set()
     names = {name for r in records for name in (r.midi, r.wav, r.pianoroll, r.json_) if name}
-    pattern = re.escape(manifest.stem) + r"_\d{3,}\.(mid|wav|png|json)"
-    return {name for name in names if re.fullmatch(pattern, name)}
+    return {name for name in names if writes(manifest.stem, name, mirex_prompt=True)}
 
 
-def _remove_dead_scratch(out_dir: Path) -> None:
+def _recover_dead_scratch(out_dir: Path) -> None:
+    """Scratch folders of runs that are gone: a journaled set is published, the rest removed."""
     for folder in out_dir.glob(f"{SCRATCH_PREFIX}*"):
         pid = folder.name[len(SCRATCH_PREFIX):].split("-")[0]
         if pid.isdigit() and not _alive(int(pid)):
+            with contextlib.suppress(MusegenError):  # a journal cut short: its set was never published
+                _publish(folder, out_dir, schemas.read(folder / JOURNAL, "publish journal"))
             shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -688,10 +703,10 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def output_names(stem: str, num_samples: int, mirex_prompt: bool) -> list[str]:
-    """Every file a prompt's output set may hold."""
-    kinds = (".mid", ".wav", ".png") + ((".json",) if mirex_prompt else ())
-    return [f"{stem}.json"] + [f"{stem}_{i:03d}{ext}" for i in range(num_samples) for ext in kinds]
+def writes(stem: str, name: str, mirex_prompt: bool) -> bool:
+    """Whether `name` is a file of the output set named `stem` (MIREX prompts add `.json` per sample)."""
+    kinds = "mid|wav|png" + ("|json" if mirex_prompt else "")
+    return name == f"{stem}.json" or re.fullmatch(re.escape(stem) + rf"_\d{{3,}}\.({kinds})", name) is not None
 
 
 def sample_to_folder(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, settings: SampleSettings,
@@ -721,12 +736,16 @@ def sample_to_folder(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, 
                pianoroll=pianoroll, threads=threads)
     out_dir = Path(out_dir)
     if prompt_path is None or not Path(prompt_path).is_dir():
+        stem = "sample"
         if prompt_path is not None:
             check_regular(prompt_path, "prompt")  # before any path is resolved (a link loop, a FIFO)
-            clash = _clashes({Path(prompt_path)}, None, [(Path(prompt_path), out_dir)], settings.num_samples)
-            if clash:
-                raise ConfigError(next(iter(clash.values())) + "; choose another --out")
-        return _sample_prompt(**run, out_dir=out_dir, settings=settings, prompt_path=prompt_path, progress=progress)
+            prompt_path, stem = Path(prompt_path), Path(prompt_path).stem
+            if (out_dir.resolve() == prompt_path.resolve().parent
+                    and writes(stem, prompt_path.name, prompt_path.suffix.lower() == ".json")):
+                raise ConfigError(f"{prompt_path}: its output {prompt_path.name} would overwrite the input "
+                                  f"{prompt_path.name}; choose another --out")
+        return _sample_prompt(**run, out_dir=out_dir, stem=stem, settings=settings, prompt_path=prompt_path,
+                              progress=progress)
     return _sample_folder(run, Path(prompt_path), out_dir, settings, progress)
 
 
@@ -734,14 +753,15 @@ def _sample_folder(run: dict[str, Any], prompt_dir: Path, out_dir: Path, setting
                    progress: bool) -> dict[str, Any]:
     files, skipped = _prompt_files(prompt_dir)
     jobs = [(path, out_dir / path.relative_to(prompt_dir).parent) for path in files]
-    skipped.update(_clashes(set(files), out_dir / "batch.json", jobs, settings.num_samples, prompt_dir))
+    stems = output_stems(jobs, files, out_dir / "batch.json")
+    renamed = {str(path.relative_to(prompt_dir)): stem for path, stem in stems.items() if stem != path.stem}
     done = []
     for i, (path, folder) in enumerate(tqdm(jobs, desc="prompts", unit="prompt", disable=not progress)):
         rel = str(path.relative_to(prompt_dir))
         if rel in skipped:
             continue
         try:
-            done.append(_sample_prompt(**run, out_dir=folder, prompt_path=path, progress=False,
+            done.append(_sample_prompt(**run, out_dir=folder, stem=stems[path], prompt_path=path, progress=False,
                                        settings=replace(settings, seed=(settings.seed + i) % (SEED_MAX + 1))))
         except MusegenError as exc:
             skipped[rel] = str(exc).splitlines()[0]
@@ -754,7 +774,7 @@ def _sample_folder(run: dict[str, Any], prompt_dir: Path, out_dir: Path, setting
     stats = [d["stats"] for d in done]
     seconds, new_tokens = sum(x["seconds"] for x in stats), sum(x["new_tokens"] for x in stats)
     summary = {"checkpoint": str(run["checkpoint"]), "prompts": str(prompt_dir), "continued": len(done),
-               "skipped": dict(sorted(skipped.items())), "settings": asdict(settings),
+               "skipped": dict(sorted(skipped.items())), "renamed": renamed, "settings": asdict(settings),
                "stats": {"seconds": round(seconds, 3), "new_tokens": new_tokens,
                          "tokens_per_second": round(new_tokens / max(seconds, 1e-9), 1),
                          "state_bytes": max(x["state_bytes"] for x in stats),
@@ -779,33 +799,36 @@ def _prompt_files(folder: Path) -> tuple[list[Path], dict[str, str]]:
     return files, skipped
 
 
-def _clashes(inputs: set[Path], reserved: Path | None, jobs: list[tuple[Path, Path]], num_samples: int,
-             root: Path | None = None) -> dict[str, str]:
-    """Prompts whose outputs would overwrite an input file, `reserved` (the batch summary) or an
-    earlier prompt's outputs (`song.mid` and `song.midi`), by name relative to `root`, with why."""
-    owner = {p.resolve(): f"the input {p.name}" for p in inputs}
-    if reserved is not None:
-        owner[reserved.resolve()] = f"the run's {reserved.name}"
-    clashes = {}
+def output_stems(jobs: list[tuple[Path, Path]], inputs: list[Path], reserved: Path) -> dict[Path, str]:
+    """The name of each prompt's output set (its files are `<stem>.json`, `<stem>_NNN.mid`, ...),
+    decided before anything is written: the prompt's own stem unless that set would overwrite an
+    input file, `reserved` (the batch summary) or an earlier prompt's set in the same folder
+    (`song.mid` and `song.midi`); then `<stem>-<suffix>` (`song-midi`), or `<stem>-2`, `-3`, ..."""
+    protected: dict[Path, set[str]] = {}
+    for path in [*inputs, reserved]:
+        protected.setdefault(path.parent.resolve(), set()).add(path.name)
+    claimed: dict[Path, list[tuple[str, bool]]] = {}
+    stems = {}
     for path, folder in jobs:
-        rel = str(path.relative_to(root)) if root else str(path)
-        names = output_names(path.stem, num_samples, path.suffix.lower() == ".json")
-        targets = [(folder / name).resolve() for name in names]
-        taken = [t for t in targets if t in owner]
-        if taken:
-            clashes[rel] = f"{rel}: its output {taken[0].name} would overwrite {owner[taken[0]]}"
-        else:
-            owner.update({t: f"the outputs of {rel}" for t in targets})
-    return clashes
+        folder = folder.resolve()
+        mirex_prompt = path.suffix.lower() == ".json"
+        others = claimed.setdefault(folder, [])
+        candidates = [path.stem, f"{path.stem}-{path.suffix.lstrip('.').lower()}",
+                      *(f"{path.stem}-{k}" for k in range(2, len(jobs) + 3))]
+        stems[path] = next(stem for stem in candidates
+                           if not any(writes(stem, name, mirex_prompt) for name in protected.get(folder, ()))
+                           and not any(stem == other or writes(other, f"{stem}.json", mirex)
+                                       or writes(stem, f"{other}.json", mirex_prompt) for other, mirex in others))
+        others.append((stems[path], mirex_prompt))
+    return stems
 
 
-def _sample_prompt(model, tokenizer, checkpoint, device, out_dir: Path, settings: SampleSettings, prompt_path,
-                   audio: bool, pianoroll: bool, threads: int | None, progress: bool) -> dict[str, Any]:
+def _sample_prompt(model, tokenizer, checkpoint, device, out_dir: Path, stem: str, settings: SampleSettings,
+                   prompt_path, audio: bool, pianoroll: bool, threads: int | None, progress: bool) -> dict[str, Any]:
     """Continue one prompt (or none) with a loaded model; write its output set and <stem>.json."""
     prompt = load_prompt(tokenizer, prompt_path, settings.prompt_bars)
     samples, stats = generate(model, tokenizer, prompt, settings, device=device, progress=progress,
                               threads=threads)
-    stem = Path(prompt_path).stem if prompt_path else "sample"
     with output_set(out_dir, f"{stem}.json") as scratch:
         records = write_samples(samples, tokenizer, prompt, scratch, stem, audio, pianoroll)
         summary = {

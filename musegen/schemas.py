@@ -142,6 +142,17 @@ class SampleSummary(BaseModel):
     stats: SampleStats
 
 
+FileName = Annotated[str, Field(pattern=r"^[^./\x00][^/\x00]*$", max_length=255)]  # a file inside the folder
+
+
+class PublishJournal(BaseModel):
+    """`sample`'s record of an output set being moved in (musegen.sample.output_set)."""
+    model_config = STRICT
+    manifest: FileName
+    old: Annotated[list[FileName], Field(max_length=MAX_ITEMS)]
+    new: Annotated[list[FileName], Field(max_length=MAX_ITEMS)]
+
+
 class TrainSettings(BaseModel):
     """A `train --config` YAML file: TrainConfig's fields, and `model:` ModelConfig's (both checked,
     bounds included, where the configs are made)."""
@@ -174,6 +185,7 @@ FORMATS = {f.name: f for f in (
     Format("training state", None, TrainingState),
     Format("shard index", 1, ShardIndex),
     Format("sample summary", None, SampleSummary),
+    Format("publish journal", None, PublishJournal),
     Format("mirex prompt", None, MirexPrompt),
     Format("train settings", None, TrainSettings),
     Format("log record", None, LogRecord),

@@ -60,6 +60,8 @@ def sample(
                                threads=threads)
     if "continued" in summary:
         skipped = summary["skipped"]
+        typer.echo("".join(f"{name}: written as {stem}.json, {stem}_000.mid, ... (its own name was taken)\n"
+                           for name, stem in summary["renamed"].items()), nl=False)
         typer.echo(f"{summary['continued']} prompts continued, {len(skipped)} skipped"
                    + "".join(f"\n  skipped {name}: {why}" for name, why in list(skipped.items())[:10])
                    + (f"\n  ... and {len(skipped) - 10} more (see batch.json)" if len(skipped) > 10 else ""))

@@ -20,7 +20,7 @@ from typing import Iterator
 import numpy as np
 import symusic
 
-from .errors import DiskFullError, MusegenError
+from .errors import DiskFullError, MusegenError, ResourceError
 from .io import atomic_path, printable, read_head
 from .midi import load_score
 from .plots import pyplot, save_png
@@ -31,6 +31,9 @@ SAMPLE_RATE = 44100
 MAX_MINUTES = 30.0  # default bound on a render: 30 minutes of 44.1 kHz stereo 16-bit is 318 MB of WAV
 TAIL_SECONDS = 5.0  # FluidSynth plays on after the last note until the voices have died out
 MAX_FLUIDSYNTH_TRACKS = 127  # its player silently ignores files with more (measured with FluidSynth 2.3)
+# FluidSynth's time grows with the notes it is asked to start, sounding or not: 10^6 notes took 26 s
+# of CPU (2.3, Zen 4); 250,000 take about 7 s, past any real piece (POP909's longest has ~4,000).
+MAX_RENDER_NOTES = 250_000
 
 
 def soundfont_candidates() -> list[Path]:
@@ -62,9 +65,14 @@ def render_wav(midi_path: str | os.PathLike, wav_path: str | os.PathLike,
 
     Refused in one line: a piece longer than `max_minutes` (the WAV size is bounded by it), an
     output path that is the MIDI file or an existing file that is not a WAV, more tracks than
-    FluidSynth plays (127) when merging them by instrument does not bring them within it."""
+    FluidSynth plays (127) when merging them by instrument does not bring them within it, and
+    (before FluidSynth starts) more than MAX_RENDER_NOTES notes."""
     score = load_score(midi_path)  # one-line MidiError for anything FluidSynth would choke on
     seconds = score.to("second").end()
+    notes = sum(len(track.notes) for track in score.tracks)
+    if notes > MAX_RENDER_NOTES:
+        raise ResourceError(f"{printable(midi_path)}: {notes:,} notes; render plays at most {MAX_RENDER_NOTES:,} "
+                            f"(FluidSynth's time grows with the notes it starts)")
     if seconds > 60 * max_minutes:
         raise MusegenError(f"{printable(midi_path)}: lasts {seconds / 60:,.1f} minutes; render writes at most "
                            f"{max_minutes:g} (--max-minutes)")

@@ -22,7 +22,8 @@ def render(
                                            "(44.1 kHz stereo 16-bit)."),
 ):
     """Render a MIDI file to WAV (FluidSynth) and/or a piano-roll PNG. A file of more than 127
-    tracks, which FluidSynth's player cannot read, is rendered with its tracks merged by instrument."""
+    tracks, which FluidSynth's player cannot read, is rendered with its tracks merged by instrument;
+    a WAV is refused for a file of more than 250,000 notes (FluidSynth's time grows with them)."""
     from musegen.errors import MusegenError
     from musegen.io import printable
     from musegen.render import pianoroll_png, render_wav

@@ -7,7 +7,6 @@ after the checksum matches, so an interrupted or corrupted transfer never looks 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import tarfile
 import urllib.error
@@ -17,12 +16,14 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from musegen import schemas
 from musegen.errors import DataError
 from musegen.io import atomic_path
 
 CHUNK = 1 << 20
 TIMEOUT_S = 60
 ZENODO_API = "https://zenodo.org/api/records"
+MAX_RECORD_BYTES = 16 * 2**20  # a record's metadata is a few kB
 
 
 def fetch(url: str, dest: str | os.PathLike, sha256: str | None = None, md5: str | None = None,
@@ -61,15 +62,16 @@ def zenodo_file(record: int | str, filename: str, api: str = ZENODO_API) -> tupl
     The checksum comes from the record itself, so a corrupted or substituted download is caught."""
     try:
         with urllib.request.urlopen(f"{api}/{record}", timeout=TIMEOUT_S) as response:
-            meta = json.load(response)
+            text = response.read(MAX_RECORD_BYTES).decode("utf-8")
     except (urllib.error.URLError, OSError, ValueError) as exc:
         raise DataError(f"Zenodo record {record}: metadata unavailable ({getattr(exc, 'reason', None) or exc})") from None
-    for entry in meta.get("files", []) if isinstance(meta, dict) else []:
-        if entry.get("key", entry.get("filename")) == filename:
-            algorithm, _, digest = str(entry.get("checksum", "")).partition(":")
+    for entry in schemas.loads(text, "zenodo record", f"Zenodo record {record}").files:
+        if (entry.key or entry.filename) == filename:
+            algorithm, _, digest = entry.checksum.partition(":")
             if algorithm != "md5" or not digest:
                 raise DataError(f"Zenodo record {record}: no md5 checksum for {filename}")
-            url = entry.get("links", {}).get("self") or f"https://zenodo.org/records/{record}/files/{filename}?download=1"
+            link = entry.links.get("self")
+            url = link if isinstance(link, str) else f"https://zenodo.org/records/{record}/files/{filename}?download=1"
             return url, digest
     raise DataError(f"Zenodo record {record} has no file {filename!r}")
 

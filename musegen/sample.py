@@ -447,7 +447,7 @@ def _generate(model, tokenizer: Tokenizer, prompt: Prompt, s: SampleSettings, de
                desc="sampling", disable=not progress, leave=False)
     choice = step_choice(s.precision, model, len(rows))  # timed before the clock starts, where not cached
     started = time.perf_counter()
-    with torch.inference_mode(), model.streaming(len(rows), seed=s.seed, choice=choice):
+    with bar, torch.inference_mode(), model.streaming(len(rows), seed=s.seed, choice=choice):  # (the bar is cleared on errors too)
         logits = _ingest(model, start_ids, len(rows), device)
         kept = _note_off_ids(tokenizer, logits.shape[-1], device) if s.keep_note_offs else None
         for _ in range(budget + FINISH_LIMIT):
@@ -465,7 +465,6 @@ def _generate(model, tokenizer: Tokenizer, prompt: Prompt, s: SampleSettings, de
             logits = model.step(tokens.to(device))  # past the last position: a ConfigError
         state_bytes = model.state_bytes // len(rows)
     elapsed = time.perf_counter() - started
-    bar.close()
     samples = [Sample(np.array(r.ids, dtype=np.int64), len(prompt.ids), r.new, r.closed and r.violation is None,
                       r.violation) for r in rows]
     return samples, {**_stats(samples, elapsed, state_bytes), "precision": choice.record()}

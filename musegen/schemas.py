@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, TypeAdapter, ValidationError
 
 from .errors import ConfigError, FormatError
-from .io import parse_json, printable, read_json
+from .io import parse_json, printable, read_input, read_json
 from .model.config import ModelConfig
 
 STRICT = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
@@ -172,6 +172,20 @@ class PieceRecord(BaseModel):
     piece: Name
 
 
+class ZenodoFile(BaseModel):
+    model_config = OPEN
+    key: Name | None = None
+    filename: Name | None = None  # (older records)
+    checksum: Name = ""  # "md5:<hex>"
+    links: dict[str, JsonValue] = {}
+
+
+class ZenodoRecord(BaseModel):
+    """What Zenodo's records API says of a record (data_prep/download.py reads its files' checksums)."""
+    model_config = OPEN
+    files: Annotated[list[ZenodoFile], Field(max_length=100_000)] = []
+
+
 @dataclass(frozen=True)
 class Format:
     name: str
@@ -191,6 +205,7 @@ FORMATS = {f.name: f for f in (
     Format("log record", None, LogRecord),
     Format("piece record", None, PieceRecord),
     Format("evaluation settings", None, dict[str, JsonValue]),
+    Format("zenodo record", None, ZenodoRecord),
 )}
 _ADAPTERS: dict[str, TypeAdapter] = {}
 
@@ -213,6 +228,21 @@ def read(path: str | os.PathLike, format: str, max_bytes: int | None = None) -> 
         text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise FormatError(f"{printable(path)}: not valid JSON ({text})") from None
     return check(data, format, path)
+
+
+def read_yaml(path: str | os.PathLike, format: str) -> Any:
+    """The YAML file at `path` (a settings file, so read through io's bounds) validated as `format`."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(read_input(path, "settings file", error=ConfigError).decode("utf-8"))
+    except UnicodeDecodeError:
+        raise FormatError(f"{printable(path)}: not UTF-8 text") from None
+    except yaml.YAMLError as exc:
+        raise FormatError(f"{printable(path)}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    except RecursionError:
+        raise FormatError(f"{printable(path)}: nested too deeply for a settings file") from None
+    return check({} if data is None else data, format, path)
 
 
 def loads(text: str, format: str, where: str | os.PathLike) -> Any:
@@ -247,10 +277,15 @@ def check_model(schema: type[BaseModel], data: Any, prefix: str) -> BaseModel:
         raise FormatError(f"{prefix}: {first_problem(exc)}") from None
 
 
+_UNION_TAGS = {"list", "dict", "str", "int", "float", "bool", "none"}
+
+
 def first_problem(exc: ValidationError) -> str:
     """'field.path: what is wrong (got VALUE)' for the first error pydantic found."""
     error = exc.errors(include_url=False)[0]
-    field = ".".join(str(part) for part in error["loc"]) or "(the whole file)"
+    # (a free-form JSON value's loc names the union branch tried, e.g. "tempos.list.0.float")
+    parts = [str(part) for part in error["loc"] if str(part) not in _UNION_TAGS]
+    field = ".".join(parts) or "(the whole file)"
     value = repr(error.get("input"))
     value = value if len(value) <= 40 else value[:37] + "..."
     return f"{field}: {error['msg'][0].lower() + error['msg'][1:]} (got {printable(value)})"

@@ -34,7 +34,7 @@ from .checkpoint import load_checkpoint, read_checkpoint_config
 from .data import CROP_CHOICES, SAMPLING_CHOICES, Augmenter, CropDataset, StepBatches, derive_seed
 from .device import check_fits, resolve_device
 from .errors import CheckpointError, ConfigError, DataError, TrainingError
-from .io import read_input, write_json
+from .io import write_json
 from .metrics.loss import position_nll, summarize, write_position_nll
 from .model import MusicPerformer
 from .model.config import ModelConfig, preset, replace_checked
@@ -146,19 +146,9 @@ def build_config(preset_name: str | None, data: str | os.PathLike, out: str | os
 
 def _read_config_file(path: str | os.PathLike | None) -> tuple[dict[str, Any], dict[str, Any]]:
     """(top-level settings, `model:` mapping) of a YAML file."""
-    import yaml
-
     if path is None:
         return {}, {}
-    try:
-        loaded = yaml.safe_load(read_input(path, "settings file", error=ConfigError).decode("utf-8")) or {}
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not UTF-8 text") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
-    except RecursionError:
-        raise ConfigError(f"{path}: nested too deeply for a settings file") from None
-    checked = schemas.check(loaded, "train settings", path).model_dump()
+    checked = schemas.read_yaml(path, "train settings").model_dump()
     model = checked.pop("model")
     return checked, model
 

@@ -47,6 +47,7 @@ TIME_LIMIT_S = 180  # per command on the shared 2-core machine; the slowest case
 OUTCOMES: Counter = Counter()  # (area, outcome) -> count, printed at the end
 PEAK_MB: dict[str, float] = {}  # area -> largest peak RSS seen
 LIMIT_WORDS = "past tick 2^31"
+REFUSALS = (1, 2)  # a bad input; a file or setting against its schema, or a request refused before allocation
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -80,12 +81,12 @@ class Run:
             return f"crashed: {self.stderr.strip()[-600:]}"
         if self.rc == 0:
             return None
-        if self.rc != 1 or len(self.errors) != 1:
+        if self.rc not in REFUSALS or len(self.errors) != 1:
             return f"exit {self.rc} with {len(self.errors)} error lines: {self.stderr.strip()[-600:]}"
         return None
 
     def refused(self, *words: str) -> bool:
-        return self.rc == 1 and len(self.errors) == 1 and all(w in self.errors[0] for w in words)
+        return self.rc in REFUSALS and len(self.errors) == 1 and all(w in self.errors[0] for w in words)
 
 
 def _isolate():
@@ -209,7 +210,7 @@ def run_command(command: str, midi: Path, tmp: Path, checkpoints) -> tuple[Run, 
         shutil.copy(midi, tmp / "gen" / "song_000.mid")
         run = musegen("evaluate", "style", "--generated", tmp / "gen", "--reference", midi, "--out", tmp / "st",
                       area="MIDI files")
-    return run, _wrong_reason(midi.stem, run.errors[0] if run.rc == 1 and run.errors else "", run.rc == 1)
+    return run, _wrong_reason(midi.stem, run.errors[0] if run.rc in REFUSALS and run.errors else "", run.rc in REFUSALS)
 
 
 def _wrong_reason(case: str, reason: str, skipped: bool) -> str | None:
@@ -222,7 +223,7 @@ def _wrong_reason(case: str, reason: str, skipped: bool) -> str | None:
 def _wrong_wav(midi: Path, wav: Path, run: Run) -> str | None:
     """A rendered WAV lasts the music (plus FluidSynth's release tail), or the refusal says why not."""
     if midi.stem in EXPECTED_WORDS:
-        return _wrong_reason(midi.stem, run.errors[0] if run.errors else "", run.rc == 1)
+        return _wrong_reason(midi.stem, run.errors[0] if run.errors else "", run.rc in REFUSALS)
     seconds = end_seconds(midi)
     if seconds > 30 * 60:
         return None if run.refused("--max-minutes") else f"a {seconds:.0f} s piece must be refused, got {run.stderr}"
@@ -621,7 +622,7 @@ def _fifo_shard(tmp_path: Path, data: Path) -> list:
 def test_training_inputs_that_block_or_recurse(make, tiny_data, tmp_path):
     run = musegen("train", *make(tmp_path, tiny_data), "--out", tmp_path / "run", *TINY, "--set", "steps=1",
                   timeout=60, area="file system")
-    record("file system", run, None if run.rc == 1 else "must be refused in one line")
+    record("file system", run, None if run.rc in REFUSALS else "must be refused in one line")
 
 
 def test_two_writers_on_one_run_folder(tiny_data, tmp_path):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import io
 import os
 from pathlib import Path
-from typing import Any, Iterable, NamedTuple
+from typing import Iterable, NamedTuple
 
 import miditoolkit
 

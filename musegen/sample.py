@@ -490,9 +490,9 @@ def _draw(logits: torch.Tensor, rows: list[_Row], vocab_size: int, s: SampleSett
     live = torch.tensor([not row.done for row in rows], device=probs.device)
     if (no_mass & live).any():
         b = int((no_mass & live).nonzero()[0])
-        raise CheckpointError(f"the model's next-token distribution for sample {b} after {len(rows[b].ids)} tokens "
-                              f"has no finite mass (its logits are {_logit_kinds(logits[b])}): the checkpoint's weights "
-                              f"make its activations overflow; nothing drawn")
+        raise CheckpointError(f"the model's next-token distribution for sample {b} after {len(rows[b].ids)} "
+                              f"tokens has no finite mass (its logits are {_logit_kinds(logits[b])}): the "
+                              "checkpoint's weights make its activations overflow; nothing drawn")
     probs[no_mass] = 1.0  # rows already done draw a token that is ignored
     return torch.multinomial(probs, 1, generator=gen).squeeze(1)
 

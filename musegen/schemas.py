@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, TypeAdapter, ValidationError
 
@@ -250,7 +250,8 @@ def loads(text: str, format: str, where: str | os.PathLike) -> Any:
     try:
         data = parse_json(text)
     except (ValueError, RecursionError) as exc:
-        raise FormatError(f"{printable(where)}: not valid JSON ({str(exc).splitlines()[0] if str(exc) else 'nesting'})") from None
+        detail = str(exc).splitlines()[0] if str(exc) else "nesting"
+        raise FormatError(f"{printable(where)}: not valid JSON ({detail})") from None
     return check(data, format, where)
 
 
@@ -260,21 +261,17 @@ def model_settings(settings: dict[str, Any], where: str | os.PathLike) -> ModelC
         return ModelConfig(**settings)
     except ValidationError as exc:
         raise FormatError(f"{printable(where)}: invalid model config: {first_problem(exc)}") from None
-    except ConfigError as exc:  # the config's own cross-field checks
+    except (ConfigError, TypeError) as exc:  # the config's own cross-field checks; a key named like `self`
         raise FormatError(f"{printable(where)}: invalid model config: {exc}") from None
 
 
 def tokenizer_settings(kind: str, settings: dict[str, Any], where: str | os.PathLike) -> dict[str, Any]:
     """`settings` for a tokenizer of `kind`, checked by its schema (only those it states)."""
-    checked = check_model(TOKENIZER_SETTINGS.get(kind, NoSettings), settings, f"{printable(where)}: invalid {kind} tokenizer settings")
-    return checked.model_dump(include=set(settings))
-
-
-def check_model(schema: type[BaseModel], data: Any, prefix: str) -> BaseModel:
     try:
-        return schema.model_validate(data)
+        checked = TOKENIZER_SETTINGS.get(kind, NoSettings).model_validate(settings)
     except ValidationError as exc:
-        raise FormatError(f"{prefix}: {first_problem(exc)}") from None
+        raise FormatError(f"{printable(where)}: invalid {kind} tokenizer settings: {first_problem(exc)}") from None
+    return checked.model_dump(include=set(settings))
 
 
 _UNION_TAGS = {"list", "dict", "str", "int", "float", "bool", "none"}

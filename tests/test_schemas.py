@@ -14,8 +14,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import signal
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -24,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 from test_extreme import musegen
+from test_fuzz import time_limit
 from tiny_models import tiny_checkpoint
 from train_fixtures import prepare_pop909
 
@@ -204,19 +203,6 @@ def put(value, path: tuple, new):
         target = target[key]
     target[path[-1]] = new
     return copy
-
-
-@contextmanager
-def time_limit(seconds: int):
-    def fail(*_):
-        raise TimeoutError(f"still reading after {seconds} s")
-    previous = signal.signal(signal.SIGALRM, fail)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def schema_fields(format_name: str) -> set[str]:

@@ -342,3 +342,23 @@ def test_bounds_hold_at_their_edges():
     with pytest.raises(FormatError, match=r"t: invalid remi tokenizer settings: max_duration: input should be less "
                                           r"than or equal to 4096 \(got 4097\)"):
         schemas.tokenizer_settings("remi", {"max_duration": 4097}, "t")
+
+
+def test_weights_that_bf16_cannot_hold_are_refused_before_sampling_in_bf16(checkpoint):
+    """bf16's largest is 3.3895e38; a value rounds to inf from halfway to the next power, 3.3961e38
+    (fp32 still holds both). The last value that rounds down samples in bf16; the first that does
+    not is refused by name, and still samples in fp32."""
+    from musegen.errors import CheckpointError
+
+    model, *_ = load_checkpoint(checkpoint)
+    halfway = 2.0**127 * (2 - 2.0**-8)  # between bf16's largest and the next step, which is inf
+    below, above = torch.tensor(halfway).nextafter(torch.tensor(0.0)), torch.tensor(halfway)
+    assert torch.isfinite(below.to(torch.bfloat16)) and torch.isinf(above.to(torch.bfloat16))
+    with torch.no_grad():
+        model.head.weight[0, 0] = below
+        model.for_inference("bf16")
+        model.head.weight[0, 0] = above
+        with pytest.raises(CheckpointError, match=r"head.weight holds values up to 3.39618e\+38, beyond the range "
+                                                  r"of torch.bfloat16; sample with --precision fp32"):
+            model.for_inference("bf16")
+    model.for_inference("fp32")

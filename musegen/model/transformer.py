@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from ..device import check_precision
+from ..errors import CheckpointError
 from ..precision import Choice, step_choice
 from . import native
 from .attention import FeatureMap, causal_linear_attention, softmax_attention
@@ -344,6 +345,13 @@ class MusicPerformer(nn.Module):
         self.inference_precision = precision
         return self
 
+    def _check_range(self, dtype: torch.dtype) -> None:
+        """CheckpointError when a weight, cast to `dtype` for the steps, would become inf."""
+        for name, tensor in self.state_dict().items():
+            if tensor.is_floating_point() and torch.isinf(tensor.to(dtype)).any():
+                raise CheckpointError(f"{name} holds values up to {tensor.abs().max().item():.6g}, beyond the range "
+                                      f"of {dtype}; sample with --precision fp32")
+
     @contextlib.contextmanager
     def streaming(self, batch_size: int, seed: Optional[int] = None, choice: Optional[Choice] = None):
         """Freeze all noise and hold per-layer recurrent state for `batch_size` sequences.
@@ -353,6 +361,8 @@ class MusicPerformer(nn.Module):
         noise = self.draw_noise(generator)
         self.inference_choice = choice or step_choice(self.inference_precision, self, batch_size)
         bf16 = self.inference_choice.bf16
+        if bf16:
+            self._check_range(torch.bfloat16)
         with torch.no_grad():
             fast = (RecurrentStep(self, batch_size, noise, torch.bfloat16 if bf16 else torch.float32,
                                   self.inference_choice.step_c)

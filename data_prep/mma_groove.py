@@ -56,8 +56,9 @@ import numpy as np
 from tqdm import tqdm
 
 from data_prep.common import Item, prepare as prepare_shards
+from musegen import schemas
 from musegen.errors import DataError, MusegenError
-from musegen.io import atomic_path, read_json, write_bytes, write_json
+from musegen.io import atomic_path, write_bytes, write_json
 from musegen.tokenizers.base import Encoding, Tokenizer, tokenizer_from_dict
 from musegen.tokenizers.groove import COUNT_IN_BEATS, G2G_BASS, G2G_DRUMS, G2G_HARMONIC, Part, read_parts
 
@@ -237,13 +238,8 @@ def build_catalogue(workers: int | None = None) -> list[dict[str, Any]]:
 
 def load_catalogue() -> tuple[list[Style], dict[str, list[str]]]:
     """The styles of mma_styles.json, and the fill grooves of each family."""
-    try:
-        catalogue = read_json(STYLES_FILE)
-        styles = [Style(s["family"], s["groove"], int(s["tempo"]), bool(s["swings"])) for s in catalogue["styles"]]
-        fills = {str(family): [str(f) for f in names] for family, names in catalogue["fills"].items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise DataError(f"{STYLES_FILE}: unreadable style catalogue ({exc})") from None
-    return styles, fills
+    catalogue = schemas.read(STYLES_FILE, "mma styles")
+    return [Style(s.family, s.groove, s.tempo, s.swings) for s in catalogue.styles], catalogue.fills
 
 
 def load_styles() -> list[Style]:
@@ -490,8 +486,8 @@ def _current_layouts(g2g: Path) -> None:
     unstamped folder) are removed, to be written again from the raw renderings."""
     stamp = g2g / "layout.json"
     try:
-        current = read_json(stamp).get("version") == LAYOUT_VERSION
-    except (MusegenError, AttributeError):
+        current = schemas.read(stamp, "layout stamp").version == LAYOUT_VERSION
+    except MusegenError:
         current = False
     if not current:
         shutil.rmtree(g2g, ignore_errors=True)

@@ -73,7 +73,8 @@ class NoSettings(BaseModel):
 
 
 # A representation with constructor settings declares them here; one without takes none.
-TOKENIZER_SETTINGS: dict[str, type[BaseModel]] = {"remi": RemiSettings, "groove": GrooveSettings}
+TOKENIZER_SETTINGS: dict[str, type[BaseModel]] = {"remi": RemiSettings, "groove": GrooveSettings,
+                                                  "groove-dur": GrooveSettings}
 
 
 class TrainingState(BaseModel):
@@ -172,6 +173,29 @@ class PieceRecord(BaseModel):
     piece: Name
 
 
+class MmaStyle(BaseModel):
+    model_config = STRICT
+    family: Name  # an MMA library file without suffix, e.g. "stdlib/bossanova"
+    groove: Name
+    tempo: Annotated[int, Field(ge=1, le=1000)]  # bpm
+    swings: bool  # whether MMA's swing setting changes what the groove plays
+
+
+class MmaStyles(BaseModel):
+    """data_prep/mma_styles.json: the MMA grooves the groove corpus is rendered from, and each
+    family's fill grooves."""
+    model_config = STRICT
+    mma_version: Name
+    styles: Annotated[list[MmaStyle], Field(max_length=100_000)]
+    fills: Annotated[dict[Name, Annotated[list[Name], Field(max_length=1_000)]], Field(max_length=100_000)]
+
+
+class LayoutStamp(BaseModel):
+    """g2g/layout.json of a groove corpus: the version of the layout its files were written in."""
+    model_config = STRICT
+    version: Annotated[int, Field(ge=1, le=1000)]
+
+
 class ZenodoFile(BaseModel):
     model_config = OPEN
     key: Name | None = None
@@ -206,6 +230,8 @@ FORMATS = {f.name: f for f in (
     Format("piece record", None, PieceRecord),
     Format("evaluation settings", None, dict[str, JsonValue]),
     Format("zenodo record", None, ZenodoRecord),
+    Format("mma styles", None, MmaStyles),
+    Format("layout stamp", None, LayoutStamp),
 )}
 _ADAPTERS: dict[str, TypeAdapter] = {}
 

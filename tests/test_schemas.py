@@ -308,6 +308,8 @@ CHECK_ONLY = {  # formats whose real file needs a training run: the schema alone
     "piece record": {"piece": "001", "real": {}},
     "publish journal": {"manifest": "song.json", "old": ["song_000.mid"], "new": ["song_000.mid", "song.json"]},
     "zenodo record": {"files": [{"key": "a.zip", "checksum": "md5:00", "links": {"self": "https://x"}}]},
+    "mma styles": {"mma_version": "21.09", "styles": [{"family": "stdlib/bossanova", "groove": "BossaNova",
+                                                       "tempo": 120}]},
     "evaluation settings": {"bars": 12, "seed": 0},
 }
 

@@ -24,7 +24,6 @@ default - fp32 against the gap seed 1 - seed 0 (target: within it).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys
@@ -34,6 +33,7 @@ from pathlib import Path
 import torch
 
 from bench.common import add_machine_options, apply_machine_options, describe, peak_memory_mib, seconds
+from musegen.metrics.compare import read_jsonl
 from musegen.model import MusicPerformer, preset
 from musegen.model.attention import fast_transformers_available
 from musegen.precision import training_choice, training_update
@@ -90,7 +90,7 @@ def run_training(data: Path, out: Path, precision: str, seed: int, args) -> list
     command = [sys.executable, "-m", "musegen", "train", "--data", str(data), "--out", str(out), "--preset", "small",
                "--device", args.device] + [x for key, value in settings.items() for x in ("--set", f"{key}={value}")]
     subprocess.run(command, check=True, cwd=REPO, capture_output=True)
-    rows = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    rows = read_jsonl(out / "log.jsonl", "log record")
     return [row["loss"] for row in rows if "loss" in row]
 
 

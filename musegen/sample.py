@@ -649,10 +649,10 @@ def output_set(out_dir: Path, manifest: str) -> Iterator[Path]:
     scratch = Path(tempfile.mkdtemp(dir=out_dir, prefix=f"{SCRATCH_PREFIX}{os.getpid()}-"))
     try:
         yield scratch
-        new = sorted(p.name for p in scratch.iterdir())
-        write_json(scratch / JOURNAL, {"manifest": manifest, "old": sorted(_set_files(out_dir / manifest)),
-                                       "new": new})
-        _publish(scratch, out_dir, schemas.read(scratch / JOURNAL, "publish journal"))
+        journal = {"manifest": manifest, "old": sorted(_set_files(out_dir / manifest)),
+                   "new": sorted(p.name for p in scratch.iterdir())}
+        write_json(scratch / JOURNAL, journal)
+        _publish(scratch, out_dir, schemas.check(journal, "publish journal", scratch / JOURNAL))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

@@ -154,7 +154,8 @@ def test_no_module_parses_json_or_yaml_but_through_the_schemas():
     """json/yaml parsing appears in io.py (the bounded parser) and schemas.py (which checks what
     it parses) only; a new reader that calls json.loads directly fails here."""
     readers = {}
-    for path in sorted([*(REPO / "musegen").rglob("*.py"), *(REPO / "data_prep").rglob("*.py")]):
+    sources = sorted(p for folder in ("musegen", "data_prep", "bench", "scripts") for p in (REPO / folder).rglob("*.py"))
+    for path in sources:
         hits = [i + 1 for i, line in enumerate(path.read_text().splitlines())
                 if PARSERS.search(line) and not line.lstrip().startswith(("def ", "#"))]
         if hits:

@@ -237,7 +237,7 @@ def tokenizer_from_dict(data: dict[str, Any], source: str = "the tokenizer", rem
     """Build a tokenizer from `to_dict()` output (or just {"kind": ...} for the defaults),
     checked against its schema (musegen/schemas.py), then its representation version (when
     stored) and vocabulary."""
-    from .. import schemas
+    from .. import schemas  # (here, not at the top: it imports the model package and torch)
 
     checked = schemas.check(data, "tokenizer", source)
     kind = checked.kind

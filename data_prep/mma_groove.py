@@ -506,7 +506,7 @@ def _encode_piece(tokenizer: Tokenizer, item: Item) -> Encoding:
         fresh = False
     if fresh:
         with np.load(kept) as stored:
-            return Encoding(stored["ids"], json.loads(str(stored["counts"])))
+            return Encoding(stored["ids"], schemas.loads(str(stored["counts"]), "piece counts", kept))
     enc = tokenizer.encode(item.path)
     counts = {k: v for k, v in enc.report.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     with atomic_path(kept) as tmp, open(tmp, "wb") as f:

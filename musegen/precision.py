@@ -33,7 +33,7 @@ import torch
 from . import __version__
 from .device import check_precision, cpu_flags, cpu_name, native_bf16
 from .errors import ConfigError, MusegenError
-from .io import read_json, write_json
+from .io import write_json
 
 ENV = "MUSEGEN_PRECISION"
 ENV_VALUES = ("fp32", "bf16", "measure")
@@ -197,11 +197,13 @@ def measure(candidates: dict[str, Callable[[], object]], rounds: tuple[int, int]
 
 
 def _read_cache() -> dict:
+    from . import schemas  # here: schemas reads ModelConfig, whose package imports this module
+
     try:
-        cache = read_json(cache_file())
-    except (OSError, MusegenError, ValueError):
+        entries = schemas.read(cache_file(), "precision cache")
+    except (OSError, MusegenError):  # none yet, or unreadable: time again and write it anew
         return {}
-    return cache if isinstance(cache, dict) else {}
+    return {key: entry.model_dump() for key, entry in entries.items()}
 
 
 def _digest(config: dict) -> str:

@@ -196,6 +196,34 @@ class LayoutStamp(BaseModel):
     version: Annotated[int, Field(ge=1, le=1000)]
 
 
+class PrecisionChoice(BaseModel):
+    """One entry of ~/.cache/musegen/precision.json (musegen.precision): the path timed fastest."""
+    model_config = STRICT
+    path: Literal["fp32", "bf16", "bf16-step.c"]
+    seconds: dict[Name, Annotated[float, Field(ge=0)]]
+    date: Name
+
+
+class CopyRow(BaseModel):
+    model_config = OPEN
+    name: Name
+    scored: Count
+    mean: float | None
+
+
+class CopyModel(BaseModel):
+    model_config = OPEN
+    checkpoint: Name
+
+
+class CopyResult(BaseModel):
+    """copy.json of `evaluate copy` (musegen.metrics.copying), as `evaluate groove-targets` reads it."""
+    model_config = OPEN
+    settings: dict[str, JsonValue]
+    table: Annotated[list[CopyRow], Field(max_length=MAX_ITEMS)]
+    models: dict[Name, CopyModel]
+
+
 class ZenodoFile(BaseModel):
     model_config = OPEN
     key: Name | None = None
@@ -232,6 +260,9 @@ FORMATS = {f.name: f for f in (
     Format("zenodo record", None, ZenodoRecord),
     Format("mma styles", None, MmaStyles),
     Format("layout stamp", None, LayoutStamp),
+    Format("piece counts", None, dict[Name, int | float]),  # a kept piece's report counts (data_prep.mma_groove)
+    Format("precision cache", None, dict[Name, PrecisionChoice]),
+    Format("copy result", None, CopyResult),
 )}
 _ADAPTERS: dict[str, TypeAdapter] = {}
 

@@ -310,8 +310,14 @@ CHECK_ONLY = {  # formats whose real file needs a training run: the schema alone
     "publish journal": {"manifest": "song.json", "old": ["song_000.mid"], "new": ["song_000.mid", "song.json"]},
     "zenodo record": {"files": [{"key": "a.zip", "checksum": "md5:00", "links": {"self": "https://x"}}]},
     "mma styles": {"mma_version": "21.09", "styles": [{"family": "stdlib/bossanova", "groove": "BossaNova",
-                                                       "tempo": 120}]},
+                                                       "tempo": 120, "swings": True}],
+                   "fills": {"stdlib/bossanova": ["BossaNovaFill"]}},
     "evaluation settings": {"bars": 12, "seed": 0},
+    "layout stamp": {"version": 2},
+    "piece counts": {"notes": 120, "count_in_notes": 8},
+    "precision cache": {"cpu; model": {"path": "bf16-step.c", "seconds": {"fp32": 0.02, "bf16": 0.01}, "date": "2026-11-25"}},
+    "copy result": {"settings": {"bars": 4}, "table": [{"name": "m", "scored": 2, "mean": 0.5}],
+                    "models": {"m": {"checkpoint": "checkpoints/groove"}}},
 }
 
 
@@ -359,9 +365,12 @@ def test_weights_that_bf16_cannot_hold_are_refused_before_sampling_in_bf16(check
     assert torch.isfinite(below.to(torch.bfloat16)) and torch.isinf(above.to(torch.bfloat16))
     with torch.no_grad():
         model.head.weight[0, 0] = below
-        model.for_inference("bf16")
+        with model.for_inference("bf16").streaming(1):
+            pass
         model.head.weight[0, 0] = above
         with pytest.raises(CheckpointError, match=r"head.weight holds values up to 3.39618e\+38, beyond the range "
                                                   r"of torch.bfloat16; sample with --precision fp32"):
-            model.for_inference("bf16")
-    model.for_inference("fp32")
+            with model.for_inference("bf16").streaming(1):
+                pass
+        with model.for_inference("fp32").streaming(1):
+            pass

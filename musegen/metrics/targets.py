@@ -24,8 +24,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import schemas
 from ..errors import DataError
-from ..io import read_json, write_json
+from ..io import write_json
 from .compare import read_jsonl
 from .continuation import pooled_values, summary_rows
 
@@ -63,8 +64,8 @@ class ContinuationRun:
     def read(cls, folder: str | os.PathLike) -> "ContinuationRun":
         folder = Path(folder)
         try:
-            settings = read_json(folder / "run.json")
-            records = read_jsonl(folder / "pieces.jsonl")
+            settings = schemas.read(folder / "run.json", "evaluation settings")
+            records = read_jsonl(folder / "pieces.jsonl", "piece record")
             rows = {r["metric"]: r for r in summary_rows(pooled_values(records))}
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise DataError(f"{folder}: not the output of `musegen evaluate continuation` ({exc})") from None
@@ -129,10 +130,10 @@ def read_copy(folder: str | os.PathLike) -> dict[str, Any]:
     settings with the models' checkpoints."""
     folder = Path(folder)
     try:
-        result = read_json(folder / "copy.json")
-        return {"rows": [(row["name"], row["scored"], row["mean"]) for row in result["table"]],
-                "settings": dict(result["settings"]) | {
-                    "checkpoints": {name: model["checkpoint"] for name, model in result["models"].items()}}}
+        result = schemas.read(folder / "copy.json", "copy result")
+        return {"rows": [(row.name, row.scored, row.mean) for row in result.table],
+                "settings": dict(result.settings) | {
+                    "checkpoints": {name: model.checkpoint for name, model in result.models.items()}}}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise DataError(f"{folder}: not the output of `musegen evaluate copy` ({exc})") from None
 

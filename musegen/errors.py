@@ -57,3 +57,10 @@ class ResourceError(ConfigError):
     """A request refused before allocation: it would need more memory, time or disk than there is."""
 
     exit_code = 2
+
+
+class NumericError(CheckpointError):
+    """A checkpoint whose numbers cannot be computed with as asked: weights beyond the range of the
+    precision they run in, or activations that overflow (a distribution with no finite mass)."""
+
+    exit_code = 2

@@ -39,7 +39,7 @@ from tqdm import tqdm
 
 from . import mirex, schemas
 from .device import check_fits, device_memory, resolve_device
-from .errors import CheckpointError, ConfigError, MidiError, MusegenError, TokenError
+from .errors import ConfigError, MidiError, MusegenError, NumericError, TokenError
 from .io import atomic_path, check_regular, write_json
 from .midi import MIDI_SUFFIXES
 from .precision import step_choice
@@ -490,7 +490,7 @@ def _draw(logits: torch.Tensor, rows: list[_Row], vocab_size: int, s: SampleSett
     live = torch.tensor([not row.done for row in rows], device=probs.device)
     if (no_mass & live).any():
         b = int((no_mass & live).nonzero()[0])
-        raise CheckpointError(f"the model's next-token distribution for sample {b} after {len(rows[b].ids)} "
+        raise NumericError(f"the model's next-token distribution for sample {b} after {len(rows[b].ids)} "
                               f"tokens has no finite mass (its logits are {_logit_kinds(logits[b])}): the "
                               "checkpoint's weights make its activations overflow; nothing drawn")
     probs[no_mass] = 1.0  # rows already done draw a token that is ignored

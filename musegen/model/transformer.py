@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from ..device import check_precision
-from ..errors import CheckpointError
+from ..errors import NumericError
 from ..precision import Choice, step_choice
 from . import native
 from .attention import FeatureMap, causal_linear_attention, softmax_attention
@@ -346,10 +346,10 @@ class MusicPerformer(nn.Module):
         return self
 
     def _check_range(self, dtype: torch.dtype) -> None:
-        """CheckpointError when a weight, cast to `dtype` for the steps, would become inf."""
+        """NumericError when a weight, cast to `dtype` for the steps, would become inf."""
         for name, tensor in self.state_dict().items():
             if tensor.is_floating_point() and torch.isinf(tensor.to(dtype)).any():
-                raise CheckpointError(f"{name} holds values up to {tensor.abs().max().item():.6g}, beyond the range "
+                raise NumericError(f"{name} holds values up to {tensor.abs().max().item():.6g}, beyond the range "
                                       f"of {dtype}; sample with --precision fp32")
 
     @contextlib.contextmanager

@@ -10,7 +10,8 @@ from musegen.sample import SampleSettings, generate, load_prompt
 CHECKPOINTS = Path(__file__).resolve().parents[1] / "checkpoints"
 SHIPPED = sorted(p.parent for p in CHECKPOINTS.glob("*/model.safetensors"))
 PROMPTS = {"remi": CHECKPOINTS / "prompts" / "pop_progression.mid",
-           "groove": CHECKPOINTS / "prompts" / "groove_rock.mid"}
+           "groove": CHECKPOINTS / "prompts" / "groove_rock.mid",
+           "groove-dur": CHECKPOINTS / "prompts" / "groove_rock.mid"}
 
 
 def test_a_pop_and_a_groove_model_are_shipped():

@@ -350,7 +350,7 @@ class MusicPerformer(nn.Module):
         for name, tensor in self.state_dict().items():
             if tensor.is_floating_point() and torch.isinf(tensor.to(dtype)).any():
                 raise NumericError(f"{name} holds values up to {tensor.abs().max().item():.6g}, beyond the range "
-                                      f"of {dtype}; sample with --precision fp32")
+                                   f"of {dtype}; sample with --precision fp32")
 
     @contextlib.contextmanager
     def streaming(self, batch_size: int, seed: Optional[int] = None, choice: Optional[Choice] = None):

@@ -42,7 +42,7 @@ from .device import check_fits, device_memory, resolve_device
 from .errors import ConfigError, MidiError, MusegenError, NumericError, TokenError
 from .io import atomic_path, check_regular, write_json
 from .midi import MIDI_SUFFIXES
-from .precision import step_choice
+from .precision import Choice, step_choice
 from .render import PROMPT_END_MARKER, pianoroll_png, render_wav
 from .tokenizers.base import Grammar, Tokenizer
 from .tokenizers.constants import MAX_BARS
@@ -556,8 +556,11 @@ def _ingest(model, prompt_ids: list[int], batch: int, device, chunk: int = 512) 
 def check_memory(model, num_samples: int, tokens: int, device: torch.device) -> None:
     """ConfigError when `num_samples` sequences of `tokens` tokens cannot fit in the device's
     memory: per sample, the model's streaming state (measured on two steps, so a cache that
-    grows per token is counted at full length), the logits' working copies and the tokens."""
-    with torch.inference_mode(), model.streaming(1, seed=0):
+    grows per token is counted at full length), the logits' working copies and the tokens.
+    The state is the same size on every precision path, so fp32 is used untimed: the session's
+    own choice is timed later, at its batch size, only once the batch is known to fit."""
+    untimed = Choice("fp32", "memory estimate")
+    with torch.inference_mode(), model.streaming(1, seed=0, choice=untimed):
         one = torch.zeros(1, dtype=torch.long, device=device)
         model.step(one)
         first = model.state_bytes

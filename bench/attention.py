@@ -32,8 +32,10 @@ def family_case(name: str, n: int, device: torch.device):
     config = preset("tiny", d_model=HEADS * WIDTH, n_heads=HEADS, attention=name, pe="none", max_len=n)
     family = FAMILIES[name](config).to(device)
     g = torch.Generator(device=device).manual_seed(0)
-    inputs = [torch.randn(1, HEADS, n, WIDTH, generator=g, device=device).requires_grad_()
-              if part in family.inputs else None for part in "qkv"]
+    inputs = [
+        torch.randn(1, HEADS, n, WIDTH, generator=g, device=device).requires_grad_() if part in family.inputs else None
+        for part in "qkv"
+    ]
 
     def run():
         out, _ = family(*inputs, None)
@@ -77,8 +79,11 @@ def main() -> None:
     print(f"# causal attention fwd+bwd, B=1 H={HEADS} M={FEATURES} D={WIDTH}, {describe(device)}")
     print(f"{'N':>6} {'method':>18} {'time ms':>10} {'peak MiB':>10} {'time vs torch':>14}")
     for n in lengths:
-        runs = {method: family_case(method, n, device) if method in FAMILIES else make_case(method, n, device)
-                for method in methods if not (method in QUADRATIC and n > 2048 and device.type == "cpu")}
+        runs = {
+            method: family_case(method, n, device) if method in FAMILIES else make_case(method, n, device)
+            for method in methods
+            if not (method in QUADRATIC and n > 2048 and device.type == "cpu")
+        }
         slow = {"sdpa"} if n > 2048 and device.type == "cpu" else set()  # quadratic: one timing is enough
         times = {method: [] for method in runs}
         for run in runs.values():  # warm-up
@@ -88,14 +93,15 @@ def main() -> None:
             for method, run in runs.items():
                 if round_ == 0 or method not in slow:
                     times[method].append(seconds(run, device))
-        results = {method: (statistics.median(times[method]), peak_memory_mib(runs[method], device))
-                   for method in runs}
+        results = {method: (statistics.median(times[method]), peak_memory_mib(runs[method], device)) for method in runs}
         for method, (secs, mib) in results.items():
             ratio = secs / results["torch"][0]
             print(f"{n:>6} {method:>18} {secs * 1e3:>10.1f} {mib:>10.1f} {ratio:>13.2f}x")
         if "fast-transformers" in results:
-            print(f"{'':>6} musegen is {results['fast-transformers'][0] / results['torch'][0]:.2f}x faster "
-                  f"than fast-transformers at N={n}")
+            print(
+                f"{'':>6} musegen is {results['fast-transformers'][0] / results['torch'][0]:.2f}x faster "
+                f"than fast-transformers at N={n}"
+            )
 
 
 if __name__ == "__main__":

@@ -44,13 +44,20 @@ from typing import Optional
 import numpy as np
 import torch
 
-from bench.common import (CopyBandwidth, add_machine_options, apply_machine_options, describe, peak_memory_mib,
-                          seconds, timed_peak)
+from bench.common import (
+    CopyBandwidth,
+    add_machine_options,
+    apply_machine_options,
+    describe,
+    peak_memory_mib,
+    seconds,
+    timed_peak,
+)
 from musegen.device import native_bf16
-from musegen.precision import STEP_C, Choice, step_choice
 from musegen.model import MusicPerformer, preset
 from musegen.model.families import FAMILIES
 from musegen.model.streaming import prepared_weights, step_kernels
+from musegen.precision import STEP_C, Choice, step_choice
 from musegen.sample import Prompt, SampleSettings, generate
 from musegen.tokenizers import tokenizer_from_dict
 
@@ -60,27 +67,35 @@ BATCHES = (1, 8)
 FLAT = 1.2  # latency at 8192 within 1.2x of latency at 512
 
 
-def snapshots(model: MusicPerformer, tokens: torch.Tensor, positions, batch: int = 1,
-              choice: Optional[Choice] = None) -> dict:
+def snapshots(
+    model: MusicPerformer, tokens: torch.Tensor, positions, batch: int = 1, choice: Optional[Choice] = None
+) -> dict:
     """{position: the session's state there}, advancing in parallel blocks of up to 512 tokens."""
     states = {}
     with torch.no_grad(), model.streaming(batch, seed=0, choice=choice):
         for position in positions:
             while model.position < position:
-                model.step(tokens[:batch, model.position:min(position, model.position + 512)])
+                model.step(tokens[:batch, model.position : min(position, model.position + 512)])
             states[position] = model.get_state()
     return states
 
 
-def step_seconds(model: MusicPerformer, device: torch.device, state, tokens: torch.Tensor, steps: int = 3,
-                 choice: Optional[Choice] = None) -> float:
+def step_seconds(
+    model: MusicPerformer,
+    device: torch.device,
+    state,
+    tokens: torch.Tensor,
+    steps: int = 3,
+    choice: Optional[Choice] = None,
+) -> float:
     """Median time of `steps` single-token steps continuing from `state` (its session entered
     and restored untimed)."""
     batch, position = state.batch_size, state.position
     with torch.no_grad(), model.streaming(batch, choice=choice):
         model.set_state(state)
-        return statistics.median(seconds(lambda t=t: model.step(tokens[:batch, position + t]), device)
-                                 for t in range(steps))
+        return statistics.median(
+            seconds(lambda t=t: model.step(tokens[:batch, position + t]), device) for t in range(steps)
+        )
 
 
 def weight_bytes(model: MusicPerformer, bf16: bool) -> int:
@@ -106,8 +121,7 @@ def products_fn(model: MusicPerformer, device: torch.device, path: str, batch: i
     return products
 
 
-def step_vs_bound(model: MusicPerformer, device: torch.device, paths, tokens, rounds: int
-                  ) -> tuple[dict, dict, float]:
+def step_vs_bound(model: MusicPerformer, device: torch.device, paths, tokens, rounds: int) -> tuple[dict, dict, float]:
     """({(path, batch): median step seconds at 512}, {(path, batch): median seconds of the
     step's matrix products alone}, median bandwidth in bytes/s)."""
     states, products = {}, {}
@@ -130,17 +144,23 @@ def step_vs_bound(model: MusicPerformer, device: torch.device, paths, tokens, ro
 
 
 def print_bound_table(model: MusicPerformer, times: dict, products: dict, bandwidth: float) -> None:
-    print(f"# step() at position 512 vs the memory bound (weight bytes / copy bandwidth "
-          f"{bandwidth / 1e9:.1f} GB/s, read + write, measured in the same rounds) and vs its matrix "
-          f"products alone")
-    print(f"{'path':>11} {'batch':>5} {'step ms':>8} {'ms/seq':>7} {'weights MB':>10} {'bound ms':>8} "
-          f"{'step/bound':>10} {'products ms':>11} {'prod/bound':>10} {'vs batch 1':>10}")
+    print(
+        f"# step() at position 512 vs the memory bound (weight bytes / copy bandwidth "
+        f"{bandwidth / 1e9:.1f} GB/s, read + write, measured in the same rounds) and vs its matrix "
+        f"products alone"
+    )
+    print(
+        f"{'path':>11} {'batch':>5} {'step ms':>8} {'ms/seq':>7} {'weights MB':>10} {'bound ms':>8} "
+        f"{'step/bound':>10} {'products ms':>11} {'prod/bound':>10} {'vs batch 1':>10}"
+    )
     for (path, batch), step_s in times.items():
         weights = weight_bytes(model, path != "fp32")
         bound, alone = weights / bandwidth, products[(path, batch)]
-        print(f"{path:>11} {batch:>5} {step_s * 1e3:>8.2f} {step_s * 1e3 / batch:>7.2f} "
-              f"{weights / 1e6:>10.0f} {bound * 1e3:>8.2f} {step_s / bound:>9.2f}x "
-              f"{alone * 1e3:>11.2f} {alone / bound:>9.2f}x {step_s / times[(path, 1)]:>9.2f}x")
+        print(
+            f"{path:>11} {batch:>5} {step_s * 1e3:>8.2f} {step_s * 1e3 / batch:>7.2f} "
+            f"{weights / 1e6:>10.0f} {bound * 1e3:>8.2f} {step_s / bound:>9.2f}x "
+            f"{alone * 1e3:>11.2f} {alone / bound:>9.2f}x {step_s / times[(path, 1)]:>9.2f}x"
+        )
 
 
 def print_auto_choices(model: MusicPerformer, times: dict) -> Choice:
@@ -150,11 +170,12 @@ def print_auto_choices(model: MusicPerformer, times: dict) -> Choice:
     for batch, choice in choices.items():
         fixed = {path: t for (path, b), t in times.items() if b == batch}
         fastest = min(fixed, key=fixed.get)
-        print(f"auto at batch {batch}: {choice}; its step {fixed[choice.path] / fixed[fastest]:.2f}x the fastest "
-              f"path's ({fastest}; target <= 1.05x), {fixed['fp32'] / fixed[choice.path]:.2f}x faster than fp32")
+        print(
+            f"auto at batch {batch}: {choice}; its step {fixed[choice.path] / fixed[fastest]:.2f}x the fastest "
+            f"path's ({fastest}; target <= 1.05x), {fixed['fp32'] / fixed[choice.path]:.2f}x faster than fp32"
+        )
     one, eight = choices[1].path, choices[max(BATCHES)].path
-    print(f"auto: batch {max(BATCHES)} / batch 1 {times[(eight, max(BATCHES))] / times[(one, 1)]:.2f}x "
-          f"(target <= 2x)")
+    print(f"auto: batch {max(BATCHES)} / batch 1 {times[(eight, max(BATCHES))] / times[(one, 1)]:.2f}x (target <= 2x)")
     return choices[1]
 
 
@@ -179,7 +200,7 @@ def step_vs_prefix(model: MusicPerformer, device: torch.device, tokens, prefix_r
     for position, (step_s, step_mib) in step_latencies(model, device, tokens).items():
         prefix_s = prefix_mib = None
         if position in PREFIX_POSITIONS:
-            prefix = tokens[:1, :position + 1]
+            prefix = tokens[:1, : position + 1]
             with torch.no_grad():
                 runs = [timed_peak(lambda: model(prefix), device) for _ in range(prefix_repeats)]
             prefix_s = statistics.median(s for s, _ in runs)
@@ -194,8 +215,14 @@ def family_steps(device: torch.device, vocab_size: int, tokens: torch.Tensor) ->
     latencies = {}
     for name in FAMILIES:
         torch.manual_seed(0)
-        model = MusicPerformer(preset("paper-pop", attention=name, pe="ape", vocab_size=vocab_size,
-                                      max_len=max(POSITIONS) + 8)).to(device).eval().for_inference()
+        model = (
+            MusicPerformer(
+                preset("paper-pop", attention=name, pe="ape", vocab_size=vocab_size, max_len=max(POSITIONS) + 8)
+            )
+            .to(device)
+            .eval()
+            .for_inference()
+        )
         latencies[name] = step_latencies(model, device, tokens)
     return latencies
 
@@ -226,8 +253,15 @@ def sampler_rates(model: MusicPerformer, device: torch.device, length: int) -> t
 
     model.step = timed_step
     try:
-        _, stats = generate(model, tok, Prompt(np.zeros(0, dtype=np.int64)), SampleSettings(length=length, seed=0),
-                            device=device, progress=False, threads=torch.get_num_threads())
+        _, stats = generate(
+            model,
+            tok,
+            Prompt(np.zeros(0, dtype=np.int64)),
+            SampleSettings(length=length, seed=0),
+            device=device,
+            progress=False,
+            threads=torch.get_num_threads(),
+        )
     finally:
         del model.step  # back to the class's method
     single = step_times[1:]  # the first call ingests the one-token start
@@ -262,16 +296,21 @@ def main() -> None:
     print(f"{'position':>9} {'step ms':>9} {'step MiB':>9} {'prefix ms':>10} {'prefix MiB':>11} {'prefix/step':>12}")
     rows = step_vs_prefix(model, device, tokens, prefix_repeats=1 if args.quick else 3)
     for position, step_s, step_mib, prefix_s, prefix_mib in rows:
-        prefix = (f"{prefix_s * 1e3:>10.0f} {prefix_mib:>11.1f} {prefix_s / step_s:>11.0f}x" if prefix_s
-                  else f"{'-':>10} {'-':>11} {'-':>12}")
+        prefix = (
+            f"{prefix_s * 1e3:>10.0f} {prefix_mib:>11.1f} {prefix_s / step_s:>11.0f}x"
+            if prefix_s
+            else f"{'-':>10} {'-':>11} {'-':>12}"
+        )
         print(f"{position:>9} {step_s * 1e3:>9.2f} {step_mib:>9.1f} {prefix}")
     latency_ratio = rows[-1][1] / rows[0][1]
     print(f"step latency at {rows[-1][0]} / at {rows[0][0]}: {latency_ratio:.2f}x (target <= {FLAT}x)")
 
     length = 512 if args.quick else 2048
     rate, first, last = sampler_rates(model, device, length)
-    print(f"sampler ({default}): {length} tokens at {rate:.1f} tokens/s; per-token step {first * 1e3:.2f} ms over "
-          f"the first quarter, {last * 1e3:.2f} ms over the last: {last / first:.2f}x (target <= {FLAT}x)")
+    print(
+        f"sampler ({default}): {length} tokens at {rate:.1f} tokens/s; per-token step {first * 1e3:.2f} ms over "
+        f"the first quarter, {last * 1e3:.2f} ms over the last: {last / first:.2f}x (target <= {FLAT}x)"
+    )
     print(f"sampler time per token / bare step() at 512 (table above): {1 / (rate * bare):.2f}x")
 
     print(f"# attention families (paper-pop shape, APE, {default}): step ms, and / the {args.pe} performer's step")
@@ -284,8 +323,10 @@ def main() -> None:
     if device.type == "cpu" and (os.cpu_count() or 1) > 1:
         by_threads = thread_comparison(model, device, os.cpu_count(), tokens)
         many = max(by_threads)
-        print(f"step at 512 with {many} threads: {by_threads[many] * 1e3:.2f} ms, with 1 thread: "
-              f"{by_threads[1] * 1e3:.2f} ms ({by_threads[many] / by_threads[1]:.2f}x)")
+        print(
+            f"step at 512 with {many} threads: {by_threads[many] * 1e3:.2f} ms, with 1 thread: "
+            f"{by_threads[1] * 1e3:.2f} ms ({by_threads[many] / by_threads[1]:.2f}x)"
+        )
     if latency_ratio > FLAT or last / first > FLAT:
         raise SystemExit("per-token cost grows with the position")
 

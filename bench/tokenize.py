@@ -62,7 +62,7 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=100, help="how many files (first in sorted order)")
     parser.add_argument("--source", type=Path, default=DEFAULT_SOURCE, help="folder of MIDI files")
     args = parser.parse_args()
-    files = find_midi_files(args.source)[:args.files]
+    files = find_midi_files(args.source)[: args.files]
 
     from miditok import REMI, TokenizerConfig
 
@@ -81,8 +81,10 @@ def main() -> None:
         except MusegenError:
             continue
     allowed_us, step_us, tokens = grammar_cost(ours, pieces)
-    print(f"REMI grammar per token ({tokens:,} tokens of {len(pieces)} files): allowed {allowed_us:.1f} us, "
-          f"step {step_us:.1f} us, together {allowed_us + step_us:.1f} us")
+    print(
+        f"REMI grammar per token ({tokens:,} tokens of {len(pieces)} files): allowed {allowed_us:.1f} us, "
+        f"step {step_us:.1f} us, together {allowed_us + step_us:.1f} us"
+    )
 
 
 if __name__ == "__main__":

@@ -40,10 +40,13 @@ from musegen.precision import training_choice, training_update
 
 REPO = Path(__file__).resolve().parents[1]
 # name: (model overrides, precision)
-VARIANTS = {"fp32": (dict(kernel="torch"), "fp32"), "bf16": (dict(kernel="torch"), "bf16"),
-            "default": (dict(kernel="torch"), "auto"),
-            "fast-transformers": (dict(kernel="fast-transformers"), "fp32"),
-            "softmax": (dict(attention="softmax"), "auto")}
+VARIANTS = {
+    "fp32": (dict(kernel="torch"), "fp32"),
+    "bf16": (dict(kernel="torch"), "bf16"),
+    "default": (dict(kernel="torch"), "auto"),
+    "fast-transformers": (dict(kernel="fast-transformers"), "fp32"),
+    "softmax": (dict(attention="softmax"), "auto"),
+}
 TARGET = 2.5  # default over fp32, tokens/s, where bf16 arithmetic is fast
 
 
@@ -74,42 +77,89 @@ def throughput(args, device: torch.device) -> None:
                 times[name].append(seconds(update, device))
         rates = {name: args.batch * length / statistics.median(t) for name, t in times.items()}
         for name, (update, choice) in built.items():
-            print(f"{length:>6}  {name:<18} {choice.path:>9} {rates[name]:>10,.0f} "
-                  f"{peak_memory_mib(update, device):>9,.0f} {rates[name] / rates['fp32']:>7.2f}x")
+            print(
+                f"{length:>6}  {name:<18} {choice.path:>9} {rates[name]:>10,.0f} "
+                f"{peak_memory_mib(update, device):>9,.0f} {rates[name] / rates['fp32']:>7.2f}x"
+            )
         default = built["default"][1]
-        print(f"{'':>6}  default at {length}: {default}; {rates['default'] / max(rates['fp32'], rates['bf16']):.2f}x "
-              f"the faster fixed precision (target >= 0.95x), {rates['default'] / rates['fp32']:.2f}x fp32 "
-              f"(target >= {TARGET}x where bf16 arithmetic is fast)")
+        print(
+            f"{'':>6}  default at {length}: {default}; {rates['default'] / max(rates['fp32'], rates['bf16']):.2f}x "
+            f"the faster fixed precision (target >= 0.95x), {rates['default'] / rates['fp32']:.2f}x fp32 "
+            f"(target >= {TARGET}x where bf16 arithmetic is fast)"
+        )
         del built
 
 
 def run_training(data: Path, out: Path, precision: str, seed: int, args) -> list[float]:
     """`musegen train` with these settings; the logged loss of every step."""
-    settings = {"precision": precision, "seed": seed, "steps": args.curve_steps, "seq_len": args.curve_len,
-                "batch_size": 4, "log_every": 1, "valid_every": 0, "ckpt_every": args.curve_steps, "workers": 0}
-    command = [sys.executable, "-m", "musegen", "train", "--data", str(data), "--out", str(out), "--preset", "small",
-               "--device", args.device] + [x for key, value in settings.items() for x in ("--set", f"{key}={value}")]
+    settings = {
+        "precision": precision,
+        "seed": seed,
+        "steps": args.curve_steps,
+        "seq_len": args.curve_len,
+        "batch_size": 4,
+        "log_every": 1,
+        "valid_every": 0,
+        "ckpt_every": args.curve_steps,
+        "workers": 0,
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "musegen",
+        "train",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--preset",
+        "small",
+        "--device",
+        args.device,
+    ] + [x for key, value in settings.items() for x in ("--set", f"{key}={value}")]
     subprocess.run(command, check=True, cwd=REPO, capture_output=True)
     rows = read_jsonl(out / "log.jsonl", "log record")
     return [row["loss"] for row in rows if "loss" in row]
 
 
 def smoothed(curve: list[float], window: int = 50) -> list[float]:
-    return [statistics.fmean(curve[max(0, i - window + 1):i + 1]) for i in range(len(curve))]
+    return [statistics.fmean(curve[max(0, i - window + 1) : i + 1]) for i in range(len(curve))]
 
 
 def curves(args) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "shards"
-        subprocess.run([sys.executable, "-m", "musegen", "data", "prepare", "pop909", "--source", str(args.source),
-                        "--out", str(data)], check=True, cwd=REPO, capture_output=True)
-        runs = {name: smoothed(run_training(data, Path(tmp) / name.replace(" ", "-"), precision, seed, args))
-                for name, precision, seed in (("fp32 seed 0", "fp32", 0), ("default seed 0", "auto", 0),
-                                              ("fp32 seed 1", "fp32", 1))}
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "musegen",
+                "data",
+                "prepare",
+                "pop909",
+                "--source",
+                str(args.source),
+                "--out",
+                str(data),
+            ],
+            check=True,
+            cwd=REPO,
+            capture_output=True,
+        )
+        runs = {
+            name: smoothed(run_training(data, Path(tmp) / name.replace(" ", "-"), precision, seed, args))
+            for name, precision, seed in (
+                ("fp32 seed 0", "fp32", 0),
+                ("default seed 0", "auto", 0),
+                ("fp32 seed 1", "fp32", 1),
+            )
+        }
     device = torch.device(args.device if args.device != "auto" else "cpu")
     default = training_choice("auto", preset("small"), 4, args.curve_len, device)
-    print(f"# small preset on POP909 ({args.source}), seq_len {args.curve_len}, batch 4, {args.curve_steps} updates;"
-          f" {describe(device)}; default precision here: {default}; training loss smoothed over 50 steps")
+    print(
+        f"# small preset on POP909 ({args.source}), seq_len {args.curve_len}, batch 4, {args.curve_steps} updates;"
+        f" {describe(device)}; default precision here: {default}; training loss smoothed over 50 steps"
+    )
     print(f"{'step':>6}" + "".join(f" {name:>15}" for name in runs))
     for i in range(49, args.curve_steps, 50):
         print(f"{i + 1:>6}" + "".join(f" {curve[i]:>15.4f}" for curve in runs.values()))
@@ -119,8 +169,10 @@ def curves(args) -> None:
         return statistics.fmean(abs(a - b) for a, b in zip(other[49:], base[49:]))
 
     precision_gap, seed_gap = gap(runs["default seed 0"]), gap(runs["fp32 seed 1"])
-    print(f"mean |default - fp32| {precision_gap:.4f}; seed-to-seed mean |seed 1 - seed 0| {seed_gap:.4f}: "
-          f"{'within' if precision_gap <= seed_gap else 'NOT within'} the noise")
+    print(
+        f"mean |default - fp32| {precision_gap:.4f}; seed-to-seed mean |seed 1 - seed 0| {seed_gap:.4f}: "
+        f"{'within' if precision_gap <= seed_gap else 'NOT within'} the noise"
+    )
 
 
 def main() -> None:
@@ -129,8 +181,13 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8, help="sequences an update (8: as the shipped models trained)")
     parser.add_argument("--steps", type=int, default=7, help="timed rounds")
     parser.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048], help="sequence lengths")
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS),
-                        help="rows to time (fp32, bf16 and default always)")
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        default=list(VARIANTS),
+        choices=list(VARIANTS),
+        help="rows to time (fp32, bf16 and default always)",
+    )
     parser.add_argument("--curves", action="store_true", help="loss curves: fp32 vs the default precision")
     parser.add_argument("--curve-steps", type=int, default=500)
     parser.add_argument("--curve-len", type=int, default=512)

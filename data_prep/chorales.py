@@ -21,7 +21,8 @@ from musegen.errors import DataError
 from musegen.io import atomic_path
 from musegen.tokenizers.constants import TICKS_PER_BEAT as TPQ
 
-from .common import Item, prepare as prepare_items
+from .common import Item
+from .common import prepare as prepare_items
 from .pop909 import remi_tokenizer
 
 FRACTIONS = {"validation": 0.05}
@@ -33,8 +34,9 @@ CHORALE_NAME = re.compile(r"bwv(\d+)\.\d+")
 def chorale_paths() -> list[Path]:
     from music21 import corpus
 
-    return sorted((Path(p) for p in corpus.getComposer("bach") if CHORALE_NAME.fullmatch(Path(p).stem)),
-                  key=lambda p: p.stem)
+    return sorted(
+        (Path(p) for p in corpus.getComposer("bach") if CHORALE_NAME.fullmatch(Path(p).stem)), key=lambda p: p.stem
+    )
 
 
 def to_midi(source: Path, dest: Path) -> None:
@@ -76,8 +78,14 @@ def _convert(job: tuple[Path, Path]) -> tuple[Path, str | None]:
         return dest, f"{source.name}: could not convert ({type(exc).__name__}: {exc})".splitlines()[0]
 
 
-def prepare(out: Path, source: Path | None = None, download: bool = False, workers: int | None = None,
-            limit: int | None = None, tokenizer: str | None = None) -> dict[str, Any]:
+def prepare(
+    out: Path,
+    source: Path | None = None,
+    download: bool = False,
+    workers: int | None = None,
+    limit: int | None = None,
+    tokenizer: str | None = None,
+) -> dict[str, Any]:
     tok = remi_tokenizer(tokenizer, "chorales")
     if source is not None:
         raise DataError("the chorales corpus comes from music21's bundled corpus; it takes no --source")
@@ -89,7 +97,17 @@ def prepare(out: Path, source: Path | None = None, download: bool = False, worke
     ctx = mp.get_context("fork") if hasattr(os, "fork") else mp.get_context()
     with ctx.Pool(max(1, workers or os.cpu_count() or 1)) as pool:
         results = list(tqdm(pool.imap(_convert, jobs), total=len(jobs), desc="music21 -> MIDI", unit="chorale"))
-    items = [Item(name=dest.stem, path=dest, group=CHORALE_NAME.fullmatch(dest.stem).group(1))
-             for dest, reason in results if not reason]
-    return prepare_items(tok, items, out, FRACTIONS, workers, extra_report={"corpus": "chorales"},
-                         skipped_before=[(dest.stem, reason) for dest, reason in results if reason])
+    items = [
+        Item(name=dest.stem, path=dest, group=CHORALE_NAME.fullmatch(dest.stem).group(1))
+        for dest, reason in results
+        if not reason
+    ]
+    return prepare_items(
+        tok,
+        items,
+        out,
+        FRACTIONS,
+        workers,
+        extra_report={"corpus": "chorales"},
+        skipped_before=[(dest.stem, reason) for dest, reason in results if reason],
+    )

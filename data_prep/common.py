@@ -88,8 +88,13 @@ def _encode_one(item: Item):
         signal.alarm(0)
 
 
-def encode_items(tokenizer: Tokenizer, items: list[Item], workers: int | None = None, desc: str = "encoding",
-                 encode: Encoder = encode_file) -> tuple[list[tuple[Item, Any, dict]], list[tuple[str, str]]]:
+def encode_items(
+    tokenizer: Tokenizer,
+    items: list[Item],
+    workers: int | None = None,
+    desc: str = "encoding",
+    encode: Encoder = encode_file,
+) -> tuple[list[tuple[Item, Any, dict]], list[tuple[str, str]]]:
     """Encode `items` on `workers` processes with `encode` (a module-level function).
     Returns (encoded, skipped) in input order.
 
@@ -103,22 +108,26 @@ def encode_items(tokenizer: Tokenizer, items: list[Item], workers: int | None = 
             setup = (tokenizer.to_dict(), encode)
             for suspect in _encode_in_pool(setup, queue, workers, results, progress):
                 if _encode_in_pool(setup, [suspect], 1, results, progress):
-                    results[suspect.name] = (suspect, None, None, f"{printable(suspect.path)}: the process encoding "
-                                             "it was killed (out of memory?), skipped")
+                    results[suspect.name] = (
+                        suspect,
+                        None,
+                        None,
+                        f"{printable(suspect.path)}: the process encoding it was killed (out of memory?), skipped",
+                    )
                     progress.update(1)
     ordered = [results[it.name] for it in items]
-    return ([(item, ids, report) for item, ids, report, error in ordered if error is None],
-            [(item.name, error) for item, _, _, error in ordered if error is not None])
+    return (
+        [(item, ids, report) for item, ids, report, error in ordered if error is None],
+        [(item.name, error) for item, _, _, error in ordered if error is not None],
+    )
 
 
-def _encode_in_pool(setup: tuple, queue: list[Item], workers: int, results: dict[str, tuple],
-                    progress) -> list[Item]:
+def _encode_in_pool(setup: tuple, queue: list[Item], workers: int, results: dict[str, tuple], progress) -> list[Item]:
     """Encode items popped from `queue` into `results` until it is empty, or until a worker dies:
     then return the items that were in flight (one of them killed it), else []. `setup`: the
     workers' (tokenizer dict, encoder)."""
     ctx = mp.get_context("fork") if hasattr(os, "fork") else mp.get_context()
-    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
-                             initargs=setup) as pool:
+    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=setup) as pool:
         running: dict[Future, Item] = {}
         while queue or running:
             while queue and len(running) < 2 * workers:  # a few queued: workers never wait for work
@@ -146,11 +155,17 @@ def merge_reports(reports: Iterable[dict]) -> dict[str, int]:
     return dict(total)
 
 
-def prepare(tokenizer: Tokenizer, items: list[Item], out: str | os.PathLike,
-            fractions: dict[str, float], workers: int | None = None,
-            extra_report: dict[str, Any] | None = None,
-            split_of: Callable[[str], str] | None = None,
-            skipped_before: Iterable[tuple[str, str]] = (), encode: Encoder = encode_file) -> dict[str, Any]:
+def prepare(
+    tokenizer: Tokenizer,
+    items: list[Item],
+    out: str | os.PathLike,
+    fractions: dict[str, float],
+    workers: int | None = None,
+    extra_report: dict[str, Any] | None = None,
+    split_of: Callable[[str], str] | None = None,
+    skipped_before: Iterable[tuple[str, str]] = (),
+    encode: Encoder = encode_file,
+) -> dict[str, Any]:
     """Encode, split by group, write shards; return the summary that is also stored in the index.
 
     `split_of(group)` overrides the hashed split (for corpora that assign groups explicitly).

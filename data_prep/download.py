@@ -26,8 +26,9 @@ ZENODO_API = "https://zenodo.org/api/records"
 MAX_RECORD_BYTES = 16 * 2**20  # a record's metadata is a few kB
 
 
-def fetch(url: str, dest: str | os.PathLike, sha256: str | None = None, md5: str | None = None,
-          progress: bool = True) -> Path:
+def fetch(
+    url: str, dest: str | os.PathLike, sha256: str | None = None, md5: str | None = None, progress: bool = True
+) -> Path:
     """Download `url` to `dest`, verifying the checksum(s) given; return `dest`.
 
     An existing `dest` whose checksum matches is reused without downloading again.
@@ -64,7 +65,9 @@ def zenodo_file(record: int | str, filename: str, api: str = ZENODO_API) -> tupl
         with urllib.request.urlopen(f"{api}/{record}", timeout=TIMEOUT_S) as response:
             text = response.read(MAX_RECORD_BYTES).decode("utf-8")
     except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise DataError(f"Zenodo record {record}: metadata unavailable ({getattr(exc, 'reason', None) or exc})") from None
+        raise DataError(
+            f"Zenodo record {record}: metadata unavailable ({getattr(exc, 'reason', None) or exc})"
+        ) from None
     for entry in schemas.loads(text, "zenodo record", f"Zenodo record {record}").files:
         if (entry.key or entry.filename) == filename:
             algorithm, _, digest = entry.checksum.partition(":")

@@ -15,14 +15,21 @@ from musegen.io import printable
 from musegen.midi import find_midi_files
 from musegen.tokenizers.base import tokenizer_from_dict
 
-from .common import Item, prepare as prepare_items
+from .common import Item
+from .common import prepare as prepare_items
 
 KINDS = ("remi", "groove", "groove-dur")
 FRACTIONS = {"validation": 0.05}
 
 
-def prepare(out: Path, source: Path | None = None, download: bool = False, workers: int | None = None,
-            limit: int | None = None, tokenizer: str | None = None) -> dict[str, Any]:
+def prepare(
+    out: Path,
+    source: Path | None = None,
+    download: bool = False,
+    workers: int | None = None,
+    limit: int | None = None,
+    tokenizer: str | None = None,
+) -> dict[str, Any]:
     if source is None:
         raise DataError("the midi corpus needs --source FOLDER (a folder of MIDI files)")
     kind = tokenizer or "remi"
@@ -33,5 +40,11 @@ def prepare(out: Path, source: Path | None = None, download: bool = False, worke
     root = source if source.is_dir() else source.parent
     names = [printable(p.relative_to(root)) for p in files]  # non-UTF-8 names as \xNN: printable, JSON-safe
     items = [Item(name=name, path=p, group=name) for name, p in zip(names, files)]
-    return prepare_items(tokenizer_from_dict({"kind": kind}), items, out, FRACTIONS, workers,
-                         extra_report={"corpus": "midi", "source": str(source)})
+    return prepare_items(
+        tokenizer_from_dict({"kind": kind}),
+        items,
+        out,
+        FRACTIONS,
+        workers,
+        extra_report={"corpus": "midi", "source": str(source)},
+    )

@@ -14,7 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from data_prep.common import Item, prepare as prepare_shards
+from data_prep.common import Item
+from data_prep.common import prepare as prepare_shards
 from data_prep.download import extract, fetch
 from musegen.errors import DataError
 from musegen.io import write_json
@@ -44,8 +45,10 @@ def obtain(source: Path, download: bool) -> Path:
         return root
     archive = source / ARCHIVE
     if not archive.is_file() and not download:
-        raise DataError(f"{source}: Groove2Groove not found (neither {ROOT_NAME}/midi nor {ARCHIVE}); "
-                        f"pass --download to fetch it from {RECORD}")
+        raise DataError(
+            f"{source}: Groove2Groove not found (neither {ROOT_NAME}/midi nor {ARCHIVE}); "
+            f"pass --download to fetch it from {RECORD}"
+        )
     fetch(ARCHIVE_URL, archive, md5=ARCHIVE_MD5)  # an existing archive is only checked
     extract(archive, source)
     root = find_root(source)
@@ -62,8 +65,14 @@ def style_of(path: Path) -> str:
     return parts[1]
 
 
-def prepare(out: Path, source: Path | None = None, download: bool = False, workers: int | None = None,
-            limit: int | None = None, tokenizer: str | None = None) -> dict[str, Any]:
+def prepare(
+    out: Path,
+    source: Path | None = None,
+    download: bool = False,
+    workers: int | None = None,
+    limit: int | None = None,
+    tokenizer: str | None = None,
+) -> dict[str, Any]:
     if tokenizer not in (None, "groove"):
         raise DataError(f"Groove2Groove is tokenised as groove, not {tokenizer!r}")
     out = Path(out)
@@ -79,6 +88,12 @@ def prepare(out: Path, source: Path | None = None, download: bool = False, worke
         raise DataError(f"{root}: no MIDI files under midi/{{train,val,test}}/fixed")
 
     write_json(out / "styles.json", {"split_by": "dataset part", "styles": {s: sorted(v) for s, v in styles.items()}})
-    return prepare_shards(tok, items, out, {"validation": 0.0, "test": 0.0}, workers,
-                          split_of=lambda split: split,
-                          extra_report={"styles": {s: len(v) for s, v in styles.items()}})
+    return prepare_shards(
+        tok,
+        items,
+        out,
+        {"validation": 0.0, "test": 0.0},
+        workers,
+        split_of=lambda split: split,
+        extra_report={"styles": {s: len(v) for s, v in styles.items()}},
+    )

@@ -55,7 +55,8 @@ import mido
 import numpy as np
 from tqdm import tqdm
 
-from data_prep.common import Item, prepare as prepare_shards
+from data_prep.common import Item
+from data_prep.common import prepare as prepare_shards
 from musegen import schemas
 from musegen.errors import DataError, MusegenError
 from musegen.io import atomic_path, write_bytes, write_json
@@ -141,15 +142,55 @@ class Piece:
 
 # First matching keyword of a groove's lower-cased name decides its tempo (quarter notes/min).
 TEMPO_KEYWORDS = [
-    ("fast", 190), ("slow", 72), ("ballad", 72), ("lullaby", 66), ("soft", 84), ("bebop", 210),
-    ("bluegrass", 180), ("dixie", 176), ("charleston", 200), ("quickstep", 200), ("jive", 170),
-    ("boogie", 160), ("boggie", 160), ("swing", 144), ("jazz", 132), ("samba", 104), ("bossa", 132),
-    ("salsa", 180), ("mambo", 180), ("merengue", 140), ("rhumba", 108), ("rumba", 108),
-    ("chacha", 120), ("beguine", 120), ("bolero", 96), ("tango", 120), ("calypso", 124),
-    ("reggae", 80), ("ska", 150), ("hiphop", 92), ("rap", 92), ("techno", 128), ("disco", 120),
-    ("house", 124), ("funk", 104), ("soul", 96), ("gospel", 84), ("blues", 96), ("shuffle", 116),
-    ("march", 116), ("polka", 120), ("country", 120), ("folk", 100), ("rock", 120), ("pop", 112),
-    ("latin", 118), ("hawaii", 100), ("love", 76), ("trance", 136),
+    ("fast", 190),
+    ("slow", 72),
+    ("ballad", 72),
+    ("lullaby", 66),
+    ("soft", 84),
+    ("bebop", 210),
+    ("bluegrass", 180),
+    ("dixie", 176),
+    ("charleston", 200),
+    ("quickstep", 200),
+    ("jive", 170),
+    ("boogie", 160),
+    ("boggie", 160),
+    ("swing", 144),
+    ("jazz", 132),
+    ("samba", 104),
+    ("bossa", 132),
+    ("salsa", 180),
+    ("mambo", 180),
+    ("merengue", 140),
+    ("rhumba", 108),
+    ("rumba", 108),
+    ("chacha", 120),
+    ("beguine", 120),
+    ("bolero", 96),
+    ("tango", 120),
+    ("calypso", 124),
+    ("reggae", 80),
+    ("ska", 150),
+    ("hiphop", 92),
+    ("rap", 92),
+    ("techno", 128),
+    ("disco", 120),
+    ("house", 124),
+    ("funk", 104),
+    ("soul", 96),
+    ("gospel", 84),
+    ("blues", 96),
+    ("shuffle", 116),
+    ("march", 116),
+    ("polka", 120),
+    ("country", 120),
+    ("folk", 100),
+    ("rock", 120),
+    ("pop", 112),
+    ("latin", 118),
+    ("hawaii", 100),
+    ("love", 76),
+    ("trance", 136),
 ]
 DEFAULT_TEMPO = 112
 
@@ -169,7 +210,7 @@ def library_grooves(library: Path = LIBRARY, wanted: re.Pattern | None = None) -
             words = line.split()
             if len(words) < 2 or words[0].lower() != "defgroove" or (family, words[1].lower()) in seen:
                 continue
-            if (wanted.search(words[1]) if wanted else not LEFT_OUT.search(words[1])):
+            if wanted.search(words[1]) if wanted else not LEFT_OUT.search(words[1]):
                 seen.add((family, words[1].lower()))
                 found.append((family, words[1]))
     return found
@@ -251,13 +292,41 @@ def load_styles() -> list[Style]:
 ROOTS = ["C", "C#", "D", "Eb", "E", "F", "F#", "G", "Ab", "A", "Bb", "B"]
 NATURAL = {"C": 0, "D": 2, "E": 4, "F": 5, "G": 7, "A": 9, "B": 11}
 QUALITIES = {  # POP909 (Harte) quality -> MMA chord suffix
-    "maj": "", "min": "m", "sus2": "sus2", "sus4": "sus4", "min7": "m7", "maj7": "M7", "7": "7",
-    "maj6": "6", "min6": "m6", "dim": "dim", "dim7": "dim7", "hdim7": "m7b5", "aug": "aug",
-    "minmaj7": "mM7", "sus4(b7)": "7sus4", "9": "9", "maj9": "M9", "min9": "m9",
+    "maj": "",
+    "min": "m",
+    "sus2": "sus2",
+    "sus4": "sus4",
+    "min7": "m7",
+    "maj7": "M7",
+    "7": "7",
+    "maj6": "6",
+    "min6": "m6",
+    "dim": "dim",
+    "dim7": "dim7",
+    "hdim7": "m7b5",
+    "aug": "aug",
+    "minmaj7": "mM7",
+    "sus4(b7)": "7sus4",
+    "9": "9",
+    "maj9": "M9",
+    "min9": "m9",
 }
 CHORD_NAME = re.compile(r"([A-G][#b]?)([^/]*)(?:/([A-G][#b]?))?")  # root, quality, bass of an MMA chord
-INTERVALS = {"b2": 1, "2": 2, "b3": 3, "3": 4, "4": 5, "b5": 6, "5": 7, "#5": 8, "b6": 8, "6": 9,
-             "b7": 10, "7": 11, "9": 2}
+INTERVALS = {
+    "b2": 1,
+    "2": 2,
+    "b3": 3,
+    "3": 4,
+    "4": 5,
+    "b5": 6,
+    "5": 7,
+    "#5": 8,
+    "b6": 8,
+    "6": 9,
+    "b7": 10,
+    "7": 11,
+    "9": 2,
+}
 
 
 def mma_chord(label: str) -> str | None:
@@ -292,7 +361,7 @@ def song_bars(song_dir: Path) -> list[list[str]]:
     if not beats or not segments or True not in downbeat:
         return []
     chords, k = [], 0
-    for t in beats[downbeat.index(True):]:
+    for t in beats[downbeat.index(True) :]:
         t += 0.05  # annotation boundaries sit on beats up to a few ms
         while k < len(segments) - 1 and segments[k][1] <= t:
             k += 1
@@ -304,14 +373,16 @@ def song_bars(song_dir: Path) -> list[list[str]]:
     held = chords[labelled[0]]
     for i in range(first_bar, len(chords)):
         held = chords[i] = chords[i] or held
-    return [chords[i:i + 4] for i in range(first_bar, len(chords) - 3, 4)]
+    return [chords[i : i + 4] for i in range(first_bar, len(chords) - 3, 4)]
 
 
 def progressions(pop909: Path) -> list[tuple[str, list[list[str]]]]:
     """(song, bars) for every POP909 song with at least BARS_PER_PIECE bars of chords."""
     if not pop909.is_dir():
-        raise DataError(f"{pop909}: POP909 folder not found (its chord annotations drive the "
-                        f"MMA corpus); pass --source, or prepare pop909 with --download first")
+        raise DataError(
+            f"{pop909}: POP909 folder not found (its chord annotations drive the "
+            f"MMA corpus); pass --source, or prepare pop909 with --download first"
+        )
     found = []
     for song_dir in sorted(p for p in pop909.iterdir() if (p / "chord_midi.txt").is_file()):
         try:
@@ -329,31 +400,38 @@ def _hash(*parts: Any) -> int:
     return int.from_bytes(hashlib.sha256(":".join(map(str, parts)).encode()).digest()[:8], "big")
 
 
-def piece_plan(style: Style, k: int, songs: list[tuple[str, list[list[str]]]],
-               fills: list[str] = ()) -> tuple[Piece, list[list[str]]]:
+def piece_plan(
+    style: Style, k: int, songs: list[tuple[str, list[list[str]]]], fills: list[str] = ()
+) -> tuple[Piece, list[list[str]]]:
     """Piece k of a style and its bars of chords. The first PIECES_PER_STYLE pieces play the
     groove as it is; the others are variants, each chosen by hashing: a key (-5..+6), a tempo
     around the style's, at most one treatment of each group and, for half of them, the fill of
     the groove's family whose name is closest to the groove's."""
     song, bars = songs[_hash(style.name, k) % len(songs)]
     first = _hash(style.name, k, "bar") % (len(bars) - BARS_PER_PIECE + 1)
-    bars = bars[first:first + BARS_PER_PIECE]
+    bars = bars[first : first + BARS_PER_PIECE]
     if k < PIECES_PER_STYLE:
         return Piece(style, k, song, first, style.tempo), bars
     draw = lambda what, n: _hash(style.name, k, what) % n
     key = KEY_SHIFTS[draw("key", len(KEY_SHIFTS))]
     tempo = round(style.tempo * TEMPO_FACTORS[draw("tempo", len(TEMPO_FACTORS))])
-    treatments = tuple(group[i] for group in TREATMENT_GROUPS if (i := draw(group[0], len(group) + 2)) < len(group)
-                       and (style.swings or group[i] != "swing"))
+    treatments = tuple(
+        group[i]
+        for group in TREATMENT_GROUPS
+        if (i := draw(group[0], len(group) + 2)) < len(group) and (style.swings or group[i] != "swing")
+    )
     fill = None
     if fills and draw("fill", 2):
         fill = max(fills, key=lambda f: len(os.path.commonprefix([f.lower(), style.groove.lower()])))
-    return (Piece(style, k, song, first, tempo, key, treatments, fill),
-            [[transpose_chord(c, key) for c in bar] for bar in bars])
+    return (
+        Piece(style, k, song, first, tempo, key, treatments, fill),
+        [[transpose_chord(c, key) for c in bar] for bar in bars],
+    )
 
 
 def transpose_chord(name: str, semitones: int) -> str:
     """An MMA chord name moved by `semitones` (`Bbm7/Ab` + 2 -> `Cm7/Bb`); `/` (hold) stays."""
+
     def move(root: str) -> str:
         pc = NATURAL[root[0]] + root[1:].count("#") - root[1:].count("b")
         return ROOTS[(pc + semitones) % 12]
@@ -367,8 +445,15 @@ def transpose_chord(name: str, semitones: int) -> str:
 
 # ---- rendering ---------------------------------------------------------------------------
 
-def mma_text(style: Style, bars: list[list[str]], seed: int, tempo: int | None = None,
-             treatments: tuple[str, ...] = (), fill: str | None = None) -> str:
+
+def mma_text(
+    style: Style,
+    bars: list[list[str]],
+    seed: int,
+    tempo: int | None = None,
+    treatments: tuple[str, ...] = (),
+    fill: str | None = None,
+) -> str:
     """An MMA song file: `bars` (4 chords each) in the style's groove, the treatments after every
     groove change (MMA restores a groove's settings when it is selected), the fill groove for the
     last bar of every FILL_EVERY."""
@@ -391,8 +476,13 @@ def render_mma(text: str) -> bytes:
         src.write_text(text)
         try:
             # relative names: MMA writes the input's name into the file, keep it reproducible
-            proc = subprocess.run(["mma", "-w", "-f", out.name, src.name], cwd=tmp, capture_output=True,
-                                  text=True, timeout=RENDER_TIME_LIMIT_S)
+            proc = subprocess.run(
+                ["mma", "-w", "-f", out.name, src.name],
+                cwd=tmp,
+                capture_output=True,
+                text=True,
+                timeout=RENDER_TIME_LIMIT_S,
+            )
         except FileNotFoundError:
             raise DataError("`mma` not found; install the Debian package mma") from None
         except subprocess.TimeoutExpired:
@@ -419,24 +509,35 @@ def to_groove2groove(raw: Path, dest: Path) -> None:
     drums = [p for name, parts in groups.items() if name.startswith("drums:") for p in parts]
     melodic = [name for name in groups if not name.startswith("drums:")]
     bass = max((n for n in melodic if BASS_TRACK.match(n)), key=count, default=None)
-    harmonic = sorted((n for n in melodic if n != bass), key=count, reverse=True)[:len(G2G_HARMONIC)]
+    harmonic = sorted((n for n in melodic if n != bass), key=count, reverse=True)[: len(G2G_HARMONIC)]
     shift = COUNT_IN_BEATS * parsed.tpq
-    clicks = np.array([(b * parsed.tpq, b * parsed.tpq + parsed.tpq // 8, CLICK_PITCH, CLICK_VELOCITY)
-                       for b in range(COUNT_IN_BEATS)], dtype=np.int64)
+    clicks = np.array(
+        [
+            (b * parsed.tpq, b * parsed.tpq + parsed.tpq // 8, CLICK_PITCH, CLICK_VELOCITY)
+            for b in range(COUNT_IN_BEATS)
+        ],
+        dtype=np.int64,
+    )
     tracks = [(G2G_DRUMS, 9, 0, clicks)] + [(G2G_DRUMS, 9, p.program, _later(p.notes, shift)) for p in drums]
     named = ([(G2G_BASS, bass)] if bass else []) + list(zip(G2G_HARMONIC, harmonic))
     channels = iter(c for c in range(16) if c != 9)
     for g2g_name, mma_name in named:
         tracks += [(g2g_name, next(channels), p.program, _later(p.notes, shift)) for p in groups[mma_name]]
     midi = mido.MidiFile(type=1, ticks_per_beat=parsed.tpq)
-    meta = [(0 if tick == 0 else tick + shift, mido.MetaMessage("set_tempo", tempo=mido.bpm2tempo(qpm)))
-            for tick, qpm in parsed.tempos]
-    meta += [(0 if tick == 0 else tick + shift, mido.MetaMessage("time_signature", numerator=n, denominator=d))
-             for tick, n, d in parsed.time_signatures]
+    meta = [
+        (0 if tick == 0 else tick + shift, mido.MetaMessage("set_tempo", tempo=mido.bpm2tempo(qpm)))
+        for tick, qpm in parsed.tempos
+    ]
+    meta += [
+        (0 if tick == 0 else tick + shift, mido.MetaMessage("time_signature", numerator=n, denominator=d))
+        for tick, n, d in parsed.time_signatures
+    ]
     midi.tracks.append(_midi_track(meta))
     for name, channel, program, notes in tracks:
-        events = [(0, mido.MetaMessage("track_name", name=name)),
-                  (0, mido.Message("program_change", channel=channel, program=program))]
+        events = [
+            (0, mido.MetaMessage("track_name", name=name)),
+            (0, mido.Message("program_change", channel=channel, program=program)),
+        ]
         for on, off, pitch, velocity in notes.tolist():
             events.append((on, mido.Message("note_on", channel=channel, note=pitch, velocity=velocity)))
             events.append((off, mido.Message("note_off", channel=channel, note=pitch, velocity=0)))
@@ -516,6 +617,7 @@ def _encode_piece(tokenizer: Tokenizer, item: Item) -> Encoding:
 
 # ---- the corpus --------------------------------------------------------------------------
 
+
 def family_splits(styles: list[Style]) -> dict[str, str]:
     """family -> split, over the whole catalogue (so a trial subset splits the same way)."""
     sizes: dict[str, int] = {}
@@ -544,8 +646,15 @@ def choose_styles(styles: list[Style], limit: int | None, per_style: int = PIECE
     return chosen
 
 
-def prepare(out: Path, source: Path | None = None, download: bool = False, workers: int | None = None,
-            limit: int | None = None, tokenizer: str | None = None, scale: int = 1) -> dict[str, Any]:
+def prepare(
+    out: Path,
+    source: Path | None = None,
+    download: bool = False,
+    workers: int | None = None,
+    limit: int | None = None,
+    tokenizer: str | None = None,
+    scale: int = 1,
+) -> dict[str, Any]:
     """`scale`: render scale x PIECES_PER_STYLE pieces per style (the plain ones, then variants).
     A rerun resumes: what is rendered and laid out is reused."""
     if tokenizer not in (None, "groove", "groove-dur"):
@@ -583,8 +692,9 @@ def prepare(out: Path, source: Path | None = None, download: bool = False, worke
 
     started = time.perf_counter()
     render_failures, rendered = [], 0
-    with tqdm(total=len(items), initial=len(items) - len(jobs), desc="rendering (mma) and laying out",
-              unit="piece") as progress:
+    with tqdm(
+        total=len(items), initial=len(items) - len(jobs), desc="rendering (mma) and laying out", unit="piece"
+    ) as progress:
         if jobs:
             with mp.get_context("fork").Pool(max(1, workers or os.cpu_count() or 1)) as pool:
                 for error, ran in pool.imap_unordered(_render_one, jobs, chunksize=2):
@@ -595,14 +705,27 @@ def prepare(out: Path, source: Path | None = None, download: bool = False, worke
     render_s = round(time.perf_counter() - started, 1)
 
     style_sets = {s: sorted(st.name for st in styles if family_split[st.family] == s) for s in SPLITS}
-    write_json(out / "styles.json", {"split_by": "family", "styles": style_sets,
-                                     "tempo": {st.name: st.tempo for st in styles}, "pieces": plans})
-    report = prepare_shards(tok, items, out, {"validation": 0.0, "test": 0.0}, workers,
-                            split_of=family_split.__getitem__, encode=_encode_piece, extra_report={
-                                "styles": {s: len(v) for s, v in style_sets.items()},
-                                "style_variants": {s: len(v) for s, v in variants.items()},
-                                "pieces_per_style": per_style, "rendered": rendered,
-                                "render_seconds": render_s, "render_failures": render_failures})
+    write_json(
+        out / "styles.json",
+        {"split_by": "family", "styles": style_sets, "tempo": {st.name: st.tempo for st in styles}, "pieces": plans},
+    )
+    report = prepare_shards(
+        tok,
+        items,
+        out,
+        {"validation": 0.0, "test": 0.0},
+        workers,
+        split_of=family_split.__getitem__,
+        encode=_encode_piece,
+        extra_report={
+            "styles": {s: len(v) for s, v in style_sets.items()},
+            "style_variants": {s: len(v) for s, v in variants.items()},
+            "pieces_per_style": per_style,
+            "rendered": rendered,
+            "render_seconds": render_s,
+            "render_failures": render_failures,
+        },
+    )
     _write_references(out, tok)
     return report
 

@@ -48,8 +48,16 @@ def load_piece(path: Path, tok: RemiTokenizer) -> np.ndarray:
         data = _PlainUnpickler(io.BytesIO(path.read_bytes())).load()
         _, events = data
         names = [f"{e['name']}_{e['value']}" for e in events]
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, AttributeError,
-            IndexError, ImportError) as exc:
+    except (
+        pickle.UnpicklingError,
+        EOFError,
+        ValueError,
+        TypeError,
+        KeyError,
+        AttributeError,
+        IndexError,
+        ImportError,
+    ) as exc:
         raise DataError(f"{path.name}: not a Pop1K7 event pickle ({exc})") from None
     index = {name: i for i, name in enumerate(tok.vocab)}
     unknown = next((n for n in names if n not in index or n == "PAD_None"), None)
@@ -90,8 +98,14 @@ def locate(source: Path | None, download: bool, out: Path) -> Path:
     return folders[0]
 
 
-def prepare(out: Path, source: Path | None = None, download: bool = False, workers: int | None = None,
-            limit: int | None = None, tokenizer: str | None = None) -> dict[str, Any]:
+def prepare(
+    out: Path,
+    source: Path | None = None,
+    download: bool = False,
+    workers: int | None = None,
+    limit: int | None = None,
+    tokenizer: str | None = None,
+) -> dict[str, Any]:
     tok = remi_tokenizer(tokenizer, "pop1k7")
     if tok.settings() != RemiTokenizer().settings():
         raise DataError("Pop1K7 is stored in the default REMI vocabulary only")
@@ -107,11 +121,14 @@ def prepare(out: Path, source: Path | None = None, download: bool = False, worke
             continue
         splits[group_split(path.stem, FRACTIONS)].append((path.stem, ids))
     report = {
-        "files": len(files), "encoded": len(files) - len(skipped), "skipped": len(skipped),
+        "files": len(files),
+        "encoded": len(files) - len(skipped),
+        "skipped": len(skipped),
         "skipped_files": skipped,
         "tokens": {s: int(sum(len(ids) for _, ids in pieces)) for s, pieces in splits.items()},
         "pieces": {s: len(pieces) for s, pieces in splits.items()},
-        "corpus": "pop1k7", "source": str(folder),
+        "corpus": "pop1k7",
+        "source": str(folder),
     }
     write_shards(out, tok, splits, report)
     return report

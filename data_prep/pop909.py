@@ -26,7 +26,8 @@ from musegen.errors import DataError
 from musegen.midi import load_score
 from musegen.tokenizers.base import Encoding, Tokenizer, tokenizer_from_dict
 
-from .common import Item, prepare as prepare_items
+from .common import Item
+from .common import prepare as prepare_items
 from .download import extract, fetch
 
 DEFAULT_SOURCE = Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "pop909"
@@ -100,8 +101,14 @@ def locate(source: Path | None, download: bool, out: Path) -> Path:
     return found[0]
 
 
-def prepare(out: Path, source: Path | None = None, download: bool = False, workers: int | None = None,
-            limit: int | None = None, tokenizer: str | None = None) -> dict[str, Any]:
+def prepare(
+    out: Path,
+    source: Path | None = None,
+    download: bool = False,
+    workers: int | None = None,
+    limit: int | None = None,
+    tokenizer: str | None = None,
+) -> dict[str, Any]:
     tok = remi_tokenizer(tokenizer, "pop909")
     folder = locate(source, download, Path(out))
     files = song_files(folder)
@@ -109,6 +116,13 @@ def prepare(out: Path, source: Path | None = None, download: bool = False, worke
         raise DataError(f"{folder}: no POP909 songs (NNN/NNN.mid) found")
     refused = {p.stem: why for p in files[:limit] if (why := not_in_four(p))}
     items = [Item(name=p.stem, path=p, group=p.stem) for p in files[:limit] if p.stem not in refused]
-    return prepare_items(tok, items, out, FRACTIONS, workers, encode=encode_synchronised,
-                         extra_report={"corpus": "pop909", "source": str(folder), "synchronised": True},
-                         skipped_before=list(refused.items()))
+    return prepare_items(
+        tok,
+        items,
+        out,
+        FRACTIONS,
+        workers,
+        encode=encode_synchronised,
+        extra_report={"corpus": "pop909", "source": str(folder), "synchronised": True},
+        skipped_before=list(refused.items()),
+    )

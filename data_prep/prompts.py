@@ -15,13 +15,27 @@ from pathlib import Path
 import miditoolkit
 
 from musegen.io import atomic_path
-from musegen.tokenizers.constants import TICKS_PER_BAR as BAR, TICKS_PER_BEAT as TPQ
+from musegen.tokenizers.constants import TICKS_PER_BEAT as TPQ
 
 # I - V - vi - IV in C major: (bass root, chord pitches) per bar.
 POP_PROGRESSION = [(48, [60, 64, 67]), (43, [59, 62, 67]), (45, [60, 64, 69]), (41, [60, 65, 69])]
 # One melody line over the four bars: (beat offset from the start, pitch, length in beats).
-POP_MELODY = [(0, 76, 1), (1, 74, 0.5), (1.5, 72, 0.5), (2, 74, 2), (4, 74, 1), (5, 71, 1), (6, 67, 2),
-              (8, 72, 1), (9, 71, 0.5), (9.5, 69, 0.5), (10, 72, 2), (12, 69, 1), (13, 72, 1), (14, 77, 2)]
+POP_MELODY = [
+    (0, 76, 1),
+    (1, 74, 0.5),
+    (1.5, 72, 0.5),
+    (2, 74, 2),
+    (4, 74, 1),
+    (5, 71, 1),
+    (6, 67, 2),
+    (8, 72, 1),
+    (9, 71, 0.5),
+    (9.5, 69, 0.5),
+    (10, 72, 2),
+    (12, 69, 1),
+    (13, 72, 1),
+    (14, 77, 2),
+]
 
 
 def _midi(tempo: float) -> miditoolkit.MidiFile:
@@ -79,8 +93,9 @@ def chorale_prompt(work: str = "bach/bwv66.6") -> miditoolkit.MidiFile:
     scale = TPQ / source.ticks_per_beat
     piano = miditoolkit.Instrument(0, name="PIANO")
     for inst in source.instruments:
-        piano.notes += [miditoolkit.Note(n.velocity, n.pitch, int(n.start * scale), int(n.end * scale))
-                        for n in inst.notes]
+        piano.notes += [
+            miditoolkit.Note(n.velocity, n.pitch, int(n.start * scale), int(n.end * scale)) for n in inst.notes
+        ]
     piano.notes.sort(key=lambda n: (n.start, n.pitch))
     midi.instruments = [piano]
     return midi

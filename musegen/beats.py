@@ -24,7 +24,6 @@ from .errors import DataError
 from .tokenizers.constants import BEATS_PER_BAR, TICKS_PER_BEAT
 
 
-
 def beat_ticks(downbeat: np.ndarray, tpq: int = TICKS_PER_BEAT) -> np.ndarray:
     """The tick of every annotated beat (first downbeat at tick 0, a pickup before it negative)."""
     downbeats = np.flatnonzero(downbeat)
@@ -43,7 +42,9 @@ def beat_ticks(downbeat: np.ndarray, tpq: int = TICKS_PER_BEAT) -> np.ndarray:
     return np.round(ticks).astype(np.int64)
 
 
-def synchronise(score: symusic.Score, seconds: np.ndarray, downbeat: np.ndarray, tpq: int = TICKS_PER_BEAT) -> symusic.Score:
+def synchronise(
+    score: symusic.Score, seconds: np.ndarray, downbeat: np.ndarray, tpq: int = TICKS_PER_BEAT
+) -> symusic.Score:
     """`score` re-timed so that the beats at `seconds` (with `downbeat` flags) lie on its grid at
     `tpq` ticks per beat, in 4/4 from tick 0; see the module's docstring. Drum and pitched tracks
     are kept as they are, notes included; markers, lyrics and pedals are left out."""
@@ -75,7 +76,8 @@ def synchronise(score: symusic.Score, seconds: np.ndarray, downbeat: np.ndarray,
         begin = np.round(start + shift).astype(np.int64)
         end = np.round(ticks_at(notes["time"] + notes["duration"].astype(np.float64)) + shift).astype(np.int64)
         copy = symusic.Track(track.name, track.program, track.is_drum)
-        copy.notes = symusic.Note.from_numpy(begin.astype(np.int32), np.maximum(end - begin, 0).astype(np.int32),
-                                             notes["pitch"], notes["velocity"])
+        copy.notes = symusic.Note.from_numpy(
+            begin.astype(np.int32), np.maximum(end - begin, 0).astype(np.int32), notes["pitch"], notes["velocity"]
+        )
         out.tracks.append(copy)
     return out

@@ -31,9 +31,14 @@ WEIGHTS, CONFIG, TOKENIZER = "model.safetensors", "config.json", "tokenizer.json
 MAX_CONFIG_BYTES = 2**20
 
 
-def save_checkpoint(folder: str | os.PathLike, model: torch.nn.Module, config: ModelConfig,
-                    tokenizer: Tokenizer, meta: dict[str, Any] | None = None,
-                    dtype: torch.dtype = torch.float32) -> Path:
+def save_checkpoint(
+    folder: str | os.PathLike,
+    model: torch.nn.Module,
+    config: ModelConfig,
+    tokenizer: Tokenizer,
+    meta: dict[str, Any] | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> Path:
     """Write the three files, each atomically. The config is written last: it marks completeness.
     A weight that `dtype` cannot hold (fp16 overflows past 65504) is refused, never written as inf."""
     folder = Path(folder)
@@ -42,8 +47,7 @@ def save_checkpoint(folder: str | os.PathLike, model: torch.nn.Module, config: M
     with atomic_path(folder / WEIGHTS) as tmp:
         save_file(tensors, str(tmp))
     tokenizer.save(folder / TOKENIZER)
-    write_json(folder / CONFIG, {"format": FORMAT, "version": VERSION,
-                                 "model": config.to_dict(), "meta": meta or {}})
+    write_json(folder / CONFIG, {"format": FORMAT, "version": VERSION, "model": config.to_dict(), "meta": meta or {}})
     return folder
 
 
@@ -54,8 +58,10 @@ def _cast(name: str, tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     overflow = torch.isinf(cast) & torch.isfinite(tensor)
     if overflow.any():
         largest = tensor[overflow].abs().max().item()
-        raise CheckpointError(f"{name} holds values up to {largest:.6g}, beyond the range of {dtype} "
-                              f"(largest {torch.finfo(dtype).max:.6g}); keep fp32 or use bf16")
+        raise CheckpointError(
+            f"{name} holds values up to {largest:.6g}, beyond the range of {dtype} "
+            f"(largest {torch.finfo(dtype).max:.6g}); keep fp32 or use bf16"
+        )
     return cast
 
 
@@ -94,8 +100,9 @@ def load_checkpoint(folder: str | os.PathLike, device: str | torch.device = "cpu
     except MusegenError as exc:
         raise CheckpointError(f"{folder}: bad tokenizer ({exc})") from None
     if tokenizer.vocab_size != config.vocab_size:
-        raise CheckpointError(f"{folder}: tokenizer has {tokenizer.vocab_size} tokens "
-                              f"but the model {config.vocab_size}")
+        raise CheckpointError(
+            f"{folder}: tokenizer has {tokenizer.vocab_size} tokens but the model {config.vocab_size}"
+        )
     weights = folder / WEIGHTS
     with torch.device("meta"):
         expected = {k: tuple(v.shape) for k, v in MusicPerformer(config).state_dict().items()}
@@ -126,8 +133,10 @@ def _check_header(weights: Path, expected: dict[str, tuple[int, ...]]) -> None:
         raise CheckpointError(f"{printable(weights)}: unreadable weights ({_first_line(exc)})") from None
     missing, unexpected = sorted(set(expected) - set(shapes)), sorted(set(shapes) - set(expected))
     if missing or unexpected:
-        raise CheckpointError(f"{printable(weights)}: weights do not match the config "
-                              f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+        raise CheckpointError(
+            f"{printable(weights)}: weights do not match the config "
+            f"(missing {missing[:3]}, unexpected {unexpected[:3]})"
+        )
     for name, shape in shapes.items():
         if shape != expected[name]:
             raise CheckpointError(f"{printable(weights)}: {name} has shape {shape}, the config needs {expected[name]}")
@@ -138,8 +147,12 @@ def _first_line(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
-def export_checkpoint(source: str | os.PathLike, dest: str | os.PathLike, dtype: torch.dtype = torch.float16,
-                      meta: dict[str, Any] | None = None) -> Path:
+def export_checkpoint(
+    source: str | os.PathLike,
+    dest: str | os.PathLike,
+    dtype: torch.dtype = torch.float16,
+    meta: dict[str, Any] | None = None,
+) -> Path:
     """Copy a checkpoint's model, config and tokenizer (no trainer state) with weights cast to
     `dtype`, merging `meta` into its metadata: how a run's checkpoint becomes a shipped model."""
     if Path(dest).exists() and os.path.samefile(source, dest):

@@ -36,8 +36,9 @@ _TEMPLATES = {
 }
 _TEMPLATE_QUALITY = np.array([_Q[name] for name in _TEMPLATES])
 # _SCORE[pc, root * 6 + t]: weight of pitch class pc for template t on `root`; chord_map @ _SCORE scores all 72.
-_SCORE = np.array([[w[(pc - root) % 12] for root in range(12) for w in _TEMPLATES.values()]
-                   for pc in range(12)], dtype=np.int64)
+_SCORE = np.array(
+    [[w[(pc - root) % 12] for root in range(12) for w in _TEMPLATES.values()] for pc in range(12)], dtype=np.int64
+)
 _LOOKBACK_TIMEPOINTS = 10
 _PITCH_CLASS = (np.arange(128)[:, None] % 12 == np.arange(12)).astype(np.int64)  # pitch -> pitch class
 
@@ -54,8 +55,9 @@ class BeatChords:
         return len(self.root)
 
 
-def detect_chords(start, end, pitch, ticks_per_beat: int, max_tick: int | None = None,
-                  first_beat: int = 0) -> BeatChords:
+def detect_chords(
+    start, end, pitch, ticks_per_beat: int, max_tick: int | None = None, first_beat: int = 0
+) -> BeatChords:
     """Chorder's `Dechorder.dechord` labels for notes given as tick arrays (drums excluded).
 
     `max_tick` plays the role of miditoolkit's `max_tick` (default: the last note end): chorder
@@ -76,8 +78,8 @@ def detect_chords(start, end, pitch, ticks_per_beat: int, max_tick: int | None =
     # Beat pairs (2i, 2i+1): the 2-beat chord (score halved) wins unless both single beats score >= it.
     full = n1 // 2
     s1, s2 = one[3], two[3]
-    both_good = (2 * s1[0:2 * full:2] >= s2[:full]) & (2 * s1[1:2 * full:2] >= s2[:full])
-    pick_two[:2 * full] = np.repeat(~both_good, 2)
+    both_good = (2 * s1[0 : 2 * full : 2] >= s2[:full]) & (2 * s1[1 : 2 * full : 2] >= s2[:full])
+    pick_two[: 2 * full] = np.repeat(~both_good, 2)
     if n1 % 2:  # a trailing odd beat keeps its own chord only when strictly better
         pick_two[-1] = not (2 * s1[-1] > s2[n2 - 1])
     pair = np.arange(n1) // 2
@@ -108,8 +110,12 @@ def _windows(start, end, pitch, length: int, max_tick: int, first: int):
     quality = _TEMPLATE_QUALITY[best % len(_TEMPLATES)]
 
     root, quality = _refine(root, quality, bass, chord_map)
-    return (np.where(is_chord, root, -1), np.where(is_chord, quality, -1),
-            np.where(is_chord, bass, -1), np.where(is_chord, best_score, -1))
+    return (
+        np.where(is_chord, root, -1),
+        np.where(is_chord, quality, -1),
+        np.where(is_chord, bass, -1),
+        np.where(is_chord, best_score, -1),
+    )
 
 
 _PAIRS_PER_CHUNK = 1 << 20  # (window, note) pairs expanded at once: bounds memory on pathological files
@@ -128,8 +134,13 @@ def _window_maps(start, end, pitch, w_start, w_end):
     hi = np.searchsorted(start, w_end, side="left")
     counts = np.maximum(hi - lo, 0)
     # windows in chunks of about _PAIRS_PER_CHUNK candidate notes (at least one window each)
-    edges = np.unique(np.r_[0, np.searchsorted(np.cumsum(counts), np.arange(1, counts.sum() // _PAIRS_PER_CHUNK + 1)
-                                               * _PAIRS_PER_CHUNK), n_win])
+    edges = np.unique(
+        np.r_[
+            0,
+            np.searchsorted(np.cumsum(counts), np.arange(1, counts.sum() // _PAIRS_PER_CHUNK + 1) * _PAIRS_PER_CHUNK),
+            n_win,
+        ]
+    )
     for a, b in zip(edges[:-1], edges[1:]):
         c = counts[a:b]
         win = np.repeat(np.arange(a, b), c)
@@ -138,8 +149,11 @@ def _window_maps(start, end, pitch, w_start, w_end):
         keep = end[note] >= w_start[win]
         win, note = win[keep], note[keep]
         overlap = np.minimum(end[note], w_end[win]) - np.maximum(start[note], w_start[win])
-        spans[a:b] = np.bincount((win - a) * 128 + pitch[note], weights=overlap,
-                                 minlength=(b - a) * 128).astype(np.int64).reshape(b - a, 128)
+        spans[a:b] = (
+            np.bincount((win - a) * 128 + pitch[note], weights=overlap, minlength=(b - a) * 128)
+            .astype(np.int64)
+            .reshape(b - a, 128)
+        )
     return spans @ _PITCH_CLASS, spans
 
 
@@ -150,8 +164,13 @@ def _refine(root, quality, bass, chord_map):
     has_bass = bass >= 0
     d = (root - bass) % 12
     rules = [  # (triad, interval root-bass, new quality): the chord is re-rooted on the bass
-        ("o", 4, "7"), ("o", 3, "o7"), ("M", 3, "m7"), ("m", 4, "M7"), ("m", 3, "/o7"),
-        ("sus2", 5, "sus4"), ("sus4", 7, "sus2"),
+        ("o", 4, "7"),
+        ("o", 3, "o7"),
+        ("M", 3, "m7"),
+        ("m", 4, "M7"),
+        ("m", 3, "/o7"),
+        ("sus2", 5, "sus4"),
+        ("sus4", 7, "sus2"),
     ]
     original = quality.copy()
     for triad, interval, new in rules:
@@ -162,7 +181,10 @@ def _refine(root, quality, bass, chord_map):
     minor7 = chord_map[rows, (root + 10) % 12]
     major7 = chord_map[rows, (root + 11) % 12]
     is_major = quality == _Q["M"]
-    quality = np.where(is_major & (major7 > 0) & (major7 > minor7), _Q["M7"],
-                       np.where(is_major & (minor7 > 0) & (minor7 > major7), _Q["7"], quality))
+    quality = np.where(
+        is_major & (major7 > 0) & (major7 > minor7),
+        _Q["M7"],
+        np.where(is_major & (minor7 > 0) & (minor7 > major7), _Q["7"], quality),
+    )
     quality = np.where((quality == _Q["m"]) & (minor7 > 0), _Q["m7"], quality)
     return root, quality

@@ -37,8 +37,7 @@ class Augmenter:
     so the shift only has to fit the pitches of the window.
     """
 
-    def __init__(self, tokenizer: Tokenizer, max_shift: int = 0, max_skip_bars: int = 0,
-                 track_dropout: float = 0.0):
+    def __init__(self, tokenizer: Tokenizer, max_shift: int = 0, max_skip_bars: int = 0, track_dropout: float = 0.0):
         self.tokenizer = tokenizer
         self.max_shift, self.max_skip_bars, self.track_dropout = max_shift, max_skip_bars, track_dropout
 
@@ -78,8 +77,15 @@ class CropDataset(torch.utils.data.Dataset):
     The extra id makes inputs `x[:-1]` and next-token targets `x[1:]` of `length` each.
     """
 
-    def __init__(self, pieces: Sequence[np.ndarray], length: int, pad_id: int, seed: int = 0,
-                 augmenter: Augmenter | None = None, crop: str = "random"):
+    def __init__(
+        self,
+        pieces: Sequence[np.ndarray],
+        length: int,
+        pad_id: int,
+        seed: int = 0,
+        augmenter: Augmenter | None = None,
+        crop: str = "random",
+    ):
         if crop not in CROP_CHOICES:
             raise ConfigError(f"crop must be one of {CROP_CHOICES}, got {crop!r}")
         self.pieces, self.length, self.pad_id = pieces, length, pad_id
@@ -96,11 +102,11 @@ class CropDataset(torch.utils.data.Dataset):
             ids = self.augmenter.before_crop(ids, rng)
         span = self.length + 1
         start = int(rng.integers(0, len(ids) - span + 1)) if self.crop == "random" and len(ids) > span else 0
-        window = ids[start:start + span]
+        window = ids[start : start + span]
         if self.augmenter is not None:
             window = self.augmenter.after_crop(window, rng)
         out = np.full(span, self.pad_id, dtype=np.int64)
-        out[:len(window)] = window
+        out[: len(window)] = window
         return torch.from_numpy(out)
 
 
@@ -114,9 +120,18 @@ class StepBatches(torch.utils.data.Sampler):
     draws pieces in proportion to their length, total_tokens // length draws per epoch.
     """
 
-    def __init__(self, lengths: Sequence[int], crop_length: int, micro: int, accumulation: int,
-                 rank: int = 0, world: int = 1, seed: int = 0, sampling: str = "piece",
-                 start_step: int = 0):
+    def __init__(
+        self,
+        lengths: Sequence[int],
+        crop_length: int,
+        micro: int,
+        accumulation: int,
+        rank: int = 0,
+        world: int = 1,
+        seed: int = 0,
+        sampling: str = "piece",
+        start_step: int = 0,
+    ):
         if sampling not in SAMPLING_CHOICES:
             raise ConfigError(f"sampling must be one of {SAMPLING_CHOICES}, got {sampling!r}")
         if not len(lengths):
@@ -124,8 +139,7 @@ class StepBatches(torch.utils.data.Sampler):
         self.lengths = np.asarray(lengths, dtype=np.float64)
         self.micro, self.accumulation, self.rank, self.world = micro, accumulation, rank, world
         self.seed, self.sampling, self.start_step = seed, sampling, start_step
-        self.epoch_size = (len(lengths) if sampling == "piece"
-                           else max(1, int(self.lengths.sum()) // crop_length))
+        self.epoch_size = len(lengths) if sampling == "piece" else max(1, int(self.lengths.sum()) // crop_length)
         self._epoch, self._order = -1, np.zeros(0, dtype=np.int64)
 
     @property

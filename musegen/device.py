@@ -19,7 +19,7 @@ _BF16_CPU_FLAGS = {"avx512_bf16", "amx_bf16", "bf16"}
 
 
 def resolve_device(name: str | torch.device | None = "auto") -> torch.device:
-    """"auto"/None -> cuda if available else cpu; otherwise the named device, checked to exist."""
+    """ "auto"/None -> cuda if available else cpu; otherwise the named device, checked to exist."""
     if isinstance(name, torch.device):
         device = name
     elif name in (None, "auto"):
@@ -103,5 +103,7 @@ def check_fits(need: int, what: str, device: torch.device, remedy: str = "") -> 
     """ResourceError, before anything is allocated, when `need` bytes exceed the device's memory."""
     memory = device_memory(device)
     if memory and need > memory:
-        raise ResourceError(f"{what} needs about {need / 2**30:,.1f} GiB but {device} has {memory / 2**30:,.1f} GiB"
-                            + (f"; {remedy}" if remedy else ""))
+        raise ResourceError(
+            f"{what} needs about {need / 2**30:,.1f} GiB but {device} has {memory / 2**30:,.1f} GiB"
+            + (f"; {remedy}" if remedy else "")
+        )

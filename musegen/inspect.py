@@ -45,10 +45,17 @@ def shown_layers(n_layers: int) -> list[int]:
     return sorted({i for i in (0, 2, n_layers // 2, n_layers - 1) if i < n_layers})
 
 
-def _row(section: str, quantity: str, value: float, layer: int | None = None, head: int | None = None,
-         detail: str = "") -> dict[str, Any]:
-    return {"section": section, "quantity": quantity, "layer": "" if layer is None else layer + 1,
-            "head": "" if head is None else head + 1, "detail": detail, "value": float(value)}
+def _row(
+    section: str, quantity: str, value: float, layer: int | None = None, head: int | None = None, detail: str = ""
+) -> dict[str, Any]:
+    return {
+        "section": section,
+        "quantity": quantity,
+        "layer": "" if layer is None else layer + 1,
+        "head": "" if head is None else head + 1,
+        "detail": detail,
+        "value": float(value),
+    }
 
 
 # --- sections ------------------------------------------------------------------------------
@@ -128,8 +135,14 @@ def template_section(model, train_len: int, out: Path, seed: int) -> list[dict]:
 def generated_sequence(model, tokenizer, length: int, seed: int, progress: bool) -> torch.Tensor:
     from .sample import Prompt, SampleSettings, generate
 
-    samples, _ = generate(model, tokenizer, Prompt(np.zeros(0, dtype=np.int64)),
-                          SampleSettings(length=length, seed=seed), model.device, progress)
+    samples, _ = generate(
+        model,
+        tokenizer,
+        Prompt(np.zeros(0, dtype=np.int64)),
+        SampleSettings(length=length, seed=seed),
+        model.device,
+        progress,
+    )
     return torch.as_tensor(samples[0].ids[:length], dtype=torch.long, device=model.device)
 
 
@@ -152,20 +165,28 @@ def map_section(model, ids: torch.Tensor, train_len: int, out: Path, seed: int) 
             # Long sequences: max-pool to at most MAP_PIXELS a side so no peak is lost in the PNG.
             block = -(-T // MAP_PIXELS)
             shown = torch.nn.functional.max_pool2d(relative[None], block, ceil_mode=True)[0] if block > 1 else relative
-            ax.imshow(shown.clamp_min(1e-4).log10().cpu().numpy(), vmin=-4, vmax=0, cmap="magma",
-                      interpolation="nearest", extent=(0, T, T, 0))
+            ax.imshow(
+                shown.clamp_min(1e-4).log10().cpu().numpy(),
+                vmin=-4,
+                vmax=0,
+                cmap="magma",
+                interpolation="nearest",
+                extent=(0, T, T, 0),
+            )
             if train_len < T:
                 ax.axvline(train_len, color="c", lw=0.6)
                 ax.axhline(train_len, color="c", lw=0.6)
             ax.set_title(f"layer {layer + 1}, head {h + 1}", fontsize=8)
             ax.tick_params(labelsize=6)
-            inside, beyond = row_sparsity[h, :train_len - 1], row_sparsity[h, train_len - 1:]
+            inside, beyond = row_sparsity[h, : train_len - 1], row_sparsity[h, train_len - 1 :]
             rows.append(_row("maps", "sparsity", inside.mean(), layer, h, "within"))
             if len(beyond):
                 rows.append(_row("maps", "sparsity", beyond.mean(), layer, h, "beyond"))
-    fig.suptitle(f"attention on a generated sequence of {T} tokens\n(log10 of each row / its max; "
-                 f"cyan: training length {train_len})",
-                 fontsize=9)
+    fig.suptitle(
+        f"attention on a generated sequence of {T} tokens\n(log10 of each row / its max; "
+        f"cyan: training length {train_len})",
+        fontsize=9,
+    )
     fig.tight_layout()
     save_png(fig, out / "attention_maps.png")
     return rows
@@ -185,14 +206,18 @@ def probe_section(model, tokenizer, train_len: int, length: int, out: Path, seed
     if length > train_len:
         start = max(train_len, length - window)
         regions["beyond"] = range(start, length)
-    results = [att.probe_first_layer(model, token, max(length, train_len), regions, window, seed)
-               for token in probe_tokens(tokenizer)]
+    results = [
+        att.probe_first_layer(model, token, max(length, train_len), regions, window, seed)
+        for token in probe_tokens(tokenizer)
+    ]
     rows = []
     plt = pyplot()
     fig, axes = plt.subplots(1, len(regions), figsize=(4.2 * len(regions), 3.2), squeeze=False)
     for ax, region in zip(axes[0], regions):
-        scores = {q: torch.stack([r[region][q] for r in results]).nanmean(0)
-                  for q in ("translation_invariance", "monotonicity")}
+        scores = {
+            q: torch.stack([r[region][q] for r in results]).nanmean(0)
+            for q in ("translation_invariance", "monotonicity")
+        }
         for quantity, per_head in scores.items():
             for h, value in enumerate(per_head):
                 rows.append(_row("probe", quantity, value, 0, h, region))
@@ -201,9 +226,13 @@ def probe_section(model, tokenizer, train_len: int, length: int, out: Path, seed
             rows.append(_row("probe", f"best_head_{quantity}", per_head[best], 0, best, region))
         profile = torch.stack([r[region]["profile"] for r in results]).mean(0)  # [H, window]
         for h, curve in enumerate(profile):
-            ax.plot(np.arange(window), (curve / curve.max()).cpu().numpy(), lw=1,
-                    label=f"head {h + 1}: TI {scores['translation_invariance'][h]:.2f}, "
-                          f"mono {scores['monotonicity'][h]:.2f}")
+            ax.plot(
+                np.arange(window),
+                (curve / curve.max()).cpu().numpy(),
+                lw=1,
+                label=f"head {h + 1}: TI {scores['translation_invariance'][h]:.2f}, "
+                f"mono {scores['monotonicity'][h]:.2f}",
+            )
         ax.set_title(f"queries {regions[region].start}..{regions[region].stop - 1} ({region})", fontsize=9)
         ax.set_xlabel("distance to the key")
         ax.set_ylabel("un-normalised attention (/ max)")
@@ -214,8 +243,7 @@ def probe_section(model, tokenizer, train_len: int, length: int, out: Path, seed
     return rows
 
 
-def sparsity_pieces(data: Path, split: str, tokenizer, count: int,
-                    train_len: int) -> tuple[list[np.ndarray], str]:
+def sparsity_pieces(data: Path, split: str, tokenizer, count: int, train_len: int) -> tuple[list[np.ndarray], str]:
     from .shards import Shards
 
     found, all_pieces = Shards(data).pieces_for(split, tokenizer)
@@ -269,10 +297,18 @@ def write_rows(path: Path, rows: list[dict]) -> None:
     write_text(path, buffer.getvalue())
 
 
-def inspect_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, length: int | None = None,
-                       data: str | os.PathLike | None = None, split: str = "valid", pieces: int = 4,
-                       seed: int = 0, train_len: int | None = None, device: str = "auto",
-                       progress: bool = False) -> dict[str, Any]:
+def inspect_checkpoint(
+    checkpoint: str | os.PathLike,
+    out: str | os.PathLike,
+    length: int | None = None,
+    data: str | os.PathLike | None = None,
+    split: str = "valid",
+    pieces: int = 4,
+    seed: int = 0,
+    train_len: int | None = None,
+    device: str = "auto",
+    progress: bool = False,
+) -> dict[str, Any]:
     """Write every figure and `summary.csv` for one checkpoint; returns the headline numbers."""
     from .checkpoint import load_checkpoint
     from .device import resolve_device
@@ -286,8 +322,10 @@ def inspect_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, le
     length = int(length or (3 * train_len) // 2)
     limit = config.max_positions
     if limit is not None and length >= limit:  # the generated sequence also holds its first token
-        notes.append(f"length cut from {length} to {limit - 1}: {config.attention} attention reads at most "
-                     f"max_len={limit} positions")
+        notes.append(
+            f"length cut from {length} to {limit - 1}: {config.attention} attention reads at most "
+            f"max_len={limit} positions"
+        )
         length = limit - 1
     if length < 2:
         raise ConfigError(f"--length must be at least 2, got {length}")
@@ -315,14 +353,35 @@ def inspect_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, le
     written += ["gates.png"] if att.gate_values(model) is not None else []
     written += ["attention_maps.png", "probes.png", "sparsity.png", "summary.csv"]
 
-    best = {f"{r['quantity'][len('best_head_'):]}_{r['detail']}": {"head": r["head"], "value": r["value"]}
-            for r in rows if r["quantity"].startswith("best_head_")}
-    result = {"checkpoint": str(checkpoint), "pe": config.pe, "train_len": train_len, "length": length,
-              "sparsity_source": source, "best_heads": best,
-              "seconds": round(time.perf_counter() - started, 2),
-              "files": written, "notes": notes}
-    write_json(out / "inspect.json", {"arguments": {"checkpoint": str(checkpoint), "length": length, "data":
-                                                    None if data is None else str(data), "split": split,
-                                                    "pieces": pieces, "seed": seed, "train_len": train_len},
-                                      "result": result})
+    best = {
+        f"{r['quantity'][len('best_head_') :]}_{r['detail']}": {"head": r["head"], "value": r["value"]}
+        for r in rows
+        if r["quantity"].startswith("best_head_")
+    }
+    result = {
+        "checkpoint": str(checkpoint),
+        "pe": config.pe,
+        "train_len": train_len,
+        "length": length,
+        "sparsity_source": source,
+        "best_heads": best,
+        "seconds": round(time.perf_counter() - started, 2),
+        "files": written,
+        "notes": notes,
+    }
+    write_json(
+        out / "inspect.json",
+        {
+            "arguments": {
+                "checkpoint": str(checkpoint),
+                "length": length,
+                "data": None if data is None else str(data),
+                "split": split,
+                "pieces": pieces,
+                "seed": seed,
+                "train_len": train_len,
+            },
+            "result": result,
+        },
+    )
     return result

@@ -1,9 +1,10 @@
 """Reading the files a user names, and writing atomically.
 
 Reading: `read_input` (and `read_head`, for a signature) is the one way musegen opens a file
-given by path (MIDI, checkpoint and shard JSON, soundfonts). It accepts only regular files, so a FIFO, a device such as /dev/zero,
-a folder or a symlink loop is refused in one line instead of blocking or filling memory, and it
-refuses files over a size bound before reading them. `read_json` adds a nesting bound.
+given by path (MIDI, checkpoint and shard JSON, soundfonts). It accepts only regular files,
+so a FIFO, a device such as /dev/zero, a folder or a symlink loop is refused in one line instead
+of blocking or filling memory, and it refuses files over a size bound before reading them.
+`read_json` adds a nesting bound.
 
 Writing: a reader never sees a partial file under its final name. Everything musegen writes
 (shards, checkpoints, samples, reports) goes through `atomic_path`, so an interrupted process
@@ -30,9 +31,13 @@ os.umask(_UMASK)
 
 MAX_JSON_BYTES = 256 * 2**20  # the largest shard index (names and offsets of every piece) is a few MB
 MAX_JSON_DEPTH = 64  # musegen's own JSON nests 5 deep; more is not a file musegen wrote
-_KINDS = ((stat.S_ISDIR, "is a folder"), (stat.S_ISFIFO, "is a FIFO (named pipe)"),
-          (stat.S_ISCHR, "is a character device"), (stat.S_ISBLK, "is a block device"),
-          (stat.S_ISSOCK, "is a socket"))
+_KINDS = (
+    (stat.S_ISDIR, "is a folder"),
+    (stat.S_ISFIFO, "is a FIFO (named pipe)"),
+    (stat.S_ISCHR, "is a character device"),
+    (stat.S_ISBLK, "is a block device"),
+    (stat.S_ISSOCK, "is a socket"),
+)
 
 
 def printable(text: str | os.PathLike) -> str:
@@ -41,8 +46,12 @@ def printable(text: str | os.PathLike) -> str:
     return os.fspath(text).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
-def read_input(path: str | os.PathLike, what: str = "file", max_bytes: int = MAX_JSON_BYTES,
-               error: type[MusegenError] = InputFileError) -> bytes:
+def read_input(
+    path: str | os.PathLike,
+    what: str = "file",
+    max_bytes: int = MAX_JSON_BYTES,
+    error: type[MusegenError] = InputFileError,
+) -> bytes:
     """The bytes of the regular file at `path`, or `error` with one line saying why not."""
     fd, size = _open_regular(path, what, error)
     with os.fdopen(fd, "rb") as f:
@@ -60,8 +69,7 @@ def check_regular(path: str | os.PathLike, what: str = "file", error: type[Museg
     os.close(fd)
 
 
-def read_head(path: str | os.PathLike, n: int, what: str = "file",
-              error: type[MusegenError] = InputFileError) -> bytes:
+def read_head(path: str | os.PathLike, n: int, what: str = "file", error: type[MusegenError] = InputFileError) -> bytes:
     """The first `n` bytes of the regular file at `path` (to check a format's signature)."""
     fd, _ = _open_regular(path, what, error)
     with os.fdopen(fd, "rb") as f:

@@ -48,8 +48,9 @@ def read_midi(source: str | os.PathLike | bytes | symusic.Score) -> tuple[symusi
     except (IndexError, ValueError):  # a track symusic may read leniently: its events are checked below
         ends = []
     if ends and max(ends) > MAX_TICK:
-        raise MidiError(f"{name}: events past tick 2^31 (tick {max(ends):,}), where the parser's 32-bit "
-                        "times wrap around")
+        raise MidiError(
+            f"{name}: events past tick 2^31 (tick {max(ends):,}), where the parser's 32-bit times wrap around"
+        )
     try:
         score = symusic.Score.from_midi(data)
     except Exception as exc:  # the parser signals corruption with assorted exception types
@@ -82,7 +83,7 @@ def _track_ends(data: bytes) -> list[int]:
     ends = []
     pos = 8 + int.from_bytes(data[4:8], "big")
     while pos + 8 <= len(data):
-        kind, length = data[pos:pos + 4], int.from_bytes(data[pos + 4:pos + 8], "big")
+        kind, length = data[pos : pos + 4], int.from_bytes(data[pos + 4 : pos + 8], "big")
         pos += 8
         stop = min(pos + length, len(data))
         if kind == b"MTrk":
@@ -123,8 +124,10 @@ def _varlen(data: bytes, i: int) -> tuple[int, int]:
 
 
 def _last_event(score: symusic.Score) -> int:
-    ends = [int((n["time"].astype(np.int64) + n["duration"]).max()) if len(n["time"]) else 0
-            for n in (t.notes.numpy() for t in score.tracks)]
+    ends = [
+        int((n["time"].astype(np.int64) + n["duration"]).max()) if len(n["time"]) else 0
+        for n in (t.notes.numpy() for t in score.tracks)
+    ]
     ends += [e.time for events in (score.tempos, score.time_signatures, score.markers) for e in events]
     return max(ends + [0])
 
@@ -135,7 +138,8 @@ def _checked(score: symusic.Score, name: str) -> symusic.Score:
     if sum(len(t.notes) for t in score.tracks) == 0:
         raise MidiError(f"{name}: contains no notes")
     times = [t.notes.numpy()["time"] for t in score.tracks] + [
-        np.array([e.time for e in events]) for events in (score.tempos, score.time_signatures, score.markers)]
+        np.array([e.time for e in events]) for events in (score.tempos, score.time_signatures, score.markers)
+    ]
     durations = [t.notes.numpy()["duration"] for t in score.tracks]
     if any(len(t) and t.min() < 0 for t in times + durations):
         raise MidiError(f"{name}: events past tick 2^31 (read back as negative times)")

@@ -43,7 +43,9 @@ def read_prompt(path: str | os.PathLike) -> list[Note]:
     notes = [Note(n.start, n.pitch, n.duration) for n in schemas.read(path, "mirex prompt").prompt]
     for i, note in enumerate(notes):
         if note.start + note.duration > MAX_TIME:
-            raise MidiError(f"{path}: prompt note {i} ends after 16th {MAX_TIME:,} ({MAX_BARS:,} bars, the longest piece)")
+            raise MidiError(
+                f"{path}: prompt note {i} ends after 16th {MAX_TIME:,} ({MAX_BARS:,} bars, the longest piece)"
+            )
     return sorted(notes)
 
 
@@ -53,8 +55,10 @@ def prompt_midi(notes: Iterable[Note]) -> bytes:
     midi.time_signature_changes.append(miditoolkit.TimeSignature(4, 4, 0))
     midi.tempo_changes.append(miditoolkit.TempoChange(TEMPO_BPM, 0))
     piano = miditoolkit.Instrument(program=0, is_drum=False, name="Piano")
-    piano.notes = [miditoolkit.Note(VELOCITY, n.pitch, n.start * TICKS_PER_SIXTEENTH,
-                                    (n.start + n.duration) * TICKS_PER_SIXTEENTH) for n in notes]
+    piano.notes = [
+        miditoolkit.Note(VELOCITY, n.pitch, n.start * TICKS_PER_SIXTEENTH, (n.start + n.duration) * TICKS_PER_SIXTEENTH)
+        for n in notes
+    ]
     midi.instruments.append(piano)
     buffer = io.BytesIO()
     midi.dump(file=buffer)

@@ -71,18 +71,22 @@ def cache_file() -> Path:
 def machine() -> str:
     """What a timing depends on besides the shapes: the CPU, the threads, the versions."""
     flags = hashlib.sha256(" ".join(sorted(cpu_flags())).encode()).hexdigest()[:8]
-    return (f"{cpu_name()}, flags {flags}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
-            f"musegen {__version__}")
+    return (
+        f"{cpu_name()}, flags {flags}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
+        f"musegen {__version__}"
+    )
 
 
 def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def training_choice(precision: str, config, batch: int, length: int, device: torch.device,
-                    quiet: bool = False) -> Choice:
+def training_choice(
+    precision: str, config, batch: int, length: int, device: torch.device, quiet: bool = False
+) -> Choice:
     """fp32 or bf16 autocast for training `config` at batch x length on `device` (`quiet`:
     nothing on stderr while timing)."""
+
     def candidates():
         from .model import MusicPerformer
 
@@ -126,22 +130,40 @@ def step_choice(precision: str, model, batch: int, quiet: bool = False) -> Choic
         built.append(True)
         noise = model.draw_noise(torch.Generator(model.device).manual_seed(0))
         tokens = torch.zeros(batch, dtype=torch.long, device=model.device)
-        steps = {"fp32": streaming.RecurrentStep(model, batch, noise, torch.float32),
-                 "bf16": streaming.RecurrentStep(model, batch, noise, torch.bfloat16, use_kernels=False)}
+        steps = {
+            "fp32": streaming.RecurrentStep(model, batch, noise, torch.float32),
+            "bf16": streaming.RecurrentStep(model, batch, noise, torch.bfloat16, use_kernels=False),
+        }
         if c_step:
             steps[STEP_C] = streaming.RecurrentStep(model, batch, noise, torch.bfloat16)
         return {name: torch.no_grad()(lambda step=step: step(tokens, 0)) for name, step in steps.items()}
 
     what = f"the step of {_digest(model.config.to_dict())} at batch {batch}"
-    choice = _choose(precision, model.device, what, STEP_C if c_step else "bf16", candidates if fast else None,
-                     rounds=(5, 30), budget=1.5, quiet=quiet)
+    choice = _choose(
+        precision,
+        model.device,
+        what,
+        STEP_C if c_step else "bf16",
+        candidates if fast else None,
+        rounds=(5, 30),
+        budget=1.5,
+        quiet=quiet,
+    )
     if built:
         streaming.forget_prepared(model)  # the candidates' weights: the session prepares what it uses
     return choice
 
 
-def _choose(precision: str, device: torch.device, what: str, bf16_path: str, candidates, rounds: tuple[int, int],
-            budget: float, quiet: bool) -> Choice:
+def _choose(
+    precision: str,
+    device: torch.device,
+    what: str,
+    bf16_path: str,
+    candidates,
+    rounds: tuple[int, int],
+    budget: float,
+    quiet: bool,
+) -> Choice:
     """The choice for `precision`: as asked, as forced by the environment, by rule where nothing
     is timed, else cached or timed now (`candidates()` builds name -> one run)."""
     check_precision(precision)
@@ -153,8 +175,9 @@ def _choose(precision: str, device: torch.device, what: str, bf16_path: str, can
     if forced in ("fp32", "bf16"):
         return Choice(bf16_path if forced == "bf16" else "fp32", f"{ENV}={forced}")
     if device.type == "cuda":
-        return Choice(bf16_path if native_bf16(device) else "fp32",
-                      "on CUDA: bf16 where the GPU supports it, not timed")
+        return Choice(
+            bf16_path if native_bf16(device) else "fp32", "on CUDA: bf16 where the GPU supports it, not timed"
+        )
     if not native_bf16(device):
         return Choice("fp32", "this CPU lists no bf16 arithmetic, not timed")
     if candidates is None:

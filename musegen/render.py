@@ -40,9 +40,11 @@ def soundfont_candidates() -> list[Path]:
     """General MIDI soundfonts in order of preference: FluidR3 (Debian), then pretty_midi's small one."""
     import pretty_midi
 
-    return [Path("/usr/share/sounds/sf2/FluidR3_GM.sf2"),
-            Path("/usr/share/soundfonts/FluidR3_GM.sf2"),
-            Path(pretty_midi.__file__).parent / "TimGM6mb.sf2"]
+    return [
+        Path("/usr/share/sounds/sf2/FluidR3_GM.sf2"),
+        Path("/usr/share/soundfonts/FluidR3_GM.sf2"),
+        Path(pretty_midi.__file__).parent / "TimGM6mb.sf2",
+    ]
 
 
 def find_soundfont(soundfont: str | os.PathLike | None = None) -> Path:
@@ -58,9 +60,13 @@ def find_soundfont(soundfont: str | os.PathLike | None = None) -> Path:
     raise MusegenError(f"no General MIDI soundfont found; install one with `{INSTALL_HINT}`")
 
 
-def render_wav(midi_path: str | os.PathLike, wav_path: str | os.PathLike,
-               soundfont: str | os.PathLike | None = None, sample_rate: int = SAMPLE_RATE,
-               max_minutes: float = MAX_MINUTES) -> Path:
+def render_wav(
+    midi_path: str | os.PathLike,
+    wav_path: str | os.PathLike,
+    soundfont: str | os.PathLike | None = None,
+    sample_rate: int = SAMPLE_RATE,
+    max_minutes: float = MAX_MINUTES,
+) -> Path:
     """Synthesise `midi_path` to a 16-bit stereo WAV at `wav_path` (written atomically).
 
     Refused in one line: a piece longer than `max_minutes` (the WAV size is bounded by it), an
@@ -71,11 +77,15 @@ def render_wav(midi_path: str | os.PathLike, wav_path: str | os.PathLike,
     seconds = score.to("second").end()
     notes = sum(len(track.notes) for track in score.tracks)
     if notes > MAX_RENDER_NOTES:
-        raise ResourceError(f"{printable(midi_path)}: {notes:,} notes; render plays at most {MAX_RENDER_NOTES:,} "
-                            f"(FluidSynth's time grows with the notes it starts)")
+        raise ResourceError(
+            f"{printable(midi_path)}: {notes:,} notes; render plays at most {MAX_RENDER_NOTES:,} "
+            f"(FluidSynth's time grows with the notes it starts)"
+        )
     if seconds > 60 * max_minutes:
-        raise MusegenError(f"{printable(midi_path)}: lasts {seconds / 60:,.1f} minutes; render writes at most "
-                           f"{max_minutes:g} (--max-minutes)")
+        raise MusegenError(
+            f"{printable(midi_path)}: lasts {seconds / 60:,.1f} minutes; render writes at most "
+            f"{max_minutes:g} (--max-minutes)"
+        )
     wav_path = Path(wav_path)
     refuse_to_replace(wav_path, midi_path, b"RIFF", "WAV")
     exe = shutil.which("fluidsynth")
@@ -88,13 +98,28 @@ def render_wav(midi_path: str | os.PathLike, wav_path: str | os.PathLike,
         raise DiskFullError(f"disk full: {printable(wav_path)} needs about {needed / 2**20:,.0f} MiB")
     with _playable_midi(midi_path, score) as playable, atomic_path(wav_path) as tmp:
         # -T wav: the temporary name has no .wav suffix for FluidSynth to guess the type from.
-        cmd = [exe, "-n", "-i", "-q", "-r", str(sample_rate), "-T", "wav", "-O", "s16",
-               "-F", str(tmp), str(font), str(playable)]
+        cmd = [
+            exe,
+            "-n",
+            "-i",
+            "-q",
+            "-r",
+            str(sample_rate),
+            "-T",
+            "wav",
+            "-O",
+            "s16",
+            "-F",
+            str(tmp),
+            str(font),
+            str(playable),
+        ]
         done = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
         if done.returncode != 0 or tmp.stat().st_size <= 44:
             detail = (done.stderr or done.stdout).strip().splitlines()
-            raise MusegenError(f"fluidsynth failed on {printable(midi_path)}: "
-                               f"{detail[-1] if detail else 'no audio written'}")
+            raise MusegenError(
+                f"fluidsynth failed on {printable(midi_path)}: {detail[-1] if detail else 'no audio written'}"
+            )
         _trim_silent_tail(tmp, seconds)
     return wav_path
 
@@ -120,8 +145,10 @@ def _playable_midi(midi_path: str | os.PathLike, score) -> Iterator[Path]:
     merged = merge_by_instrument(score)
     melodic = sum(not t.is_drum for t in merged.tracks)
     if melodic > 15:  # 16 channels, one of them drums
-        raise MusegenError(f"{printable(midi_path)}: {len(score.tracks)} tracks with {melodic} pitched "
-                           "instruments; FluidSynth plays 127 tracks and 16 channels (15 + drums)")
+        raise MusegenError(
+            f"{printable(midi_path)}: {len(score.tracks)} tracks with {melodic} pitched "
+            "instruments; FluidSynth plays 127 tracks and 16 channels (15 + drums)"
+        )
     with tempfile.TemporaryDirectory(prefix="musegen-render-") as folder:
         path = Path(folder) / "merged.mid"
         merged.dump_midi(str(path))
@@ -211,8 +238,9 @@ def pianoroll_png(midi_path: str | os.PathLike, png_path: str | os.PathLike, tit
         notes = track.notes.numpy()
         x0, x1 = notes["time"], notes["time"] + np.maximum(notes["duration"], 0.02)
         y0, y1 = notes["pitch"] - 0.4, notes["pitch"] + 0.4
-        boxes = np.stack([np.stack([x0, y0], 1), np.stack([x0, y1], 1), np.stack([x1, y1], 1),
-                          np.stack([x1, y0], 1)], 1)
+        boxes = np.stack(
+            [np.stack([x0, y0], 1), np.stack([x0, y1], 1), np.stack([x1, y1], 1), np.stack([x1, y0], 1)], 1
+        )
         label = "drums" if track.is_drum else (track.name or f"program {track.program}")
         ax.add_collection(PolyCollection(boxes, facecolors=f"C{i % 10}", linewidths=0, label=label))
     ax.autoscale_view()

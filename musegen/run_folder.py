@@ -44,12 +44,13 @@ COUNTERS = ("nonfinite_total", "nonfinite_streak", "tokens_seen")
 
 # ---- checkpoint folders ----------------------------------------------------------------------
 
+
 def checkpoint_dirs(run: str | os.PathLike) -> list[tuple[int, Path]]:
     """(step, folder) of the run's checkpoint folders, oldest first (complete or not)."""
     root = Path(run) / CHECKPOINTS
     found = []
     for path in root.glob("step-*") if root.is_dir() else []:
-        suffix = path.name[len("step-"):]
+        suffix = path.name[len("step-") :]
         if suffix.isdigit() and path.is_dir():
             found.append((int(suffix), path))
     return sorted(found)
@@ -75,13 +76,24 @@ def latest_checkpoint(run: str | os.PathLike) -> Path | None:
 def state_is_finite(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> bool:
     """Every weight and optimiser moment is finite: the test a checkpoint must pass to be written."""
     tensors = [t for t in model.state_dict().values() if t.is_floating_point()]
-    tensors += [t for slots in optimizer.state.values() for t in slots.values()
-                if torch.is_tensor(t) and t.is_floating_point()]
+    tensors += [
+        t for slots in optimizer.state.values() for t in slots.values() if torch.is_tensor(t) and t.is_floating_point()
+    ]
     return all(bool(torch.isfinite(t).all()) for t in tensors)
 
 
-def write_checkpoint(run: Path, step: int, model: torch.nn.Module, model_cfg, tokenizer, optimizer, scheduler,
-                     counters: dict[str, int], meta: dict[str, Any], keep: int) -> Path:
+def write_checkpoint(
+    run: Path,
+    step: int,
+    model: torch.nn.Module,
+    model_cfg,
+    tokenizer,
+    optimizer,
+    scheduler,
+    counters: dict[str, int],
+    meta: dict[str, Any],
+    keep: int,
+) -> Path:
     """Build the checkpoint in a hidden folder, rename it into place, then prune to `keep`."""
     root = run / CHECKPOINTS
     final = root / f"step-{step:08d}"
@@ -102,8 +114,9 @@ def write_checkpoint(run: Path, step: int, model: torch.nn.Module, model_cfg, to
         found = re.search(r"os error (\d+)", str(exc))
         code = int(found.group(1)) if found else errno.EIO
         raise OSError(code, os.strerror(code), str(tmp)) from None
-    write_json(tmp / STATE_JSON, {"step": step, **counters, "optimizer": optim_info,
-                                  "scheduler": scheduler.state_dict()})
+    write_json(
+        tmp / STATE_JSON, {"step": step, **counters, "optimizer": optim_info, "scheduler": scheduler.state_dict()}
+    )
     _fsync_dir(tmp)
     os.rename(tmp, final)
     _fsync_dir(root)
@@ -133,6 +146,7 @@ def clean_leftovers(run: Path) -> None:
 
 # ---- the trainer state beside a checkpoint --------------------------------------------------
 
+
 def optimizer_state_to_files(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     state = optimizer.state_dict()
     tensors, scalars = {}, {}
@@ -148,7 +162,7 @@ def optimizer_state_to_files(optimizer: torch.optim.Optimizer) -> tuple[dict[str
 def _optimizer_state_from_files(tensors: dict[str, torch.Tensor], info: dict[str, Any]) -> dict[int, dict[str, Any]]:
     """Per-parameter slots; ValueError on a malformed name."""
     state: dict[int, dict[str, Any]] = {}
-    named = [(key[len("optim."):], value) for key, value in tensors.items() if key.startswith("optim.")]
+    named = [(key[len("optim.") :], value) for key, value in tensors.items() if key.startswith("optim.")]
     for key, value in named + list(info["scalars"].items()):
         index, name = key.split(".", 1)
         state.setdefault(int(index), {})[name] = value
@@ -174,18 +188,27 @@ class TrainingState:
         except (OSError, SafetensorError, ValueError, UnicodeDecodeError, RecursionError) as exc:
             detail = str(exc).splitlines()[0] if str(exc) else ""
             raise CheckpointError(f"{folder}: unreadable training state ({type(exc).__name__}: {detail})") from None
-        step = int(folder.name[len("step-"):])
+        step = int(folder.name[len("step-") :])
         if "param_groups" in info["optimizer"]:
             info["optimizer"]["param_groups"] = _with_kernels_of(optimizer, info["optimizer"]["param_groups"])
-        problem = (_info_problem(info, step) or _scheduler_problem(info["scheduler"], scheduler, step)
-                   or _tensor_names_problem(tensors)
-                   or _optimizer_problem(tensors, info["optimizer"], optimizer))
+        problem = (
+            _info_problem(info, step)
+            or _scheduler_problem(info["scheduler"], scheduler, step)
+            or _tensor_names_problem(tensors)
+            or _optimizer_problem(tensors, info["optimizer"], optimizer)
+        )
         if problem:
             raise CheckpointError(f"{folder}: invalid training state: {problem}")
-        return cls(step, {k: info[k] for k in COUNTERS},
-                   {"state": _optimizer_state_from_files(tensors, info["optimizer"]),
-                    "param_groups": info["optimizer"]["param_groups"]},
-                   info["scheduler"], tensors["rng.torch"])
+        return cls(
+            step,
+            {k: info[k] for k in COUNTERS},
+            {
+                "state": _optimizer_state_from_files(tensors, info["optimizer"]),
+                "param_groups": info["optimizer"]["param_groups"],
+            },
+            info["scheduler"],
+            tensors["rng.torch"],
+        )
 
     def apply(self, optimizer: torch.optim.Optimizer, scheduler) -> None:
         optimizer.load_state_dict(self.optimizer)
@@ -211,11 +234,13 @@ def _like(value: Any, reference: Any) -> bool:
     if isinstance(reference, float):
         return type(value) in (int, float) and math.isfinite(value)
     if isinstance(reference, (list, tuple)):
-        return (isinstance(value, (list, tuple)) and len(value) == len(reference)
-                and all(map(_like, value, reference)))
+        return isinstance(value, (list, tuple)) and len(value) == len(reference) and all(map(_like, value, reference))
     if isinstance(reference, dict):
-        return (isinstance(value, dict) and value.keys() == reference.keys()
-                and all(_like(value[k], reference[k]) for k in reference))
+        return (
+            isinstance(value, dict)
+            and value.keys() == reference.keys()
+            and all(_like(value[k], reference[k]) for k in reference)
+        )
     return value == reference
 
 
@@ -231,8 +256,15 @@ def _tensor_names_problem(tensors: dict[str, torch.Tensor]) -> str | None:
     rng = tensors.get("rng.torch")
     if rng is None or rng.dtype != torch.uint8 or rng.shape != torch.get_rng_state().shape:
         return "no valid torch RNG state"
-    other = [k for k in tensors if not (k.startswith("optim.") or k == "rng.torch"
-                                        or (re.fullmatch(r"rng\.cuda\.\d+", k) and tensors[k].dtype == torch.uint8))]
+    other = [
+        k
+        for k in tensors
+        if not (
+            k.startswith("optim.")
+            or k == "rng.torch"
+            or (re.fullmatch(r"rng\.cuda\.\d+", k) and tensors[k].dtype == torch.uint8)
+        )
+    ]
     return f"unexpected tensor {other[0]!r}" if other else None
 
 
@@ -295,6 +327,7 @@ def _moments_problem(slots: dict[str, Any], param: torch.Tensor, amsgrad: bool) 
 
 # ---- the log and the lock -------------------------------------------------------------------
 
+
 class RunLog:
     """log.jsonl (and TensorBoard when installed) on the main process; nothing elsewhere."""
 
@@ -306,6 +339,7 @@ class RunLog:
             self._repair(resume_step)
         try:
             from torch.utils.tensorboard import SummaryWriter
+
             self.tb = SummaryWriter(str(run / "tensorboard"), purge_step=resume_step)
         except ImportError:
             pass
@@ -333,7 +367,7 @@ class RunLog:
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
         try:
             while data:
-                data = data[os.write(fd, data):]
+                data = data[os.write(fd, data) :]
         finally:
             os.close(fd)
         if self.tb is not None and "step" in record:
@@ -363,8 +397,10 @@ class RunLock:
         except BlockingIOError:
             holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
             os.close(fd)
-            raise TrainingError(f"{self.path.parent} is in use by another `musegen train` (process {holder}); "
-                                f"wait for it to end or choose another --out") from None
+            raise TrainingError(
+                f"{self.path.parent} is in use by another `musegen train` (process {holder}); "
+                f"wait for it to end or choose another --out"
+            ) from None
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self.fd = fd

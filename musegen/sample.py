@@ -82,10 +82,12 @@ class SampleSettings:
         """Defaults filled in (the tokenizer's sampling defaults) and every value checked against
         its bound (ConfigError with one line otherwise)."""
         defaults = (tokenizer or Tokenizer).sampling_defaults
-        s = replace(self,
-                    temperature=defaults["temperature"] if self.temperature is None else float(self.temperature),
-                    top_p=defaults["top_p"] if self.top_p is None else float(self.top_p),
-                    seed=random.SystemRandom().randrange(2**31) if self.seed is None else int(self.seed))
+        s = replace(
+            self,
+            temperature=defaults["temperature"] if self.temperature is None else float(self.temperature),
+            top_p=defaults["top_p"] if self.top_p is None else float(self.top_p),
+            seed=random.SystemRandom().randrange(2**31) if self.seed is None else int(self.seed),
+        )
         if (s.length is None) == (s.bars is None):
             raise ConfigError("give exactly one of --length (tokens) or --bars")
         (low_t, high_t), low_p = TEMPERATURE_RANGE, TOP_P_RANGE[0]
@@ -97,8 +99,12 @@ class SampleSettings:
             ("--top-k", s.top_k, s.top_k >= 0, ">= 0"),
             ("--num-samples", s.num_samples, s.num_samples >= 1, "at least 1"),
             ("--seed", s.seed, 0 <= s.seed <= SEED_MAX, f"within 0..{SEED_MAX} (2**63 - 1)"),
-            ("--prompt-bars", s.prompt_bars, s.prompt_bars is None or 1 <= s.prompt_bars <= MAX_BARS,
-             f"within 1..{MAX_BARS:,}"),
+            (
+                "--prompt-bars",
+                s.prompt_bars,
+                s.prompt_bars is None or 1 <= s.prompt_bars <= MAX_BARS,
+                f"within 1..{MAX_BARS:,}",
+            ),
         ]
         for option, value, ok, bounds in checks:
             if not ok:  # NaN fails every comparison, so it lands here too
@@ -140,8 +146,7 @@ class Sample:
 # ---- prompts ------------------------------------------------------------------------------------
 
 
-def load_prompt(tokenizer: Tokenizer, source: str | os.PathLike | bytes | None,
-                bars: int | None = None) -> Prompt:
+def load_prompt(tokenizer: Tokenizer, source: str | os.PathLike | bytes | None, bars: int | None = None) -> Prompt:
     """Encode a prompt (MIDI file or bytes, or a MIREX task .json) with the checkpoint's tokenizer,
     keep its first `bars` whole bars (all by default) and open its end."""
     if source is None:
@@ -163,8 +168,9 @@ def load_prompt(tokenizer: Tokenizer, source: str | os.PathLike | bytes | None,
     return replace(prompt, mirex_offset=mirex.origin_offset(notes, prompt.piece))
 
 
-def prompt_from_ids(tokenizer: Tokenizer, ids, bars: int | None = None, report: dict[str, Any] | None = None,
-                    source: str | None = None) -> Prompt:
+def prompt_from_ids(
+    tokenizer: Tokenizer, ids, bars: int | None = None, report: dict[str, Any] | None = None, source: str | None = None
+) -> Prompt:
     """A prompt from an encoded piece: its first `bars` bars (all by default), closed as a piece
     of their own and opened again, so that the continuation begins a new bar."""
     name = source or "the prompt"
@@ -178,9 +184,9 @@ def prompt_from_ids(tokenizer: Tokenizer, ids, bars: int | None = None, report: 
     starts = tokenizer.bar_starts(ids[:content])
     whole = len(starts) if bars is None else min(bars, len(starts))
     if whole < len(starts):  # cut at a bar line: time moves to it, and what sounds ends there
-        kept = ids[:starts[whole]]
+        kept = ids[: starts[whole]]
         kept += tokenizer.to_bar_line(states[starts[whole]], whole)
-        state = grammar.states(kept[starts[whole]:], states[starts[whole]])[-1]
+        state = grammar.states(kept[starts[whole] :], states[starts[whole]])[-1]
     else:
         kept, state = ids[:content], states[content]
     opened, state, closed = _reopen(grammar, kept, state)
@@ -198,8 +204,10 @@ def _no_notes(tokenizer: Tokenizer, name: str, ids: list[int], report: dict[str,
     if bars is None or not onsets:
         return f"{name}: the prompt holds no notes the {tokenizer.kind} tokenizer can represent"
     first = min(onsets) // (4 * whole.ticks_per_beat) + 1
-    return (f"{name}: the prompt's first {bars} bars hold no notes; its first note comes in bar {first} "
-            f"(--prompt-bars {first} or more)")
+    return (
+        f"{name}: the prompt's first {bars} bars hold no notes; its first note comes in bar {first} "
+        f"(--prompt-bars {first} or more)"
+    )
 
 
 def _content_end(grammar: Grammar, ids: list[int], states: list) -> int:
@@ -210,7 +218,7 @@ def _content_end(grammar: Grammar, ids: list[int], states: list) -> int:
     for k in range(len(ids) - 1, max(len(ids) - grammar.vocab_size - 2, -1), -1):
         if grammar.can_close(states[k]):
             closing = [int(t) for t in grammar.close(states[k])]
-            if ids[k:] == closing[:len(ids) - k]:
+            if ids[k:] == closing[: len(ids) - k]:
                 end = k
     return end
 
@@ -235,7 +243,7 @@ def _walked(tokenizer: Tokenizer, prompt: Prompt) -> Prompt:
     grammar = tokenizer.grammar()
     ids = [int(t) for t in tokenizer.check_ids(prompt.ids)]
     states = grammar.states(ids)
-    bars = len(tokenizer.bar_starts(ids[:_content_end(grammar, ids, states)])) if ids else 0
+    bars = len(tokenizer.bar_starts(ids[: _content_end(grammar, ids, states)])) if ids else 0
     return replace(prompt, state=states[-1], bars=bars)
 
 
@@ -276,9 +284,15 @@ def _cpu_threads(threads: int | None):
         torch.set_num_threads(before)
 
 
-def generate(model: torch.nn.Module, tokenizer: Tokenizer, prompt: Prompt, settings: SampleSettings,
-             device: str | torch.device = "cpu", progress: bool = True,
-             threads: int | None = None) -> tuple[list[Sample], dict[str, Any]]:
+def generate(
+    model: torch.nn.Module,
+    tokenizer: Tokenizer,
+    prompt: Prompt,
+    settings: SampleSettings,
+    device: str | torch.device = "cpu",
+    progress: bool = True,
+    threads: int | None = None,
+) -> tuple[list[Sample], dict[str, Any]]:
     """Sample `settings.num_samples` continuations of `prompt` in one batch.
 
     `threads`: torch CPU threads while sampling (default DEFAULT_CPU_THREADS on CPU).
@@ -392,10 +406,10 @@ class _Rules:
         the cut (it ends in silence or on a bare position), cut back to the last place it can,
         never into the given tokens (walking the new tokens only)."""
         cut = max(self.tokenizer.bar_starts(row.ids)[row.target_bar], row.base)
-        trail = self.grammar.states(row.ids[row.base:cut], row.base_state)
+        trail = self.grammar.states(row.ids[row.base : cut], row.base_state)
         closable = next((k for k in range(len(trail) - 1, -1, -1) if self.grammar.can_close(trail[k])), None)
         keep = len(trail) - 1 if closable is None else closable
-        del row.ids[row.base + keep:]
+        del row.ids[row.base + keep :]
         row.state, row.done = trail[keep], True
         if closable is not None:
             self.close(row)
@@ -443,11 +457,21 @@ def _generate(model, tokenizer: Tokenizer, prompt: Prompt, s: SampleSettings, de
     rows = [rules.start(start_ids, start_state, target) for _ in range(s.num_samples)]
     limit = model.config.max_positions  # synthesizer attention reads at most max_len positions
     gen = torch.Generator(device=device).manual_seed(s.seed)
-    bar = tqdm(total=len(rows) * budget if s.length else None, unit="tok", unit_scale=True,
-               desc="sampling", disable=not progress, leave=False)
+    bar = tqdm(
+        total=len(rows) * budget if s.length else None,
+        unit="tok",
+        unit_scale=True,
+        desc="sampling",
+        disable=not progress,
+        leave=False,
+    )
     choice = step_choice(s.precision, model, len(rows))  # timed before the clock starts, where not cached
     started = time.perf_counter()
-    with bar, torch.inference_mode(), model.streaming(len(rows), seed=s.seed, choice=choice):  # (the bar is cleared on errors too)
+    with (
+        bar,
+        torch.inference_mode(),
+        model.streaming(len(rows), seed=s.seed, choice=choice),
+    ):  # (the bar is cleared on errors too)
         logits = _ingest(model, start_ids, len(rows), device)
         kept = _note_off_ids(tokenizer, logits.shape[-1], device) if s.keep_note_offs else None
         for _ in range(budget + FINISH_LIMIT):
@@ -465,13 +489,21 @@ def _generate(model, tokenizer: Tokenizer, prompt: Prompt, s: SampleSettings, de
             logits = model.step(tokens.to(device))  # past the last position: a ConfigError
         state_bytes = model.state_bytes // len(rows)
     elapsed = time.perf_counter() - started
-    samples = [Sample(np.array(r.ids, dtype=np.int64), len(prompt.ids), r.new, r.closed and r.violation is None,
-                      r.violation) for r in rows]
+    samples = [
+        Sample(np.array(r.ids, dtype=np.int64), len(prompt.ids), r.new, r.closed and r.violation is None, r.violation)
+        for r in rows
+    ]
     return samples, {**_stats(samples, elapsed, state_bytes), "precision": choice.record()}
 
 
-def _draw(logits: torch.Tensor, rows: list[_Row], vocab_size: int, s: SampleSettings,
-          gen: torch.Generator, kept: torch.Tensor | None = None) -> torch.Tensor:
+def _draw(
+    logits: torch.Tensor,
+    rows: list[_Row],
+    vocab_size: int,
+    s: SampleSettings,
+    gen: torch.Generator,
+    kept: torch.Tensor | None = None,
+) -> torch.Tensor:
     """One token per row: the grammar mask (rows that are done or broken may draw anything: the
     token is ignored; `kept`: the ids whose share the mask keeps), then temperature, top-k and
     top-p."""
@@ -490,9 +522,11 @@ def _draw(logits: torch.Tensor, rows: list[_Row], vocab_size: int, s: SampleSett
     live = torch.tensor([not row.done for row in rows], device=probs.device)
     if (no_mass & live).any():
         b = int((no_mass & live).nonzero()[0])
-        raise NumericError(f"the model's next-token distribution for sample {b} after {len(rows[b].ids)} "
-                              f"tokens has no finite mass (its logits are {_logit_kinds(logits[b])}): the "
-                              "checkpoint's weights make its activations overflow; nothing drawn")
+        raise NumericError(
+            f"the model's next-token distribution for sample {b} after {len(rows[b].ids)} "
+            f"tokens has no finite mass (its logits are {_logit_kinds(logits[b])}): the "
+            "checkpoint's weights make its activations overflow; nothing drawn"
+        )
     probs[no_mass] = 1.0  # rows already done draw a token that is ignored
     return torch.multinomial(probs, 1, generator=gen).squeeze(1)
 
@@ -508,7 +542,7 @@ def _note_off_ids(tokenizer: Tokenizer, width: int, device) -> torch.Tensor | No
         return None
     ids = np.zeros(width, dtype=bool)
     type_of = tokenizer.token_type_ids()
-    ids[:len(type_of)] = type_of == list(tokenizer.token_types).index(tokenizer.note_off_type)
+    ids[: len(type_of)] = type_of == list(tokenizer.token_types).index(tokenizer.note_off_type)
     return torch.from_numpy(ids).to(device)
 
 
@@ -537,19 +571,22 @@ def keep_type_mass(logits: torch.Tensor, allowed: torch.Tensor, kept: torch.Tens
 
 def _stats(samples: list[Sample], elapsed: float, state_bytes: int) -> dict[str, Any]:
     new = sum(x.new_tokens for x in samples)
-    return {"seconds": round(elapsed, 3), "new_tokens": int(new),
-            "tokens_per_second": round(new / max(elapsed, 1e-9), 1),
-            "state_bytes": int(state_bytes),  # per sample, at the end: what each step reads and updates
-            "invalid": sum(not x.valid for x in samples),
-            "grammar_violations": sum(x.violation is not None for x in samples),
-            "unfinished": sum(x.violation is None and not x.closed for x in samples)}
+    return {
+        "seconds": round(elapsed, 3),
+        "new_tokens": int(new),
+        "tokens_per_second": round(new / max(elapsed, 1e-9), 1),
+        "state_bytes": int(state_bytes),  # per sample, at the end: what each step reads and updates
+        "invalid": sum(not x.valid for x in samples),
+        "grammar_violations": sum(x.violation is not None for x in samples),
+        "unfinished": sum(x.violation is None and not x.closed for x in samples),
+    }
 
 
 def _ingest(model, prompt_ids: list[int], batch: int, device, chunk: int = 512) -> torch.Tensor:
     """Feed the prompt to the streaming model in parallel chunks; the logits after its last token."""
     ids = torch.tensor(prompt_ids, dtype=torch.long, device=device).expand(batch, -1)
     for t0 in range(0, len(prompt_ids), chunk):
-        logits = model.step(ids[:, t0:t0 + chunk])
+        logits = model.step(ids[:, t0 : t0 + chunk])
     return logits[:, -1]
 
 
@@ -568,8 +605,12 @@ def check_memory(model, num_samples: int, tokens: int, device: torch.device) -> 
         growth = model.state_bytes - first
     per_sample = first + growth * tokens + 64 * model.config.vocab_size + 64 * tokens
     memory = device_memory(device) or 0
-    check_fits(num_samples * per_sample, f"--num-samples {num_samples}", device,
-               f"{per_sample / 2**20:,.2f} MiB per sample: at most {memory // per_sample:,} fit")
+    check_fits(
+        num_samples * per_sample,
+        f"--num-samples {num_samples}",
+        device,
+        f"{per_sample / 2**20:,.2f} MiB per sample: at most {memory // per_sample:,} fit",
+    )
 
 
 # ---- writing the outputs ------------------------------------------------------------------------
@@ -600,8 +641,15 @@ def _with_piece(tokenizer: Tokenizer, prompt: Prompt) -> Prompt:
     return replace(prompt, piece=tokenizer.decode(with_ending(tokenizer.grammar(), prompt.ids), prompt.meta))
 
 
-def write_samples(samples: list[Sample], tokenizer: Tokenizer, prompt: Prompt, out_dir: str | os.PathLike,
-                  stem: str, audio: bool = False, pianoroll: bool = False) -> list[dict[str, Any]]:
+def write_samples(
+    samples: list[Sample],
+    tokenizer: Tokenizer,
+    prompt: Prompt,
+    out_dir: str | os.PathLike,
+    stem: str,
+    audio: bool = False,
+    pianoroll: bool = False,
+) -> list[dict[str, Any]]:
     """One MIDI per sample (prompt kept at the start, prompt end marked); optional WAV and PNG;
     for a MIREX .json prompt also the continuation's notes as `<stem>_<i>.json`. A sample the
     grammar rejects (sampled without the mask) is decoded leniently: the tokens the grammar
@@ -611,8 +659,14 @@ def write_samples(samples: list[Sample], tokenizer: Tokenizer, prompt: Prompt, o
     prompt = _with_piece(tokenizer, prompt)
     records = []
     for i, sample in enumerate(samples):
-        record = {"index": i, "tokens": int(len(sample.ids)), "new_tokens": sample.new_tokens,
-                  "valid": sample.valid, "closed": sample.closed, "first_violation": sample.violation}
+        record = {
+            "index": i,
+            "tokens": int(len(sample.ids)),
+            "new_tokens": sample.new_tokens,
+            "valid": sample.valid,
+            "closed": sample.closed,
+            "first_violation": sample.violation,
+        }
         ids = sample.ids
         if not sample.valid:
             ids, record["dropped_tokens"] = tokenizer.grammar().repair(sample.ids)
@@ -652,8 +706,11 @@ def output_set(out_dir: Path, manifest: str) -> Iterator[Path]:
     scratch = Path(tempfile.mkdtemp(dir=out_dir, prefix=f"{SCRATCH_PREFIX}{os.getpid()}-"))
     try:
         yield scratch
-        journal = {"manifest": manifest, "old": sorted(_set_files(out_dir / manifest)),
-                   "new": sorted(p.name for p in scratch.iterdir())}
+        journal = {
+            "manifest": manifest,
+            "old": sorted(_set_files(out_dir / manifest)),
+            "new": sorted(p.name for p in scratch.iterdir()),
+        }
         write_json(scratch / JOURNAL, journal)
         _publish(scratch, out_dir, schemas.check(journal, "publish journal", scratch / JOURNAL))
     finally:
@@ -688,7 +745,7 @@ def _set_files(manifest: Path) -> set[str]:
 def _recover_dead_scratch(out_dir: Path) -> None:
     """Scratch folders of runs that are gone: a journaled set is published, the rest removed."""
     for folder in out_dir.glob(f"{SCRATCH_PREFIX}*"):
-        pid = folder.name[len(SCRATCH_PREFIX):].split("-")[0]
+        pid = folder.name[len(SCRATCH_PREFIX) :].split("-")[0]
         if pid.isdigit() and not _alive(int(pid)):
             with contextlib.suppress(MusegenError):  # a journal cut short: its set was never published
                 _publish(folder, out_dir, schemas.read(folder / JOURNAL, "publish journal"))
@@ -711,9 +768,17 @@ def writes(stem: str, name: str, mirex_prompt: bool) -> bool:
     return name == f"{stem}.json" or re.fullmatch(re.escape(stem) + rf"_\d{{3,}}\.({kinds})", name) is not None
 
 
-def sample_to_folder(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, settings: SampleSettings,
-                     prompt_path: str | os.PathLike | None = None, audio: bool = False, pianoroll: bool = False,
-                     device: str = "auto", progress: bool = True, threads: int | None = None) -> dict[str, Any]:
+def sample_to_folder(
+    checkpoint: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    settings: SampleSettings,
+    prompt_path: str | os.PathLike | None = None,
+    audio: bool = False,
+    pianoroll: bool = False,
+    device: str = "auto",
+    progress: bool = True,
+    threads: int | None = None,
+) -> dict[str, Any]:
     """The whole `musegen sample` run: returns (and writes as <prompt stem>.json) what was done and how.
 
     A folder of prompts continues every MIDI (and MIREX .json) file under it with one loaded
@@ -734,25 +799,37 @@ def sample_to_folder(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, 
     device = checked_device(device)
     model, tokenizer, _, _ = load_checkpoint(checkpoint, device=device)
     settings = settings.resolved(tokenizer)
-    run = dict(model=model, tokenizer=tokenizer, checkpoint=checkpoint, device=device, audio=audio,
-               pianoroll=pianoroll, threads=threads)
+    run = dict(
+        model=model,
+        tokenizer=tokenizer,
+        checkpoint=checkpoint,
+        device=device,
+        audio=audio,
+        pianoroll=pianoroll,
+        threads=threads,
+    )
     out_dir = Path(out_dir)
     if prompt_path is None or not Path(prompt_path).is_dir():
         stem = "sample"
         if prompt_path is not None:
             check_regular(prompt_path, "prompt")  # before any path is resolved (a link loop, a FIFO)
             prompt_path, stem = Path(prompt_path), Path(prompt_path).stem
-            if (out_dir.resolve() == prompt_path.resolve().parent
-                    and writes(stem, prompt_path.name, prompt_path.suffix.lower() == ".json")):
-                raise ConfigError(f"{prompt_path}: its output {prompt_path.name} would overwrite the input "
-                                  f"{prompt_path.name}; choose another --out")
-        return _sample_prompt(**run, out_dir=out_dir, stem=stem, settings=settings, prompt_path=prompt_path,
-                              progress=progress)
+            if out_dir.resolve() == prompt_path.resolve().parent and writes(
+                stem, prompt_path.name, prompt_path.suffix.lower() == ".json"
+            ):
+                raise ConfigError(
+                    f"{prompt_path}: its output {prompt_path.name} would overwrite the input "
+                    f"{prompt_path.name}; choose another --out"
+                )
+        return _sample_prompt(
+            **run, out_dir=out_dir, stem=stem, settings=settings, prompt_path=prompt_path, progress=progress
+        )
     return _sample_folder(run, Path(prompt_path), out_dir, settings, progress)
 
 
-def _sample_folder(run: dict[str, Any], prompt_dir: Path, out_dir: Path, settings: SampleSettings,
-                   progress: bool) -> dict[str, Any]:
+def _sample_folder(
+    run: dict[str, Any], prompt_dir: Path, out_dir: Path, settings: SampleSettings, progress: bool
+) -> dict[str, Any]:
     files, skipped = _prompt_files(prompt_dir)
     jobs = [(path, out_dir / path.relative_to(prompt_dir).parent) for path in files]
     stems = output_stems(jobs, files, out_dir / "batch.json")
@@ -763,25 +840,41 @@ def _sample_folder(run: dict[str, Any], prompt_dir: Path, out_dir: Path, setting
         if rel in skipped:
             continue
         try:
-            done.append(_sample_prompt(**run, out_dir=folder, stem=stems[path], prompt_path=path, progress=False,
-                                       settings=replace(settings, seed=(settings.seed + i) % (SEED_MAX + 1))))
+            done.append(
+                _sample_prompt(
+                    **run,
+                    out_dir=folder,
+                    stem=stems[path],
+                    prompt_path=path,
+                    progress=False,
+                    settings=replace(settings, seed=(settings.seed + i) % (SEED_MAX + 1)),
+                )
+            )
         except MusegenError as exc:
             skipped[rel] = str(exc).splitlines()[0]
     if not done:
         if not skipped:
             raise MidiError(f"{prompt_dir}: no MIDI or MIREX .json files found")
         first = next(iter(skipped.items()))
-        raise MidiError(f"{prompt_dir}: none of its {len(skipped)} prompts could be continued "
-                        f"({first[0]}: {first[1]})")
+        raise MidiError(f"{prompt_dir}: none of its {len(skipped)} prompts could be continued ({first[0]}: {first[1]})")
     stats = [d["stats"] for d in done]
     seconds, new_tokens = sum(x["seconds"] for x in stats), sum(x["new_tokens"] for x in stats)
-    summary = {"checkpoint": str(run["checkpoint"]), "prompts": str(prompt_dir), "continued": len(done),
-               "skipped": dict(sorted(skipped.items())), "renamed": renamed, "settings": asdict(settings),
-               "stats": {"seconds": round(seconds, 3), "new_tokens": new_tokens,
-                         "tokens_per_second": round(new_tokens / max(seconds, 1e-9), 1),
-                         "state_bytes": max(x["state_bytes"] for x in stats),
-                         **{k: sum(x[k] for x in stats) for k in ("invalid", "grammar_violations", "unfinished")}},
-               "samples": [r for d in done for r in d["samples"]]}
+    summary = {
+        "checkpoint": str(run["checkpoint"]),
+        "prompts": str(prompt_dir),
+        "continued": len(done),
+        "skipped": dict(sorted(skipped.items())),
+        "renamed": renamed,
+        "settings": asdict(settings),
+        "stats": {
+            "seconds": round(seconds, 3),
+            "new_tokens": new_tokens,
+            "tokens_per_second": round(new_tokens / max(seconds, 1e-9), 1),
+            "state_bytes": max(x["state_bytes"] for x in stats),
+            **{k: sum(x[k] for x in stats) for k in ("invalid", "grammar_violations", "unfinished")},
+        },
+        "samples": [r for d in done for r in d["samples"]],
+    }
     write_json(out_dir / "batch.json", summary)
     return summary
 
@@ -815,29 +908,54 @@ def output_stems(jobs: list[tuple[Path, Path]], inputs: list[Path], reserved: Pa
         folder = folder.resolve()
         mirex_prompt = path.suffix.lower() == ".json"
         others = claimed.setdefault(folder, [])
-        candidates = [path.stem, f"{path.stem}-{path.suffix.lstrip('.').lower()}",
-                      *(f"{path.stem}-{k}" for k in range(2, len(jobs) + 3))]
-        stems[path] = next(stem for stem in candidates
-                           if not any(writes(stem, name, mirex_prompt) for name in protected.get(folder, ()))
-                           and not any(stem == other or writes(other, f"{stem}.json", mirex)
-                                       or writes(stem, f"{other}.json", mirex_prompt) for other, mirex in others))
+        candidates = [
+            path.stem,
+            f"{path.stem}-{path.suffix.lstrip('.').lower()}",
+            *(f"{path.stem}-{k}" for k in range(2, len(jobs) + 3)),
+        ]
+        stems[path] = next(
+            stem
+            for stem in candidates
+            if not any(writes(stem, name, mirex_prompt) for name in protected.get(folder, ()))
+            and not any(
+                stem == other or writes(other, f"{stem}.json", mirex) or writes(stem, f"{other}.json", mirex_prompt)
+                for other, mirex in others
+            )
+        )
         others.append((stems[path], mirex_prompt))
     return stems
 
 
-def _sample_prompt(model, tokenizer, checkpoint, device, out_dir: Path, stem: str, settings: SampleSettings,
-                   prompt_path, audio: bool, pianoroll: bool, threads: int | None, progress: bool) -> dict[str, Any]:
+def _sample_prompt(
+    model,
+    tokenizer,
+    checkpoint,
+    device,
+    out_dir: Path,
+    stem: str,
+    settings: SampleSettings,
+    prompt_path,
+    audio: bool,
+    pianoroll: bool,
+    threads: int | None,
+    progress: bool,
+) -> dict[str, Any]:
     """Continue one prompt (or none) with a loaded model; write its output set and <stem>.json."""
     prompt = load_prompt(tokenizer, prompt_path, settings.prompt_bars)
-    samples, stats = generate(model, tokenizer, prompt, settings, device=device, progress=progress,
-                              threads=threads)
+    samples, stats = generate(model, tokenizer, prompt, settings, device=device, progress=progress, threads=threads)
     with output_set(out_dir, f"{stem}.json") as scratch:
         records = write_samples(samples, tokenizer, prompt, scratch, stem, audio, pianoroll)
         summary = {
-            "checkpoint": str(checkpoint), "tokenizer": tokenizer.kind, "device": str(device),
-            "prompt": str(prompt_path) if prompt_path else None, "prompt_tokens": int(len(prompt.ids)),
-            "prompt_bars": prompt.bars, "prompt_report": _jsonable(prompt.report),
-            "settings": asdict(settings), "stats": stats, "samples": records,
+            "checkpoint": str(checkpoint),
+            "tokenizer": tokenizer.kind,
+            "device": str(device),
+            "prompt": str(prompt_path) if prompt_path else None,
+            "prompt_tokens": int(len(prompt.ids)),
+            "prompt_bars": prompt.bars,
+            "prompt_report": _jsonable(prompt.report),
+            "settings": asdict(settings),
+            "stats": stats,
+            "samples": records,
         }
         write_json(scratch / f"{stem}.json", summary)
     return summary

@@ -33,8 +33,10 @@ MAX_ITEMS = 2**24  # pieces in a shard index, records in a summary: far past any
 
 # ---- checkpoints ------------------------------------------------------------------------------------
 
+
 class CheckpointConfig(BaseModel):
     """A checkpoint's config.json. `model` is the ModelConfig itself, bounds included."""
+
     model_config = STRICT
     format: Literal["musegen-checkpoint"]
     version: Literal[1]
@@ -61,6 +63,7 @@ class GrooveSettings(BaseModel):
 
 class TokenizerFile(BaseModel):
     """tokenizer.json: what `Tokenizer.to_dict` writes (just {"kind"} means the defaults)."""
+
     model_config = STRICT
     kind: Name  # one of Tokenizer.registry (checked by tokenizer_from_dict)
     version: Annotated[int, Field(ge=1, le=1000)] = 1
@@ -73,13 +76,17 @@ class NoSettings(BaseModel):
 
 
 # A representation with constructor settings declares them here; one without takes none.
-TOKENIZER_SETTINGS: dict[str, type[BaseModel]] = {"remi": RemiSettings, "groove": GrooveSettings,
-                                                  "groove-dur": GrooveSettings}
+TOKENIZER_SETTINGS: dict[str, type[BaseModel]] = {
+    "remi": RemiSettings,
+    "groove": GrooveSettings,
+    "groove-dur": GrooveSettings,
+}
 
 
 class TrainingState(BaseModel):
     """trainer_state.json beside a run's checkpoint (optimizer and scheduler: structure checked
     against the live objects by run_folder, which knows them)."""
+
     model_config = OPEN
     step: Count
     nonfinite_total: Count
@@ -90,6 +97,7 @@ class TrainingState(BaseModel):
 
 
 # ---- data --------------------------------------------------------------------------------------------
+
 
 class ShardSplit(BaseModel):
     model_config = STRICT
@@ -122,6 +130,7 @@ class MirexPrompt(BaseModel):
 
 # ---- what musegen writes and reads back -----------------------------------------------------------
 
+
 class SampleRecord(BaseModel):
     model_config = OPEN
     midi: Name | None = None
@@ -138,6 +147,7 @@ class SampleStats(BaseModel):
 
 class SampleSummary(BaseModel):
     """`<stem>.json` of one prompt's output set and `batch.json` of a folder of prompts."""
+
     model_config = OPEN
     samples: Annotated[list[SampleRecord], Field(max_length=MAX_ITEMS)]
     stats: SampleStats
@@ -148,6 +158,7 @@ FileName = Annotated[str, Field(pattern=r"^[^./\x00][^/\x00]*$", max_length=255)
 
 class PublishJournal(BaseModel):
     """`sample`'s record of an output set being moved in (musegen.sample.output_set)."""
+
     model_config = STRICT
     manifest: FileName
     old: Annotated[list[FileName], Field(max_length=MAX_ITEMS)]
@@ -157,18 +168,21 @@ class PublishJournal(BaseModel):
 class TrainSettings(BaseModel):
     """A `train --config` YAML file: TrainConfig's fields, and `model:` ModelConfig's (both checked,
     bounds included, where the configs are made)."""
+
     model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
     model: dict[str, JsonValue] = {}
 
 
 class LogRecord(BaseModel):
     """A line of a run's log.jsonl."""
+
     model_config = OPEN
     step: Count = 0
 
 
 class PieceRecord(BaseModel):
     """A line of `evaluate continuation`'s pieces.jsonl."""
+
     model_config = OPEN
     piece: Name
 
@@ -184,6 +198,7 @@ class MmaStyle(BaseModel):
 class MmaStyles(BaseModel):
     """data_prep/mma_styles.json: the MMA grooves the groove corpus is rendered from, and each
     family's fill grooves."""
+
     model_config = STRICT
     mma_version: Name
     styles: Annotated[list[MmaStyle], Field(max_length=100_000)]
@@ -192,12 +207,14 @@ class MmaStyles(BaseModel):
 
 class LayoutStamp(BaseModel):
     """g2g/layout.json of a groove corpus: the version of the layout its files were written in."""
+
     model_config = STRICT
     version: Annotated[int, Field(ge=1, le=1000)]
 
 
 class PrecisionChoice(BaseModel):
     """One entry of ~/.cache/musegen/precision.json (musegen.precision): the path timed fastest."""
+
     model_config = STRICT
     path: Literal["fp32", "bf16", "bf16-step.c"]
     seconds: dict[Name, Annotated[float, Field(ge=0)]]
@@ -218,6 +235,7 @@ class CopyModel(BaseModel):
 
 class CopyResult(BaseModel):
     """copy.json of `evaluate copy` (musegen.metrics.copying), as `evaluate groove-targets` reads it."""
+
     model_config = OPEN
     settings: dict[str, JsonValue]
     table: Annotated[list[CopyRow], Field(max_length=MAX_ITEMS)]
@@ -234,6 +252,7 @@ class ZenodoFile(BaseModel):
 
 class ZenodoRecord(BaseModel):
     """What Zenodo's records API says of a record (data_prep/download.py reads its files' checksums)."""
+
     model_config = OPEN
     files: Annotated[list[ZenodoFile], Field(max_length=100_000)] = []
 
@@ -245,25 +264,28 @@ class Format:
     schema: Any
 
 
-FORMATS = {f.name: f for f in (
-    Format("checkpoint config", 1, CheckpointConfig),
-    Format("tokenizer", None, TokenizerFile),
-    Format("training state", None, TrainingState),
-    Format("shard index", 1, ShardIndex),
-    Format("sample summary", None, SampleSummary),
-    Format("publish journal", None, PublishJournal),
-    Format("mirex prompt", None, MirexPrompt),
-    Format("train settings", None, TrainSettings),
-    Format("log record", None, LogRecord),
-    Format("piece record", None, PieceRecord),
-    Format("evaluation settings", None, dict[str, JsonValue]),
-    Format("zenodo record", None, ZenodoRecord),
-    Format("mma styles", None, MmaStyles),
-    Format("layout stamp", None, LayoutStamp),
-    Format("piece counts", None, dict[Name, int | float]),  # a kept piece's report counts (data_prep.mma_groove)
-    Format("precision cache", None, dict[Name, PrecisionChoice]),
-    Format("copy result", None, CopyResult),
-)}
+FORMATS = {
+    f.name: f
+    for f in (
+        Format("checkpoint config", 1, CheckpointConfig),
+        Format("tokenizer", None, TokenizerFile),
+        Format("training state", None, TrainingState),
+        Format("shard index", 1, ShardIndex),
+        Format("sample summary", None, SampleSummary),
+        Format("publish journal", None, PublishJournal),
+        Format("mirex prompt", None, MirexPrompt),
+        Format("train settings", None, TrainSettings),
+        Format("log record", None, LogRecord),
+        Format("piece record", None, PieceRecord),
+        Format("evaluation settings", None, dict[str, JsonValue]),
+        Format("zenodo record", None, ZenodoRecord),
+        Format("mma styles", None, MmaStyles),
+        Format("layout stamp", None, LayoutStamp),
+        Format("piece counts", None, dict[Name, int | float]),  # a kept piece's report counts (data_prep.mma_groove)
+        Format("precision cache", None, dict[Name, PrecisionChoice]),
+        Format("copy result", None, CopyResult),
+    )
+}
 _ADAPTERS: dict[str, TypeAdapter] = {}
 
 

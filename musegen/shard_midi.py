@@ -24,8 +24,9 @@ def piece_stem(name: str) -> str:
     return "/".join(parts) or "piece"
 
 
-def export_midi(data_dir: str | os.PathLike, split: str, out_dir: str | os.PathLike,
-                progress: bool = True) -> dict[str, Any]:
+def export_midi(
+    data_dir: str | os.PathLike, split: str, out_dir: str | os.PathLike, progress: bool = True
+) -> dict[str, Any]:
     """Decode every piece of `split` to `out_dir/<piece name>.mid`.
 
     Files already in `out_dir` are never overwritten: a piece whose file exists is left as it is
@@ -42,8 +43,9 @@ def export_midi(data_dir: str | os.PathLike, split: str, out_dir: str | os.PathL
     tokenizer = shards.tokenizer
     written, existing, skipped, taken = [], [], {}, set()
     names = shards.names(found)
-    for name, ids in tqdm(zip(names, shards.pieces(found)), total=len(names), desc="exporting", unit="piece",
-                          disable=not progress):
+    for name, ids in tqdm(
+        zip(names, shards.pieces(found)), total=len(names), desc="exporting", unit="piece", disable=not progress
+    ):
         path = out_dir / f"{piece_stem(name)}.mid"
         if path in taken:
             skipped[name] = f"another piece has the file name {path.name}"
@@ -63,5 +65,11 @@ def export_midi(data_dir: str | os.PathLike, split: str, out_dir: str | os.PathL
         with atomic_path(path) as tmp:
             midi.dump(str(tmp))
         written.append(name)
-    return {"split": found, "pieces": len(names), "written": len(written), "existing": len(existing),
-            "skipped": skipped, "out": str(out_dir)}
+    return {
+        "split": found,
+        "pieces": len(names),
+        "written": len(written),
+        "existing": len(existing),
+        "skipped": skipped,
+        "out": str(out_dir),
+    }

@@ -20,8 +20,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .errors import CheckpointError, DataError, FormatError, MusegenError
 from . import schemas
+from .errors import CheckpointError, DataError, FormatError, MusegenError
 from .io import atomic_path, read_head, write_json
 from .tokenizers.base import Tokenizer, load_tokenizer
 
@@ -30,14 +30,23 @@ VALIDATION_NAMES = ("valid", "validation")  # corpora name their held-out split 
 INDEX, TOKENIZER = "index.json", "tokenizer.json"
 
 
-def write_shards(folder: str | os.PathLike, tokenizer: Tokenizer,
-                 splits: dict[str, list[tuple[str, np.ndarray]]], report: dict[str, Any]) -> Path:
+def write_shards(
+    folder: str | os.PathLike,
+    tokenizer: Tokenizer,
+    splits: dict[str, list[tuple[str, np.ndarray]]],
+    report: dict[str, Any],
+) -> Path:
     """Write every split's pieces (name, ids) and then the index that makes the folder complete."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     dtype = np.int16 if tokenizer.vocab_size < 2**15 else np.int32
-    index: dict[str, Any] = {"format": FORMAT, "version": VERSION, "tokenizer": tokenizer.kind,
-                             "splits": {}, "report": report}
+    index: dict[str, Any] = {
+        "format": FORMAT,
+        "version": VERSION,
+        "tokenizer": tokenizer.kind,
+        "splits": {},
+        "report": report,
+    }
     for split, pieces in splits.items():
         lengths = [int(len(ids)) for _, ids in pieces]
         offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(int).tolist() if pieces else []
@@ -46,8 +55,12 @@ def write_shards(folder: str | os.PathLike, tokenizer: Tokenizer,
         with atomic_path(folder / file) as tmp:
             with open(tmp, "wb") as f:
                 np.save(f, tokens)
-        index["splits"][split] = {"file": file, "names": [name for name, _ in pieces], "offsets": offsets,
-                                  "lengths": lengths}
+        index["splits"][split] = {
+            "file": file,
+            "names": [name for name, _ in pieces],
+            "offsets": offsets,
+            "lengths": lengths,
+        }
     replaced = _indexed_files(folder)
     tokenizer.save(folder / TOKENIZER)
     write_json(folder / INDEX, index)
@@ -64,7 +77,9 @@ def _indexed_files(folder: Path) -> set[str]:
         splits = schemas.read(folder / INDEX, "shard index").splits
     except MusegenError:  # no index of ours: nothing to delete
         return set()
-    return {entry.file for entry in splits.values() if entry.file and re.fullmatch(r"[\w.-]+-[0-9a-f]{16}\.npy", entry.file)}
+    return {
+        entry.file for entry in splits.values() if entry.file and re.fullmatch(r"[\w.-]+-[0-9a-f]{16}\.npy", entry.file)
+    }
 
 
 class Shards:
@@ -98,7 +113,7 @@ class Shards:
         if split not in self._cache:
             self._cache[split] = self._load_tokens(split, entry)
         tokens = self._cache[split]
-        return [np.asarray(tokens[o:o + n], dtype=np.int64) for o, n in zip(entry["offsets"], entry["lengths"])]
+        return [np.asarray(tokens[o : o + n], dtype=np.int64) for o, n in zip(entry["offsets"], entry["lengths"])]
 
     def _load_tokens(self, split: str, entry: dict[str, Any]) -> np.ndarray:
         """The split's token file, checked against the index and the tokenizer's vocabulary: an id
@@ -117,15 +132,19 @@ class Shards:
         if len(tokens) and not 0 <= int(tokens.min()) <= int(tokens.max()) < self.tokenizer.vocab_size:
             bad = int(np.flatnonzero((tokens < 0) | (tokens >= self.tokenizer.vocab_size))[0])
             piece = int(np.searchsorted(entry["offsets"], bad, side="right")) - 1
-            raise DataError(f"{path}: token id {int(tokens[bad])} (piece {entry['names'][piece]!r}) is outside "
-                            f"the tokenizer's vocabulary 0..{self.tokenizer.vocab_size - 1}")
+            raise DataError(
+                f"{path}: token id {int(tokens[bad])} (piece {entry['names'][piece]!r}) is outside "
+                f"the tokenizer's vocabulary 0..{self.tokenizer.vocab_size - 1}"
+            )
         return tokens
 
     def pieces_for(self, split: str, tokenizer: Tokenizer) -> tuple[str, list[np.ndarray]]:
         """(split name, pieces) for a model trained with `tokenizer`; either validation spelling."""
         if self.tokenizer.to_dict() != tokenizer.to_dict():
-            raise CheckpointError(f"the model was trained with another tokenizer than the one of {self.folder} "
-                                  f"({tokenizer.kind} vs {self.tokenizer.kind})")
+            raise CheckpointError(
+                f"the model was trained with another tokenizer than the one of {self.folder} "
+                f"({tokenizer.kind} vs {self.tokenizer.kind})"
+            )
         found = resolve_split(self.splits, split)
         if found is None:
             raise DataError(f"{self.folder}: no split {split!r} (has {', '.join(self.splits) or 'none'})")

@@ -39,19 +39,40 @@ from .metrics.loss import position_nll, summarize, write_position_nll
 from .model import MusicPerformer
 from .model.config import ModelConfig, preset, replace_checked
 from .precision import Choice, training_choice
-from .run_folder import (RUN_CONFIG, RunLock, RunLog, TrainingState, clean_leftovers, latest_checkpoint,
-                         state_is_finite, write_checkpoint)
+from .run_folder import (
+    RUN_CONFIG,
+    RunLock,
+    RunLog,
+    TrainingState,
+    clean_leftovers,
+    latest_checkpoint,
+    state_is_finite,
+    write_checkpoint,
+)
 from .shards import Shards, resolve_split
 from .tokenizers.base import Tokenizer
 
 # Inclusive bounds of the numeric settings. Values past them are typos, or runs that can only
 # diverge (lr=1e30) or never end (steps=1e12). docs/training.md lists them (a test compares).
 LIMITS: dict[str, tuple[float, float]] = {
-    "seq_len": (1, 65536), "workers": (0, 64), "steps": (1, 10**9), "batch_size": (1, 65536),
-    "micro_batch": (0, 65536), "lr": (1e-8, 1.0), "lr_floor": (0.0, 1.0), "warmup": (0, 10**9),
-    "weight_decay": (0.0, 1.0), "grad_clip": (0.0, 1e6), "ckpt_every": (1, 10**9), "keep": (1, 1000),
-    "valid_every": (0, 10**9), "valid_len": (0, 262144), "valid_pieces": (0, 10**6), "log_every": (1, 10**9),
-    "max_nonfinite": (1, 10**6), "seed": (0, 2**63 - 1),
+    "seq_len": (1, 65536),
+    "workers": (0, 64),
+    "steps": (1, 10**9),
+    "batch_size": (1, 65536),
+    "micro_batch": (0, 65536),
+    "lr": (1e-8, 1.0),
+    "lr_floor": (0.0, 1.0),
+    "warmup": (0, 10**9),
+    "weight_decay": (0.0, 1.0),
+    "grad_clip": (0.0, 1e6),
+    "ckpt_every": (1, 10**9),
+    "keep": (1, 1000),
+    "valid_every": (0, 10**9),
+    "valid_len": (0, 262144),
+    "valid_pieces": (0, 10**6),
+    "log_every": (1, 10**9),
+    "max_nonfinite": (1, 10**6),
+    "seed": (0, 2**63 - 1),
 }
 
 
@@ -106,12 +127,16 @@ class TrainConfig:
             (self.sampling in SAMPLING_CHOICES, f"sampling must be one of {SAMPLING_CHOICES}, got {self.sampling!r}"),
             (self.crop in CROP_CHOICES + ("auto",), f"crop must be 'auto' or one of {CROP_CHOICES}, got {self.crop!r}"),
             (self.optimizer in ("adam", "adamw"), f"optimizer must be 'adam' or 'adamw', got {self.optimizer!r}"),
-            (self.precision in ("auto", "fp32", "bf16"), f"precision must be auto, fp32 or bf16, got {self.precision!r}"),
+            (
+                self.precision in ("auto", "fp32", "bf16"),
+                f"precision must be auto, fp32 or bf16, got {self.precision!r}",
+            ),
         ]
         for key, (low, high) in LIMITS.items():
             value = getattr(self, key)
-            checks.append((low <= value <= high, f"{key} must be in {format_limit(low)}..{format_limit(high)}, "
-                                                 f"got {value!r}"))
+            checks.append(
+                (low <= value <= high, f"{key} must be in {format_limit(low)}..{format_limit(high)}, got {value!r}")
+            )
         checks.append((self.lr_floor <= self.lr, f"lr_floor {self.lr_floor!r} must not exceed lr {self.lr!r}"))
         for ok, message in checks:
             if not ok:
@@ -123,9 +148,16 @@ class TrainConfig:
 
 # ---- building the config ---------------------------------------------------------------------
 
-def build_config(preset_name: str | None, data: str | os.PathLike, out: str | os.PathLike,
-                 config_file: str | os.PathLike | None = None, sets: Iterable[str] = (),
-                 device: str | None = None, init: str | os.PathLike | None = None) -> TrainConfig:
+
+def build_config(
+    preset_name: str | None,
+    data: str | os.PathLike,
+    out: str | os.PathLike,
+    config_file: str | os.PathLike | None = None,
+    sets: Iterable[str] = (),
+    device: str | None = None,
+    init: str | os.PathLike | None = None,
+) -> TrainConfig:
     """The model: the preset (default "small"), the YAML file's `model:` mapping, then each
     `--set model.<field>`; with `init`, the checkpoint's model instead, which those may repeat
     but not contradict. The rest: defaults, the YAML file's top level, each `--set`, `device`.
@@ -165,7 +197,7 @@ def _parse_sets(sets: Iterable[str]) -> tuple[dict[str, Any], dict[str, Any]]:
         if key in ("preset", "data", "out", "init"):
             raise ConfigError(f"{key} is set with --{key}, not --set")
         if key.startswith("model."):
-            model[key[len("model."):]] = _parse_value(ModelConfig(), key[len("model."):], text)
+            model[key[len("model.") :]] = _parse_value(ModelConfig(), key[len("model.") :], text)
         else:
             top[key] = _parse_value(TrainConfig(), key, text)
     return top, model
@@ -194,13 +226,17 @@ def _model_of_init(init: Path, preset_name: str | None, explicit: dict[str, Any]
         wanted = preset(preset_name)
         differ = [k for k in wanted.to_dict() if k != "vocab_size" and getattr(wanted, k) != getattr(model, k)]
         if differ:
-            raise ConfigError(f"--preset {preset_name} contradicts the --init checkpoint's model ({differ[0]}: "
-                              f"{getattr(wanted, differ[0])!r} vs {getattr(model, differ[0])!r}); leave it out")
+            raise ConfigError(
+                f"--preset {preset_name} contradicts the --init checkpoint's model ({differ[0]}: "
+                f"{getattr(wanted, differ[0])!r} vs {getattr(model, differ[0])!r}); leave it out"
+            )
     replace_checked(model, explicit)  # unknown settings and wrong types: the usual errors
     for key, value in explicit.items():
         if getattr(model, key) != value:
-            raise ConfigError(f"model.{key}={value!r} contradicts the --init checkpoint's {key}="
-                              f"{getattr(model, key)!r}; the model comes from the checkpoint")
+            raise ConfigError(
+                f"model.{key}={value!r} contradicts the --init checkpoint's {key}="
+                f"{getattr(model, key)!r}; the model comes from the checkpoint"
+            )
     meta_preset = meta.get("preset") if isinstance(meta, dict) else None
     return model, preset_name or (meta_preset if isinstance(meta_preset, str) else "")
 
@@ -208,8 +244,9 @@ def _model_of_init(init: Path, preset_name: str | None, explicit: dict[str, Any]
 def next_token_nll(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
     """Summed NLL of `targets` [B, N] under `logits` [B, N, vocab], in fp32. Flattened so that the
     log-softmax runs over contiguous rows (over a [B, vocab, N] view it copies the logits twice)."""
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
-                           ignore_index=ignore_index, reduction="sum")
+    return F.cross_entropy(
+        logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=ignore_index, reduction="sum"
+    )
 
 
 def make_optimizer(params, name: str, lr: float, weight_decay: float, device: torch.device) -> torch.optim.Optimizer:
@@ -230,6 +267,7 @@ def lr_factor(update: int, warmup: int, total: int, floor_ratio: float) -> float
 
 
 # ---- processes, signals, data ----------------------------------------------------------------
+
 
 @dataclass
 class Processes:
@@ -253,8 +291,9 @@ class Processes:
 
 def _setup_processes(device_setting: str) -> tuple[Processes, torch.device]:
     """torchrun sets WORLD_SIZE/RANK/LOCAL_RANK; NCCL on GPUs, gloo on CPU."""
-    procs = Processes(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)),
-                      int(os.environ.get("LOCAL_RANK", 0)))
+    procs = Processes(
+        int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
+    )
     device = resolve_device(device_setting)
     if device.type == "cuda":
         if procs.world > 1:
@@ -318,7 +357,7 @@ def load_training_data(cfg: TrainConfig) -> TrainingData:
     if not train_pieces:
         raise DataError(f"{cfg.data}: the train split holds no pieces")
     valid_split = resolve_split(shards.splits, "valid")
-    valid_pieces = shards.pieces(valid_split)[:cfg.valid_pieces] if valid_split else []
+    valid_pieces = shards.pieces(valid_split)[: cfg.valid_pieces] if valid_split else []
     return TrainingData(shards.tokenizer, train_pieces, valid_pieces)
 
 
@@ -329,8 +368,10 @@ def _resolve_batching(cfg: TrainConfig, world: int) -> tuple[int, int]:
     share = cfg.batch_size // world
     micro = cfg.micro_batch or share
     if share % micro:
-        raise ConfigError(f"micro_batch {micro} does not divide the per-process batch {share} "
-                          f"(batch_size {cfg.batch_size} over {world} processes)")
+        raise ConfigError(
+            f"micro_batch {micro} does not divide the per-process batch {share} "
+            f"(batch_size {cfg.batch_size} over {world} processes)"
+        )
     return micro, share // micro
 
 
@@ -346,9 +387,11 @@ def _compatible_weights(folder: Path, tokenizer: Tokenizer, model_cfg: ModelConf
     and model are those of this run."""
     model, ckpt_tokenizer, ckpt_cfg, _ = load_checkpoint(folder)
     if ckpt_tokenizer.to_dict() != tokenizer.to_dict():
-        raise CheckpointError(f"{folder}: trained on another tokenizer ({ckpt_tokenizer.kind}, "
-                              f"{ckpt_tokenizer.vocab_size} tokens) than the data in {data} "
-                              f"({tokenizer.kind}, {tokenizer.vocab_size} tokens)")
+        raise CheckpointError(
+            f"{folder}: trained on another tokenizer ({ckpt_tokenizer.kind}, "
+            f"{ckpt_tokenizer.vocab_size} tokens) than the data in {data} "
+            f"({tokenizer.kind}, {tokenizer.vocab_size} tokens)"
+        )
     differ = [k for k, v in ckpt_cfg.to_dict().items() if model_cfg.to_dict().get(k) != v]
     if differ:
         raise ConfigError(f"{folder}: the checkpoint's model differs from this config in {', '.join(differ)}")
@@ -356,6 +399,7 @@ def _compatible_weights(folder: Path, tokenizer: Tokenizer, model_cfg: ModelConf
 
 
 # ---- the run ---------------------------------------------------------------------------------
+
 
 def train(cfg: TrainConfig, resume: bool = False, command: str = "") -> dict[str, Any]:
     """Train per `cfg`. Returns {"step", "loss", "checkpoint", "valid", "nonfinite", "stopped"}
@@ -390,8 +434,17 @@ class Trainer:
     """One process's share of a run: `__init__` sets up (resume state, model, optimiser, data,
     run folder), `run()` trains to `cfg.steps` updates or a stop request."""
 
-    def __init__(self, cfg: TrainConfig, procs: Processes, device: torch.device, data: TrainingData,
-                 model_cfg: ModelConfig, init: dict[str, Any] | None, resume: bool, command: str):
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        procs: Processes,
+        device: torch.device,
+        data: TrainingData,
+        model_cfg: ModelConfig,
+        init: dict[str, Any] | None,
+        resume: bool,
+        command: str,
+    ):
         self.cfg, self.procs, self.device, self.command = cfg, procs, device, command
         self.run_dir, self.tokenizer, self.model_cfg = Path(cfg.out), data.tokenizer, model_cfg
         self.valid_pieces = data.valid
@@ -418,8 +471,9 @@ class Trainer:
         """What cfg.precision means here (musegen.precision: "auto" timed once per machine and
         shape). Rank 0 decides for all ranks, so that they run alike."""
         cfg, procs = self.cfg, self.procs
-        choice = (training_choice(cfg.precision, self.model_cfg, self.micro, cfg.seq_len, self.device)
-                  if procs.main else None)
+        choice = (
+            training_choice(cfg.precision, self.model_cfg, self.micro, cfg.seq_len, self.device) if procs.main else None
+        )
         if procs.world > 1:  # the other ranks wait here while rank 0 times
             bf16 = torch.tensor([choice.bf16 if procs.main else 0], dtype=torch.int32, device=self.device)
             dist.broadcast(bf16, src=0)
@@ -428,8 +482,9 @@ class Trainer:
 
     def _refuse_used_folder(self) -> None:
         if latest_checkpoint(self.run_dir) is not None:
-            raise ConfigError(f"{self.run_dir} already holds checkpoints: add --resume to continue it, "
-                              f"or choose another --out")
+            raise ConfigError(
+                f"{self.run_dir} already holds checkpoints: add --resume to continue it, or choose another --out"
+            )
 
     def _build(self, init: dict[str, Any] | None) -> None:
         cfg = self.cfg
@@ -440,7 +495,8 @@ class Trainer:
         self.optimizer = make_optimizer(self.raw.parameters(), cfg.optimizer, cfg.lr, cfg.weight_decay, self.device)
         floor_ratio = cfg.lr_floor / cfg.lr
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda u: lr_factor(u, cfg.warmup, cfg.steps, floor_ratio))
+            self.optimizer, lambda u: lr_factor(u, cfg.warmup, cfg.steps, floor_ratio)
+        )
 
     def _restore(self, source: Path) -> None:
         """Load the checkpoint's weights and trainer state, all checked before anything is set."""
@@ -464,7 +520,8 @@ class Trainer:
         net: torch.nn.Module = self.raw
         if self.procs.world > 1:
             net = torch.nn.parallel.DistributedDataParallel(
-                self.raw, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+                self.raw, device_ids=[self.device.index] if self.device.type == "cuda" else None
+            )
         return torch.compile(net) if self.cfg.compile else net
 
     def _make_loader(self, pieces: list[np.ndarray]) -> torch.utils.data.DataLoader:
@@ -472,25 +529,52 @@ class Trainer:
         crop = cfg.crop if cfg.crop != "auto" else self.tokenizer.default_crop
         augmenter = Augmenter.for_tokenizer(self.tokenizer) if cfg.augment else None
         dataset = CropDataset(pieces, cfg.seq_len, self.tokenizer.pad_id, cfg.seed, augmenter, crop)
-        batches = StepBatches([len(p) for p in pieces], cfg.seq_len, self.micro, self.accumulation,
-                              procs.rank, procs.world, cfg.seed, cfg.sampling, self.step)
+        batches = StepBatches(
+            [len(p) for p in pieces],
+            cfg.seq_len,
+            self.micro,
+            self.accumulation,
+            procs.rank,
+            procs.world,
+            cfg.seed,
+            cfg.sampling,
+            self.step,
+        )
         return torch.utils.data.DataLoader(
-            dataset, batch_sampler=batches, num_workers=cfg.workers, pin_memory=self.device.type == "cuda",
-            worker_init_fn=_ignore_interrupts if cfg.workers else None, persistent_workers=False)
+            dataset,
+            batch_sampler=batches,
+            num_workers=cfg.workers,
+            pin_memory=self.device.type == "cuda",
+            worker_init_fn=_ignore_interrupts if cfg.workers else None,
+            persistent_workers=False,
+        )
 
     def _open_run_folder(self, source: Path | None) -> None:
         """The first writes: the run's config, the log's start (or resume) entry, the step-0 checkpoint."""
         cfg, procs = self.cfg, self.procs
         if procs.main:
             clean_leftovers(self.run_dir)
-            write_json(self.run_dir / RUN_CONFIG, {
-                "config": cfg.to_dict(), "command": self.command, "world_size": procs.world,
-                "micro_batch": self.micro, "accumulation": self.accumulation,
-                "resumed_from": str(source) if source else None, "init": cfg.init or None})
+            write_json(
+                self.run_dir / RUN_CONFIG,
+                {
+                    "config": cfg.to_dict(),
+                    "command": self.command,
+                    "world_size": procs.world,
+                    "micro_batch": self.micro,
+                    "accumulation": self.accumulation,
+                    "resumed_from": str(source) if source else None,
+                    "init": cfg.init or None,
+                },
+            )
         self.log = RunLog(self.run_dir, procs.main, self.step if source is not None else None)
-        record = {"step": self.step, "event": "resume" if source else "start", "command": self.command,
-                  "parameters": self.raw.num_parameters(), "world_size": procs.world,
-                  "precision": self.precision.record()}
+        record = {
+            "step": self.step,
+            "event": "resume" if source else "start",
+            "command": self.command,
+            "parameters": self.raw.num_parameters(),
+            "world_size": procs.world,
+            "precision": self.precision.record(),
+        }
         if cfg.init:
             record["init"] = cfg.init
         if self.log.dropped:
@@ -502,8 +586,9 @@ class Trainer:
     # -- training --
 
     def run(self) -> dict[str, Any]:
-        bar = tqdm(total=self.cfg.steps, initial=self.step, disable=not self.procs.main, unit="step",
-                   dynamic_ncols=True)
+        bar = tqdm(
+            total=self.cfg.steps, initial=self.step, disable=not self.procs.main, unit="step", dynamic_ncols=True
+        )
         batches = iter(self.loader)
         self.raw.train()
         try:
@@ -517,8 +602,14 @@ class Trainer:
         streak = self.counters["nonfinite_streak"]
         if streak and not self.stopped:
             self._diverged(f"the run ended diverged: its last {streak} updates were non-finite and skipped")
-        return {"step": self.step, "loss": self.last_loss, "checkpoint": str(self.latest) if self.latest else None,
-                "valid": self.valid_result, "nonfinite": self.counters["nonfinite_total"], "stopped": self.stopped}
+        return {
+            "step": self.step,
+            "loss": self.last_loss,
+            "checkpoint": str(self.latest) if self.latest else None,
+            "valid": self.valid_result,
+            "nonfinite": self.counters["nonfinite_total"],
+            "stopped": self.stopped,
+        }
 
     def _train_step(self, batches: Iterator[torch.Tensor], stop: _StopRequest, bar: tqdm) -> None:
         """One update, or the checkpoint that answers a stop request; then logs, validation and
@@ -536,8 +627,10 @@ class Trainer:
         loss, grad_norm, lr = self._update(micro_batches, n_tokens)
         self._report(bar, loss, lr, grad_norm, n_tokens / (time.perf_counter() - started))
         if self.counters["nonfinite_streak"] >= cfg.max_nonfinite:
-            self._diverged(f"the loss was non-finite {self.counters['nonfinite_streak']} updates in a row "
-                           f"(step {self.step}); stopped")
+            self._diverged(
+                f"the loss was non-finite {self.counters['nonfinite_streak']} updates in a row "
+                f"(step {self.step}); stopped"
+            )
         last = self.step == cfg.steps
         if cfg.valid_every and (self.step % cfg.valid_every == 0 or last):
             self._validate()
@@ -553,8 +646,11 @@ class Trainer:
         total = torch.zeros((), device=self.device)
         for a, mb in enumerate(micro_batches):
             torch.manual_seed(derive_seed(cfg.seed, 5, step, a * procs.world + procs.rank))
-            sync = (self.net.no_sync() if procs.world > 1 and a < self.accumulation - 1 and hasattr(self.net, "no_sync")
-                    else contextlib.nullcontext())
+            sync = (
+                self.net.no_sync()
+                if procs.world > 1 and a < self.accumulation - 1 and hasattr(self.net, "no_sync")
+                else contextlib.nullcontext()
+            )
             with sync, torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
                 logits = self.net(mb[:, :-1])
                 nll = next_token_nll(logits, mb[:, 1:], self.tokenizer.pad_id)
@@ -583,38 +679,74 @@ class Trainer:
         bar.update(1)
         bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{self.rate:,.0f}", refresh=False)
         if self.step % self.cfg.log_every == 0 or self.step == self.cfg.steps:
-            self.log.write({"step": self.step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
-                            "tokens_per_s": speed, "tokens": self.counters["tokens_seen"],
-                            "nonfinite": self.counters["nonfinite_total"], "time": time.time()})
+            self.log.write(
+                {
+                    "step": self.step,
+                    "loss": loss,
+                    "lr": lr,
+                    "grad_norm": grad_norm,
+                    "tokens_per_s": speed,
+                    "tokens": self.counters["tokens_seen"],
+                    "nonfinite": self.counters["nonfinite_total"],
+                    "time": time.time(),
+                }
+            )
 
     def _validate(self) -> None:
         if not self.procs.main or not self.valid_pieces:
             return
         cfg, step = self.cfg, self.step
         valid_len = cfg.valid_len or min(2 * cfg.seq_len, self.model_cfg.max_positions or 2 * cfg.seq_len)
-        sums, counts = position_nll(self.raw, self.valid_pieces, valid_len, self.tokenizer.pad_id,
-                                    seed=derive_seed(cfg.seed, 3))
+        sums, counts = position_nll(
+            self.raw, self.valid_pieces, valid_len, self.tokenizer.pad_id, seed=derive_seed(cfg.seed, 3)
+        )
         self.valid_result = summarize(sums, counts, cfg.seq_len)
-        write_position_nll(self.run_dir / "valid", f"step-{step:08d}", sums, counts, cfg.seq_len,
-                           title=f"validation NLL at step {step}")
-        self.log.write({"step": step, "valid_loss": self.valid_result["within"],
-                        "valid_extrapolation": self.valid_result["extrapolation"]})
+        write_position_nll(
+            self.run_dir / "valid",
+            f"step-{step:08d}",
+            sums,
+            counts,
+            cfg.seq_len,
+            title=f"validation NLL at step {step}",
+        )
+        self.log.write(
+            {
+                "step": step,
+                "valid_loss": self.valid_result["within"],
+                "valid_extrapolation": self.valid_result["extrapolation"],
+            }
+        )
 
     def _checkpoint(self) -> None:
         """Write this step's checkpoint (main process), unless the state went non-finite: such a
         checkpoint is never written, so every one on disk is good and pruning keeps the newest."""
         if not state_is_finite(self.raw, self.optimizer):
-            self._diverged(f"the weights or optimiser moments became non-finite by step {self.step}; "
-                           f"not saved")
+            self._diverged(f"the weights or optimiser moments became non-finite by step {self.step}; not saved")
         if not self.procs.main:
             return
         cfg, loss = self.cfg, self.last_loss
-        meta = {"train_len": cfg.seq_len, "preset": cfg.preset, "data": cfg.data, "tokenizer": self.tokenizer.kind,
-                "step": self.step, "train_loss": loss if math.isfinite(loss) else None}  # JSON has no NaN
+        meta = {
+            "train_len": cfg.seq_len,
+            "preset": cfg.preset,
+            "data": cfg.data,
+            "tokenizer": self.tokenizer.kind,
+            "step": self.step,
+            "train_loss": loss if math.isfinite(loss) else None,
+        }  # JSON has no NaN
         if cfg.init:
             meta["init"] = cfg.init
-        self.latest = write_checkpoint(self.run_dir, self.step, self.raw, self.model_cfg, self.tokenizer,
-                                       self.optimizer, self.scheduler, self.counters, meta, cfg.keep)
+        self.latest = write_checkpoint(
+            self.run_dir,
+            self.step,
+            self.raw,
+            self.model_cfg,
+            self.tokenizer,
+            self.optimizer,
+            self.scheduler,
+            self.counters,
+            meta,
+            cfg.keep,
+        )
 
     def _diverged(self, what: str) -> None:
         self.log.write({"step": self.step, "event": "stopped", "reason": "non-finite"})

@@ -69,13 +69,17 @@ def trio(bars: int = 2, tpq: int = 480) -> list[bytes]:
     bass = [(0, b"\xc0\x21")] + melody(bars, tpq, channel=0, base=36)
     drums: list[Event] = []
     for beat in range(4 * bars):
-        drums += [(0, on(36 if beat % 2 == 0 else 38, channel=9)), (tpq // 4, off(36 if beat % 2 == 0 else 38, 9)),
-                  (tpq - tpq // 4, b"\xff\x01\x00")]  # (an empty text event pads the beat)
+        drums += [
+            (0, on(36 if beat % 2 == 0 else 38, channel=9)),
+            (tpq // 4, off(36 if beat % 2 == 0 else 38, 9)),
+            (tpq - tpq // 4, b"\xff\x01\x00"),
+        ]  # (an empty text event pads the beat)
     piano = [(0, b"\xc1\x00")] + melody(bars, tpq, channel=1, base=64)
     return [track(bass), track(drums), track(piano)]
 
 
 # ---- the cases ---------------------------------------------------------------------------------
+
 
 def tpq1_long_note() -> bytes:
     """52 bytes: 1 tick per beat and a note lasting 10^6 beats (the chord detector's 16 GiB ask)."""
@@ -186,12 +190,32 @@ def thousand_tracks(count: int = 1000) -> bytes:
 
 def thousand_tracks_trio() -> bytes:
     """A bass/drums/piano trio followed by 997 one-note tracks (groove must still find its trio)."""
-    extra = [track([(i % 64 * 120, on(60 + i % 12, channel=2 + i % 7)), (120, off(60 + i % 12, 2 + i % 7))])
-             for i in range(997)]
+    extra = [
+        track([(i % 64 * 120, on(60 + i % 12, channel=2 + i % 7)), (120, off(60 + i % 12, 2 + i % 7))])
+        for i in range(997)
+    ]
     return smf(trio(2) + extra)
 
 
-MIDI_CASES: dict[str, Callable[[], bytes]] = {f.__name__: f for f in (
-    tpq1_long_note, tpq1_melody, tpq_max_melody, division_65535, note_million_beats, deltas_past_2_31,
-    deltas_past_2_32, long_note_past_2_32, note_39000_beats, dense_bar, dense_trio, far_marker, far_chord_marker,
-    far_tempo, marker_within_limit, thousand_tracks, thousand_tracks_trio)}
+MIDI_CASES: dict[str, Callable[[], bytes]] = {
+    f.__name__: f
+    for f in (
+        tpq1_long_note,
+        tpq1_melody,
+        tpq_max_melody,
+        division_65535,
+        note_million_beats,
+        deltas_past_2_31,
+        deltas_past_2_32,
+        long_note_past_2_32,
+        note_39000_beats,
+        dense_bar,
+        dense_trio,
+        far_marker,
+        far_chord_marker,
+        far_tempo,
+        marker_within_limit,
+        thousand_tracks,
+        thousand_tracks_trio,
+    )
+}

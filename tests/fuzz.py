@@ -35,9 +35,9 @@ def tracks(data: bytes) -> list[tuple[int, int]]:
     """(offset of the length field, end of the data) of each MTrk chunk, clipped to the file."""
     found, pos = [], 14
     while pos + 8 <= len(data):
-        length = struct.unpack(">I", data[pos + 4:pos + 8])[0]
+        length = struct.unpack(">I", data[pos + 4 : pos + 8])[0]
         end = min(len(data), pos + 8 + length)
-        if data[pos:pos + 4] == b"MTrk":
+        if data[pos : pos + 4] == b"MTrk":
             found.append((pos + 4, end))
         pos = pos + 8 + length
     return found
@@ -52,7 +52,7 @@ def _insert(data: bytes, rng: random.Random, events: list[Event]) -> bytes:
         return data + b"MTrk" + struct.pack(">I", len(block)) + block
     length_at, end = rng.choice(spans)
     start = length_at + 4
-    if rng.random() < 0.5 and data[end - 3:end] == b"\xff\x2f\x00":
+    if rng.random() < 0.5 and data[end - 3 : end] == b"\xff\x2f\x00":
         # "... d_eot FF 2F 00": the first event takes d_eot, the end-of-track follows at delta 0
         block = events[0][1] + b"".join(d + e for d, e in events[1:]) + b"\x00"
         at = end - 3
@@ -61,8 +61,8 @@ def _insert(data: bytes, rng: random.Random, events: list[Event]) -> bytes:
         at = start
     out = bytearray(data[:at] + block + data[at:])
     if rng.random() < 0.9:
-        old = struct.unpack(">I", data[length_at:length_at + 4])[0]
-        out[length_at:length_at + 4] = struct.pack(">I", min(old + len(block), 2**32 - 1))
+        old = struct.unpack(">I", data[length_at : length_at + 4])[0]
+        out[length_at : length_at + 4] = struct.pack(">I", min(old + len(block), 2**32 - 1))
     return bytes(out)
 
 
@@ -72,8 +72,9 @@ def _note(on: bool, pitch: int, velocity: int = 64, channel: int = 0) -> bytes:
 
 # ---- blind mutations ------------------------------------------------------------------------
 
+
 def truncate(data, rng):
-    return data[:rng.randrange(len(data))]
+    return data[: rng.randrange(len(data))]
 
 
 def bit_flips(data, rng):
@@ -98,17 +99,20 @@ def chunk_length_lie(data, rng):
         return data
     length_at, _ = rng.choice(spans)
     lie = rng.choice([0, 1, 2**31 - 1, 2**32 - 1, rng.randrange(2**32)])
-    return data[:length_at] + struct.pack(">I", lie) + data[length_at + 4:]
+    return data[:length_at] + struct.pack(">I", lie) + data[length_at + 4 :]
 
 
 def header(data, rng):
     """Format, track count or division set to edge values (0, SMPTE, 0xFFFF ...)."""
-    field = rng.choice([(8, [0, 1, 2, 3, 0xFFFF]), (10, [0, 1, 2, 0xFFFF]), (12, [0, 1, 0x7FFF, 0x8000, 0xE250, 0xFFFF])])
+    field = rng.choice(
+        [(8, [0, 1, 2, 3, 0xFFFF]), (10, [0, 1, 2, 0xFFFF]), (12, [0, 1, 0x7FFF, 0x8000, 0xE250, 0xFFFF])]
+    )
     offset, values = field
-    return data[:offset] + struct.pack(">H", rng.choice(values)) + data[offset + 2:]
+    return data[:offset] + struct.pack(">H", rng.choice(values)) + data[offset + 2 :]
 
 
 # ---- structure-aware mutations ----------------------------------------------------------------
+
 
 def huge_delta(data, rng):
     pitch = rng.randrange(128)
@@ -126,8 +130,10 @@ def running_status(data, rng):
         [(vlq(0), b"\xff\x01\x01A"), (vlq(0), bytes([pitch, 64]))],  # running status after a meta event
         [(vlq(0), b"\xf0\x01\xf7"), (vlq(1), bytes([pitch, 0]))],  # ... and after a sysex
         [(vlq(0), b"\x90\x80\x80")],  # status bytes as data
-        [(vlq(0), _note(True, pitch))] + [(vlq(rng.randrange(4)), bytes([rng.randrange(128), rng.randrange(128)]))
-                                           for _ in range(rng.randint(1, 64))],  # long legal runs
+        [(vlq(0), _note(True, pitch))]
+        + [
+            (vlq(rng.randrange(4)), bytes([rng.randrange(128), rng.randrange(128)])) for _ in range(rng.randint(1, 64))
+        ],  # long legal runs
     ]
     return _insert(data, rng, rng.choice(variants))
 
@@ -144,6 +150,7 @@ def absurd_time_signature(data, rng):
         if rng.random() < 0.2:
             return rng.choice([b"\xff\x58\x00", b"\xff\x58\x02\x04"])  # wrong lengths
         return b"\xff\x58\x04" + bytes([rng.choice([0, 1, 127, 255]), rng.choice([0, 5, 31, 127, 255]), 24, 8])
+
     return _insert(data, rng, [(vlq(rng.randrange(2000)), signature()) for _ in range(rng.choice([1, 3, 200]))])
 
 
@@ -177,8 +184,20 @@ def overlapping_notes(data, rng):
 
 
 MUTATIONS: dict[str, Callable[[bytes, random.Random], bytes]] = {
-    f.__name__: f for f in (truncate, bit_flips, splice, chunk_length_lie, header, huge_delta, running_status,
-                            absurd_tempo, absurd_time_signature, zero_tick_notes, overlapping_notes)
+    f.__name__: f
+    for f in (
+        truncate,
+        bit_flips,
+        splice,
+        chunk_length_lie,
+        header,
+        huge_delta,
+        running_status,
+        absurd_tempo,
+        absurd_time_signature,
+        zero_tick_notes,
+        overlapping_notes,
+    )
 }
 # Blind mutations mostly break the file outright; the structured ones reach the tokenizers.
 WEIGHTS = {"truncate": 1, "bit_flips": 2, "splice": 1, "chunk_length_lie": 1, "header": 1}  # the others: 3

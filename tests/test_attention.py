@@ -5,9 +5,15 @@ import math
 import pytest
 import torch
 
-from musegen.model.attention import (EPS, FeatureMap, causal_linear_attention, chunked_kernel,
-                                     fast_transformers_available, fast_transformers_kernel,
-                                     softmax_attention)
+from musegen.model.attention import (
+    EPS,
+    FeatureMap,
+    causal_linear_attention,
+    chunked_kernel,
+    fast_transformers_available,
+    fast_transformers_kernel,
+    softmax_attention,
+)
 
 B, H, M, DV = 2, 3, 8, 5
 
@@ -54,7 +60,7 @@ def test_chunked_continues_from_state_like_one_pass():
     first, _, state = chunked_kernel(q[:, :, :61], k[:, :, :61], v[:, :, :61], chunk_size=32)
     pieces = [first]
     for t in range(61, 150):  # token by token: the RNN form
-        out, _, state = chunked_kernel(q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1], state)
+        out, _, state = chunked_kernel(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], state)
         pieces.append(out)
     assert rel(torch.cat(pieces, dim=2), whole) < 1e-5
     assert rel(state[0], full_state[0]) < 1e-5 and rel(state[1], full_state[1]) < 1e-5
@@ -67,7 +73,10 @@ def test_chunked_equals_fast_transformers(T):
     state = (torch.randn(B, H, M, DV), torch.rand(B, H, M))
     for ours, theirs in zip(chunked_kernel(q, k, v, state), fast_transformers_kernel(q, k, v, state)):
         if isinstance(ours, tuple):
-            ours, theirs = torch.cat([ours[0], ours[1][..., None]], -1), torch.cat([theirs[0], theirs[1][..., None]], -1)
+            ours, theirs = (
+                torch.cat([ours[0], ours[1][..., None]], -1),
+                torch.cat([theirs[0], theirs[1][..., None]], -1),
+            )
         assert rel(ours, theirs) < 1e-5
 
 
@@ -89,7 +98,7 @@ def test_performer_attention_approaches_softmax_attention():
     torch.manual_seed(0)
     T, width = 40, 16
     q, k, v = torch.randn(1, 2, T, width) * 0.5, torch.randn(1, 2, T, width) * 0.5, torch.randn(1, 2, T, 4)
-    exact, _ = softmax_attention(q, k, v, scale=width ** -0.5)
+    exact, _ = softmax_attention(q, k, v, scale=width**-0.5)
     fm = FeatureMap("performer", in_dim=width, n_features=16_384)
     approx, _ = causal_linear_attention(fm(q, True), fm(k, False), v)
     assert (approx - exact).abs().max() < 0.05
@@ -102,7 +111,7 @@ def test_performer_features_are_the_favor_formula():
     fm = FeatureMap("performer", in_dim=8, n_features=32)
     x = torch.randn(5, 8, dtype=torch.float64) * 2
     fm.projection.data = fm.projection.double()
-    xs = x * fm.temperature ** 0.5
+    xs = x * fm.temperature**0.5
     u = torch.cat([xs @ fm.projection, -(xs @ fm.projection)], -1)
     textbook = torch.exp(u - (xs * xs).sum(-1, keepdim=True) / 2) / math.sqrt(32)
     assert torch.allclose(fm(x, is_query=False), textbook, rtol=1e-12)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from train_fixtures import prepare_pop909
 
 from musegen.checkpoint import export_checkpoint, load_checkpoint, save_checkpoint
 from musegen.cli import main
@@ -21,8 +22,6 @@ from musegen.errors import CheckpointError, FormatError
 from musegen.model import MusicPerformer, preset
 from musegen.tokenizers import tokenizer_from_dict
 from musegen.train import build_config, latest_checkpoint, train
-
-from train_fixtures import prepare_pop909
 
 REPO = Path(__file__).resolve().parents[1]
 PICKLE_NAMES = ("model.pt", "trainer_state.pt", "optimizer.pt", "pytorch_model.bin", "rng_state.pkl")
@@ -64,8 +63,10 @@ def assert_really_malicious(path: Path, marker: Path) -> None:
 @pytest.fixture
 def no_unpickling(monkeypatch):
     """Any unpickling in this process fails the test."""
+
     def refuse(*args, **kwargs):
         raise AssertionError("something tried to unpickle")
+
     for name in ("load", "loads", "Unpickler"):
         monkeypatch.setattr(pickle, name, refuse)
     monkeypatch.setattr(torch, "load", refuse)
@@ -104,32 +105,54 @@ def copy(folder: Path, dest: Path) -> Path:
 
 # ---- never unpickle --------------------------------------------------------------------------
 
+
 def test_no_unpickling_call_in_the_package():
     """Grep-level: no pickle, torch.load or pickled numpy anywhere in musegen/ (checkpoints, shards,
     training state, sampling). data_prep/pop1k7.py unpickles the Pop1K7 download with a
     plain-values-only unpickler; it never reads checkpoint folders."""
-    pattern = re.compile(r"\bimport pickle\b|\bpickle\.|torch\.load\(|weights_only\s*=\s*False|allow_pickle\s*=\s*True"
-                         r"|\bjoblib\b|\bdill\b")
-    offenders = [f"{path.relative_to(REPO)}:{n}" for path in (REPO / "musegen").rglob("*.py")
-                 for n, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
+    pattern = re.compile(
+        r"\bimport pickle\b|\bpickle\.|torch\.load\(|weights_only\s*=\s*False|allow_pickle\s*=\s*True"
+        r"|\bjoblib\b|\bdill\b"
+    )
+    offenders = [
+        f"{path.relative_to(REPO)}:{n}"
+        for path in (REPO / "musegen").rglob("*.py")
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
     assert not offenders, offenders
-    loads = [f"{path.relative_to(REPO)}:{n}" for path in (REPO / "musegen").rglob("*.py")
-             for n, line in enumerate(path.read_text().splitlines(), 1)
-             if "np.load(" in line and "allow_pickle=False" not in line]
+    loads = [
+        f"{path.relative_to(REPO)}:{n}"
+        for path in (REPO / "musegen").rglob("*.py")
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if "np.load(" in line and "allow_pickle=False" not in line
+    ]
     assert not loads, loads
 
 
-def test_planted_pickles_are_never_executed_by_sample_or_resume(run, checkpoint, tmp_path, capsys,
-                                                                 no_unpickling):
+def test_planted_pickles_are_never_executed_by_sample_or_resume(run, checkpoint, tmp_path, capsys, no_unpickling):
     data, out = run
     marker = tmp_path / "PWNED"
     folders = [checkpoint, latest_checkpoint(out)]
     planted = [p for folder in folders for p in plant(folder, marker)]
-    for path in planted[:len(PICKLE_NAMES)]:
+    for path in planted[: len(PICKLE_NAMES)]:
         assert_really_malicious(path, marker)  # in a subprocess, where pickle works
-    code, err = cli(["train", "--data", data, "--out", out, "--preset", "tiny",
-                     *[x for s in TINY_RUN if not s.startswith("steps") for x in ("--set", s)],
-                     "--set", "steps=3", "--resume"], capsys)
+    code, err = cli(
+        [
+            "train",
+            "--data",
+            data,
+            "--out",
+            out,
+            "--preset",
+            "tiny",
+            *[x for s in TINY_RUN if not s.startswith("steps") for x in ("--set", s)],
+            "--set",
+            "steps=3",
+            "--resume",
+        ],
+        capsys,
+    )
     assert code == 0, err
     assert latest_checkpoint(out).name == "step-00000003" and not marker.exists()
     code, err = cli(["sample", "-c", checkpoint, "--length", 8, "--seed", 0, "--out", tmp_path / "s"], capsys)
@@ -139,8 +162,9 @@ def test_planted_pickles_are_never_executed_by_sample_or_resume(run, checkpoint,
 
 def test_a_pickle_in_place_of_the_weights_is_refused_unexecuted(checkpoint, tmp_path, capsys, no_unpickling):
     marker = tmp_path / "PWNED"
-    for i, write in enumerate((lambda p: p.write_bytes(pickle.dumps(Planted(marker))),
-                               lambda p: torch.save({"w": Planted(marker)}, p))):
+    for i, write in enumerate(
+        (lambda p: p.write_bytes(pickle.dumps(Planted(marker))), lambda p: torch.save({"w": Planted(marker)}, p))
+    ):
         folder = copy(checkpoint, tmp_path / f"c{i}")
         write(folder / "model.safetensors")  # (writing a pickle is allowed; reading one is not)
         code, err = cli(["sample", "-c", folder, "--length", 4, "--out", tmp_path / "s"], capsys)
@@ -149,6 +173,7 @@ def test_a_pickle_in_place_of_the_weights_is_refused_unexecuted(checkpoint, tmp_
 
 
 # ---- tampered, truncated, mismatched -----------------------------------------------------------
+
 
 def _edit_json(path: Path, edit) -> None:
     data = json.loads(path.read_text())
@@ -176,47 +201,92 @@ def _smaller_model(path: Path) -> None:
 def _set(key, value):
     def edit(data):
         data[key] = value
+
     return edit
 
 
 TAMPERING = {
     # name: (file, how, words the one-line message must hold)
-    "truncated weights": ("model.safetensors", lambda p: p.write_bytes(p.read_bytes()[:len(p.read_bytes()) // 2]),
-                          "unreadable weights"),
+    "truncated weights": (
+        "model.safetensors",
+        lambda p: p.write_bytes(p.read_bytes()[: len(p.read_bytes()) // 2]),
+        "unreadable weights",
+    ),
     "empty weights": ("model.safetensors", lambda p: p.write_bytes(b""), "unreadable weights"),
     "flipped header byte": ("model.safetensors", _flip_header_byte, "unreadable weights"),
-    "huge header length": ("model.safetensors", lambda p: p.write_bytes(struct.pack("<Q", 2**62) + p.read_bytes()[8:]),
-                           "unreadable weights"),
+    "huge header length": (
+        "model.safetensors",
+        lambda p: p.write_bytes(struct.pack("<Q", 2**62) + p.read_bytes()[8:]),
+        "unreadable weights",
+    ),
     "wrong shapes": ("model.safetensors", _smaller_model, "has shape"),
-    "NaN weights": ("model.safetensors", lambda p: _edit_weights(p, lambda t: t["head.weight"].fill_(float("nan"))),
-                    "non-finite"),
+    "NaN weights": (
+        "model.safetensors",
+        lambda p: _edit_weights(p, lambda t: t["head.weight"].fill_(float("nan"))),
+        "non-finite",
+    ),
     "missing tensor": ("model.safetensors", lambda p: _edit_weights(p, lambda t: t.pop("head.bias")), "do not match"),
-    "extra tensor": ("model.safetensors", lambda p: _edit_weights(p, lambda t: t.update(extra=torch.zeros(2))),
-                     "do not match"),
+    "extra tensor": (
+        "model.safetensors",
+        lambda p: _edit_weights(p, lambda t: t.update(extra=torch.zeros(2))),
+        "do not match",
+    ),
     "missing weights": ("model.safetensors", Path.unlink, "missing model.safetensors"),
     "missing tokenizer": ("tokenizer.json", Path.unlink, "tokenizer file not found"),
-    "edited vocabulary": ("tokenizer.json", lambda p: _edit_json(p, lambda d: d["vocab"].reverse()),
-                          "vocabulary does not match"),
-    "other tokenizer, bigger vocabulary": ("tokenizer.json", lambda p: _edit_json(p, lambda d: d.update(
-        tokenizer_from_dict({"kind": "groove"}).to_dict())), "but the model"),
-    "unknown tokenizer kind": ("tokenizer.json", lambda p: _edit_json(p, _set("kind", "abc")), "unknown tokenizer kind 'abc'"),
+    "edited vocabulary": (
+        "tokenizer.json",
+        lambda p: _edit_json(p, lambda d: d["vocab"].reverse()),
+        "vocabulary does not match",
+    ),
+    "other tokenizer, bigger vocabulary": (
+        "tokenizer.json",
+        lambda p: _edit_json(p, lambda d: d.update(tokenizer_from_dict({"kind": "groove"}).to_dict())),
+        "but the model",
+    ),
+    "unknown tokenizer kind": (
+        "tokenizer.json",
+        lambda p: _edit_json(p, _set("kind", "abc")),
+        "unknown tokenizer kind 'abc'",
+    ),
     "tokenizer not JSON": ("tokenizer.json", lambda p: p.write_bytes(b"\x80\x04K\x01."), "not valid JSON"),
     "missing config": ("config.json", Path.unlink, "missing config.json"),
     "truncated config": ("config.json", lambda p: p.write_text(p.read_text()[:40]), "not valid JSON"),
-    "config not an object": ("config.json", lambda p: p.write_text("[1, 2]"), "invalid checkpoint config: (the whole file)"),
+    "config not an object": (
+        "config.json",
+        lambda p: p.write_text("[1, 2]"),
+        "invalid checkpoint config: (the whole file)",
+    ),
     "other format version": ("config.json", lambda p: _edit_json(p, _set("version", 99)), "version: input should be 1"),
     "unknown setting": ("config.json", lambda p: _edit_json(p, lambda d: d["model"].update(foo=1)), "foo: unexpected"),
-    "wrong type": ("config.json", lambda p: _edit_json(p, lambda d: d["model"].update(n_layers="two")),
-                   "n_layers: input should be a valid integer"),
-    "model not an object": ("config.json", lambda p: _edit_json(p, _set("model", [1, 2])), "model: input should be a valid dict"),
-    "vocabulary size mismatch": ("config.json", lambda p: _edit_json(p, lambda d: d["model"].update(vocab_size=300)),
-                                 "but the model"),
+    "wrong type": (
+        "config.json",
+        lambda p: _edit_json(p, lambda d: d["model"].update(n_layers="two")),
+        "n_layers: input should be a valid integer",
+    ),
+    "model not an object": (
+        "config.json",
+        lambda p: _edit_json(p, _set("model", [1, 2])),
+        "model: input should be a valid dict",
+    ),
+    "vocabulary size mismatch": (
+        "config.json",
+        lambda p: _edit_json(p, lambda d: d["model"].update(vocab_size=300)),
+        "but the model",
+    ),
 }
 
 
 # exit 2: the file breaks its declared schema (musegen/schemas.py); the others exit 1
-AGAINST_SCHEMA = {"unknown tokenizer kind", "tokenizer not JSON", "truncated config", "config not an object",
-                  "other format version", "unknown setting", "wrong type", "model not an object"}
+AGAINST_SCHEMA = {
+    "unknown tokenizer kind",
+    "tokenizer not JSON",
+    "truncated config",
+    "config not an object",
+    "other format version",
+    "unknown setting",
+    "wrong type",
+    "model not an object",
+}
 
 
 @pytest.mark.parametrize("case", list(TAMPERING))
@@ -242,16 +312,35 @@ def test_tampered_training_state_is_refused_on_resume(case, run, tmp_path, capsy
     (run_copy / "checkpoints").mkdir(parents=True)
     folder = copy(latest_checkpoint(out), run_copy / "checkpoints" / latest_checkpoint(out).name)
     state, tensors = folder / "trainer_state.json", folder / "trainer_state.safetensors"
-    {"truncated optimiser state": lambda: tensors.write_bytes(tensors.read_bytes()[:100]),
-     "state JSON not JSON": lambda: state.write_text("{"),
-     "state JSON without step": lambda: _edit_json(state, lambda d: d.pop("step"))}[case]()
-    code, err = cli(["train", "--data", data, "--out", run_copy, "--preset", "tiny",
-                     *[x for s in TINY_RUN for x in ("--set", s)], "--resume"], capsys)
-    assert code == (1 if "optimiser" in case else 2) and len(err) == 1 and ("trainer_state" in err[0] or "training state" in err[0]), err
+    {
+        "truncated optimiser state": lambda: tensors.write_bytes(tensors.read_bytes()[:100]),
+        "state JSON not JSON": lambda: state.write_text("{"),
+        "state JSON without step": lambda: _edit_json(state, lambda d: d.pop("step")),
+    }[case]()
+    code, err = cli(
+        [
+            "train",
+            "--data",
+            data,
+            "--out",
+            run_copy,
+            "--preset",
+            "tiny",
+            *[x for s in TINY_RUN for x in ("--set", s)],
+            "--resume",
+        ],
+        capsys,
+    )
+    assert (
+        code == (1 if "optimiser" in case else 2)
+        and len(err) == 1
+        and ("trainer_state" in err[0] or "training state" in err[0])
+    ), err
     load_checkpoint(folder)  # the model files themselves are still fine for sampling
 
 
 # ---- nothing allocated on the files' word alone ---------------------------------------------------
+
 
 def test_shapes_are_compared_before_the_real_model_is_built(checkpoint, tmp_path, monkeypatch):
     """A mismatched weight file is refused having built the model only on the meta device (which
@@ -266,6 +355,7 @@ def test_shapes_are_compared_before_the_real_model_is_built(checkpoint, tmp_path
     def spy(self, config):
         built_on.append(torch.get_default_device().type)
         real_init(self, config)
+
     monkeypatch.setattr(model_module.MusicPerformer, "__init__", spy)
     with pytest.raises(CheckpointError, match="has shape"):
         load_checkpoint(folder)

@@ -6,11 +6,10 @@ import numpy as np
 import pytest
 import symusic
 from chorder import Dechorder
+from conftest import pop909_files
 from miditoolkit.midi import containers, parser
 
 from musegen.chords import QUALITIES, detect_chords
-
-from conftest import pop909_files
 
 
 def _notes_of(path):
@@ -32,9 +31,13 @@ def _chorder_labels(start, end, pitch, tpq):
     midi.max_tick = int(max(end))
     out = []
     for c in Dechorder.dechord(midi):
-        out.append((-1 if c.root_pc is None else c.root_pc,
-                    -1 if c.quality is None else QUALITIES.index(c.quality),
-                    -1 if c.bass_pc is None else c.bass_pc))
+        out.append(
+            (
+                -1 if c.root_pc is None else c.root_pc,
+                -1 if c.quality is None else QUALITIES.index(c.quality),
+                -1 if c.bass_pc is None else c.bass_pc,
+            )
+        )
     return np.array(out, dtype=np.int64).reshape(-1, 3)
 
 
@@ -72,17 +75,20 @@ def _triad(pitches, beats, tpq=480, offset=0):
     return start, start + beats * tpq, np.array(pitches)
 
 
-@pytest.mark.parametrize("pitches, expected", [
-    ([60, 64, 67], (0, "M", 0)),  # C major
-    ([57, 60, 64], (9, "m", 9)),  # A minor
-    ([60, 64, 67, 70], (0, "7", 0)),  # C7: the minor seventh turns M into 7
-    ([60, 64, 67, 71], (0, "M7", 0)),
-    ([57, 60, 64, 67], (9, "m7", 9)),
-    ([48, 64, 67, 69], (9, "m7", 0)),  # C bass under E G A: chorder's re-rooting applies
-    ([60, 62, 67], (0, "sus2", 0)),
-    ([62, 65, 68], (2, "o", 2)),
-    ([44, 71, 74, 77], (2, "o", 8)),  # symmetric diminished seventh: first root in chorder's order, G# bass
-])
+@pytest.mark.parametrize(
+    "pitches, expected",
+    [
+        ([60, 64, 67], (0, "M", 0)),  # C major
+        ([57, 60, 64], (9, "m", 9)),  # A minor
+        ([60, 64, 67, 70], (0, "7", 0)),  # C7: the minor seventh turns M into 7
+        ([60, 64, 67, 71], (0, "M7", 0)),
+        ([57, 60, 64, 67], (9, "m7", 9)),
+        ([48, 64, 67, 69], (9, "m7", 0)),  # C bass under E G A: chorder's re-rooting applies
+        ([60, 62, 67], (0, "sus2", 0)),
+        ([62, 65, 68], (2, "o", 2)),
+        ([44, 71, 74, 77], (2, "o", 8)),  # symmetric diminished seventh: first root in chorder's order, G# bass
+    ],
+)
 def test_labels_of_simple_chords_match_chorder(pitches, expected):
     notes = _triad(pitches, beats=4)
     ours = _ours(*notes, 480)

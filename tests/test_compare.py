@@ -7,6 +7,7 @@ import shutil
 
 import pytest
 import torch
+from train_fixtures import prepare_pop909
 
 from musegen.checkpoint import save_checkpoint
 from musegen.cli import main
@@ -16,8 +17,6 @@ from musegen.metrics.loss import evaluate_loss
 from musegen.metrics.style import evaluate_style
 from musegen.model import MusicPerformer, preset
 from musegen.shards import Shards
-
-from train_fixtures import prepare_pop909
 
 
 @pytest.fixture(scope="module")
@@ -85,18 +84,42 @@ def test_bad_requests_are_one_line_errors(tmp_path, capsys):
 
 
 def test_run_folders_add_the_compute_each_run_used_and_their_validations(pop, tmp_path, capsys):
-    sets = ["seq_len=32", "batch_size=2", "steps=4", "workers=0", "valid_every=2", "valid_len=64", "valid_pieces=2",
-            "ckpt_every=4", "warmup=1", "log_every=2"]
+    sets = [
+        "seq_len=32",
+        "batch_size=2",
+        "steps=4",
+        "workers=0",
+        "valid_every=2",
+        "valid_len=64",
+        "valid_pieces=2",
+        "ckpt_every=4",
+        "warmup=1",
+        "log_every=2",
+    ]
     for name, pe in (("ape", "ape"), ("sine", "sine")):
         run = tmp_path / name
         with pytest.raises(SystemExit) as exit_info:
-            main(["train", "--data", str(pop), "--out", str(run), "--preset", "tiny", "--set", f"model.pe={pe}",
-                  *[a for s in sets for a in ("--set", s)]])
+            main(
+                [
+                    "train",
+                    "--data",
+                    str(pop),
+                    "--out",
+                    str(run),
+                    "--preset",
+                    "tiny",
+                    "--set",
+                    f"model.pe={pe}",
+                    *[a for s in sets for a in ("--set", s)],
+                ]
+            )
         assert exit_info.value.code in (0, None), capsys.readouterr().err
         evaluate_loss(run / "checkpoints" / "step-00000004", pop, max_len=48, split="validation", out_dir=run / "eval")
     report = compare({"ape": tmp_path / "ape", "sine": tmp_path / "sine"}, tmp_path / "cmp", train_len=32)
-    models = {name: MusicPerformer(preset("tiny", vocab_size=Shards(pop).tokenizer.vocab_size, pe=pe))
-              for name, pe in (("ape", "ape"), ("sine", "sine"))}
+    models = {
+        name: MusicPerformer(preset("tiny", vocab_size=Shards(pop).tokenizer.vocab_size, pe=pe))
+        for name, pe in (("ape", "ape"), ("sine", "sine"))
+    }
     for row in report["training"]:
         assert row["steps"] == 4 and row["tokens"] == 4 * 2 * 32 and row["minutes"] > 0
         assert row["parameters"] == models[row["model"]].num_parameters()
@@ -123,8 +146,9 @@ def test_continuation_table_puts_each_model_beside_the_real_and_floor_quarters(p
         torch.manual_seed(seed)
         model = MusicPerformer(preset("tiny", vocab_size=tokenizer.vocab_size))
         ckpt = save_checkpoint(tmp_path / name / "ckpt", model, model.config, tokenizer, {"train_len": 24})
-        results[name] = evaluate_continuation(ckpt, pop, tmp_path / name / "continuation", settings, split="train",
-                                              limit=2, device="cpu", progress=False)
+        results[name] = evaluate_continuation(
+            ckpt, pop, tmp_path / name / "continuation", settings, split="train", limit=2, device="cpu", progress=False
+        )
     report = compare({"a": tmp_path / "a", "b": tmp_path / "b"}, tmp_path / "cmp")
     series = report["continuation"]
     assert list(series) == ["a", "b", "real", "floor"]
@@ -133,24 +157,37 @@ def test_continuation_table_puts_each_model_beside_the_real_and_floor_quarters(p
         for q in range(1, 5):  # the quarter means and medians are the whole table's rows of that quarter
             for statistic in ("mean", "median"):
                 assert series[name][("notes per bar", statistic)][q - 1] == pytest.approx(
-                    rows[f"notes per bar Q{q}"][f"model_{statistic}"], abs=5e-4)
+                    rows[f"notes per bar Q{q}"][f"model_{statistic}"], abs=5e-4
+                )
                 assert series["real"][("silent beats", statistic)][q - 1] == pytest.approx(
-                    rows[f"silent beats Q{q}"][f"real_{statistic}"], abs=5e-4)
-        starts = [json.loads(line)["model_positions"][0][0]
-                  for line in (tmp_path / name / "continuation" / "pieces.jsonl").read_text().splitlines()]
-        assert f"| {name} | quarter start position | mean | {sum(starts) / len(starts):,.0f} |" in \
-            (tmp_path / "cmp" / "continuation.md").read_text()
+                    rows[f"silent beats Q{q}"][f"real_{statistic}"], abs=5e-4
+                )
+        starts = [
+            json.loads(line)["model_positions"][0][0]
+            for line in (tmp_path / name / "continuation" / "pieces.jsonl").read_text().splitlines()
+        ]
+        assert (
+            f"| {name} | quarter start position | mean | {sum(starts) / len(starts):,.0f} |"
+            in (tmp_path / "cmp" / "continuation.md").read_text()
+        )
     assert (tmp_path / "cmp" / "continuation.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_a_resumed_runs_wall_time_leaves_out_the_pause_between_sessions():
     """Two sessions at 2 s a step, ten hours apart (a run resumed on another day): 8 steps take
     16 s, whatever the pause; the steps before each session's first record count at that rate."""
+
     def step(n, t):
         return {"step": n, "loss": 1.0, "tokens": 10 * n, "time": t}
 
-    records = [{"step": 0, "event": "start", "parameters": 7}, step(2, 104.0), step(4, 108.0),
-               {"step": 4, "event": "resume"}, step(6, 36_104.0), step(8, 36_108.0)]
+    records = [
+        {"step": 0, "event": "start", "parameters": 7},
+        step(2, 104.0),
+        step(4, 108.0),
+        {"step": 4, "event": "resume"},
+        step(6, 36_104.0),
+        step(8, 36_108.0),
+    ]
     training = read_training(records)
     assert training["minutes"] * 60 == pytest.approx(16.0)
     assert (training["steps"], training["tokens"], training["parameters"]) == (8, 80, 7)

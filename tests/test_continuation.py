@@ -13,21 +13,31 @@ import muspy
 import numpy as np
 import pytest
 import torch
-
 from conftest import DATA
+from train_fixtures import prepare_pop909
+
 from data_prep.common import Item, prepare
 from musegen.checkpoint import save_checkpoint
 from musegen.cli import main
 from musegen.errors import ConfigError, DataError, FormatError
 from musegen.io import read_json
-from musegen.metrics.continuation import (ContinuationSettings, NoteTable, ResultLog, evaluate_continuation,
-                                          measure, pitch_classes, reference_profiles, role_metrics, sounding,
-                                          span_metrics, style_metrics, usable_pieces)
+from musegen.metrics.continuation import (
+    ContinuationSettings,
+    NoteTable,
+    ResultLog,
+    evaluate_continuation,
+    measure,
+    pitch_classes,
+    reference_profiles,
+    role_metrics,
+    sounding,
+    span_metrics,
+    style_metrics,
+    usable_pieces,
+)
 from musegen.model import MusicPerformer, preset
 from musegen.shards import Shards
 from musegen.tokenizers.groove import GrooveTokenizer
-
-from train_fixtures import prepare_pop909
 
 TPB = 480
 
@@ -44,8 +54,7 @@ def midi_of(tracks: dict[tuple[int, bool], list[tuple[float, float, int]]]) -> m
 
 # Bar 0 (the prompt): C4 E4 G4 quarter notes. Bars 1-2 (the span): C3 held for bar 1 with E4 then
 # G4 above it, then one D4 eighth at the start of bar 2 and silence.
-PIANO = [(0, 1, 60), (1, 1, 64), (2, 1, 67),
-         (4, 4, 48), (4, 1, 64), (5, 1, 67), (8, 0.5, 62)]
+PIANO = [(0, 1, 60), (1, 1, 64), (2, 1, 67), (4, 4, 48), (4, 1, 64), (5, 1, 67), (8, 0.5, 62)]
 
 
 def test_every_span_metric_on_a_piece_worked_out_by_hand():
@@ -70,8 +79,9 @@ def test_every_span_metric_on_a_piece_worked_out_by_hand():
 def test_polyphony_and_groove_consistency_agree_with_muspy():
     span = [(s - 4, d, p) for s, d, p in PIANO if s >= 4]  # the span alone, starting at 0
     notes = NoteTable.from_midi(midi_of({(0, False): span}))
-    music = muspy.Music(resolution=4, tracks=[muspy.Track(notes=[
-        muspy.Note(int(s * 4), p, int(d * 4)) for s, d, p in span])])
+    music = muspy.Music(
+        resolution=4, tracks=[muspy.Track(notes=[muspy.Note(int(s * 4), p, int(d * 4)) for s, d, p in span])]
+    )
     m = span_metrics(notes, first_bar=0, bars=2, prompt_classes=np.ones(12))
     assert m["polyphony"] == pytest.approx(muspy.polyphony(music))
     assert m["groove consistency"] == pytest.approx(muspy.groove_consistency(music, 16))
@@ -80,8 +90,9 @@ def test_polyphony_and_groove_consistency_agree_with_muspy():
     # muspy's rate runs over its piano roll, to the last note's end: a chord of three filling the bar
     chord = [(0, 4, 60), (0, 4, 64), (1, 2, 67), (1, 1, 71)]
     notes = NoteTable.from_midi(midi_of({(0, False): chord}))
-    music = muspy.Music(resolution=4, tracks=[muspy.Track(notes=[
-        muspy.Note(int(s * 4), p, int(d * 4)) for s, d, p in chord])])
+    music = muspy.Music(
+        resolution=4, tracks=[muspy.Track(notes=[muspy.Note(int(s * 4), p, int(d * 4)) for s, d, p in chord])]
+    )
     m = span_metrics(notes, first_bar=0, bars=1, prompt_classes=np.ones(12))
     assert m["polyphony rate (muspy)"] == pytest.approx(muspy.polyphony_rate(music)) == pytest.approx(8 / 16)
     assert m["polyphony rate"] == 1.0 and m["polyphony"] == pytest.approx(muspy.polyphony(music))
@@ -106,8 +117,14 @@ def test_an_empty_span_is_silent_and_has_no_pitch_statistics():
     m = span_metrics(notes, first_bar=1, bars=2, prompt_classes=np.ones(12))
     assert m["notes per bar"] == 0 and m["silent beats"] == 1.0 and m["pitch-class cosine"] == 0.0
     assert m["bars with a low note"] == 0.0 and m["groove consistency"] == 1.0
-    for name in ("mean duration", "polyphony", "polyphony rate", "mean pitch", "pitch-class entropy",
-                 "scale consistency"):
+    for name in (
+        "mean duration",
+        "polyphony",
+        "polyphony rate",
+        "mean pitch",
+        "pitch-class entropy",
+        "scale consistency",
+    ):
         assert math.isnan(m[name]), name
 
 
@@ -168,7 +185,7 @@ def test_pop_protocol_measures_model_real_and_floor(pop, tmp_path, one_torch_thr
     for record, piece, floor in zip(records, usable, floors):
         # the real span's notes per bar, counted on the tokens: Pitch tokens between the span's Bars
         starts = tok.bar_starts(piece.ids)
-        span = piece.ids[starts[piece.span_start]:starts[piece.span_start + 2]]
+        span = piece.ids[starts[piece.span_start] : starts[piece.span_start + 2]]
         assert record["real"]["notes per bar"] == [np.count_nonzero(tok.pitch_of[span] >= 0) / 2]
         assert record["floor_piece"] == floor.name and len(record["model"]) == 2
         assert record["seed"] == 3 + record["index"]
@@ -188,8 +205,16 @@ def test_pop_protocol_measures_model_real_and_floor(pop, tmp_path, one_torch_thr
     more = evaluate_continuation(ckpt, pop, out, settings, split="train", limit=4, device="cpu", progress=False)
     assert more["resumed"] == 3 and more["pieces"] == 4
     with pytest.raises(ConfigError, match="other settings"):
-        evaluate_continuation(ckpt, pop, out, ContinuationSettings(prompt_bars=1, bars=3), split="train",
-                              limit=1, device="cpu", progress=False)
+        evaluate_continuation(
+            ckpt,
+            pop,
+            out,
+            ContinuationSettings(prompt_bars=1, bars=3),
+            split="train",
+            limit=1,
+            device="cpu",
+            progress=False,
+        )
     torch.manual_seed(1)  # another model at the same path (a re-export) must not resume these results
     model = MusicPerformer(preset("tiny", vocab_size=tok.vocab_size))
     save_checkpoint(ckpt, model, model.config, tok, {"train_len": 64})
@@ -213,8 +238,16 @@ def test_quarters_partition_the_span(pop, tmp_path, one_torch_thread):
 
     out = tmp_path / "eval"
     settings = ContinuationSettings(prompt_bars=1, bars=4, samples_per_piece=1, by_quarter=True)
-    result = evaluate_continuation(tiny_checkpoint(tmp_path / "ckpt", tok), pop, out, settings, split="train",
-                                   limit=2, device="cpu", progress=False)
+    result = evaluate_continuation(
+        tiny_checkpoint(tmp_path / "ckpt", tok),
+        pop,
+        out,
+        settings,
+        split="train",
+        limit=2,
+        device="cpu",
+        progress=False,
+    )
     usable = {p.name: p for p in usable_pieces(tok, shards.names("train"), shards.pieces("train"), settings)[0]}
     for record in (json.loads(line) for line in (out / "pieces.jsonl").read_text().splitlines()):
         positions, source = record["model_positions"][0], usable[record["piece"]]
@@ -247,14 +280,16 @@ def test_the_result_log_keeps_its_own_settings_and_refuses_foreign_files(tmp_pat
 
 def test_short_pieces_are_skipped_and_counted(pop, tmp_path):
     shards = Shards(pop)
-    usable, skipped = usable_pieces(shards.tokenizer, shards.names("train"), shards.pieces("train"),
-                                    ContinuationSettings(prompt_bars=4, bars=60))
+    usable, skipped = usable_pieces(
+        shards.tokenizer, shards.names("train"), shards.pieces("train"), ContinuationSettings(prompt_bars=4, bars=60)
+    )
     assert len(usable) + len(skipped) == len(shards.names("train")) and usable and skipped
     assert all(why.startswith("too short") for why in skipped.values())
     ckpt = tiny_checkpoint(tmp_path / "ckpt", shards.tokenizer)
     with pytest.raises(DataError, match="no piece"):
-        evaluate_continuation(ckpt, pop, tmp_path / "e", ContinuationSettings(bars=10_000), split="valid",
-                              device="cpu", progress=False)
+        evaluate_continuation(
+            ckpt, pop, tmp_path / "e", ContinuationSettings(bars=10_000), split="valid", device="cpu", progress=False
+        )
 
 
 def test_groove_protocol_adds_roles_and_style(tmp_path, one_torch_thread):
@@ -266,9 +301,15 @@ def test_groove_protocol_adds_roles_and_style(tmp_path, one_torch_thread):
     tok = GrooveTokenizer()
     prepare(tok, items, tmp_path / "data", {"test": 1.0}, workers=1, split_of=lambda group: "test")
     ckpt = tiny_checkpoint(tmp_path / "ckpt", tok)
-    result = evaluate_continuation(ckpt, tmp_path / "data", tmp_path / "eval",
-                                   ContinuationSettings(prompt_bars=2, bars=4, samples_per_piece=1),
-                                   split="test", device="cpu", progress=False)
+    result = evaluate_continuation(
+        ckpt,
+        tmp_path / "data",
+        tmp_path / "eval",
+        ContinuationSettings(prompt_bars=2, bars=4, samples_per_piece=1),
+        split="test",
+        device="cpu",
+        progress=False,
+    )
     rows = {r["metric"]: r for r in result["rows"]}
     assert rows["drums notes per bar"]["real_mean"] == 12 and rows["bass notes per bar"]["real_mean"] == 2
     for metric in ("onset-drum", "onset-duration"):  # a repeated bar matches its whole piece
@@ -281,17 +322,51 @@ def test_groove_protocol_adds_roles_and_style(tmp_path, one_torch_thread):
 def test_cli_prints_the_table_and_bad_options_are_one_line(pop, tmp_path, capsys, one_torch_thread):
     ckpt = tiny_checkpoint(tmp_path / "ckpt", Shards(pop).tokenizer)
     with pytest.raises(SystemExit) as exit_info:
-        main(["evaluate", "continuation", "-c", str(ckpt), "--data", str(pop), "--split", "train", "--pieces", "1",
-              "--prompt-bars", "1", "--bars", "1", "--samples-per-piece", "1", "--out", str(tmp_path / "e"),
-              "--device", "cpu"])
+        main(
+            [
+                "evaluate",
+                "continuation",
+                "-c",
+                str(ckpt),
+                "--data",
+                str(pop),
+                "--split",
+                "train",
+                "--pieces",
+                "1",
+                "--prompt-bars",
+                "1",
+                "--bars",
+                "1",
+                "--samples-per-piece",
+                "1",
+                "--out",
+                str(tmp_path / "e"),
+                "--device",
+                "cpu",
+            ]
+        )
     assert exit_info.value.code == 0
     printed = capsys.readouterr().out
     assert "1 pieces of train continued" in printed and "| silent beats |" in printed
     assert read_json(tmp_path / "e" / "run.json")["bars"] == 1
     for bad in (["--bars", "0"], ["--samples-per-piece", "0"], ["--split", "nope"]):
         with pytest.raises(SystemExit) as exit_info:
-            main(["evaluate", "continuation", "-c", str(ckpt), "--data", str(pop), "--out", str(tmp_path / "x"),
-                  "--device", "cpu", *bad])
+            main(
+                [
+                    "evaluate",
+                    "continuation",
+                    "-c",
+                    str(ckpt),
+                    "--data",
+                    str(pop),
+                    "--out",
+                    str(tmp_path / "x"),
+                    "--device",
+                    "cpu",
+                    *bad,
+                ]
+            )
         assert exit_info.value.code != 0
         err = capsys.readouterr().err.strip()
         assert err.count("\n") == 0 and err.startswith("error:"), err
@@ -309,8 +384,14 @@ def test_a_folder_of_midi_files_is_continued_tune_by_tune(tmp_path, one_torch_th
     (folder / "broken.mid").write_bytes(b"MThd not really")
     tok = GrooveTokenizer()
     ckpt = tiny_checkpoint(tmp_path / "ckpt", tok)
-    result = evaluate_continuation(ckpt, folder, tmp_path / "eval", ContinuationSettings(prompt_bars=2, bars=2,
-                                   samples_per_piece=1), device="cpu", progress=False)
+    result = evaluate_continuation(
+        ckpt,
+        folder,
+        tmp_path / "eval",
+        ContinuationSettings(prompt_bars=2, bars=2, samples_per_piece=1),
+        device="cpu",
+        progress=False,
+    )
     assert result["split"] == "midi" and result["pieces"] == 2
     assert list(result["skipped"]) == ["broken"] and result["skipped"]["broken"].startswith("cannot encode")
     records = {r["piece"]: r for r in map(json.loads, (tmp_path / "eval" / "pieces.jsonl").read_text().splitlines())}
@@ -326,5 +407,6 @@ def test_a_folder_of_midi_files_is_continued_tune_by_tune(tmp_path, one_torch_th
     assert len(list((tmp_path / "eval" / "samples").glob("*.mid"))) == 2
     (tmp_path / "empty").mkdir()
     with pytest.raises(DataError, match="neither a prepared corpus"):
-        evaluate_continuation(ckpt, tmp_path / "empty", tmp_path / "e2", ContinuationSettings(), device="cpu",
-                              progress=False)
+        evaluate_continuation(
+            ckpt, tmp_path / "empty", tmp_path / "e2", ContinuationSettings(), device="cpu", progress=False
+        )

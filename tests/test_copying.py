@@ -9,17 +9,27 @@ import math
 
 import miditoolkit
 import pytest
-
 from conftest import DATA, GOLDEN
-from data_prep.common import Item, prepare as prepare_shards
+from tiny_models import tiny_checkpoint
+
+from data_prep.common import Item
+from data_prep.common import prepare as prepare_shards
 from musegen.cli import main
 from musegen.errors import DataError
 from musegen.metrics.continuation import NoteTable
-from musegen.metrics.copying import (BUILT_GROOVES, PROMPT_BARS, Loop, Pattern, built_patterns, corpus_patterns,
-                                     cut_pattern, loop_scores, prepare, silence)
+from musegen.metrics.copying import (
+    BUILT_GROOVES,
+    PROMPT_BARS,
+    Loop,
+    Pattern,
+    built_patterns,
+    corpus_patterns,
+    cut_pattern,
+    loop_scores,
+    prepare,
+    silence,
+)
 from musegen.tokenizers.groove import GrooveTokenizer
-
-from tiny_models import tiny_checkpoint
 
 MMA_FILES = sorted((GOLDEN / "groove_spe").glob("mma_*.mid"))[:6]
 FREEDOOM_FILES = sorted((DATA / "multitrack").glob("*.mid"))
@@ -35,8 +45,11 @@ def moved(pattern: Pattern, ticks: int = 0, semitones: int = 0) -> Pattern:
     for inst in pattern.midi.instruments:
         copy = miditoolkit.Instrument(inst.program, is_drum=inst.is_drum, name=inst.name)
         shift = 0 if inst.is_drum else semitones
-        copy.notes = [miditoolkit.Note(n.velocity, n.pitch + shift, n.start + ticks, min(n.end + ticks, end))
-                      for n in inst.notes if n.start + ticks < end]
+        copy.notes = [
+            miditoolkit.Note(n.velocity, n.pitch + shift, n.start + ticks, min(n.end + ticks, end))
+            for n in inst.notes
+            if n.start + ticks < end
+        ]
         midi.instruments.append(copy)
     return Pattern(pattern.name + " moved", pattern.source, midi)
 
@@ -46,8 +59,12 @@ def real_pattern(path, every_role: bool = False) -> Pattern:
     `every_role` from the first bar where bass, drums and other play in both bars."""
     midi = TOK.decode(TOK.encode(path).ids)
     notes = NoteTable.from_midi(midi)
-    first = next(b for b in range(notes.first_bar(), notes.last_onset_bar()) if not every_role or all(
-        set(notes.onsets_in(b + k, 1).role.tolist()) == {"bass", "drums", "other"} for k in (0, 1)))
+    first = next(
+        b
+        for b in range(notes.first_bar(), notes.last_onset_bar())
+        if not every_role
+        or all(set(notes.onsets_in(b + k, 1).role.tolist()) == {"bass", "drums", "other"} for k in (0, 1))
+    )
     return cut_pattern(midi, first, path.stem, "corpus")
 
 
@@ -84,8 +101,10 @@ def test_the_score_is_the_f1_of_onsets_and_pitches_per_bar_worked_out_by_hand():
     drums = miditoolkit.Instrument(0, is_drum=True)
     bar = 4 * 480
     # bar 4 (phase 0): two of the four, one extra; bar 5 (phase 1): one note where the pattern rests
-    drums.notes = [miditoolkit.Note(100, p, t, t + 60) for p, t in
-                   [(36, 4 * bar), (38, 4 * bar + 480), (42, 4 * bar + 240), (42, 5 * bar)]]
+    drums.notes = [
+        miditoolkit.Note(100, p, t, t + 60)
+        for p, t in [(36, 4 * bar), (38, 4 * bar + 480), (42, 4 * bar + 240), (42, 5 * bar)]
+    ]
     midi.instruments = [drums]
     notes = NoteTable.from_midi(midi)
     assert loop.scores(notes, 4, 1) == {"drums": pytest.approx(2 * 2 / (3 + 4))}
@@ -137,13 +156,34 @@ def test_corpus_patterns_are_the_first_two_playing_bars_of_one_piece_a_style(gro
         corpus_patterns(prepare_pop909(pop909_songs[:2], tmp_path / "pop"), "train", 1)
 
 
-def test_cli_compares_models_beside_the_loop_and_bad_input_is_one_line(groove_corpus, tmp_path, capsys,
-                                                                        one_torch_thread):
+def test_cli_compares_models_beside_the_loop_and_bad_input_is_one_line(
+    groove_corpus, tmp_path, capsys, one_torch_thread
+):
     ckpt = tiny_checkpoint("groove", tmp_path / "tiny")
     out = tmp_path / "copy"
     with pytest.raises(SystemExit) as exit_info:
-        main(["evaluate", "copy", "-c", f"a={ckpt}", "-c", f"b={ckpt}", "--data", str(groove_corpus), "--pieces", "2",
-              "--bars", "1", "--samples", "1", "--out", str(out), "--device", "cpu"])
+        main(
+            [
+                "evaluate",
+                "copy",
+                "-c",
+                f"a={ckpt}",
+                "-c",
+                f"b={ckpt}",
+                "--data",
+                str(groove_corpus),
+                "--pieces",
+                "2",
+                "--bars",
+                "1",
+                "--samples",
+                "1",
+                "--out",
+                str(out),
+                "--device",
+                "cpu",
+            ]
+        )
     assert exit_info.value.code == 0, capsys.readouterr().err
     printed = capsys.readouterr().out
     assert "| a | 6 |" in printed and "| b | 6 |" in printed
@@ -154,9 +194,14 @@ def test_cli_compares_models_beside_the_loop_and_bad_input_is_one_line(groove_co
     assert len(list((out / "samples" / "a").glob("*.mid"))) == 6
     assert len(result["table"][0]["by_bar"]) == 1 and "mean by continued bar (1..1): a " in printed
     remi = tiny_checkpoint("remi", tmp_path / "remi")
-    for bad in (["-c", str(remi)], ["-c", str(ckpt), "--bars", "0"], ["-c", str(ckpt), "--no-built"],
-                ["-c", str(tmp_path / "missing")], ["-c", f"a={ckpt}", "-c", f"a={ckpt}"],
-                ["-c", str(ckpt), "--data", str(tmp_path)]):
+    for bad in (
+        ["-c", str(remi)],
+        ["-c", str(ckpt), "--bars", "0"],
+        ["-c", str(ckpt), "--no-built"],
+        ["-c", str(tmp_path / "missing")],
+        ["-c", f"a={ckpt}", "-c", f"a={ckpt}"],
+        ["-c", str(ckpt), "--data", str(tmp_path)],
+    ):
         with pytest.raises(SystemExit) as exit_info:
             main(["evaluate", "copy", "--out", str(tmp_path / "x"), "--device", "cpu", *bad])
         assert exit_info.value.code != 0

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from musegen.data import Augmenter, CropDataset, StepBatches, derive_seed
-from musegen.shards import Shards, resolve_split, write_shards
 from musegen.errors import ConfigError, DataError, FormatError
+from musegen.shards import Shards, resolve_split, write_shards
 from musegen.tokenizers.groove import GrooveTokenizer
 from musegen.tokenizers.remi import RemiTokenizer
 
@@ -26,7 +26,7 @@ def test_crop_is_a_contiguous_window_and_padding_fills_short_pieces():
     for position in range(20):
         item = data[(position, 0)].numpy()
         assert item.shape == (65,)
-        starts = [s for s in range(500 - 64) if np.array_equal(pieces[0][s:s + 65], item)]
+        starts = [s for s in range(500 - 64) if np.array_equal(pieces[0][s : s + 65], item)]
         assert starts, "the crop must be a window of the piece"
     short = data[(0, 1)].numpy()
     assert np.array_equal(short[:10], pieces[1]) and np.all(short[10:] == 332)
@@ -37,8 +37,14 @@ def test_crops_depend_on_the_position_only():
     a = CropDataset(pieces, 32, 332, seed=5)
     b = CropDataset(pieces, 32, 332, seed=5)
     assert all(np.array_equal(a[(p, 0)], b[(p, 0)]) for p in range(10))
-    starts = {int(np.flatnonzero(np.all(np.lib.stride_tricks.sliding_window_view(pieces[0], 33) == a[(p, 0)].numpy(),
-                                        axis=1))[0]) for p in range(30)}
+    starts = {
+        int(
+            np.flatnonzero(
+                np.all(np.lib.stride_tricks.sliding_window_view(pieces[0], 33) == a[(p, 0)].numpy(), axis=1)
+            )[0]
+        )
+        for p in range(30)
+    }
     assert len(starts) > 20  # different positions crop different places
     assert CropDataset(pieces, 32, 332, crop="start")[(7, 0)].numpy().tolist() == pieces[0][:33].tolist()
 
@@ -65,8 +71,10 @@ def test_global_batch_is_the_same_for_any_number_of_processes(world, micro):
     lengths = [50 + i for i in range(13)]
     single = StepBatches(lengths, 8, micro=4, accumulation=1, seed=9)
     accumulation = 4 // (world * micro)
-    ranks = [StepBatches(lengths, 8, micro=micro, accumulation=accumulation, rank=r, world=world, seed=9)
-             for r in range(world)]
+    ranks = [
+        StepBatches(lengths, 8, micro=micro, accumulation=accumulation, rank=r, world=world, seed=9)
+        for r in range(world)
+    ]
     for step in range(8):
         expected = sorted(k for mb in single.step_batches(step) for k in mb)
         got = sorted(k for r in ranks for mb in r.step_batches(step) for k in mb)
@@ -78,7 +86,7 @@ def test_resumed_sampler_continues_the_stream():
     from_start = iter(StepBatches(lengths, 8, micro=2, accumulation=3, seed=1))
     stream = [next(from_start) for _ in range(3 * 10)]
     resumed = iter(StepBatches(lengths, 8, micro=2, accumulation=3, seed=1, start_step=4))
-    assert [next(resumed) for _ in range(3 * 6)] == stream[3 * 4:]
+    assert [next(resumed) for _ in range(3 * 6)] == stream[3 * 4 :]
 
 
 def test_bad_sampler_settings():
@@ -105,9 +113,12 @@ def test_validation_split_spellings():
 
 # ---- shards that do not fit their tokenizer ------------------------------------------------------
 
+
 def _shards_with(folder, pieces, tok=None):
     """A prepared folder holding `pieces` (lists of ids) as its train split."""
-    write_shards(folder, tok or RemiTokenizer(), {"train": [(f"p{i}", np.asarray(p)) for i, p in enumerate(pieces)]}, {})
+    write_shards(
+        folder, tok or RemiTokenizer(), {"train": [(f"p{i}", np.asarray(p)) for i, p in enumerate(pieces)]}, {}
+    )
     return folder
 
 
@@ -116,7 +127,9 @@ def test_shard_ids_outside_the_vocabulary_are_refused_in_one_line(bad_id, tmp_pa
     tok = RemiTokenizer()
     good = tok.encode(pop909_songs[0]).ids[:50].tolist()
     folder = _shards_with(tmp_path / "s", [good, good[:10] + [bad_id] + good[10:]])
-    with pytest.raises(DataError, match=rf"token id {bad_id} \(piece 'p1'\) is outside the tokenizer's vocabulary 0..332"):
+    with pytest.raises(
+        DataError, match=rf"token id {bad_id} \(piece 'p1'\) is outside the tokenizer's vocabulary 0..332"
+    ):
         Shards(folder).pieces("train")
 
 
@@ -130,10 +143,11 @@ def test_float_shards_and_malformed_indexes_are_refused(tmp_path):
     with pytest.raises(DataError, match="integer token ids, got float64"):
         Shards(folder).pieces("train")
     for name, (edit, error, words) in {
-            "offsets as text": (lambda e: e.update(offsets=["0", "3"]), FormatError, r"splits.train.offsets.0"),
-            "a path outside the folder": (lambda e: e.update(file="../elsewhere.npy"), FormatError, "splits.train.file"),
-            "overlapping pieces": (lambda e: e.update(offsets=[0, 1]), DataError, "malformed entry for split 'train'"),
-            "fewer names than pieces": (lambda e: e.update(names=["a"]), DataError, "malformed entry")}.items():
+        "offsets as text": (lambda e: e.update(offsets=["0", "3"]), FormatError, r"splits.train.offsets.0"),
+        "a path outside the folder": (lambda e: e.update(file="../elsewhere.npy"), FormatError, "splits.train.file"),
+        "overlapping pieces": (lambda e: e.update(offsets=[0, 1]), DataError, "malformed entry for split 'train'"),
+        "fewer names than pieces": (lambda e: e.update(names=["a"]), DataError, "malformed entry"),
+    }.items():
         broken = json.loads(json.dumps(index))
         edit(broken["splits"]["train"])
         (folder / "index.json").write_text(json.dumps(broken))
@@ -149,6 +163,7 @@ def test_float_shards_and_malformed_indexes_are_refused(tmp_path):
 
 
 # ---- augmentation on real music -------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def remi_songs(pop909_songs):
@@ -167,7 +182,7 @@ def test_remi_transposition_is_an_exact_shift_within_range(remi_songs):
     for k, song in enumerate(songs):
         for position in range(25):
             rng = np.random.default_rng(derive_seed(k, position))
-            window = song[position * 50:position * 50 + 400]
+            window = song[position * 50 : position * 50 + 400]
             out = aug.after_crop(window, rng)
             matches = [s for s in range(-6, 7) if np.array_equal(tok.transpose(window, s), out)]
             assert matches, "augmentation must be one of the tokenizer's transpositions"

@@ -8,14 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from train_fixtures import prepare_pop909
 
 from musegen.cli import main
 from musegen.shard_midi import export_midi, piece_stem
 from musegen.shards import Shards, write_shards
 from musegen.tokenizers.groove import GrooveTokenizer
 from musegen.tokenizers.remi import RemiTokenizer
-
-from train_fixtures import prepare_pop909
 
 PROMPTS = Path(__file__).resolve().parents[1] / "checkpoints" / "prompts"
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import symusic
+from conftest import pop909_files
 
 from data_prep import chorales, pop1k7
 from data_prep.download import extract, fetch, zenodo_file
@@ -22,10 +23,8 @@ from musegen.errors import DataError
 from musegen.shards import Shards
 from musegen.tokenizers.remi import RemiTokenizer
 
-from conftest import pop909_files
-
-
 # ---------------------------------------------------------------- download / extract
+
 
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
@@ -121,9 +120,19 @@ def test_zenodo_file_reads_url_and_md5_from_the_records_api(tmp_path):
 
     api = tmp_path / "api"
     api.mkdir()
-    (api / "4782721").write_text(json.dumps({"files": [
-        {"key": "remi_dataset.tar.gz", "checksum": "md5:abc123",
-         "links": {"self": "https://zenodo.org/api/records/4782721/files/remi_dataset.tar.gz/content"}}]}))
+    (api / "4782721").write_text(
+        json.dumps(
+            {
+                "files": [
+                    {
+                        "key": "remi_dataset.tar.gz",
+                        "checksum": "md5:abc123",
+                        "links": {"self": "https://zenodo.org/api/records/4782721/files/remi_dataset.tar.gz/content"},
+                    }
+                ]
+            }
+        )
+    )
     url, md5 = zenodo_file(4782721, "remi_dataset.tar.gz", api=api.as_uri())
     assert md5 == "abc123" and url.endswith("remi_dataset.tar.gz/content")
     with pytest.raises(DataError, match="has no file"):
@@ -134,9 +143,11 @@ def test_zenodo_file_reads_url_and_md5_from_the_records_api(tmp_path):
 
 # ---------------------------------------------------------------- corpora
 
+
 def run_cli(*args, timeout=300):
-    proc = subprocess.run([sys.executable, "-m", "musegen", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", "musegen", *map(str, args)], capture_output=True, text=True, timeout=timeout
+    )
     return proc.returncode, proc.stdout, proc.stderr
 
 
@@ -192,12 +203,15 @@ def test_prepare_midi_folder_skips_and_counts_bad_files(pop909_songs, tmp_path):
     assert all("\n" not in r for r in reasons.values())
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--source", "{empty}"], "no MIDI files found"),
-    (["--source", "{missing}"], "no such folder"),
-    ([], "needs --source"),
-    (["--source", "{empty}", "--tokenizer", "abc"], "unknown tokenizer"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--source", "{empty}"], "no MIDI files found"),
+        (["--source", "{missing}"], "no such folder"),
+        ([], "needs --source"),
+        (["--source", "{empty}", "--tokenizer", "abc"], "unknown tokenizer"),
+    ],
+)
 def test_prepare_midi_bad_sources_fail_in_one_line(tmp_path, args, message):
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "notes.txt").write_text("not MIDI")
@@ -234,9 +248,10 @@ def _events_of(tok, ids):
         name = tok.vocab[i]
         for family in ("Note_Pitch", "Note_Velocity", "Note_Duration", "Bar", "Beat", "Chord", "Tempo", "EOS"):
             if name.startswith(family + "_"):
-                value = name[len(family) + 1:]
-                events.append({"name": family, "value": None if value == "None" else
-                               (int(value) if value.isdigit() else value)})
+                value = name[len(family) + 1 :]
+                events.append(
+                    {"name": family, "value": None if value == "None" else (int(value) if value.isdigit() else value)}
+                )
                 break
     return events
 
@@ -260,8 +275,9 @@ def test_prepare_pop1k7_stores_the_reference_pieces_unchanged(tmp_path):
             ids = np.array([index[n] for n in song["events"]])
             originals[song["song"]] = ids
             (pieces / f"{song['song']}.pkl").write_bytes(pickle.dumps((tok.bar_starts(ids), _events_of(tok, ids))))
-    (pieces / "9000.pkl").write_bytes(pickle.dumps(([0], [{"name": "Bar", "value": None},
-                                                          {"name": "Whistle", "value": 3}])))
+    (pieces / "9000.pkl").write_bytes(
+        pickle.dumps(([0], [{"name": "Bar", "value": None}, {"name": "Whistle", "value": 3}]))
+    )
     (pieces / "9001.pkl").write_bytes(pickle.dumps(([0], _events_of(tok, originals["001"][::-1]))))
     marker = tmp_path / "pwned"
     evil = b"cos\nsystem\n(S'touch " + str(marker).encode() + b"'\ntR."  # a pickle that runs a command
@@ -277,8 +293,9 @@ def test_prepare_pop1k7_stores_the_reference_pieces_unchanged(tmp_path):
     assert "unknown event 'Whistle_3'" in reasons["9000"]
     assert "not a REMI piece musegen writes" in reasons["9001"] and "refusing to load" in reasons["9002"]
     shards = Shards(tmp_path / "out")
-    got = dict(zip(shards.names("train") + shards.names("validation"),
-                   shards.pieces("train") + shards.pieces("validation")))
+    got = dict(
+        zip(shards.names("train") + shards.names("validation"), shards.pieces("train") + shards.pieces("validation"))
+    )
     assert set(got) == set(originals) and all(np.array_equal(got[k], originals[k]) for k in originals)
     with pytest.raises(DataError, match="needs --source"):
         pop1k7.prepare(tmp_path / "o2")

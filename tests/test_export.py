@@ -18,8 +18,21 @@ def test_export_halves_the_weights_and_keeps_the_model(tmp_path):
     save_checkpoint(tmp_path / "run", model, config, tok, {"step": 7})
     (tmp_path / "run" / "trainer_state.json").write_text("{}")  # what a training checkpoint also holds
 
-    result = subprocess.run([sys.executable, "-m", "musegen", "export", str(tmp_path / "run"),
-                             "--out", str(tmp_path / "shipped"), "--dtype", "fp16"], capture_output=True, text=True)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "musegen",
+            "export",
+            str(tmp_path / "run"),
+            "--out",
+            str(tmp_path / "shipped"),
+            "--dtype",
+            "fp16",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr
     shipped = tmp_path / "shipped"
     assert sorted(p.name for p in shipped.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json"]
@@ -39,6 +52,9 @@ def test_export_halves_the_weights_and_keeps_the_model(tmp_path):
 
 def test_export_rejects_bad_dtype_and_missing_checkpoint(tmp_path):
     for args, message in [(["--dtype", "int8"], "--dtype must be one of"), ([], "checkpoint folder not found")]:
-        result = subprocess.run([sys.executable, "-m", "musegen", "export", str(tmp_path / "none"),
-                                 "--out", str(tmp_path / "o"), *args], capture_output=True, text=True)
+        result = subprocess.run(
+            [sys.executable, "-m", "musegen", "export", str(tmp_path / "none"), "--out", str(tmp_path / "o"), *args],
+            capture_output=True,
+            text=True,
+        )
         assert result.returncode == 1 and message in result.stderr and "Traceback" not in result.stderr

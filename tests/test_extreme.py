@@ -7,7 +7,8 @@ right result, or exit 1 with one `error:` line (no traceback, no "internal error
 limit, with nothing the user had on disk lost. Each run's peak memory is recorded (wait4).
 
 CI runs a sample (each extreme MIDI file through one command, every file-system and disk case);
-`-m slow` runs every MIDI file through every command. `log_line` prints the counts (-s) and appends them to $MUSEGEN_ROBUSTNESS_LOG.
+`-m slow` runs every MIDI file through every command. `log_line` prints the counts (-s) and
+appends them to $MUSEGEN_ROBUSTNESS_LOG.
 """
 
 from __future__ import annotations
@@ -28,17 +29,16 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
+import extreme
 import pytest
 import symusic
 import torch
-
-import extreme
 from fuzz import log_line
+from train_fixtures import prepare_pop909
+
 from musegen.checkpoint import save_checkpoint
 from musegen.model import MusicPerformer, preset
 from musegen.tokenizers import tokenizer_from_dict
-
-from train_fixtures import prepare_pop909
 
 REPO = Path(__file__).resolve().parents[1]
 MEMORY_CAP = 2_000_000_000  # bytes of address space per process: "no command uses more than 2 GB"
@@ -59,6 +59,7 @@ def summary():
 
 
 # ---- running the real command -------------------------------------------------------------------
+
 
 @dataclass
 class Run:
@@ -97,16 +98,28 @@ def _isolate():
 
 
 # root reads files whatever their mode; without these two capabilities it meets permissions too
-AS_PLAIN_USER = ["setpriv", "--bounding-set=-dac_override,-dac_read_search",
-                 "--inh-caps=-dac_override,-dac_read_search"]
+AS_PLAIN_USER = [
+    "setpriv",
+    "--bounding-set=-dac_override,-dac_read_search",
+    "--inh-caps=-dac_override,-dac_read_search",
+]
 
 
-def musegen(*args, timeout: float = TIME_LIMIT_S, script: str | None = None, plain_user: bool = False,
-            cwd: Path | None = None, area: str | None = None) -> Run:
+def musegen(
+    *args,
+    timeout: float = TIME_LIMIT_S,
+    script: str | None = None,
+    plain_user: bool = False,
+    cwd: Path | None = None,
+    area: str | None = None,
+) -> Run:
     """Run the CLI (or `script`, which ends by calling it) and wait, killing its whole process
     group at `timeout`. `plain_user`: without root's power over file modes."""
-    cmd = [sys.executable, *(["-c", script] if script else ["-m", "musegen"]),
-           *(a if isinstance(a, (str, bytes)) else os.fspath(a) if isinstance(a, os.PathLike) else str(a) for a in args)]
+    cmd = [
+        sys.executable,
+        *(["-c", script] if script else ["-m", "musegen"]),
+        *(a if isinstance(a, (str, bytes)) else os.fspath(a) if isinstance(a, os.PathLike) else str(a) for a in args),
+    ]
     if plain_user and os.geteuid() == 0:
         cmd = AS_PLAIN_USER + cmd
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
@@ -128,8 +141,14 @@ def musegen(*args, timeout: float = TIME_LIMIT_S, script: str | None = None, pla
         with suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # no orphaned worker outlives its command
         out.seek(0), err.seek(0)
-        run = Run(proc.returncode, out.read().decode(errors="replace"), err.read().decode(errors="replace"),
-                  time.monotonic() - start, usage.ru_maxrss / 1024, timed_out)
+        run = Run(
+            proc.returncode,
+            out.read().decode(errors="replace"),
+            err.read().decode(errors="replace"),
+            time.monotonic() - start,
+            usage.ru_maxrss / 1024,
+            timed_out,
+        )
     if area:
         PEAK_MB[area] = max(PEAK_MB.get(area, 0), run.peak_mb)
     return run
@@ -146,6 +165,7 @@ def record(area: str, run: Run, extra_problem: str | None = None) -> None:
 
 
 # ---- fixtures ----------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory) -> dict[str, Path]:
@@ -176,8 +196,16 @@ def end_seconds(path: Path) -> float:
 
 LIMIT_CASES = {"deltas_past_2_31", "deltas_past_2_32", "long_note_past_2_32"}  # past the parser's 32-bit ticks
 EXPECTED_WORDS = {**{name: LIMIT_WORDS for name in LIMIT_CASES}, "division_65535": "SMPTE"}
-COMMANDS = ("prepare-remi", "prepare-groove", "show", "sample-remi", "sample-groove", "render-wav",
-            "render-png", "style")
+COMMANDS = (
+    "prepare-remi",
+    "prepare-groove",
+    "show",
+    "sample-remi",
+    "sample-groove",
+    "render-wav",
+    "render-png",
+    "style",
+)
 
 
 def run_command(command: str, midi: Path, tmp: Path, checkpoints) -> tuple[Run, str | None]:
@@ -186,8 +214,20 @@ def run_command(command: str, midi: Path, tmp: Path, checkpoints) -> tuple[Run, 
         source = tmp / "src"
         source.mkdir()
         shutil.copy(midi, source)
-        run = musegen("data", "prepare", "midi", "--source", source, "--out", tmp / "out", "--tokenizer",
-                      command.split("-")[1], "--workers", 1, area="MIDI files")
+        run = musegen(
+            "data",
+            "prepare",
+            "midi",
+            "--source",
+            source,
+            "--out",
+            tmp / "out",
+            "--tokenizer",
+            command.split("-")[1],
+            "--workers",
+            1,
+            area="MIDI files",
+        )
         if run.rc != 0:
             return run, "data prepare must skip a bad file, not stop"
         report = json.loads((tmp / "out" / "index.json").read_text())["report"]
@@ -198,8 +238,20 @@ def run_command(command: str, midi: Path, tmp: Path, checkpoints) -> tuple[Run, 
     if command == "show":
         run = musegen("data", "show", midi, area="MIDI files")
     elif command.startswith("sample"):
-        run = musegen("sample", "-c", checkpoints[command.split("-")[1]], "--prompt", midi, "--length", 8,
-                      "--seed", 0, "--out", tmp / "s", area="MIDI files")
+        run = musegen(
+            "sample",
+            "-c",
+            checkpoints[command.split("-")[1]],
+            "--prompt",
+            midi,
+            "--length",
+            8,
+            "--seed",
+            0,
+            "--out",
+            tmp / "s",
+            area="MIDI files",
+        )
     elif command == "render-wav":
         run = musegen("render", midi, "--out", tmp / "a.wav", area="MIDI files")
         return run, _wrong_wav(midi, tmp / "a.wav", run)
@@ -208,8 +260,9 @@ def run_command(command: str, midi: Path, tmp: Path, checkpoints) -> tuple[Run, 
     else:
         (tmp / "gen").mkdir()
         shutil.copy(midi, tmp / "gen" / "song_000.mid")
-        run = musegen("evaluate", "style", "--generated", tmp / "gen", "--reference", midi, "--out", tmp / "st",
-                      area="MIDI files")
+        run = musegen(
+            "evaluate", "style", "--generated", tmp / "gen", "--reference", midi, "--out", tmp / "st", area="MIDI files"
+        )
     return run, _wrong_reason(midi.stem, run.errors[0] if run.rc in REFUSALS and run.errors else "", run.rc in REFUSALS)
 
 
@@ -238,17 +291,34 @@ def _wrong_wav(midi: Path, wav: Path, run: Run) -> str | None:
 
 MATRIX = [(case, command) for case in extreme.MIDI_CASES for command in COMMANDS]
 CI_SAMPLE = {  # each file once, through the command where it once did harm
-    ("tpq1_long_note", "prepare-remi"), ("tpq1_melody", "render-wav"), ("tpq_max_melody", "sample-remi"),
-    ("division_65535", "show"), ("note_million_beats", "render-wav"), ("deltas_past_2_31", "prepare-groove"),
-    ("deltas_past_2_32", "sample-groove"), ("long_note_past_2_32", "render-png"), ("note_39000_beats", "prepare-remi"),
-    ("dense_bar", "render-png"), ("dense_trio", "style"), ("far_marker", "prepare-remi"),
-    ("far_chord_marker", "sample-remi"), ("far_tempo", "show"), ("marker_within_limit", "prepare-remi"),
-    ("thousand_tracks", "render-wav"), ("thousand_tracks_trio", "prepare-groove")}
+    ("tpq1_long_note", "prepare-remi"),
+    ("tpq1_melody", "render-wav"),
+    ("tpq_max_melody", "sample-remi"),
+    ("division_65535", "show"),
+    ("note_million_beats", "render-wav"),
+    ("deltas_past_2_31", "prepare-groove"),
+    ("deltas_past_2_32", "sample-groove"),
+    ("long_note_past_2_32", "render-png"),
+    ("note_39000_beats", "prepare-remi"),
+    ("dense_bar", "render-png"),
+    ("dense_trio", "style"),
+    ("far_marker", "prepare-remi"),
+    ("far_chord_marker", "sample-remi"),
+    ("far_tempo", "show"),
+    ("marker_within_limit", "prepare-remi"),
+    ("thousand_tracks", "render-wav"),
+    ("thousand_tracks_trio", "prepare-groove"),
+}
 assert {case for case, _ in CI_SAMPLE} == set(extreme.MIDI_CASES)
 
 
-@pytest.mark.parametrize("case, command", [
-    pytest.param(case, command, marks=[] if (case, command) in CI_SAMPLE else [pytest.mark.slow]) for case, command in MATRIX])
+@pytest.mark.parametrize(
+    "case, command",
+    [
+        pytest.param(case, command, marks=[] if (case, command) in CI_SAMPLE else [pytest.mark.slow])
+        for case, command in MATRIX
+    ],
+)
 def test_extreme_midi_through_every_command(case, command, cases, checkpoints, tmp_path):
     run, problem = run_command(command, cases[case], tmp_path, checkpoints)
     record("MIDI files", run, problem)
@@ -261,8 +331,20 @@ def test_a_batch_of_every_extreme_file_is_counted_and_listed(kind, cases, tmp_pa
     source.mkdir()
     for path in cases.values():
         shutil.copy(path, source)
-    run = musegen("data", "prepare", "midi", "--source", source, "--out", tmp_path / "out", "--tokenizer", kind,
-                  "--workers", 2, area="batches")
+    run = musegen(
+        "data",
+        "prepare",
+        "midi",
+        "--source",
+        source,
+        "--out",
+        tmp_path / "out",
+        "--tokenizer",
+        kind,
+        "--workers",
+        2,
+        area="batches",
+    )
     record("batches", run)
     report = json.loads((tmp_path / "out" / "index.json").read_text())["report"]
     assert report["files"] == len(cases) == report["encoded"] + report["skipped"]
@@ -273,9 +355,12 @@ def test_a_batch_of_every_extreme_file_is_counted_and_listed(kind, cases, tmp_pa
 
 # ---- file-system oddities -------------------------------------------------------------------------
 
+
 def can_drop_root_override() -> bool:
-    return os.geteuid() != 0 or (shutil.which("setpriv") is not None and subprocess.run(
-        AS_PLAIN_USER + ["true"], capture_output=True).returncode == 0)
+    return os.geteuid() != 0 or (
+        shutil.which("setpriv") is not None
+        and subprocess.run(AS_PLAIN_USER + ["true"], capture_output=True).returncode == 0
+    )
 
 
 def odd_entries(folder: Path) -> dict[str, str]:
@@ -284,8 +369,12 @@ def odd_entries(folder: Path) -> dict[str, str]:
     (folder / "zero.mid").symlink_to("/dev/zero")
     (folder / "loop.mid").symlink_to(folder / "loop.mid")
     (folder / "broken.mid").symlink_to(folder / "nowhere.mid")
-    return {"fifo.mid": "is a FIFO", "zero.mid": "is a character device", "loop.mid": "symbolic link loop",
-            "broken.mid": "no such file"}
+    return {
+        "fifo.mid": "is a FIFO",
+        "zero.mid": "is a character device",
+        "loop.mid": "symbolic link loop",
+        "broken.mid": "no such file",
+    }
 
 
 ODD_NAMES = ("fifo.mid", "zero.mid", "loop.mid", "broken.mid")
@@ -295,10 +384,21 @@ ODD_NAMES = ("fifo.mid", "zero.mid", "loop.mid", "broken.mid")
 @pytest.mark.parametrize("name", ODD_NAMES)
 def test_fifo_device_and_link_loop_as_the_midi_file_are_refused_at_once(command, name, tmp_path, checkpoints):
     words = odd_entries(tmp_path)[name]
-    args = {"sample": ["sample", "-c", checkpoints["remi"], "--prompt", tmp_path / name, "--length", 4,
-                       "--out", tmp_path / "s"],
-            "render": ["render", tmp_path / name, "--out", tmp_path / "a.wav"],
-            "show": ["data", "show", tmp_path / name]}[command]
+    args = {
+        "sample": [
+            "sample",
+            "-c",
+            checkpoints["remi"],
+            "--prompt",
+            tmp_path / name,
+            "--length",
+            4,
+            "--out",
+            tmp_path / "s",
+        ],
+        "render": ["render", tmp_path / name, "--out", tmp_path / "a.wav"],
+        "show": ["data", "show", tmp_path / name],
+    }[command]
     run = musegen(*args, timeout=60, area="file system")
     said = run.refused(words)
     record("file system", run, None if said else f"{name}: expected {words!r}: {run.stderr}")
@@ -321,8 +421,9 @@ def test_a_batch_counts_and_lists_every_odd_entry(pop909_songs, tmp_path):
     (src / "secret.mid").chmod(0o000)
     expected["secret.mid"] = "permission denied"
     out = tmp_path / "out"
-    run = musegen("data", "prepare", "midi", "--source", src, "--out", out, "--workers", 2, plain_user=True,
-                  area="file system")
+    run = musegen(
+        "data", "prepare", "midi", "--source", src, "--out", out, "--workers", 2, plain_user=True, area="file system"
+    )
     record("file system", run)
     text = (out / "index.json").read_text(encoding="utf-8")
     report = json.loads(text)["report"]
@@ -345,11 +446,14 @@ def test_render_of_a_non_utf8_name_and_refusals_that_keep_the_users_files(pop909
     run = musegen("render", midi, "--pianoroll", png, area="file system")
     record("file system", run, None if "caf\\xe9.mid" not in run.stdout and png.is_file() else run.stdout)
     (tmp_path / "notes.txt").write_text("mine")
-    refusals = [(["--out", midi], "the output is the input"), (["--pianoroll", midi], "the output is the input"),
-                (["--out", tmp_path / "notes.txt"], "is not a WAV file"),
-                (["--pianoroll", tmp_path / "notes.txt"], "is not a PNG file"),
-                (["--out", tmp_path / "x.wav", "--soundfont", "/etc/passwd"], "not a SoundFont 2 file"),
-                (["--out", tmp_path / "x.wav", "--soundfont", tmp_path], "is a folder")]
+    refusals = [
+        (["--out", midi], "the output is the input"),
+        (["--pianoroll", midi], "the output is the input"),
+        (["--out", tmp_path / "notes.txt"], "is not a WAV file"),
+        (["--pianoroll", tmp_path / "notes.txt"], "is not a PNG file"),
+        (["--out", tmp_path / "x.wav", "--soundfont", "/etc/passwd"], "not a SoundFont 2 file"),
+        (["--out", tmp_path / "x.wav", "--soundfont", tmp_path], "is a folder"),
+    ]
     for options, words in refusals:
         run = musegen("render", midi, *options, area="file system")
         record("file system", run, None if run.refused(words) else f"{options}: expected {words!r}: {run.stderr}")
@@ -365,8 +469,9 @@ def test_render_length_bound_and_sigterm_leave_no_file_behind(tmp_path):
     run = musegen("render", long, "--out", tmp_path / "a.wav", "--max-minutes", 20, area="render")
     record("render", run, None if run.refused("lasts 25.0 minutes", "--max-minutes") else run.stderr)
     cmd = [sys.executable, "-m", "musegen", "render", str(long), "--out", str(tmp_path / "b.wav")]
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)},
-                            preexec_fn=os.setpgrp)
+    proc = subprocess.Popen(
+        cmd, stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)}, preexec_fn=os.setpgrp
+    )
     deadline = time.monotonic() + 60
     while not list(tmp_path.glob(".b.wav.*.tmp")) and time.monotonic() < deadline:
         time.sleep(0.05)  # until FluidSynth is writing
@@ -397,9 +502,15 @@ def test_a_forked_worker_terminated_before_its_setup_ends_quietly():
         "    _, status = os.waitpid(pid, 0)\n"
         "    print('child', os.WIFSIGNALED(status) and os.WTERMSIG(status))\n"
         "cli.app.command('fork-test')(fork_and_term)\n"
-        "main(['fork-test'])\n")
-    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "PYTHONPATH": str(REPO)})
+        "main(['fork-test'])\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert run.returncode == 0 and run.stdout.strip() == f"child {int(signal.SIGTERM)}", run
     assert "Traceback" not in run.stderr and "Terminated" not in run.stderr, run.stderr
 
@@ -416,8 +527,21 @@ def test_prepare_never_deletes_what_it_did_not_write(pop909_songs, tmp_path):
     for name, data in mine.items():
         (work / name).write_bytes(data)
     for limit in (2, 3):
-        run = musegen("data", "prepare", "midi", "--source", src, "--out", ".", "--limit", limit, "--workers", 1,
-                      cwd=work, area="file system")
+        run = musegen(
+            "data",
+            "prepare",
+            "midi",
+            "--source",
+            src,
+            "--out",
+            ".",
+            "--limit",
+            limit,
+            "--workers",
+            1,
+            cwd=work,
+            area="file system",
+        )
         record("file system", run)
     index = json.loads((work / "index.json").read_text())
     shards = {entry["file"] for entry in index["splits"].values()}
@@ -426,6 +550,7 @@ def test_prepare_never_deletes_what_it_did_not_write(pop909_songs, tmp_path):
 
 
 # ---- checkpoints trusted no further than checked ------------------------------------------------------
+
 
 def edited_checkpoint(source: Path, dest: Path, edit) -> Path:
     shutil.copytree(source, dest)
@@ -442,6 +567,7 @@ def _set_model(**values):
             data["model"][key] = "@@"
             text = json.dumps(data).replace('"@@"', str(value))
         path.write_text(text)
+
     return edit
 
 
@@ -449,11 +575,14 @@ def _replace_with_fifo(name: str):
     def edit(folder: Path):
         (folder / name).unlink()
         os.mkfifo(folder / name)
+
     return edit
 
 
 def _nest(folder: Path):
-    (folder / "config.json").write_text('{"format": "musegen-checkpoint", "meta": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    (folder / "config.json").write_text(
+        '{"format": "musegen-checkpoint", "meta": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    )
 
 
 CHECKPOINT_CASES = {
@@ -466,8 +595,10 @@ CHECKPOINT_CASES = {
     "config.json a FIFO": (_replace_with_fifo("config.json"), "is a FIFO"),
     "weights a FIFO": (_replace_with_fifo("model.safetensors"), "is a FIFO"),
     "tokenizer a FIFO": (_replace_with_fifo("tokenizer.json"), "tokenizer"),
-    "weights a link to /dev/zero": (lambda f: ((f / "model.safetensors").unlink(),
-                                               (f / "model.safetensors").symlink_to("/dev/zero")), "character device"),
+    "weights a link to /dev/zero": (
+        lambda f: ((f / "model.safetensors").unlink(), (f / "model.safetensors").symlink_to("/dev/zero")),
+        "character device",
+    ),
 }
 
 
@@ -493,21 +624,26 @@ def test_fp16_export_refuses_weights_it_cannot_hold_and_fp16_maxima_still_sample
     run = musegen("export", big, "--out", big, area="checkpoints")
     record("checkpoints", run, None if run.refused("is the checkpoint itself") else run.stderr)
     at_max = edited_checkpoint(checkpoints["remi"], tmp_path / "max", lambda f: None)
-    save_file({k: torch.full_like(v, 65504.0, dtype=torch.float16) if v.is_floating_point() else v
-               for k, v in load_file(str(at_max / "model.safetensors")).items()}, str(at_max / "model.safetensors"))
+    save_file(
+        {
+            k: torch.full_like(v, 65504.0, dtype=torch.float16) if v.is_floating_point() else v
+            for k, v in load_file(str(at_max / "model.safetensors")).items()
+        },
+        str(at_max / "model.safetensors"),
+    )
     run = musegen("sample", "-c", at_max, "--length", 8, "--seed", 0, "--out", tmp_path / "s", area="checkpoints")
     record("checkpoints", run)
 
 
 # ---- real full disks --------------------------------------------------------------------------------
 
+
 @contextmanager
 def small_disk(folder: Path, size_kb: int):
     """A tmpfs of `size_kb` mounted at `folder`: writes beyond it fail with a real ENOSPC inside
     whatever library writes (numpy, safetensors, FluidSynth), not an injected one."""
     folder.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kb}k", "tmpfs", str(folder)],
-                          capture_output=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kb}k", "tmpfs", str(folder)], capture_output=True)
     if done.returncode != 0:
         pytest.skip("cannot mount a small tmpfs here (needs root): no real full disk to write to")
     try:
@@ -536,8 +672,20 @@ def test_disk_full_in_safetensors_numpy_and_sample_writes_is_one_line(checkpoint
         run = musegen(*prepare, area="full disk")  # twelve songs do not fit
         record("full disk", run, None if run.refused("disk full writing") else run.stderr)
         assert (disk / "shards" / "index.json").read_text() == before and hidden_or_partial(disk) == []
-        run = musegen("sample", "-c", checkpoints["remi"], "--prompt", pop909_songs[0], "--length", 8,
-                      "-n", 64, "--out", disk / "samples", area="full disk")
+        run = musegen(
+            "sample",
+            "-c",
+            checkpoints["remi"],
+            "--prompt",
+            pop909_songs[0],
+            "--length",
+            8,
+            "-n",
+            64,
+            "--out",
+            disk / "samples",
+            area="full disk",
+        )
         record("full disk", run, None if run.rc == 0 or run.refused("disk full") else run.stderr)
 
 
@@ -552,9 +700,28 @@ def test_render_to_a_full_disk_is_refused_before_writing(pop909_songs, tmp_path)
 def test_disk_full_while_training_is_one_line(pop909_songs, tmp_path):
     data = prepare_pop909(pop909_songs[:3], tmp_path / "data")
     with small_disk(tmp_path / "disk", 200) as disk:
-        run = musegen("train", "--data", data, "--out", disk / "run", "--preset", "tiny", "--set", "steps=4",
-                      "--set", "seq_len=32", "--set", "batch_size=2", "--set", "workers=0", "--set", "ckpt_every=1",
-                      "--set", "valid_every=0", area="full disk")
+        run = musegen(
+            "train",
+            "--data",
+            data,
+            "--out",
+            disk / "run",
+            "--preset",
+            "tiny",
+            "--set",
+            "steps=4",
+            "--set",
+            "seq_len=32",
+            "--set",
+            "batch_size=2",
+            "--set",
+            "workers=0",
+            "--set",
+            "ckpt_every=1",
+            "--set",
+            "valid_every=0",
+            area="full disk",
+        )
         record("full disk", run, None if run.refused("disk full") else run.stderr)
 
 
@@ -580,19 +747,45 @@ def test_a_killed_worker_is_skipped_and_listed_never_a_hang(workers, pop909_song
     src.mkdir()
     for i, song in enumerate(pop909_songs[:6]):
         shutil.copy(song, src / (f"{i}-oom.mid" if i in (1, 4) else f"{i}.mid"))
-    run = musegen("data", "prepare", "midi", "--source", src, "--out", tmp_path / "out", "--workers", workers,
-                  script=KILLING_ENCODER, timeout=300, area="killed workers")
+    run = musegen(
+        "data",
+        "prepare",
+        "midi",
+        "--source",
+        src,
+        "--out",
+        tmp_path / "out",
+        "--workers",
+        workers,
+        script=KILLING_ENCODER,
+        timeout=300,
+        area="killed workers",
+    )
     record("killed workers", run)
     report = json.loads((tmp_path / "out" / "index.json").read_text())["report"]
     assert report["files"] == 6 and report["encoded"] == 4
-    assert {s["name"]: "was killed" in s["reason"] for s in report["skipped_files"]} == {"1-oom.mid": True,
-                                                                                          "4-oom.mid": True}
+    assert {s["name"]: "was killed" in s["reason"] for s in report["skipped_files"]} == {
+        "1-oom.mid": True,
+        "4-oom.mid": True,
+    }
 
 
 # ---- training, evaluation and batch sampling inputs ----------------------------------------------------
 
-TINY = ["--preset", "tiny", "--set", "seq_len=32", "--set", "batch_size=2", "--set", "workers=0",
-        "--set", "valid_every=0", "--set", "log_every=1"]
+TINY = [
+    "--preset",
+    "tiny",
+    "--set",
+    "seq_len=32",
+    "--set",
+    "batch_size=2",
+    "--set",
+    "workers=0",
+    "--set",
+    "valid_every=0",
+    "--set",
+    "log_every=1",
+]
 
 
 @pytest.fixture(scope="module")
@@ -618,36 +811,87 @@ def _fifo_shard(tmp_path: Path, data: Path) -> list:
     return ["--data", tmp_path / "data"]
 
 
-@pytest.mark.parametrize("make", [_fifo_config, _deep_yaml, _fifo_shard], ids=["fifo config", "deep yaml", "fifo shard"])
+@pytest.mark.parametrize(
+    "make", [_fifo_config, _deep_yaml, _fifo_shard], ids=["fifo config", "deep yaml", "fifo shard"]
+)
 def test_training_inputs_that_block_or_recurse(make, tiny_data, tmp_path):
-    run = musegen("train", *make(tmp_path, tiny_data), "--out", tmp_path / "run", *TINY, "--set", "steps=1",
-                  timeout=60, area="file system")
+    run = musegen(
+        "train",
+        *make(tmp_path, tiny_data),
+        "--out",
+        tmp_path / "run",
+        *TINY,
+        "--set",
+        "steps=1",
+        timeout=60,
+        area="file system",
+    )
     record("file system", run, None if run.rc in REFUSALS else "must be refused in one line")
 
 
 def test_two_writers_on_one_run_folder(tiny_data, tmp_path):
-    cmd = [sys.executable, "-m", "musegen", "train", "--data", str(tiny_data), "--out", str(tmp_path / "run"),
-           *TINY, "--set", "steps=30", "--set", "ckpt_every=5"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "musegen",
+        "train",
+        "--data",
+        str(tiny_data),
+        "--out",
+        str(tmp_path / "run"),
+        *TINY,
+        "--set",
+        "steps=30",
+        "--set",
+        "ckpt_every=5",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
-                              preexec_fn=_isolate) for _ in range(2)]
+    procs = [
+        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True, preexec_fn=_isolate)
+        for _ in range(2)
+    ]
     results = [(p.wait(timeout=TIME_LIMIT_S), p.stderr.read()) for p in procs]
     codes = sorted(rc for rc, _ in results)
-    one_refused = codes == [0, 1] and any(rc == 1 and len([l for l in err.splitlines() if l.startswith("error:")]) == 1
-                                          for rc, err in results)
+    one_refused = codes == [0, 1] and any(
+        rc == 1 and len([line for line in err.splitlines() if line.startswith("error:")]) == 1 for rc, err in results
+    )
     OUTCOMES["training", "refused" if one_refused else "failed"] += 1
     assert one_refused, f"both writers ran (exits {codes})"
 
 
 def test_divergent_training_stops_in_one_line_and_keeps_a_good_checkpoint(tiny_data, tmp_path):
-    run = musegen("train", "--data", tiny_data, "--out", tmp_path / "run", *TINY, "--set", "steps=40",
-                  "--set", "lr=1e6", "--set", "ckpt_every=10", area="training")
+    run = musegen(
+        "train",
+        "--data",
+        tiny_data,
+        "--out",
+        tmp_path / "run",
+        *TINY,
+        "--set",
+        "steps=40",
+        "--set",
+        "lr=1e6",
+        "--set",
+        "ckpt_every=10",
+        area="training",
+    )
     record("training", run, None if run.rc == 1 else "a run at lr=1e6 must stop with one line")
 
 
 def test_evaluate_loss_with_a_huge_max_len_is_one_line(checkpoints, tiny_data, tmp_path):
-    run = musegen("evaluate", "loss", "-c", checkpoints["remi"], "--data", tiny_data, "--max-len", 10**9,
-                  "--out", tmp_path / "e", area="evaluation")
+    run = musegen(
+        "evaluate",
+        "loss",
+        "-c",
+        checkpoints["remi"],
+        "--data",
+        tiny_data,
+        "--max-len",
+        10**9,
+        "--out",
+        tmp_path / "e",
+        area="evaluation",
+    )
     record("evaluation", run, None if run.rc in (0, 1) and run.peak_mb < 2000 else run.stderr[-300:])
 
 
@@ -658,8 +902,22 @@ def test_sample_never_silently_overwrites_a_colliding_prompt_name(checkpoints, p
     shutil.copy(pop909_songs[0], prompts / "x.mid")
     shutil.copy(pop909_songs[1], prompts / "x.midi")
     out = tmp_path / "out"
-    run = musegen("sample", "-c", checkpoints["remi"], "--prompt", prompts, "--prompt-bars", 2, "--length", 8,
-                  "--seed", 0, "--out", out, area="sampling")
+    run = musegen(
+        "sample",
+        "-c",
+        checkpoints["remi"],
+        "--prompt",
+        prompts,
+        "--prompt-bars",
+        2,
+        "--length",
+        8,
+        "--seed",
+        0,
+        "--out",
+        out,
+        area="sampling",
+    )
     batch = json.loads((out / "batch.json").read_text()) if run.rc == 0 else {"continued": 0, "skipped": {}}
     midis = sorted(p.name for p in out.rglob("*.mid"))
     accounted = batch["continued"] + len(batch["skipped"]) == 2 and len(midis) == batch["continued"]

@@ -10,19 +10,18 @@ import miditoolkit
 import numpy as np
 import pytest
 import torch
+from train_fixtures import prepare_pop909
 
 from musegen.cli import main
 from musegen.errors import ConfigError
 from musegen.metrics import attention as att
-from musegen.model import MusicPerformer, ModelConfig, preset
+from musegen.model import ModelConfig, MusicPerformer, preset
 from musegen.model.config import SYNTHESIZER_VARIANTS
 from musegen.model.families import Aaren, RelativeAttention, Synthesizer, prefix_scan
 from musegen.model.transformer import SelfAttention
 from musegen.sample import Prompt, SampleSettings, generate
 from musegen.tokenizers import tokenizer_from_dict
 from musegen.train import build_config, train
-
-from train_fixtures import prepare_pop909
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -31,8 +30,9 @@ MIXTURE = "+".join(SYNTHESIZER_VARIANTS)  # every variant at once
 
 
 def family_config(attention: str, **overrides) -> ModelConfig:
-    return preset("tiny", vocab_size=30, attention=attention, pe="none", dropout=0.0, d_model=H * D, n_heads=H,
-                  **overrides)
+    return preset(
+        "tiny", vocab_size=30, attention=attention, pe="none", dropout=0.0, d_model=H * D, n_heads=H, **overrides
+    )
 
 
 def randn(*shape, generator):
@@ -77,8 +77,8 @@ def test_relative_skewing_equals_the_naive_computation(values, T, S):
         for p in family.parameters():
             p.copy_(randn(*p.shape, generator=g))
     q, k, v = randn(2, H, T, D, generator=g), randn(2, H, S, D, generator=g), randn(2, H, S, D, generator=g)
-    cache = (k[:, :, :S - T], v[:, :, :S - T]) if S > T else None
-    got, _ = family(q, k[:, :, S - T:], v[:, :, S - T:], cache)
+    cache = (k[:, :, : S - T], v[:, :, : S - T]) if S > T else None
+    got, _ = family(q, k[:, :, S - T :], v[:, :, S - T :], cache)
     expected = naive_relative(q, k, v, family.key_embedding, family.value_embedding, 8, family.scale)
     assert (got - expected).abs().max() <= 1e-5
 
@@ -101,18 +101,22 @@ def streamed_logits(model: MusicPerformer, ids: torch.Tensor, cut: int) -> torch
         return torch.cat([first] + [model.step(ids[:, t])[:, None] for t in range(cut, ids.shape[1])], dim=1)
 
 
-@pytest.mark.parametrize("attention,extra", [
-    ("relative", {"max_relative_distance": 6}),
-    ("relative", {"max_relative_distance": 6, "relative_values": True, "pe": "ape"}),
-    ("aaren", {}),
-    ("aaren", {"pe": "ape"}),
-    ("synthesizer", {"max_len": 32, "synthesizer": MIXTURE}),
-    ("synthesizer", {"max_len": 32, "synthesizer": "random", "pe": "ape"}),
-])
+@pytest.mark.parametrize(
+    "attention,extra",
+    [
+        ("relative", {"max_relative_distance": 6}),
+        ("relative", {"max_relative_distance": 6, "relative_values": True, "pe": "ape"}),
+        ("aaren", {}),
+        ("aaren", {"pe": "ape"}),
+        ("synthesizer", {"max_len": 32, "synthesizer": MIXTURE}),
+        ("synthesizer", {"max_len": 32, "synthesizer": "random", "pe": "ape"}),
+    ],
+)
 def test_model_streaming_steps_equal_the_parallel_forward(attention, extra):
     torch.manual_seed(0)
-    model = MusicPerformer(preset("tiny", vocab_size=30, attention=attention, dropout=0.0,
-                                  **{"pe": "none", **extra})).eval()
+    model = MusicPerformer(
+        preset("tiny", vocab_size=30, attention=attention, dropout=0.0, **{"pe": "none", **extra})
+    ).eval()
     ids = torch.randint(0, 30, (2, 21))
     with torch.no_grad():
         parallel = model(ids)
@@ -124,8 +128,9 @@ def test_model_streaming_steps_equal_the_parallel_forward(attention, extra):
 
 def naive_prefix_attention(scores, v):
     """Softmax attention of every prefix, one prefix at a time."""
-    return torch.stack([scores[..., :t + 1].softmax(-1)[..., None, :] @ v[..., :t + 1, :]
-                        for t in range(scores.shape[-1])], dim=2)[..., 0, :]
+    return torch.stack(
+        [scores[..., : t + 1].softmax(-1)[..., None, :] @ v[..., : t + 1, :] for t in range(scores.shape[-1])], dim=2
+    )[..., 0, :]
 
 
 @pytest.mark.parametrize("magnitude", [1.0, 50.0, 1e4])  # exp(50 x N(0, 1)) overflows fp32
@@ -178,8 +183,8 @@ def test_synthesizer_leaks_no_future_token(variants):
     y, _ = layer(x, None, None, None)
     for t in range(T):
         (grad,) = torch.autograd.grad(y[:, t].sum(), x, retain_graph=True)
-        assert torch.all(grad[:, t + 1:] == 0), (variants, t)
-        assert grad[:, :t + 1].abs().sum() > 0
+        assert torch.all(grad[:, t + 1 :] == 0), (variants, t)
+        assert grad[:, : t + 1].abs().sum() > 0
 
 
 @pytest.mark.parametrize("variants", list(SYNTHESIZER_VARIANTS))
@@ -215,8 +220,9 @@ def test_synthesizer_past_max_len_is_a_clear_error():
         model.step(torch.zeros(1, 10, dtype=torch.long))
         for _ in range(3):
             model.step(torch.zeros(1, dtype=torch.long))
-    cfg = build_config("tiny", "d", "o", sets=["model.attention=synthesizer", "model.pe=none",
-                                              "model.max_len=32", "seq_len=64"])
+    cfg = build_config(
+        "tiny", "d", "o", sets=["model.attention=synthesizer", "model.pe=none", "model.max_len=32", "seq_len=64"]
+    )
     with pytest.raises(ConfigError, match="seq_len of 64 tokens is longer"):
         train(cfg)
 
@@ -226,8 +232,9 @@ def test_sampling_a_synthesizer_ends_at_max_len():
     past it (a longer --length, or --bars that are not reached by then): the clear error."""
     tok = tokenizer_from_dict({"kind": "remi"})
     torch.manual_seed(0)
-    model = MusicPerformer(preset("tiny", vocab_size=tok.vocab_size, attention="synthesizer", pe="none",
-                                  max_len=40)).eval()
+    model = MusicPerformer(
+        preset("tiny", vocab_size=tok.vocab_size, attention="synthesizer", pe="none", max_len=40)
+    ).eval()
     start = Prompt(np.zeros(0, dtype=np.int64))
     for seed in range(4):
         samples, stats = generate(model, tok, start, SampleSettings(length=39, seed=seed, num_samples=3))
@@ -259,18 +266,25 @@ def test_config_refuses_combinations_that_make_no_sense():
 def test_settings_that_must_agree_can_be_given_in_any_order_and_old_configs_load():
     for sets in (["model.attention=aaren", "model.pe=none"], ["model.pe=none", "model.attention=aaren"]):
         assert build_config("tiny", "d", "o", sets=sets).model.attention == "aaren"
-    old = {k: v for k, v in ModelConfig().to_dict().items()
-           if k not in ("max_relative_distance", "relative_values", "synthesizer", "synthesizer_rank", "max_len")}
+    old = {
+        k: v
+        for k, v in ModelConfig().to_dict().items()
+        if k not in ("max_relative_distance", "relative_values", "synthesizer", "synthesizer_rank", "max_len")
+    }
     assert ModelConfig.from_dict(old) == ModelConfig()
 
 
 def test_captured_logits_reproduce_each_family_layer():
     """What inspect draws (softmax of the captured logits) is what the layer mixes."""
-    for attention, extra in (("relative", {"max_relative_distance": 5}), ("aaren", {}),
-                             ("synthesizer", {"max_len": 24, "synthesizer": MIXTURE})):
+    for attention, extra in (
+        ("relative", {"max_relative_distance": 5}),
+        ("aaren", {}),
+        ("synthesizer", {"max_len": 24, "synthesizer": MIXTURE}),
+    ):
         torch.manual_seed(0)
-        model = MusicPerformer(preset("tiny", vocab_size=30, attention=attention, pe="none", dropout=0.0,
-                                      **extra)).eval()
+        model = MusicPerformer(
+            preset("tiny", vocab_size=30, attention=attention, pe="none", dropout=0.0, **extra)
+        ).eval()
         ids = torch.randint(0, 30, (1, 20))
         layer = model.layers[1].attention
         seen = {}
@@ -305,16 +319,28 @@ FAMILY_SETS = {
 
 @pytest.mark.parametrize("family", list(FAMILY_SETS))
 def test_train_sample_evaluate_and_inspect_each_family(family, pop_small, tmp_path, capsys):
-    sets = ["model.pe=none", *FAMILY_SETS[family], "seq_len=32", "batch_size=2", "steps=3", "workers=0",
-            "valid_every=0", "ckpt_every=3", "warmup=1"]
+    sets = [
+        "model.pe=none",
+        *FAMILY_SETS[family],
+        "seq_len=32",
+        "batch_size=2",
+        "steps=3",
+        "workers=0",
+        "valid_every=0",
+        "ckpt_every=3",
+        "warmup=1",
+    ]
     run = tmp_path / "run"
-    code, _, err = cli(["train", "--data", pop_small, "--out", run, "--preset", "tiny",
-                        *[a for s in sets for a in ("--set", s)]], capsys)
+    code, _, err = cli(
+        ["train", "--data", pop_small, "--out", run, "--preset", "tiny", *[a for s in sets for a in ("--set", s)]],
+        capsys,
+    )
     assert code == 0, err
     checkpoint = run / "checkpoints" / "step-00000003"
 
-    code, out, err = cli(["sample", "-c", checkpoint, "-o", tmp_path / "samples", "--length", "40", "-n", "2",
-                          "--seed", "0"], capsys)
+    code, out, err = cli(
+        ["sample", "-c", checkpoint, "-o", tmp_path / "samples", "--length", "40", "-n", "2", "--seed", "0"], capsys
+    )
     assert code == 0 and "invalid samples: 0" in out, err
     midis = sorted((tmp_path / "samples").glob("*.mid"))
     assert len(midis) == 2 and all(miditoolkit.MidiFile(str(p)).instruments for p in midis)

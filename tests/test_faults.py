@@ -24,18 +24,17 @@ from pathlib import Path
 import pytest
 import symusic
 import torch
-
 from fuzz import log_line, trio_midi
+from train_fixtures import prepare_pop909
+
 from musegen import io as musegen_io
 from musegen.checkpoint import load_checkpoint, save_checkpoint
 from musegen.cli import main
 from musegen.model import MusicPerformer, preset
+from musegen.run_folder import checkpoint_dirs, is_complete, latest_checkpoint
 from musegen.sample import SampleSettings, sample_to_folder
 from musegen.shards import Shards
 from musegen.tokenizers import tokenizer_from_dict
-from musegen.run_folder import checkpoint_dirs, is_complete, latest_checkpoint
-
-from train_fixtures import prepare_pop909
 
 FAULTS = Counter()  # (area, "injected" | "intact") -> count
 TINY_RUN = ["seq_len=32", "batch_size=2", "workers=0", "valid_every=0", "log_every=1", "ckpt_every=1", "keep=2"]
@@ -47,8 +46,10 @@ def summary():
     torch.set_num_threads(1)
     yield
     for area in sorted({a for a, _ in FAULTS}):
-        log_line(f"faults {area}: injected {FAULTS[area, 'injected']}, "
-                 f"complete earlier output intact after {FAULTS[area, 'intact']}")
+        log_line(
+            f"faults {area}: injected {FAULTS[area, 'injected']}, "
+            f"complete earlier output intact after {FAULTS[area, 'intact']}"
+        )
 
 
 def musegen_cmd(*args) -> list[str]:
@@ -80,6 +81,7 @@ class DiskFull:
             if self.calls >= self.n:
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
             return real(fd)
+
         monkeypatch.setattr(os, "fsync", fsync)
 
 
@@ -92,6 +94,7 @@ def read_only(folder: Path, monkeypatch) -> None:
             if dir is not None and Path(dir).resolve().is_relative_to(folder.resolve()):
                 raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(dir))
             return real(*args, dir=dir, **kwargs)
+
         monkeypatch.setattr(musegen_io.tempfile, "mkstemp", mkstemp)
 
 
@@ -109,11 +112,15 @@ def kill_at_random(cmd: list[str], rng: random.Random, earliest: float, latest: 
 
 def visible_files(folder: Path) -> list[Path]:
     """Files under their final names (hidden `.name.tmp` files are the atomic writer's scratch)."""
-    return [p for p in folder.rglob("*") if p.is_file() and not any(part.startswith(".") for part in
-                                                                     p.relative_to(folder).parts)]
+    return [
+        p
+        for p in folder.rglob("*")
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts)
+    ]
 
 
 # ---- data preparation ---------------------------------------------------------------------------
+
 
 def shards_content(folder: Path) -> dict:
     shards = Shards(folder)
@@ -165,6 +172,7 @@ def test_data_prepare_survives_full_disk_read_only_and_kill(source, tmp_path, ca
 
 # ---- training checkpoints ------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def data(pop909_songs, tmp_path_factory) -> Path:
     return prepare_pop909(pop909_songs[:3], tmp_path_factory.mktemp("data"))
@@ -180,8 +188,16 @@ def complete_checkpoints_load(run: Path) -> bool:
 
 def test_training_survives_full_disk_read_only_and_kill(data, tmp_path, capsys, monkeypatch):
     run = tmp_path / "run"
-    train_args = lambda steps: ["train", "--data", data, "--out", run, "--preset", "tiny",  # noqa: E731
-                                *[x for s in TINY_RUN + [f"steps={steps}"] for x in ("--set", s)]]
+    train_args = lambda steps: [
+        "train",
+        "--data",
+        data,
+        "--out",
+        run,
+        "--preset",
+        "tiny",  # noqa: E731
+        *[x for s in TINY_RUN + [f"steps={steps}"] for x in ("--set", s)],
+    ]
     assert cli(train_args(1), capsys)[0] == 0
     # a checkpoint makes ~5 fsyncs (weights, tokenizer, config, folder, parent); hit each in turn
     for n in range(1, 7):
@@ -223,8 +239,9 @@ class FullDiskWrites:
             self.calls += 1
             if self.calls < after:
                 return real(fd, data)
-            real(fd, bytes(data)[:len(data) // 2])
+            real(fd, bytes(data)[: len(data) // 2])
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
         monkeypatch.setattr(os, "write", write)
 
 
@@ -240,19 +257,31 @@ def full_disk_safetensors(monkeypatch, module, name: str) -> None:
             return real(tensors, path, *args, **kwargs)
         Path(path).write_bytes(save(tensors)[:1000])
         raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
     monkeypatch.setattr(module, "save_file", save_file)
 
 
 def test_training_survives_a_full_disk_at_the_real_writes(data, tmp_path, capsys, monkeypatch):
-    from musegen import checkpoint as checkpoint_module, run_folder
+    from musegen import checkpoint as checkpoint_module
+    from musegen import run_folder
 
     run = tmp_path / "run"
-    train_args = lambda steps: ["train", "--data", data, "--out", run, "--preset", "tiny",  # noqa: E731
-                                *[x for s in TINY_RUN + [f"steps={steps}"] for x in ("--set", s)]]
+    train_args = lambda steps: [
+        "train",
+        "--data",
+        data,
+        "--out",
+        run,
+        "--preset",
+        "tiny",  # noqa: E731
+        *[x for s in TINY_RUN + [f"steps={steps}"] for x in ("--set", s)],
+    ]
     assert cli(train_args(2), capsys)[0] == 0
-    faults = {"log line": lambda m: FullDiskWrites(m, "log.jsonl", after=2),
-              "weights": lambda m: full_disk_safetensors(m, checkpoint_module, "model.safetensors"),
-              "trainer state": lambda m: full_disk_safetensors(m, run_folder, "trainer_state.safetensors")}
+    faults = {
+        "log line": lambda m: FullDiskWrites(m, "log.jsonl", after=2),
+        "weights": lambda m: full_disk_safetensors(m, checkpoint_module, "model.safetensors"),
+        "trainer state": lambda m: full_disk_safetensors(m, run_folder, "trainer_state.safetensors"),
+    }
     for name, inject in faults.items():  # each hits before the step-3 checkpoint lands
         earlier = latest_checkpoint(run)
         files = {f.name: f.read_bytes() for f in earlier.iterdir()}
@@ -263,8 +292,11 @@ def test_training_survives_a_full_disk_at_the_real_writes(data, tmp_path, capsys
         assert code == 1 and len(err) == 1 and "No space left on device" in err[0], (name, err)
         if name == "log line":
             assert not (run / "log.jsonl").read_bytes().endswith(b"\n")  # half a line was written
-        intact = (complete_checkpoints_load(run) and latest_checkpoint(run) == earlier
-                  and {f.name: f.read_bytes() for f in earlier.iterdir()} == files)
+        intact = (
+            complete_checkpoints_load(run)
+            and latest_checkpoint(run) == earlier
+            and {f.name: f.read_bytes() for f in earlier.iterdir()} == files
+        )
         FAULTS["training", "intact"] += intact
         assert intact, name
     assert cli(train_args(6) + ["--resume"], capsys)[0] == 0  # the resume repairs the log and finishes
@@ -274,6 +306,7 @@ def test_training_survives_a_full_disk_at_the_real_writes(data, tmp_path, capsys
 
 
 # ---- sample output ---------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def groove(tmp_path_factory) -> tuple[Path, Path]:

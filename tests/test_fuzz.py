@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from fuzz import log_line, mutants, trio_midi, write_corpus
+
 from musegen.checkpoint import save_checkpoint
 from musegen.errors import MusegenError
 from musegen.model import MusicPerformer, preset
@@ -59,35 +59,58 @@ def corpus_folder(seeds: list[Path], folder: Path, n: int) -> Path:
 
 def musegen(*args, timeout: float) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "musegen", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "musegen", *map(str, args)], capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 def is_one_line_error(stderr: str) -> bool:
     lines = stderr.strip().splitlines()
-    return (len(lines) == 1 and lines[0].startswith("error: ") and "internal error" not in lines[0]
-            and "Traceback" not in stderr)
+    return (
+        len(lines) == 1
+        and lines[0].startswith("error: ")
+        and "internal error" not in lines[0]
+        and "Traceback" not in stderr
+    )
 
 
 # ---- data prepare: the whole folder in one call -------------------------------------------------
 
+
 def prepare_counts(folder: Path, out: Path, kind: str) -> Counter:
     """Run `musegen data prepare midi` once over `folder`; count processed/rejected/crashed files."""
     n = len(list(folder.iterdir()))
-    result = musegen("data", "prepare", "midi", "--source", folder, "--out", out, "--tokenizer", kind,
-                     "--workers", 2, timeout=BATCH_LIMIT_S)
+    result = musegen(
+        "data",
+        "prepare",
+        "midi",
+        "--source",
+        folder,
+        "--out",
+        out,
+        "--tokenizer",
+        kind,
+        "--workers",
+        2,
+        timeout=BATCH_LIMIT_S,
+    )
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
     report = json.loads((out / "index.json").read_text())["report"]
     assert report["files"] == n and report["encoded"] + report["skipped"] == n
-    crashed = [s for s in report["skipped_files"]
-               if "internal error" in s["reason"] or "took longer" in s["reason"] or "\n" in s["reason"]]
+    crashed = [
+        s
+        for s in report["skipped_files"]
+        if "internal error" in s["reason"] or "took longer" in s["reason"] or "\n" in s["reason"]
+    ]
     assert not crashed, crashed[:5]
     assert all(s["reason"].strip() for s in report["skipped_files"])
-    return Counter(tried=n, processed=report["encoded"], rejected=report["skipped"] - len(crashed),
-                   crashed=len(crashed))
+    return Counter(
+        tried=n, processed=report["encoded"], rejected=report["skipped"] - len(crashed), crashed=len(crashed)
+    )
 
 
 # ---- sample --prompt: the library function behind the command, per mutant -------------------------
+
 
 class Hang(Exception):
     pass
@@ -97,6 +120,7 @@ class Hang(Exception):
 def time_limit(seconds: int):
     def on_alarm(signum, frame):
         raise Hang
+
     previous = signal.signal(signal.SIGALRM, on_alarm)
     signal.alarm(seconds)
     try:
@@ -132,8 +156,10 @@ def sample_counts(checkpoint: Path, files: list[Path], out: Path) -> tuple[Count
 
 
 def report(label: str, counts: Counter) -> None:
-    log_line(f"fuzz {label}: tried {counts['tried']}, processed {counts['processed']}, "
-             f"rejected {counts['rejected']}, crashed {counts['crashed']}")
+    log_line(
+        f"fuzz {label}: tried {counts['tried']}, processed {counts['processed']}, "
+        f"rejected {counts['rejected']}, crashed {counts['crashed']}"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -160,7 +186,7 @@ def test_prepare_processes_or_rejects_every_mutant(ci_corpus, tmp_path, kind):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_sample_prompt_processes_or_rejects_every_mutant(ci_corpus, checkpoints, tmp_path, kind):
-    files = sorted(ci_corpus.iterdir())[KINDS.index(kind)::2]  # each mutant through one of the two, for time
+    files = sorted(ci_corpus.iterdir())[KINDS.index(kind) :: 2]  # each mutant through one of the two, for time
     counts, crashes = sample_counts(checkpoints[kind], files, tmp_path)
     report(f"sample --prompt ({kind}, in-process)", counts)
     assert not crashes, crashes[:5]
@@ -171,8 +197,22 @@ def test_sample_prompt_processes_or_rejects_every_mutant(ci_corpus, checkpoints,
 def cli_sample_counts(checkpoint: Path, files: list[Path], out: Path) -> Counter:
     counts = Counter(tried=len(files))
     for i, path in enumerate(files):
-        result = musegen("sample", "-c", checkpoint, "--prompt", path, "--prompt-bars", 4, "--length", 4,
-                         "--seed", 0, "--out", out / str(i), timeout=120)
+        result = musegen(
+            "sample",
+            "-c",
+            checkpoint,
+            "--prompt",
+            path,
+            "--prompt-bars",
+            4,
+            "--length",
+            4,
+            "--seed",
+            0,
+            "--out",
+            out / str(i),
+            timeout=120,
+        )
         if result.returncode == 0:
             counts["processed"] += 1
         else:

@@ -9,10 +9,9 @@ import re
 
 import numpy as np
 import pytest
+from conftest import GOLDEN
 
 from musegen.tokenizers.groove import END, START, TIME_SHIFT, GrooveTokenizer, serialize, token_times
-
-from conftest import GOLDEN
 
 FOLDER = GOLDEN / "groove_spe"
 CASES = sorted(p for p in FOLDER.glob("*.json") if p.name != "vocab.json")

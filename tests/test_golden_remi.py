@@ -15,12 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import symusic
+from conftest import FULL_GOLDEN, GOLDEN, POP909
 
 from musegen.chords import QUALITIES, ROOT_NAMES, detect_chords
 from musegen.midi import read_midi
 from musegen.tokenizers.remi import RemiTokenizer
-
-from conftest import FULL_GOLDEN, GOLDEN, POP909
 
 TOK = RemiTokenizer()
 INDEX = {name: i for i, name in enumerate(TOK.vocab)}
@@ -51,8 +50,9 @@ def as_the_reference_reads_it(path: Path) -> symusic.Score | Path:
     view.ticks_per_quarter = 480
     before = None
     for beat, (root, quality, bass) in enumerate(zip(labels.root, labels.quality, labels.bass)):
-        text = f"{ROOT_NAMES[root]}_{QUALITIES[quality]}_{ROOT_NAMES[bass]}" if min(root, quality, bass) >= 0 \
-            else "N_N_N"
+        text = (
+            f"{ROOT_NAMES[root]}_{QUALITIES[quality]}_{ROOT_NAMES[bass]}" if min(root, quality, bass) >= 0 else "N_N_N"
+        )
         if text != before:  # the analyzer writes a marker where the label changes
             view.markers.append(symusic.TextMeta(480 * beat, text))
             before = text
@@ -66,7 +66,9 @@ def compare(events: dict[str, list[str]], songs: Path) -> list[str]:
         got = [TOK.vocab[i] for i in TOK.encode(as_the_reference_reads_it(songs / song / f"{song}.mid")).ids]
         if got != expected:
             k = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
-            differ.append(f"{song}: token {k}: {got[max(k - 3, 0):k + 3]} instead of {expected[max(k - 3, 0):k + 3]}")
+            differ.append(
+                f"{song}: token {k}: {got[max(k - 3, 0) : k + 3]} instead of {expected[max(k - 3, 0) : k + 3]}"
+            )
     return differ
 
 
@@ -90,8 +92,13 @@ def test_the_grammar_accepts_the_golden_songs_and_they_survive_a_midi_round_trip
     events = golden(GOLDEN)
     check_grammar_and_round_trip(events)
     # the patterns the old grammar refused are all there: it is a real test of the grammar
-    seen = {"repeated chord": 0, "repeated tempo": 0, "pitch going down": 0, "pitch going up": 0,
-            "one pitch twice in a cell": 0}
+    seen = {
+        "repeated chord": 0,
+        "repeated tempo": 0,
+        "pitch going down": 0,
+        "pitch going up": 0,
+        "one pitch twice in a cell": 0,
+    }
     for names in events.values():
         chord = tempo = None
         cell: list[str] = []

@@ -10,13 +10,25 @@ import miditoolkit
 import numpy as np
 import pytest
 import symusic
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from musegen.errors import MidiError, TokenError
 from musegen.model.config import preset
 from musegen.tokenizers import tokenizer_from_dict
-from musegen.tokenizers.groove import (END, START, TIME_SHIFT, WIDE_SHIFT, GrooveTokenizer, round_half_even,
-                                       serialize, shift_id, shift_target, shifts_between, token_times)
+from musegen.tokenizers.groove import (
+    END,
+    START,
+    TIME_SHIFT,
+    WIDE_SHIFT,
+    GrooveTokenizer,
+    round_half_even,
+    serialize,
+    shift_id,
+    shift_target,
+    shifts_between,
+    token_times,
+)
 
 TOK = GrooveTokenizer()
 TPQ = 480
@@ -46,7 +58,11 @@ def beats(b: float) -> int:
     return int(round(b * TPQ))
 
 
-DRUMS = (0, True, [(36, beats(b), beats(b) + 10) for b in range(8)] + [(42, beats(b + 0.5), beats(b + 0.5) + 10) for b in range(8)])
+DRUMS = (
+    0,
+    True,
+    [(36, beats(b), beats(b) + 10) for b in range(8)] + [(42, beats(b + 0.5), beats(b + 0.5) + 10) for b in range(8)],
+)
 PIANO = (0, False, [(p, beats(b), beats(b + 1)) for b in range(8) for p in (60, 64, 67)])
 STRINGS = (48, False, [(72, 0, beats(4)), (76, beats(4), beats(8))])
 BASS = (33, False, [(40, beats(b), beats(b + 0.9)) for b in range(8)])
@@ -60,6 +76,7 @@ def trio_of(data, tok=TOK):
 
 # ---------------------------------------------------------------- vocabulary and settings
 
+
 def test_vocabulary_matches_paper_and_preset():
     assert TOK.vocab_size == 795 == preset("paper-groove").vocab_size
     assert TOK.pad_id == 794 and TOK.vocab[TOK.pad_id] == "PAD"
@@ -69,7 +86,12 @@ def test_vocabulary_matches_paper_and_preset():
     assert kinds.count("TimeShift") == 24 and TOK.vocab[START] == "Start" and TOK.vocab[END] == "End"
     assert (START, END) == (793, 792)  # the reference's BOS and EOS
     assert [TOK.vocab[t] for t in (768, 778, 779, 790, 791)] == [
-        "TimeShift_0_1", "TimeShift_0_11", "TimeShift_1_0", "TimeShift_1_11", "TimeShift_2_0"]
+        "TimeShift_0_1",
+        "TimeShift_0_11",
+        "TimeShift_1_0",
+        "TimeShift_1_11",
+        "TimeShift_2_0",
+    ]
 
 
 def test_settings_survive_json():
@@ -81,6 +103,7 @@ def test_settings_survive_json():
 
 
 # ---------------------------------------------------------------- time shifts name positions
+
 
 def test_a_shift_names_a_tick_of_a_later_beat():
     assert shift_target(0, shift_id(0, 6)) == 6
@@ -106,6 +129,7 @@ def test_rounding_is_pythons_round_of_the_reference():
 
 
 # ---------------------------------------------------------------- track roles
+
 
 def test_bass_program_wins_over_pitch_and_other_has_most_notes():
     high_bass = (33, False, [(p + 24, s, e) for p, s, e in BASS[2]])  # bass program, above the strings' floor
@@ -135,8 +159,11 @@ def test_groove2groove_names_decide_the_roles_and_the_count_in_is_dropped():
     bass = (26, False, [(40, beats(8) - 20, beats(10)), (41, beats(8) - 21, beats(9))])  # 95.5 -> 96, 95.475 -> 95
     guitar = (24, False, [(60, beats(8 + b), beats(9 + b)) for b in range(8)])
     piano = (0, False, [(72, beats(8), beats(16))])
-    data = midi_bytes([drums, bass, guitar, piano], names=["BB Drums", "BB Bass", "BB Guitar", "BB Piano"],
-                      tempos=[(100, 0), (140, beats(12))])
+    data = midi_bytes(
+        [drums, bass, guitar, piano],
+        names=["BB Drums", "BB Bass", "BB Guitar", "BB Piano"],
+        tempos=[(100, 0), (140, beats(12))],
+    )
     enc, notes = trio_of(data)
     meta = enc.report["meta"]
     assert meta["layout"] == "g2g" and meta["bass_track"] == "BB Bass" and meta["bass_program"] == 26
@@ -152,8 +179,10 @@ def test_groove2groove_names_decide_the_roles_and_the_count_in_is_dropped():
 
 
 def test_seeded_other_track_is_random_but_reproducible():
-    candidates = [(program, False, [(60 + program % 12, beats(b), beats(b + 1)) for b in range(2 + program % 5)])
-                  for program in (0, 24, 40, 56, 73)]
+    candidates = [
+        (program, False, [(60 + program % 12, beats(b), beats(b + 1)) for b in range(2 + program % 5)])
+        for program in (0, 24, 40, 56, 73)
+    ]
     data = midi_bytes([BASS, DRUMS] + candidates)
     picks = {seed: GrooveTokenizer(other_seed=seed).encode(data).report["meta"]["other_program"] for seed in range(12)}
     assert len(set(picks.values())) >= 3  # really random across seeds
@@ -163,20 +192,37 @@ def test_seeded_other_track_is_random_but_reproducible():
 
 # ---------------------------------------------------------------- quantisation and round trip
 
+
 def test_quantisation_rounds_halves_to_even_and_keeps_every_note():
-    bass = (33, False, [
-        (40, 19, 250),           # 19/40 -> 0 (0.475 rounds down), 250/40 = 6.25 -> 6
-        (41, 20, 60),            # 0.5 rounds to 0 (even), 1.5 to 2
-        (42, 100, 101),          # 2.5 -> 2, 2.525 -> 3
-        (43, 0, 480), (43, 240, 960),  # same pitch overlapping: both kept
-        (44, 0, 200), (44, 0, 480),    # same onset: both kept
-        (45, 0, 10), (46, 60, 100),    # shorter than the grid: zero-length notes
-    ])
+    bass = (
+        33,
+        False,
+        [
+            (40, 19, 250),  # 19/40 -> 0 (0.475 rounds down), 250/40 = 6.25 -> 6
+            (41, 20, 60),  # 0.5 rounds to 0 (even), 1.5 to 2
+            (42, 100, 101),  # 2.5 -> 2, 2.525 -> 3
+            (43, 0, 480),
+            (43, 240, 960),  # same pitch overlapping: both kept
+            (44, 0, 200),
+            (44, 0, 480),  # same onset: both kept
+            (45, 0, 10),
+            (46, 60, 100),  # shorter than the grid: zero-length notes
+        ],
+    )
     drums = (0, True, [(36, 0, 1)])
     enc, notes = trio_of(midi_bytes([bass, drums]))
     got = sorted(tuple(r) for r in notes[1][:, 1:].tolist())
-    assert got == [(40, 0, 6), (41, 0, 2), (42, 2, 3), (43, 0, 12), (43, 6, 24), (44, 0, 5), (44, 0, 12),
-                   (45, 0, 0), (46, 2, 2)]
+    assert got == [
+        (40, 0, 6),
+        (41, 0, 2),
+        (42, 2, 3),
+        (43, 0, 12),
+        (43, 6, 24),
+        (44, 0, 5),
+        (44, 0, 12),
+        (45, 0, 0),
+        (46, 2, 2),
+    ]
     assert notes[2].tolist() == [[2, 36, 0, 0]]
 
 
@@ -191,8 +237,13 @@ def test_crossing_notes_of_merged_parts_are_paired_first_in_first_out():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.integers(1, 3), st.integers(30, 40), st.integers(0, 300), st.integers(0, 80)),
-                min_size=1, max_size=60))
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 3), st.integers(30, 40), st.integers(0, 300), st.integers(0, 80)),
+        min_size=1,
+        max_size=60,
+    )
+)
 def test_serialize_then_notes_ends_each_slot_first_in_first_out(raw):
     notes = np.array([(t, p, on, on + d) for t, p, on, d in raw])
     ids = serialize(notes)
@@ -203,7 +254,7 @@ def test_serialize_then_notes_ends_each_slot_first_in_first_out(raw):
         expected += [(track, pitch, on, off) for on, off in zip(sorted(same[:, 2]), sorted(same[:, 3]))]
     assert sorted(map(tuple, TOK.notes(ids).tolist())) == sorted(expected)
     times = token_times(ids)
-    events = (ids < TIME_SHIFT)
+    events = ids < TIME_SHIFT
     assert np.all(np.diff(times) >= 0), "time never goes back"
     assert sorted(times[events].tolist()) == sorted(notes[:, 2].tolist() + notes[:, 3].tolist())
 
@@ -240,6 +291,7 @@ def test_notes_rejects_ids_that_cannot_be_decoded():
 
 
 # ---------------------------------------------------------------- grammar
+
 
 def state_after(ids):
     return TOK.grammar().states(ids)[-1]
@@ -323,19 +375,22 @@ def test_a_superseded_bass_note_ends_at_the_next_event():
     assert g.sampling_prefix(older, 128 + 42) == [384 + 38, S(0, 6), 384 + 40, S(0, 6)]
 
 
-@pytest.mark.parametrize("ids, bad, why", [
-    ([START, 60, 40], 2, "note_ons of a time step rise"),
-    ([START, 40, 60, S(1, 0), 384 + 60, 384 + 40], 5, "note_offs of a time step by (onset, pitch)"),
-    ([START, 40, S(1, 0), 60, 384 + 40], 4, "note_offs before note_ons"),
-    ([START, 40, S(0, 3), S(0, 4)], 3, "a chain ends with its first shift that is not (2, 0)"),
-    ([START, 40, S(0, 6), 384 + 40, S(0, 5)], 4, "no shift back"),
-    ([START, 40, S(0, 6), 384 + 40, 41], 4, "an event off the beat has a shift before it"),
-    ([START, 40, S(1, 0), 384 + 40, S(1, 0), END], 5, "no trailing shift"),
-    ([START, END], 1, "no empty piece"),
-    ([START, 40, 256 + 40, S(1, 0), 384 + 256 + 40], 4, "equal notes end in the order they began"),
-    ([START, 40, 41, 384 + 40], 3, "a zero-length note ends right after it begins"),
-    ([START, 40, S(1, 0), 40, 384 + 40], 4, "... and only when no older note of its pitch sounds"),
-])
+@pytest.mark.parametrize(
+    "ids, bad, why",
+    [
+        ([START, 60, 40], 2, "note_ons of a time step rise"),
+        ([START, 40, 60, S(1, 0), 384 + 60, 384 + 40], 5, "note_offs of a time step by (onset, pitch)"),
+        ([START, 40, S(1, 0), 60, 384 + 40], 4, "note_offs before note_ons"),
+        ([START, 40, S(0, 3), S(0, 4)], 3, "a chain ends with its first shift that is not (2, 0)"),
+        ([START, 40, S(0, 6), 384 + 40, S(0, 5)], 4, "no shift back"),
+        ([START, 40, S(0, 6), 384 + 40, 41], 4, "an event off the beat has a shift before it"),
+        ([START, 40, S(1, 0), 384 + 40, S(1, 0), END], 5, "no trailing shift"),
+        ([START, END], 1, "no empty piece"),
+        ([START, 40, 256 + 40, S(1, 0), 384 + 256 + 40], 4, "equal notes end in the order they began"),
+        ([START, 40, 41, 384 + 40], 3, "a zero-length note ends right after it begins"),
+        ([START, 40, S(1, 0), 40, 384 + 40], 4, "... and only when no older note of its pitch sounds"),
+    ],
+)
 def test_grammar_accepts_only_the_canonical_order(ids, bad, why):
     assert TOK.grammar().first_violation(ids) == bad, why
 
@@ -369,6 +424,7 @@ def test_close_ends_any_prefix_cleanly():
 
 
 # ---------------------------------------------------------------- augmentation and bars
+
 
 @pytest.fixture(scope="module")
 def piece():
@@ -412,11 +468,11 @@ def test_transpose_of_a_window_cut_at_a_bar_line_is_a_prefix(piece):
 def test_bar_starts_cut_prompts_at_bar_lines(piece):
     starts = TOK.bar_starts(piece)
     assert starts[0] == 1 and len(starts) == 2  # 8 beats: two bars
-    prompt = piece[:starts[1]]
+    prompt = piece[: starts[1]]
     notes = TOK.notes(prompt)
     full = TOK.notes(piece)
     assert notes[:, 2].max() < 48 and len(notes) == int((full[:, 2] < 48).sum())
-    assert token_times(prompt).max() < 48 and token_times(piece[:starts[1] + 1])[-1] >= 48
+    assert token_times(prompt).max() < 48 and token_times(piece[: starts[1] + 1])[-1] >= 48
 
 
 def test_bar_starts_when_a_shift_jumps_over_the_bar_line():
@@ -424,7 +480,7 @@ def test_bar_starts_when_a_shift_jumps_over_the_bar_line():
     starts = TOK.bar_starts(ids)
     assert len(starts) == 3
     for bar, index in enumerate(starts[1:], start=1):
-        assert token_times(ids[:index]).max() < 48 * bar <= token_times(ids[:index + 1])[-1]
+        assert token_times(ids[:index]).max() < 48 * bar <= token_times(ids[: index + 1])[-1]
 
 
 def test_skip_bars_restarts_sounding_notes(piece):
@@ -436,10 +492,15 @@ def test_skip_bars_restarts_sounding_notes(piece):
     expected[:, 2:] = np.maximum(expected[:, 2:] - 48, 0)
     assert sorted(map(tuple, notes.tolist())) == sorted(map(tuple, expected.tolist()))
     assert TOK.skip_bars(piece, 2) is None  # nothing left after two bars
-    crossing = serialize(np.array([(1, 40, 0, 10), (3, 72, 40, 60), (2, 36, 50, 51), (2, 38, 48, 48),
-                                   (1, 41, 96, 100)]))
-    assert TOK.notes(TOK.skip_bars(crossing, 1)).tolist() == [[2, 38, 0, 0], [3, 72, 0, 12], [2, 36, 2, 3],
-                                                              [1, 41, 48, 52]]
+    crossing = serialize(
+        np.array([(1, 40, 0, 10), (3, 72, 40, 60), (2, 36, 50, 51), (2, 38, 48, 48), (1, 41, 96, 100)])
+    )
+    assert TOK.notes(TOK.skip_bars(crossing, 1)).tolist() == [
+        [2, 38, 0, 0],
+        [3, 72, 0, 12],
+        [2, 36, 2, 3],
+        [1, 41, 48, 52],
+    ]
 
 
 def test_drop_tracks(piece):
@@ -453,14 +514,18 @@ def test_drop_tracks(piece):
 
 # ---------------------------------------------------------------- bad input
 
-@pytest.mark.parametrize("data, message", [
-    (lambda: midi_bytes([PIANO, BASS]), "no drum track"),
-    (lambda: midi_bytes([DRUMS]), "only drums"),
-    (lambda: midi_bytes([(0, False, [])]), "contains no notes"),
-    (lambda: midi_bytes([PIANO, DRUMS], time_signature=(3, 4)), "needs 4/4"),
-    (lambda: b"MThd\x00\x00\x00\x06garbage", "corrupt"),
-    (lambda: b"", "empty"),
-])
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        (lambda: midi_bytes([PIANO, BASS]), "no drum track"),
+        (lambda: midi_bytes([DRUMS]), "only drums"),
+        (lambda: midi_bytes([(0, False, [])]), "contains no notes"),
+        (lambda: midi_bytes([PIANO, DRUMS], time_signature=(3, 4)), "needs 4/4"),
+        (lambda: b"MThd\x00\x00\x00\x06garbage", "corrupt"),
+        (lambda: b"", "empty"),
+    ],
+)
 def test_bad_input_is_a_one_line_midi_error(data, message):
     with pytest.raises(MidiError) as err:
         TOK.encode(data())
@@ -471,7 +536,10 @@ def test_a_lone_2_4_bar_inside_4_4_keeps_every_note_on_its_beat():
     """The tokens name beats, not bars, so a 2/4 bar between 4/4 bars moves no note; a 3/4 bar
     there cannot be written in 4-beat bars and is refused."""
     midi = miditoolkit.MidiFile(file=io.BytesIO(midi_bytes([DRUMS, BASS])))
-    midi.time_signature_changes += [miditoolkit.TimeSignature(2, 4, beats(4)), miditoolkit.TimeSignature(4, 4, beats(6))]
+    midi.time_signature_changes += [
+        miditoolkit.TimeSignature(2, 4, beats(4)),
+        miditoolkit.TimeSignature(4, 4, beats(6)),
+    ]
     _, notes = trio_of(dump(midi))
     assert notes[1][:, 2].tolist() == [12 * b for b in range(8)]  # bass onsets, 12 grid units a beat
     midi.time_signature_changes[1] = miditoolkit.TimeSignature(3, 4, beats(4))
@@ -497,8 +565,12 @@ def test_pop909_piano_songs_are_refused_for_lack_of_drums(pop909_songs):
 def test_cli_show_reports_bad_file_in_one_line(tmp_path):
     path = tmp_path / "nodrums.mid"
     path.write_bytes(midi_bytes([PIANO, BASS]))
-    proc = subprocess.run([sys.executable, "-m", "musegen", "data", "show", str(path), "--tokenizer", "groove"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "musegen", "data", "show", str(path), "--tokenizer", "groove"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "no drum track" in proc.stderr
 

@@ -30,7 +30,9 @@ def band_midi(path, numerator=4, bass_pitch=40):
     bass = miditoolkit.Instrument(26, name="BB Bass")
     bass.notes = [miditoolkit.Note(90, bass_pitch, 2 * bar + k * bar, 3 * bar + k * bar) for k in range(4)]
     piano = miditoolkit.Instrument(0, name="BB Piano")
-    piano.notes = [miditoolkit.Note(70, p, 2 * bar + k * bar, 2 * bar + k * bar + TPQ) for k in range(4) for p in (60, 64)]
+    piano.notes = [
+        miditoolkit.Note(70, p, 2 * bar + k * bar, 2 * bar + k * bar + TPQ) for k in range(4) for p in (60, 64)
+    ]
     midi.instruments = [drums, bass, piano]
     path.parent.mkdir(parents=True, exist_ok=True)
     midi.dump(str(path))
@@ -39,13 +41,20 @@ def band_midi(path, numerator=4, bass_pitch=40):
 @pytest.fixture()
 def archive(tmp_path, monkeypatch):
     root = tmp_path / "build" / g2g.ROOT_NAME
-    layout = {"train": ["c1.rock_a", "c1.rock_b", "c2.rock_a", "c2.rock_b", "c3.waltz_a"],
-              "val": ["c4.funk_a", "c5.funk_a"], "test": ["c6.bossa_b", "c7.bossa_b"], "itest": ["c6.rock_a"]}
+    layout = {
+        "train": ["c1.rock_a", "c1.rock_b", "c2.rock_a", "c2.rock_b", "c3.waltz_a"],
+        "val": ["c4.funk_a", "c5.funk_a"],
+        "test": ["c6.bossa_b", "c7.bossa_b"],
+        "itest": ["c6.rock_a"],
+    }
     for part, stems in layout.items():
         for k, stem in enumerate(stems):
             for version in ("fixed", "raw"):
-                band_midi(root / "midi" / part / version / f"{stem}.mid",
-                          numerator=3 if "waltz" in stem else 4, bass_pitch=36 + k)
+                band_midi(
+                    root / "midi" / part / version / f"{stem}.mid",
+                    numerator=3 if "waltz" in stem else 4,
+                    bass_pitch=36 + k,
+                )
     path = tmp_path / "served" / g2g.ARCHIVE
     path.parent.mkdir()
     with tarfile.open(path, "w:gz") as tf:

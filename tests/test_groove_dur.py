@@ -14,7 +14,9 @@ from pathlib import Path
 import miditoolkit
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from conftest import GOLDEN, REPO
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from tiny_models import tiny_model
 from tokenizer_properties import check_decode_total, closed_walk
 
@@ -23,10 +25,16 @@ from musegen.sample import SampleSettings, generate, load_prompt, new_notes, wri
 from musegen.shards import Shards
 from musegen.tokenizers import load_tokenizer, tokenizer_from_dict
 from musegen.tokenizers.groove import GrooveTokenizer
-from musegen.tokenizers.groove_dur import (DRUM_UNITS, DURATION, DURATIONS, END, SHIFT, GrooveDurTokenizer,
-                                           decode_notes, serialize)
-
-from conftest import GOLDEN, REPO
+from musegen.tokenizers.groove_dur import (
+    DRUM_UNITS,
+    DURATION,
+    DURATIONS,
+    END,
+    SHIFT,
+    GrooveDurTokenizer,
+    decode_notes,
+    serialize,
+)
 
 TOK = GrooveDurTokenizer()
 GROOVE = GrooveTokenizer()
@@ -83,6 +91,7 @@ def check_keeps_notes(path) -> None:
 
 # ---- real MMA renderings --------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("path", MMA_FILES, ids=[p.stem for p in MMA_FILES])
 def test_real_mma_renderings_keep_every_note(path):
     check_keeps_notes(path)
@@ -105,6 +114,7 @@ def test_half_as_many_tokens_as_groove_on_real_mma():
 
 # ---- MIDI built here --------------------------------------------------------------------------------
 
+
 def built_trio() -> tuple[bytes, set[tuple[int, int, int, int]]]:
     """Bass, drums and piano with a note that is zero-length on the grid, triplets, off-grid
     timing, a note longer than 4 bars, a key struck again while it sounds and a doubled drum hit;
@@ -113,18 +123,37 @@ def built_trio() -> tuple[bytes, set[tuple[int, int, int, int]]]:
     bass = miditoolkit.Instrument(33, name="Bass")
     drums = miditoolkit.Instrument(0, is_drum=True, name="Drums")
     piano = miditoolkit.Instrument(0, name="Other")
-    bass.notes = [miditoolkit.Note(90, 36, 0, 470),  # 11.75 units -> 12
-                  miditoolkit.Note(90, 43, 480, 485),  # 0 units on the grid -> 1
-                  miditoolkit.Note(90, 38, 960, 960 + 14 * UNIT)]  # 14 -> 15 (the log midpoint is 13.4)
-    drums.notes = [miditoolkit.Note(100, 36, 0, 60), miditoolkit.Note(100, 36, 0, 30),  # doubled hit
-                   miditoolkit.Note(100, 42, 160, 200), miditoolkit.Note(100, 42, 325, 400)]  # triplets; 325 -> 8
-    piano.notes = [miditoolkit.Note(70, 60, 0, 9 * 1920),  # 9 bars -> held 4 bars
-                   # MIDI ends the older note first: 67 sounds 0..18 and 12..25, then is cut at 12
-                   miditoolkit.Note(70, 67, 0, 1000), miditoolkit.Note(70, 67, 480, 700),
-                   miditoolkit.Note(70, 64, 1920, 1920 + 100 * UNIT)]  # 100 -> 96
+    bass.notes = [
+        miditoolkit.Note(90, 36, 0, 470),  # 11.75 units -> 12
+        miditoolkit.Note(90, 43, 480, 485),  # 0 units on the grid -> 1
+        miditoolkit.Note(90, 38, 960, 960 + 14 * UNIT),
+    ]  # 14 -> 15 (the log midpoint is 13.4)
+    drums.notes = [
+        miditoolkit.Note(100, 36, 0, 60),
+        miditoolkit.Note(100, 36, 0, 30),  # doubled hit
+        miditoolkit.Note(100, 42, 160, 200),
+        miditoolkit.Note(100, 42, 325, 400),
+    ]  # triplets; 325 -> 8
+    piano.notes = [
+        miditoolkit.Note(70, 60, 0, 9 * 1920),  # 9 bars -> held 4 bars
+        # MIDI ends the older note first: 67 sounds 0..18 and 12..25, then is cut at 12
+        miditoolkit.Note(70, 67, 0, 1000),
+        miditoolkit.Note(70, 67, 480, 700),
+        miditoolkit.Note(70, 64, 1920, 1920 + 100 * UNIT),
+    ]  # 100 -> 96
     midi.instruments = [bass, drums, piano]
-    want = {(1, 36, 0, 12), (1, 43, 12, 13), (1, 38, 24, 39), (2, 36, 0, 3), (2, 42, 4, 7), (2, 42, 8, 11),
-            (3, 60, 0, 192), (3, 67, 0, 12), (3, 67, 12, 24), (3, 64, 48, 144)}
+    want = {
+        (1, 36, 0, 12),
+        (1, 43, 12, 13),
+        (1, 38, 24, 39),
+        (2, 36, 0, 3),
+        (2, 42, 4, 7),
+        (2, 42, 8, 11),
+        (3, 60, 0, 192),
+        (3, 67, 0, 12),
+        (3, 67, 12, 24),
+        (3, 64, 48, 144),
+    }
     return dump(midi), want
 
 
@@ -145,7 +174,8 @@ def test_durations_are_a_log_grid_up_to_four_bars():
     assert {3, 4, 6, 8, 9, 12, 18, 24, 36, 48} <= set(DURATIONS.tolist())  # 16ths, triplets, dotted values
     for units in range(0, 300):
         assert TOK.notes(serialize(np.array([[1, 40, 0, units]]))[0]).tolist() == [
-            [1, 40, 0, nearest_duration(min(units, 192))]]
+            [1, 40, 0, nearest_duration(min(units, 192))]
+        ]
 
 
 def test_transposition_bar_skips_and_track_dropout_stay_grammatical():
@@ -165,6 +195,7 @@ def test_transposition_bar_skips_and_track_dropout_stay_grammatical():
 
 
 # ---- the grammar --------------------------------------------------------------------------------
+
 
 def ids_of(*names: str) -> list[int]:
     return [TOK.vocab.index(n) for n in names]
@@ -233,8 +264,9 @@ def test_every_accepted_sequence_is_the_encoding_of_its_notes(data):
     assert TOK.encode(dump(TOK.decode(ids))).ids.tolist() == ids
 
 
-NOTES = st.lists(st.tuples(st.integers(1, 3), st.integers(30, 90), st.integers(0, 200), st.integers(0, 300)),
-                 min_size=1, max_size=40)
+NOTES = st.lists(
+    st.tuples(st.integers(1, 3), st.integers(30, 90), st.integers(0, 200), st.integers(0, 300)), min_size=1, max_size=40
+)
 
 
 @FAST
@@ -263,6 +295,7 @@ def test_any_sequence_decodes_or_raises_token_error(ids):
 
 # ---- sampling and data preparation ------------------------------------------------------------------
 
+
 def test_a_tiny_model_samples_valid_midi_through_the_real_sampler(tmp_path, one_torch_thread):
     model, tok = tiny_model("groove-dur")
     prompt = load_prompt(tok, MMA_FILES[0], bars=2)
@@ -287,8 +320,21 @@ def test_data_prepare_midi_writes_groove_dur_shards(tmp_path, capsys):
     for path in MMA_FILES[:6]:
         shutil.copy(path, folder / path.name)
     with pytest.raises(SystemExit) as exit_:
-        main(["data", "prepare", "midi", "--source", str(folder), "--out", str(tmp_path / "shards"),
-              "--tokenizer", "groove-dur", "--workers", "1"])
+        main(
+            [
+                "data",
+                "prepare",
+                "midi",
+                "--source",
+                str(folder),
+                "--out",
+                str(tmp_path / "shards"),
+                "--tokenizer",
+                "groove-dur",
+                "--workers",
+                "1",
+            ]
+        )
     assert exit_.value.code == 0, capsys.readouterr().err
     shards = Shards(tmp_path / "shards")
     assert load_tokenizer(tmp_path / "shards" / "tokenizer.json").kind == "groove-dur"

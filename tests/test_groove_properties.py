@@ -12,12 +12,12 @@ import io
 import miditoolkit
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings, strategies as st
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 from tokenizer_properties import check_decode_total, closed_walk
 
 from musegen.errors import TokenError
-from musegen.tokenizers.groove import (END, NOTE_OFF, START, TIME_SHIFT, GrooveTokenizer, decode_events,
-                                       serialize)
+from musegen.tokenizers.groove import END, NOTE_OFF, START, TIME_SHIFT, GrooveTokenizer, decode_events, serialize
 
 TOK = GrooveTokenizer()
 # No explain phase: on a failure it re-runs the example thousands of times (minutes).
@@ -82,8 +82,10 @@ ANY_IDS = st.one_of(
     st.lists(st.integers(0, TOK.vocab_size - 1), max_size=600),  # in range
     st.lists(st.integers(-3, TOK.vocab_size + 3), max_size=50),  # a few out of range
     # mostly shifts and a few notes: long, sparse pieces
-    st.lists(st.sampled_from([START, END, 0, 60, 383, NOTE_OFF, NOTE_OFF + 60, 767, TIME_SHIFT, START - 1, 794]),
-             max_size=600),
+    st.lists(
+        st.sampled_from([START, END, 0, 60, 383, NOTE_OFF, NOTE_OFF + 60, 767, TIME_SHIFT, START - 1, 794]),
+        max_size=600,
+    ),
 )
 
 
@@ -155,8 +157,11 @@ def expected_trio(tpq, parts) -> set[tuple[int, int, int, int]]:
             ons, offs = times.setdefault((track, pitch), ([], []))
             ons.append(grid(start, tpq))
             offs.append(grid(end, tpq))
-    return {(track, pitch, on, off) for (track, pitch), (ons, offs) in times.items()
-            for on, off in zip(sorted(ons), sorted(offs))}
+    return {
+        (track, pitch, on, off)
+        for (track, pitch), (ons, offs) in times.items()
+        for on, off in zip(sorted(ons), sorted(offs))
+    }
 
 
 def check_notes_survive(case):

@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from train_fixtures import prepare_pop909
 
 from musegen.checkpoint import save_checkpoint
 from musegen.cli import main
@@ -14,8 +15,6 @@ from musegen.inspect import inspect_checkpoint, shown_layers
 from musegen.metrics import attention as att
 from musegen.model import MusicPerformer, preset
 from musegen.model.spe import ConvSPE, SineSPE, SPEFilter
-
-from train_fixtures import prepare_pop909
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -58,7 +57,7 @@ def test_translation_invariance_is_the_variance_share_explained_by_offset():
 
 
 def test_a_kernel_decreasing_with_distance_is_perfectly_monotone():
-    for kernel in (torch.exp(-torch.arange(64.0) / 10), 1 / (1 + torch.arange(64.0)), -torch.arange(64.0) ** 2):
+    for kernel in (torch.exp(-torch.arange(64.0) / 10), 1 / (1 + torch.arange(64.0)), -(torch.arange(64.0) ** 2)):
         view = att.lag_view(relative_scores(kernel), range(40, 64), 40)
         assert att.monotonicity(view).item() == pytest.approx(1.0)
     increasing = att.lag_view(relative_scores(torch.arange(64.0)), range(40, 64), 40)
@@ -169,8 +168,10 @@ def test_captured_scores_reproduce_the_layer_output():
     ids = torch.randint(0, 30, (1, 20))
     attention = model.layers[0].attention
     seen = {}
-    handles = [attention.qkv.register_forward_hook(lambda m, a, o: seen.__setitem__("qkv", o)),
-               attention.out.register_forward_hook(lambda m, a, o: seen.__setitem__("mixed", a[0]))]
+    handles = [
+        attention.qkv.register_forward_hook(lambda m, a, o: seen.__setitem__("qkv", o)),
+        attention.out.register_forward_hook(lambda m, a, o: seen.__setitem__("mixed", a[0])),
+    ]
     got = att.capture_scored(model, ids, [0], seed=3)[0]
     for handle in handles:
         handle.remove()
@@ -216,8 +217,9 @@ def test_inspect_writes_every_figure_and_a_summary(tiny_checkpoint, tmp_path):
     probes = {(r["quantity"], r["detail"]) for r in rows if r["section"] == "probe"}
     assert ("best_head_translation_invariance", "beyond") in probes and ("monotonicity", "within") in probes
     assert len([r for r in rows if r["section"] == "gate"]) == 2 * 2
-    assert set(result["best_heads"]) == {f"{q}_{r}" for q in ("translation_invariance", "monotonicity")
-                                         for r in ("within", "beyond")}
+    assert set(result["best_heads"]) == {
+        f"{q}_{r}" for q in ("translation_invariance", "monotonicity") for r in ("within", "beyond")
+    }
 
 
 def test_inspect_of_an_ape_model_lists_only_what_it_wrote(tiny_checkpoint, tmp_path):
@@ -231,7 +233,11 @@ def test_inspect_of_an_ape_model_lists_only_what_it_wrote(tiny_checkpoint, tmp_p
     result = inspect_checkpoint(folder, tmp_path / "out", length=20)
     assert result["files"] == ["attention_maps.png", "probes.png", "sparsity.png", "summary.csv"]
     assert result["sparsity_source"] == "the generated sequence" and set(result["best_heads"]) == {
-        "translation_invariance_within", "monotonicity_within", "translation_invariance_beyond", "monotonicity_beyond"}
+        "translation_invariance_within",
+        "monotonicity_within",
+        "translation_invariance_beyond",
+        "monotonicity_beyond",
+    }
 
 
 def run_cli(args, capsys):

@@ -37,8 +37,13 @@ def test_written_files_get_normal_permissions(tmp_path):
 def test_read_input_refuses_what_is_not_a_regular_file(tmp_path):
     os.mkfifo(tmp_path / "fifo")
     (tmp_path / "loop").symlink_to(tmp_path / "loop")
-    cases = {tmp_path / "fifo": "is a FIFO (named pipe), not a JSON file", "/dev/zero": "is a character device",
-             tmp_path: "is a folder", tmp_path / "loop": "symbolic link loop", tmp_path / "none": "no such file"}
+    cases = {
+        tmp_path / "fifo": "is a FIFO (named pipe), not a JSON file",
+        "/dev/zero": "is a character device",
+        tmp_path: "is a folder",
+        tmp_path / "loop": "symbolic link loop",
+        tmp_path / "none": "no such file",
+    }
     for path, words in cases.items():
         with pytest.raises(MusegenError) as info:
             read_input(path, "JSON file", 100)

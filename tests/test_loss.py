@@ -7,14 +7,13 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from train_fixtures import prepare_pop909
 
 from musegen.checkpoint import save_checkpoint
 from musegen.errors import CheckpointError, DataError
 from musegen.metrics.loss import evaluate_loss, position_nll, summarize
 from musegen.model import MusicPerformer, preset
 from musegen.shards import Shards
-
-from train_fixtures import prepare_pop909
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +37,8 @@ def test_position_nll_matches_one_piece_at_a_time(pop):
         for piece in pieces:
             ids = torch.from_numpy(piece[:65]).long()[None]
             nll = F.cross_entropy(model(ids[:, :-1])[0], ids[0, 1:], reduction="none").double().numpy()
-            expected_sums[:len(nll)] += nll
-            expected_counts[:len(nll)] += 1
+            expected_sums[: len(nll)] += nll
+            expected_counts[: len(nll)] += 1
     assert np.array_equal(counts, expected_counts)
     assert np.allclose(sums, expected_sums, rtol=1e-5, atol=1e-5)
     assert counts[0] == 3 and counts[40] == 2 and counts[60] == 1
@@ -107,8 +106,17 @@ def remi_ids(tok, events):
 NOTE = ["Note_Pitch_60", "Note_Velocity_60", "Note_Duration_120"]
 NOTE2 = ["Note_Pitch_62", "Note_Velocity_60", "Note_Duration_120"]
 # a piece opens with a Chord (often Chord_N_N) and a Tempo at Beat_0, as the Pop1K7 pipeline writes it
-TRAIN_PIECE = (["Bar_None", "Beat_0", "Chord_N_N", "Tempo_119"] + NOTE + ["Beat_8"] + NOTE2
-               + ["Bar_None", "Beat_0"] + NOTE + ["Beat_8"] + NOTE2 + ["Bar_None", "EOS_None"])
+TRAIN_PIECE = (
+    ["Bar_None", "Beat_0", "Chord_N_N", "Tempo_119"]
+    + NOTE
+    + ["Beat_8"]
+    + NOTE2
+    + ["Bar_None", "Beat_0"]
+    + NOTE
+    + ["Beat_8"]
+    + NOTE2
+    + ["Bar_None", "EOS_None"]
+)
 TEST_PIECE = ["Bar_None", "Beat_0", "Chord_N_N", "Tempo_119"] + NOTE + ["Beat_4"] + NOTE2 + ["Bar_None", "EOS_None"]
 
 
@@ -128,8 +136,17 @@ def test_position_tokens_are_conditioned_on_the_previous_position_in_their_bar()
     groove = GrooveTokenizer()
     ids = serialize(np.array([[1, 40, 0, 12], [1, 40, 12, 60]]))  # a bass note over the bar line
     # a time shift names tick t of the beat b beats ahead: (1, 0) to beat 1, then (2, 0) twice to beat 5
-    assert ids.tolist() == [793, note_on_id(1, 40), shift_id(1, 0), NOTE_OFF + 40, note_on_id(1, 40),
-                            shift_id(2, 0), shift_id(2, 0), NOTE_OFF + 40, 792]
+    assert ids.tolist() == [
+        793,
+        note_on_id(1, 40),
+        shift_id(1, 0),
+        NOTE_OFF + 40,
+        note_on_id(1, 40),
+        shift_id(2, 0),
+        shift_id(2, 0),
+        NOTE_OFF + 40,
+        792,
+    ]
     ctx = token_contexts(groove, ids)
     assert ctx[[2, 5, 6]].tolist() == [BAR_START, shift_id(1, 0), BAR_START]  # 6 reaches bar 1
 
@@ -173,8 +190,12 @@ def test_model_nll_given_the_type_matches_a_direct_computation(pop):
             logp = model(ids[None, :-1])[0].log_softmax(-1).double()
             target = ids[1:]
             expected = -logp[torch.arange(len(target)), target]
-            mass = torch.stack([logp[t, torch.from_numpy(np.flatnonzero(type_of == type_of[target[t]]))].logsumexp(0)
-                                for t in range(len(target))])
+            mass = torch.stack(
+                [
+                    logp[t, torch.from_numpy(np.flatnonzero(type_of == type_of[target[t]]))].logsumexp(0)
+                    for t in range(len(target))
+                ]
+            )
             assert np.allclose(nll, expected.numpy(), atol=1e-4)
             assert np.allclose(given, (expected + mass).numpy(), atol=1e-4)
             assert (given <= nll + 1e-6).all()

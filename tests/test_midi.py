@@ -3,11 +3,11 @@
 import os
 import struct
 
+import extreme
 import miditoolkit
 import pytest
 import symusic
 
-import extreme
 from musegen.errors import MidiError
 from musegen.midi import MAX_MIDI_BYTES, find_midi_files, load_score, read_midi
 
@@ -31,13 +31,16 @@ def _noteless_midi(path):
     return path
 
 
-@pytest.mark.parametrize("make, reason", [
-    (lambda p: p / "missing.mid", "no such file"),
-    (lambda p: p, "is a folder"),
-    (lambda p: _write(p / "e.mid", b""), "empty file"),
-    (lambda p: _write(p / "t.mid", b"hello"), "not a MIDI file"),
-    (lambda p: _noteless_midi(p / "n.mid"), "contains no notes"),
-])
+@pytest.mark.parametrize(
+    "make, reason",
+    [
+        (lambda p: p / "missing.mid", "no such file"),
+        (lambda p: p, "is a folder"),
+        (lambda p: _write(p / "e.mid", b""), "empty file"),
+        (lambda p: _write(p / "t.mid", b"hello"), "not a MIDI file"),
+        (lambda p: _noteless_midi(p / "n.mid"), "contains no notes"),
+    ],
+)
 def test_bad_files_raise_one_line(tmp_path, make, reason):
     with pytest.raises(MidiError) as info:
         load_score(make(tmp_path))
@@ -59,6 +62,7 @@ def test_find_midi_files(tmp_path):
 
 
 # ---- bounds: the time a file reaches is summed exactly, before the 32-bit parser sees it --------------
+
 
 def test_ticks_are_summed_exactly_and_refused_past_2_31():
     """Where symusic's 32-bit ticks wrap (the note written at 2^32 + 1,920 lands on tick 1,920),
@@ -92,12 +96,15 @@ def test_smpte_division_and_oversized_input_are_refused(tmp_path):
         load_score(big)
 
 
-@pytest.mark.parametrize("make, reason", [
-    (lambda p: os.mkfifo(p / "f.mid") or p / "f.mid", "is a FIFO (named pipe), not a MIDI file"),
-    (lambda p: (p / "z.mid").symlink_to("/dev/zero") or p / "z.mid", "is a character device, not a MIDI file"),
-    (lambda p: (p / "l.mid").symlink_to(p / "l.mid") or p / "l.mid", "symbolic link loop"),
-    (lambda p: (p / "b.mid").symlink_to(p / "gone.mid") or p / "b.mid", "no such file (a broken symbolic link)"),
-])
+@pytest.mark.parametrize(
+    "make, reason",
+    [
+        (lambda p: os.mkfifo(p / "f.mid") or p / "f.mid", "is a FIFO (named pipe), not a MIDI file"),
+        (lambda p: (p / "z.mid").symlink_to("/dev/zero") or p / "z.mid", "is a character device, not a MIDI file"),
+        (lambda p: (p / "l.mid").symlink_to(p / "l.mid") or p / "l.mid", "symbolic link loop"),
+        (lambda p: (p / "b.mid").symlink_to(p / "gone.mid") or p / "b.mid", "no such file (a broken symbolic link)"),
+    ],
+)
 def test_what_is_not_a_regular_file_is_refused_without_blocking(tmp_path, make, reason):
     with pytest.raises(MidiError) as info:
         load_score(make(tmp_path))  # (a FIFO opened the ordinary way would block here for ever)

@@ -25,8 +25,13 @@ def task_prompt(song, bars: int = 5) -> list[dict[str, int]]:
         for n in track.notes:
             start = mirex.sixteenths(n.time, score.tpq)
             if start < 16 * bars:
-                notes.append({"start": start, "pitch": int(n.pitch),
-                              "duration": max(1, mirex.sixteenths(n.time + n.duration, score.tpq) - start)})
+                notes.append(
+                    {
+                        "start": start,
+                        "pitch": int(n.pitch),
+                        "duration": max(1, mirex.sixteenths(n.time + n.duration, score.tpq) - start),
+                    }
+                )
     return notes
 
 
@@ -43,20 +48,29 @@ def test_a_prompt_becomes_midi_with_the_same_notes(pop909_songs, tmp_path):
     assert {n.velocity for t in score.tracks for n in t.notes} == {mirex.VELOCITY}
 
 
-@pytest.mark.parametrize("content, message", [
-    ("[1, 2]", "invalid mirex prompt: (the whole file)"),
-    ('{"generation": []}', "invalid mirex prompt: prompt: field required"),
-    ('{"prompt": []}', "prompt: list should have at least 1 item"),
-    ('{"prompt": [{"start": 0, "pitch": 60}]}', "prompt.0.duration: field required"),
-    ('{"prompt": [{"start": 0.5, "pitch": 60, "duration": 2}]}', "prompt.0.start: input should be a valid integer"),
-    ('{"prompt": [{"start": true, "pitch": 60, "duration": 2}]}', "prompt.0.start: input should be a valid integer"),
-    ('{"prompt": [{"start": 0, "pitch": 128, "duration": 2}]}', "prompt.0.pitch: input should be less than or equal to 127"),
-    ('{"prompt": [{"start": -1, "pitch": 60, "duration": 2}]}', "prompt.0.start: input should be greater than"),
-    ('{"prompt": [{"start": 0, "pitch": 60, "duration": 0}]}', "prompt.0.duration: input should be greater than"),
-    ('{"prompt": [{"start": 160000, "pitch": 60, "duration": 1}]}', "ends after 16th 160,000"),
-    ("{'prompt': ", "not valid JSON"),
-    ("[" * 100000, "not valid JSON"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("[1, 2]", "invalid mirex prompt: (the whole file)"),
+        ('{"generation": []}', "invalid mirex prompt: prompt: field required"),
+        ('{"prompt": []}', "prompt: list should have at least 1 item"),
+        ('{"prompt": [{"start": 0, "pitch": 60}]}', "prompt.0.duration: field required"),
+        ('{"prompt": [{"start": 0.5, "pitch": 60, "duration": 2}]}', "prompt.0.start: input should be a valid integer"),
+        (
+            '{"prompt": [{"start": true, "pitch": 60, "duration": 2}]}',
+            "prompt.0.start: input should be a valid integer",
+        ),
+        (
+            '{"prompt": [{"start": 0, "pitch": 128, "duration": 2}]}',
+            "prompt.0.pitch: input should be less than or equal to 127",
+        ),
+        ('{"prompt": [{"start": -1, "pitch": 60, "duration": 2}]}', "prompt.0.start: input should be greater than"),
+        ('{"prompt": [{"start": 0, "pitch": 60, "duration": 0}]}', "prompt.0.duration: input should be greater than"),
+        ('{"prompt": [{"start": 160000, "pitch": 60, "duration": 1}]}', "ends after 16th 160,000"),
+        ("{'prompt': ", "not valid JSON"),
+        ("[" * 100000, "not valid JSON"),
+    ],
+)
 def test_a_bad_prompt_file_is_one_clear_line(tmp_path, content, message):
     (tmp_path / "bad.json").write_text(content)
     with pytest.raises(MusegenError) as err:
@@ -90,8 +104,23 @@ def test_sample_continues_a_task_prompt_into_a_task_generation(checkpoint, pop90
     (tmp_path / "prompts").mkdir()
     (tmp_path / "prompts" / "song.json").write_text(json.dumps({"prompt": notes}))
     with pytest.raises(SystemExit) as exit_:
-        main(["sample", "-c", str(checkpoint), "--prompt", str(tmp_path / "prompts" / "song.json"), "--bars", "12",
-              "-n", "2", "--seed", "3", "-o", str(tmp_path / "out")])
+        main(
+            [
+                "sample",
+                "-c",
+                str(checkpoint),
+                "--prompt",
+                str(tmp_path / "prompts" / "song.json"),
+                "--bars",
+                "12",
+                "-n",
+                "2",
+                "--seed",
+                "3",
+                "-o",
+                str(tmp_path / "out"),
+            ]
+        )
     assert exit_.value.code in (0, None), capsys.readouterr().err
     capsys.readouterr()
     summary = json.loads((tmp_path / "out" / "song.json").read_text())
@@ -102,13 +131,28 @@ def test_sample_continues_a_task_prompt_into_a_task_generation(checkpoint, pop90
         assert 80 <= min(n["start"] for n in generation) and max(n["start"] for n in generation) < 272
         midi = miditoolkit.MidiFile(str(tmp_path / "out" / record["midi"]))
         marker = next(m.time for m in midi.markers if m.text == PROMPT_END_MARKER)
-        after = sorted((mirex.sixteenths(n.start, 480), n.pitch) for inst in midi.instruments for n in inst.notes
-                       if n.start >= marker)
+        after = sorted(
+            (mirex.sixteenths(n.start, 480), n.pitch)
+            for inst in midi.instruments
+            for n in inst.notes
+            if n.start >= marker
+        )
         assert sorted((n["start"], n["pitch"]) for n in generation) == after
     # its summary would overwrite the prompt itself: refused, nothing written
     with pytest.raises(SystemExit) as exit_:
-        main(["sample", "-c", str(checkpoint), "--prompt", str(tmp_path / "prompts" / "song.json"), "--bars", "1",
-              "-o", str(tmp_path / "prompts")])
+        main(
+            [
+                "sample",
+                "-c",
+                str(checkpoint),
+                "--prompt",
+                str(tmp_path / "prompts" / "song.json"),
+                "--bars",
+                "1",
+                "-o",
+                str(tmp_path / "prompts"),
+            ]
+        )
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_.value.code == 1 and len(err) == 1
     assert "song.json would overwrite the input song.json; choose another --out" in err[0]

@@ -45,6 +45,7 @@ def corpus(tmp_path_factory, pop909_dir):
 
 # ---------------------------------------------------------------- catalogue and split
 
+
 def test_catalogue_has_over_300_styles_split_disjointly_by_family():
     styles = mg.load_styles()
     names = [s.name for s in styles]
@@ -73,11 +74,22 @@ def test_tempo_follows_the_style_name():
 
 # ---------------------------------------------------------------- chords from POP909
 
-@pytest.mark.parametrize("label, name", [
-    ("B:maj", "B"), ("Bb:min", "Bbm"), ("C#:maj7", "C#M7"), ("F#:maj7/5", "F#M7/C#"),
-    ("Eb:min7/b7", "Ebm7/C#"), ("A:hdim7", "Am7b5"), ("G:sus4(b7)", "G7sus4"), ("Db:maj/3", "C#/F"),
-    ("N", None), ("E:min(9)", "Em"),
-])
+
+@pytest.mark.parametrize(
+    "label, name",
+    [
+        ("B:maj", "B"),
+        ("Bb:min", "Bbm"),
+        ("C#:maj7", "C#M7"),
+        ("F#:maj7/5", "F#M7/C#"),
+        ("Eb:min7/b7", "Ebm7/C#"),
+        ("A:hdim7", "Am7b5"),
+        ("G:sus4(b7)", "G7sus4"),
+        ("Db:maj/3", "C#/F"),
+        ("N", None),
+        ("E:min(9)", "Em"),
+    ],
+)
 def test_chord_labels_become_mma_chords(label, name):
     assert mg.mma_chord(label) == name
 
@@ -105,23 +117,25 @@ def test_rendering_is_deterministic():
 
 # ---------------------------------------------------------------- variants of a groove
 
+
 def test_variant_plans_cover_every_treatment_key_and_fill(pop909_dir):
     styles, fills = mg.load_catalogue()
     songs = mg.progressions(pop909_dir)
     style = next(st for st in styles if st.swings and st.family in fills)
     plans = [mg.piece_plan(style, k, songs, fills[style.family]) for k in range(400)]
-    plain, variants = [p for p, _ in plans[:mg.PIECES_PER_STYLE]], [p for p, _ in plans[mg.PIECES_PER_STYLE:]]
+    plain, variants = [p for p, _ in plans[: mg.PIECES_PER_STYLE]], [p for p, _ in plans[mg.PIECES_PER_STYLE :]]
     assert all(p.variant == "" and p.key == 0 and p.tempo == style.tempo for p in plain)
     assert Counter(t for p in variants for t in p.treatments).keys() == mg.TREATMENTS.keys()
     assert {p.key for p in variants} == set(mg.KEY_SHIFTS) and len({p.tempo for p in variants}) == 3
     assert 0.4 < np.mean([p.fill is not None for p in variants]) < 0.6
     assert {p.fill for p in variants} - {None} <= set(fills[style.family])
     assert all(len(set(p.treatments) & set(group)) <= 1 for p in variants for group in mg.TREATMENT_GROUPS)
-    for (piece, bars), (again, bars_again) in zip(plans[:20], [mg.piece_plan(style, k, songs, fills[style.family])
-                                                              for k in range(20)]):
+    for (piece, bars), (again, bars_again) in zip(
+        plans[:20], [mg.piece_plan(style, k, songs, fills[style.family]) for k in range(20)]
+    ):
         assert piece == again and bars == bars_again  # by hashing: reruns render the same pieces
-    moved = next((p, b) for p, b in plans[mg.PIECES_PER_STYLE:] if p.key)
-    original = dict(songs)[moved[0].song][moved[0].first_bar:moved[0].first_bar + mg.BARS_PER_PIECE]
+    moved = next((p, b) for p, b in plans[mg.PIECES_PER_STYLE :] if p.key)
+    original = dict(songs)[moved[0].song][moved[0].first_bar : moved[0].first_bar + mg.BARS_PER_PIECE]
     assert moved[1] == [[mg.transpose_chord(c, moved[0].key) for c in bar] for bar in original]
 
 
@@ -165,6 +179,7 @@ def test_each_variant_changes_the_music_as_it_says(tmp_path):
 
 # ---------------------------------------------------------------- the trial corpus
 
+
 def test_trial_corpus_has_every_split_and_references(corpus):
     out, report = corpus
     shards = Shards(out)
@@ -193,8 +208,11 @@ def expected_trio(path, meta) -> set[tuple[int, int, int, int]]:
             if on >= 0:
                 times[(role[part.name], n.pitch)][0].append(on)
                 times[(role[part.name], n.pitch)][1].append(off)
-    return {(track, pitch, on, off) for (track, pitch), (ons, offs) in times.items()
-            for on, off in zip(sorted(ons), sorted(offs))}
+    return {
+        (track, pitch, on, off)
+        for (track, pitch), (ons, offs) in times.items()
+        for on, off in zip(sorted(ons), sorted(offs))
+    }
 
 
 def test_round_trip_on_every_prepared_piece(corpus):
@@ -256,8 +274,9 @@ def test_a_restruck_string_ends_its_note_in_the_layout(tmp_path):
     """MMA's strummed guitar re-strikes a sounding string without a note-off; read oldest-first,
     those notes pile up to the end of the piece (up to 193 at once in the first corpus). In the
     layout each string sounds once at a time, with every note kept."""
-    text = mg.mma_text(mg.Style("pflib/16beat1", "16beat1A", 112), [["C", "/", "Am", "/"], ["F", "/", "G", "/"]] * 4,
-                       seed=0)
+    text = mg.mma_text(
+        mg.Style("pflib/16beat1", "16beat1A", 112), [["C", "/", "Am", "/"], ["F", "/", "G", "/"]] * 4, seed=0
+    )
     raw, g2g = tmp_path / "raw.mid", tmp_path / "g2g.mid"
     raw.write_bytes(mg.render_mma(text))
     mg.to_groove2groove(raw, g2g)
@@ -330,16 +349,35 @@ def test_a_scaled_corpus_adds_variants_and_keeps_the_plain_pieces(corpus, pop909
     songs, fills = mg.progressions(pop909_dir), mg.load_catalogue()[1].get(style.family, [])
     for k in range(mg.PIECES_PER_STYLE, 8):
         piece, _ = mg.piece_plan(style, k, songs, fills)
-        assert plans[piece.name] == {"song": piece.song, "first_bar": piece.first_bar, "key": piece.key,
-                                     "tempo": piece.tempo, "variant": piece.variant}
+        assert plans[piece.name] == {
+            "song": piece.song,
+            "first_bar": piece.first_bar,
+            "key": piece.key,
+            "tempo": piece.tempo,
+            "variant": piece.variant,
+        }
 
 
 def test_an_interrupted_run_resumes_where_it_stopped(corpus, pop909_dir, tmp_path):
     """The command is killed after a few pieces; run again, it renders only the rest, shows
     progress from where it stopped, and writes the same tokens as an uninterrupted run."""
     out = tmp_path / "resumed"
-    command = [sys.executable, "-m", "musegen", "data", "prepare", "mma-groove", "--source", str(pop909_dir),
-               "--limit", "12", "--workers", "1", "--out", str(out)]
+    command = [
+        sys.executable,
+        "-m",
+        "musegen",
+        "data",
+        "prepare",
+        "mma-groove",
+        "--source",
+        str(pop909_dir),
+        "--limit",
+        "12",
+        "--workers",
+        "1",
+        "--out",
+        str(out),
+    ]
     rendered = lambda: list(out.glob("rendered/**/*.mid"))
     with open(tmp_path / "stderr.txt", "w") as stderr:  # a file, not a pipe no one reads while it runs
         proc = subprocess.Popen(command, env=CLI_ENV, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
@@ -361,8 +399,9 @@ def test_an_interrupted_run_resumes_where_it_stopped(corpus, pop909_dir, tmp_pat
     trial, resumed = Shards(corpus[0]), Shards(out)
     for split in mg.SPLITS:
         expected = dict(zip(trial.names(split), trial.pieces(split)))
-        assert resumed.names(split) and all(np.array_equal(ids, expected[name])
-                                            for name, ids in zip(resumed.names(split), resumed.pieces(split)))
+        assert resumed.names(split) and all(
+            np.array_equal(ids, expected[name]) for name, ids in zip(resumed.names(split), resumed.pieces(split))
+        )
 
 
 def test_bad_sources_are_one_line_data_errors(tmp_path):
@@ -372,8 +411,12 @@ def test_bad_sources_are_one_line_data_errors(tmp_path):
         mg.prepare(out=tmp_path / "x", tokenizer="remi", limit=4)
     with pytest.raises(DataError, match="scale must be at least 1"):
         mg.prepare(out=tmp_path / "x", limit=4, scale=0)
-    proc = subprocess.run([sys.executable, "-m", "musegen", "data", "prepare", "chorales", "--scale", "2", "--out",
-                           str(tmp_path / "y")], capture_output=True, text=True, timeout=120,
-                          env=CLI_ENV)
+    proc = subprocess.run(
+        [sys.executable, "-m", "musegen", "data", "prepare", "chorales", "--scale", "2", "--out", str(tmp_path / "y")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=CLI_ENV,
+    )
     assert proc.returncode != 0 and "Traceback" not in proc.stderr and not (tmp_path / "y").exists()
     assert "--scale is for the mma-groove corpus, not chorales" in proc.stderr + proc.stdout

@@ -8,10 +8,16 @@ import io
 
 import numpy as np
 import pytest
-
 from conftest import DATA
-from musegen.tokenizers.groove import (BASS_PROGRAMS, UNITS_PER_BEAT, GrooveTokenizer, merged_notes, read_trio,
-                                       round_half_even)
+
+from musegen.tokenizers.groove import (
+    BASS_PROGRAMS,
+    UNITS_PER_BEAT,
+    GrooveTokenizer,
+    merged_notes,
+    read_trio,
+    round_half_even,
+)
 
 FOLDER = DATA / "multitrack"
 # file: (bass program, the accompaniment track the tokenizer keeps: its name, else its program)
@@ -50,7 +56,9 @@ def test_the_groove_tokenizer_finds_the_roles_and_keeps_their_notes(name):
     unit = midi.ticks_per_beat // UNITS_PER_BEAT
     for inst, parts in zip(midi.instruments, (roles.bass, roles.drums, [kept])):
         source = merged_notes(parts)
-        grid = np.stack([round_half_even(UNITS_PER_BEAT * source[:, k], parsed.tpq) for k in (0, 1)] + [source[:, 2]], 1)
+        grid = np.stack(
+            [round_half_even(UNITS_PER_BEAT * source[:, k], parsed.tpq) for k in (0, 1)] + [source[:, 2]], 1
+        )
         decoded = np.array([(n.start // unit, n.end // unit, n.pitch) for n in inst.notes])
         zero = grid[:, 0] == grid[:, 1]  # a note shorter than half a grid step decodes one tick long
         grid[zero, 1] = grid[zero, 0]

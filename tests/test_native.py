@@ -49,7 +49,7 @@ def test_musegen_native_0_turns_the_kernels_off(monkeypatch):
 def test_the_dropout_kernel_gives_the_eager_bits_forward_and_backward(monkeypatch, dtype, n):
     x = torch.randn(n, dtype=dtype)
     special = torch.tensor([float("nan"), float("inf"), -0.0])[:n]  # through the product as in torch
-    x[:len(special)] = special
+    x[: len(special)] = special
     x.requires_grad_(True)
     grad = torch.randn(n, dtype=dtype)
     dropout = Dropout(0.3)
@@ -110,14 +110,19 @@ def step_kernel(request, monkeypatch):
     on any CPU (its bf16 products emulated in plain C); the bf16 step runs the one given."""
     library = NATIVE_STEP if request.param == "native" else streaming.step_library(portable=True)
     if library is None:
-        pytest.skip("step.c's native build needs AVX512-BF16 and a C compiler" if request.param == "native"
-                    else "needs a C compiler")
+        pytest.skip(
+            "step.c's native build needs AVX512-BF16 and a C compiler"
+            if request.param == "native"
+            else "needs a C compiler"
+        )
     monkeypatch.setattr(streaming, "step_kernels", lambda device: library)
     return library
 
 
-@pytest.mark.skipif(shutil.which("cc") is None or "avx512_bf16" not in cpu_flags(),
-                    reason="needs a C compiler and a CPU with AVX512-BF16")
+@pytest.mark.skipif(
+    shutil.which("cc") is None or "avx512_bf16" not in cpu_flags(),
+    reason="needs a C compiler and a CPU with AVX512-BF16",
+)
 def test_the_step_kernel_builds_where_the_cpu_computes_bf16():
     assert NATIVE_STEP is not None and NATIVE_STEP.step_interface(b"NATIVE_BF16") == 1
 
@@ -151,9 +156,11 @@ def test_the_interface_python_assumes_is_checked_when_step_c_loads(monkeypatch):
 
 
 @pytest.mark.skipif(NATIVE_STEP is None, reason="compares with the native build: needs AVX512-BF16")
-@pytest.mark.parametrize("variant", [dict(pe="sine", gated=True), dict(pe="conv", attention="relu", norm="pre",
-                                                                            activation="gelu")],
-                         ids=lambda v: "-".join(str(x) for x in v.values()))
+@pytest.mark.parametrize(
+    "variant",
+    [dict(pe="sine", gated=True), dict(pe="conv", attention="relu", norm="pre", activation="gelu")],
+    ids=lambda v: "-".join(str(x) for x in v.values()),
+)
 def test_the_portable_build_computes_the_native_builds_bits(monkeypatch, variant):
     """The emulated bf16 dot product adds each pair's products in VDPBF16PS's order, and the
     other operations follow their instructions: whole steps give the same logits, bit for bit."""
@@ -182,8 +189,19 @@ def test_linear_bf16_is_the_bf16_product_summed_in_fp32(step_kernel, batch, n_ou
     expected = rounded_x @ rounded_w.T + bias.double()
     scale = (rounded_x.abs() @ rounded_w.abs().T).max()
     added = torch.empty(batch, n_out)  # the residual, as layer_step adds it while it writes
-    assert step_kernel.linear_bf16(linear.weight.data_ptr(), linear.bias.data_ptr(), x.data_ptr(),
-                                   residual.data_ptr(), added.data_ptr(), batch, n_out, n_in) == 0
+    assert (
+        step_kernel.linear_bf16(
+            linear.weight.data_ptr(),
+            linear.bias.data_ptr(),
+            x.data_ptr(),
+            residual.data_ptr(),
+            added.data_ptr(),
+            batch,
+            n_out,
+            n_in,
+        )
+        == 0
+    )
     for y, want in ((linear(x), expected), (added, expected + residual.double())):
         assert y.dtype == torch.float32 and y.shape == (batch, n_out)
         assert (y.double() - want).abs().max() <= 1e-6 * scale
@@ -196,15 +214,24 @@ def attention_inputs(model, batch: int, magnitude: float, seed: int = 0):
     step = streaming.RecurrentStep(model, batch, model.draw_noise(generator), torch.bfloat16)
     H, D = step.H, step.D
     projected = torch.randn(batch, 2 * H * D + H * (D + 1), generator=generator) * magnitude
-    projected[:, 2 * H * D:].view(batch, H, D + 1)[..., D] = 1
+    projected[:, 2 * H * D :].view(batch, H, D + 1)[..., D] = 1
     for sums in step.sums:
         sums.copy_(torch.rand(sums.shape, generator=generator) * 3)
     return step, projected, step._codes(9)
 
 
-@pytest.mark.parametrize("variant", [dict(pe="sine", gated=True), dict(pe="sine", gated=False), dict(pe="conv", gated=True),
-                                     dict(pe="none"), dict(pe="sine", attention="elu"), dict(pe="conv", attention="relu")],
-                         ids=lambda v: "-".join(str(x) for x in v.values()))
+@pytest.mark.parametrize(
+    "variant",
+    [
+        dict(pe="sine", gated=True),
+        dict(pe="sine", gated=False),
+        dict(pe="conv", gated=True),
+        dict(pe="none"),
+        dict(pe="sine", attention="elu"),
+        dict(pe="conv", attention="relu"),
+    ],
+    ids=lambda v: "-".join(str(x) for x in v.values()),
+)
 @pytest.mark.parametrize("batch", [1, 5])  # one row, and a group of four plus one (step.c's matmul)
 @pytest.mark.parametrize("magnitude", [1.0, 30.0])  # exponents far into exp's under- and overflow
 def test_the_attention_kernel_computes_the_pytorch_attention(step_kernel, variant, batch, magnitude):
@@ -216,9 +243,23 @@ def test_the_attention_kernel_computes_the_pytorch_attention(step_kernel, varian
     out = torch.empty(batch, H * D)
     layer = step._kernel_layers[1]
     status = step_kernel.linear_attention_step(
-        projected.data_ptr(), None if codes is None else codes.data_ptr(), layer.wet, layer.dry_eps, layer.projection,
-        step._kernel_shape.kind, step._kernel_shape.log_scale, step._kernel_shape.key_scale, step._kernel_shape.eps,
-        layer.sums, out.data_ptr(), batch, H, D, width, step.sums[1].shape[1])
+        projected.data_ptr(),
+        None if codes is None else codes.data_ptr(),
+        layer.wet,
+        layer.dry_eps,
+        layer.projection,
+        step._kernel_shape.kind,
+        step._kernel_shape.log_scale,
+        step._kernel_shape.key_scale,
+        step._kernel_shape.eps,
+        layer.sums,
+        out.data_ptr(),
+        batch,
+        H,
+        D,
+        width,
+        step.sums[1].shape[1],
+    )
     assert status == 0
     kernel_sums = step.sums[1].clone()
     step.sums[1].copy_(before[1])
@@ -229,11 +270,19 @@ def test_the_attention_kernel_computes_the_pytorch_attention(step_kernel, varian
     assert all(torch.equal(a, b) for i, (a, b) in enumerate(zip(step.sums, before)) if i != 1)  # other layers untouched
 
 
-@pytest.mark.parametrize("variant", [dict(pe="ape"), dict(pe="sine", gated=True), dict(pe="conv", gated=False),
-                                     dict(pe="sine", activation="gelu"), dict(pe="none", norm="pre"),
-                                     dict(pe="conv", attention="relu", norm="pre", activation="gelu"),
-                                     dict(pe="sine", attention="elu")],
-                         ids=lambda v: "-".join(str(x) for x in v.values()))
+@pytest.mark.parametrize(
+    "variant",
+    [
+        dict(pe="ape"),
+        dict(pe="sine", gated=True),
+        dict(pe="conv", gated=False),
+        dict(pe="sine", activation="gelu"),
+        dict(pe="none", norm="pre"),
+        dict(pe="conv", attention="relu", norm="pre", activation="gelu"),
+        dict(pe="sine", attention="elu"),
+    ],
+    ids=lambda v: "-".join(str(x) for x in v.values()),
+)
 @pytest.mark.parametrize("batch", [1, 3])
 def test_kernel_steps_follow_the_pytorch_steps(step_kernel, monkeypatch, variant, batch):
     """Whole bf16 steps (norms, products, activation, attention, residuals, pre- and post-norm)

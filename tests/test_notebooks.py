@@ -10,14 +10,13 @@ import nbformat
 import pytest
 import torch
 from nbclient import NotebookClient
+from train_fixtures import prepare_pop909
 
 from musegen.checkpoint import save_checkpoint
 from musegen.metrics.loss import evaluate_loss
 from musegen.metrics.style import evaluate_style
 from musegen.model import MusicPerformer, preset
 from musegen.shards import Shards
-
-from train_fixtures import prepare_pop909
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 TRAIN_LEN = 32
@@ -28,14 +27,19 @@ def run_notebook(name: str, env: dict[str, str], monkeypatch) -> nbformat.Notebo
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the kernel shares two busy cores
     notebook = nbformat.read(NOTEBOOKS / name, as_version=4)
-    NotebookClient(notebook, timeout=120, kernel_name="python3",
-                   resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()  # raises on any failing cell
+    NotebookClient(
+        notebook, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}
+    ).execute()  # raises on any failing cell
     return notebook
 
 
 def images(notebook) -> int:
-    return sum("image/png" in output.get("data", {}) for cell in notebook.cells if cell.cell_type == "code"
-               for output in cell.get("outputs", []))
+    return sum(
+        "image/png" in output.get("data", {})
+        for cell in notebook.cells
+        if cell.cell_type == "code"
+        for output in cell.get("outputs", [])
+    )
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +55,11 @@ def tiny_checkpoint(folder: Path, tokenizer, pe: str) -> Path:
 
 def test_attention_notebook(pop, tmp_path, monkeypatch):
     checkpoint = tiny_checkpoint(tmp_path / "sine", Shards(pop).tokenizer, "sine")
-    notebook = run_notebook("attention.ipynb", {"MUSEGEN_CHECKPOINT": str(checkpoint), "MUSEGEN_DATA": str(pop),
-                                                "MUSEGEN_OUT": str(tmp_path / "out")}, monkeypatch)
+    notebook = run_notebook(
+        "attention.ipynb",
+        {"MUSEGEN_CHECKPOINT": str(checkpoint), "MUSEGEN_DATA": str(pop), "MUSEGEN_OUT": str(tmp_path / "out")},
+        monkeypatch,
+    )
     assert images(notebook) == 5  # templates, gates, maps, probes, sparsity
     assert (tmp_path / "out" / "summary.csv").is_file()
 
@@ -64,9 +71,16 @@ def test_extrapolation_notebook(pop, tmp_path, monkeypatch):
         checkpoint = tiny_checkpoint(tmp_path / pe, tokenizer, pe)
         result = evaluate_loss(checkpoint, pop, 2 * TRAIN_LEN, out_dir=tmp_path / pe / "eval", device="cpu")
         entries.append(f"{pe}={result['files']['csv']}")
-    notebook = run_notebook("extrapolation.ipynb", {"MUSEGEN_NLL_CSVS": os.pathsep.join(entries),
-                                                    "MUSEGEN_TRAIN_LEN": str(TRAIN_LEN), "MUSEGEN_SMOOTH": "4",
-                                                    "MUSEGEN_OUT": str(tmp_path / "out")}, monkeypatch)
+    notebook = run_notebook(
+        "extrapolation.ipynb",
+        {
+            "MUSEGEN_NLL_CSVS": os.pathsep.join(entries),
+            "MUSEGEN_TRAIN_LEN": str(TRAIN_LEN),
+            "MUSEGEN_SMOOTH": "4",
+            "MUSEGEN_OUT": str(tmp_path / "out"),
+        },
+        monkeypatch,
+    )
     assert images(notebook) == 1
     printed = "".join(o.get("text", "") for o in notebook.cells[-1].outputs)
     assert "ape" in printed and "sine" in printed
@@ -83,8 +97,11 @@ def test_groove_style_notebook(pop909_songs, tmp_path, monkeypatch):
             shutil.copy(pop909_songs[i], gen_dir)
         evaluate_style(gen_dir, ref_dir, tmp_path / label / "style.csv")
         entries.append(f"{label}={tmp_path / label / 'style.csv'}")
-    notebook = run_notebook("groove_style.ipynb", {"MUSEGEN_STYLE_CSVS": os.pathsep.join(entries),
-                                                   "MUSEGEN_OUT": str(tmp_path / "out")}, monkeypatch)
+    notebook = run_notebook(
+        "groove_style.ipynb",
+        {"MUSEGEN_STYLE_CSVS": os.pathsep.join(entries), "MUSEGEN_OUT": str(tmp_path / "out")},
+        monkeypatch,
+    )
     assert images(notebook) == 1 and (tmp_path / "out" / "groove_style.png").is_file()
     printed = "".join(o.get("text", "") for o in notebook.cells[-1].outputs)
     assert "first" in printed and "time-pitch" in printed

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def key_feature_bound(fm: FeatureMap) -> float:
     """max over x of w.x' - |x'|^2/2 is |w|^2/2, so every key feature is at most
     exp(max_j |w_j|^2 / 2) / sqrt(M), whatever the input: no overflow is possible."""
-    return math.exp(float((fm.projection ** 2).sum(0).max()) / 2) / math.sqrt(fm.n_features)
+    return math.exp(float((fm.projection**2).sum(0).max()) / 2) / math.sqrt(fm.n_features)
 
 
 @pytest.mark.parametrize("scale", SCALES)
@@ -110,7 +110,7 @@ def stream(model: MusicPerformer, ids: np.ndarray, chunk: int = 2048, steps: int
     with torch.inference_mode(), model.streaming(1, seed=0):
         head = len(ids) - steps
         for t0 in range(0, head, chunk):
-            logits = model.step(ids_t[:, t0:min(t0 + chunk, head)])
+            logits = model.step(ids_t[:, t0 : min(t0 + chunk, head)])
             assert torch.isfinite(logits).all(), f"chunk at {t0}"
             zs = check_states(model, zs)
         for t in range(head, len(ids)):
@@ -122,10 +122,13 @@ def stream(model: MusicPerformer, ids: np.ndarray, chunk: int = 2048, steps: int
 def remi_extremes() -> dict[str, np.ndarray]:
     tok = tokenizer_from_dict({"kind": "remi"})
     ids = {name: i for i, name in enumerate(tok.vocab)}
-    chord = [ids["Beat_0"]] + [ids[n] for p in range(22, 108) for n in
-                               (f"Note_Pitch_{p}", "Note_Velocity_86", "Note_Duration_1920")]
-    return {"silence: 16k empty bars": np.full(LONG, ids["Bar_None"]),
-            "dense chords: every pitch at once, bar after bar": np.resize([ids["Bar_None"]] + chord, LONG)}
+    chord = [ids["Beat_0"]] + [
+        ids[n] for p in range(22, 108) for n in (f"Note_Pitch_{p}", "Note_Velocity_86", "Note_Duration_1920")
+    ]
+    return {
+        "silence: 16k empty bars": np.full(LONG, ids["Bar_None"]),
+        "dense chords: every pitch at once, bar after bar": np.resize([ids["Bar_None"]] + chord, LONG),
+    }
 
 
 def groove_extremes() -> np.ndarray:
@@ -189,5 +192,4 @@ def test_fp16_autocast_on_cuda_at_16k_is_finite():
 @pytest.mark.slow
 def test_16k_single_token_recurrent_steps():
     """The sampler's own mode for the whole length: 16,384 one-token steps."""
-    stream(tiny(333, qkv_gain=30.0), remi_extremes()["dense chords: every pitch at once, bar after bar"],
-           steps=LONG)
+    stream(tiny(333, qkv_gain=30.0), remi_extremes()["dense chords: every pitch at once, bar after bar"], steps=LONG)

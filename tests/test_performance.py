@@ -30,7 +30,7 @@ def test_rnn_steps_equal_the_parallel_kernel():
     num, den, (S, z) = chunked_kernel(q, k, v)
     state, nums, dens = None, [], []
     for t in range(q.shape[2]):
-        n_t, d_t, state = chunked_kernel(q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1], state)
+        n_t, d_t, state = chunked_kernel(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], state)
         nums.append(n_t)
         dens.append(d_t)
     assert rel(torch.cat(nums, 2), num) < 1e-5 and rel(torch.cat(dens, 2), den) < 1e-5
@@ -44,10 +44,16 @@ def test_hand_backward_equals_autograd_of_the_naive_form():
     T = 2 * CHUNK + 7
     q, k, v = paper_like(T, seed=1, dtype=torch.float64)
     g = torch.Generator().manual_seed(2)
-    S0, z0 = torch.randn(1, 8, 128, 64, generator=g, dtype=torch.float64), torch.rand(1, 8, 128, generator=g,
-                                                                                      dtype=torch.float64)
-    weights = [torch.randn(1, 8, T, 64, generator=g, dtype=torch.float64), torch.randn(1, 8, T, generator=g, dtype=torch.float64),
-               torch.randn(1, 8, 128, 64, generator=g, dtype=torch.float64), torch.randn(1, 8, 128, generator=g, dtype=torch.float64)]
+    S0, z0 = (
+        torch.randn(1, 8, 128, 64, generator=g, dtype=torch.float64),
+        torch.rand(1, 8, 128, generator=g, dtype=torch.float64),
+    )
+    weights = [
+        torch.randn(1, 8, T, 64, generator=g, dtype=torch.float64),
+        torch.randn(1, 8, T, generator=g, dtype=torch.float64),
+        torch.randn(1, 8, 128, 64, generator=g, dtype=torch.float64),
+        torch.randn(1, 8, 128, generator=g, dtype=torch.float64),
+    ]
 
     def loss(outputs):
         return sum((o * w).sum() for o, w in zip(outputs, weights))

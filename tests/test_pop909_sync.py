@@ -60,8 +60,10 @@ def check(folder: Path, songs_at_least: int) -> None:
         n, hit, error, raw_hit = measure(song)
         downbeats, on_bar, raw_on_bar = downbeats + n, on_bar + hit, raw_on_bar + raw_hit
         worst = max(worst, error)
-    print(f"{len(songs)} songs: {on_bar}/{downbeats} annotated downbeats on bar lines after synchronising "
-          f"({raw_on_bar} on the MIDI file's own bar lines); largest note time error {worst * 1e3:.2f} ms")
+    print(
+        f"{len(songs)} songs: {on_bar}/{downbeats} annotated downbeats on bar lines after synchronising "
+        f"({raw_on_bar} on the MIDI file's own bar lines); largest note time error {worst * 1e3:.2f} ms"
+    )
     assert on_bar >= 0.98 * downbeats
     assert worst <= 0.010
     assert raw_on_bar < 0.6 * downbeats  # the files' own grid is off: the test measures something

@@ -18,12 +18,16 @@ CPU = torch.device("cpu")
 # paper-pop step (PyTorch's bf16 step was not measured there: put between the two). "zen4": this
 # repository's machine (AMD EPYC family 25 model 17), docs/performance.md.
 KINDS = {
-    "intel": {"train": {"fp32": 2048 / 6706, "bf16": 2048 / 4695},
-              1: {"fp32": 15.5e-3, "bf16": 12.0e-3, "bf16-step.c": 8.1e-3},
-              8: {"fp32": 30.4e-3, "bf16": 40.0e-3, "bf16-step.c": 36.6e-3}},
-    "zen4": {"train": {"fp32": 0.560, "bf16": 0.208},
-             1: {"fp32": 20.46e-3, "bf16": 9.74e-3, "bf16-step.c": 5.55e-3},
-             8: {"fp32": 38.11e-3, "bf16": 16.16e-3, "bf16-step.c": 10.62e-3}},
+    "intel": {
+        "train": {"fp32": 2048 / 6706, "bf16": 2048 / 4695},
+        1: {"fp32": 15.5e-3, "bf16": 12.0e-3, "bf16-step.c": 8.1e-3},
+        8: {"fp32": 30.4e-3, "bf16": 40.0e-3, "bf16-step.c": 36.6e-3},
+    },
+    "zen4": {
+        "train": {"fp32": 0.560, "bf16": 0.208},
+        1: {"fp32": 20.46e-3, "bf16": 9.74e-3, "bf16-step.c": 5.55e-3},
+        8: {"fp32": 38.11e-3, "bf16": 16.16e-3, "bf16-step.c": 10.62e-3},
+    },
 }
 
 
@@ -89,7 +93,7 @@ def test_a_choice_is_timed_once_then_cached_forced_or_timed_again(machine, monke
     assert cached.path == "fp32" and "cached" in cached.reason and len(machine.offered) == 1
     stored = json.loads(precision.cache_file().read_text())
     assert precision.cache_file().parent == tmp_path / "musegen"
-    (key, entry), = stored.items()
+    ((key, entry),) = stored.items()
     assert cpu_name() in key and "batch 4 x 512" in key and entry["path"] == "fp32"
     precision.training_choice("auto", config, 8, 512, CPU)  # another shape: timed again
     assert len(machine.offered) == 2

@@ -16,12 +16,11 @@ import mido
 import numpy as np
 import pytest
 import symusic
+from conftest import pop909_files
 
 from musegen.errors import MidiError, TokenError
 from musegen.tokenizers import tokenizer_from_dict
 from musegen.tokenizers.remi import RemiTokenizer
-
-from conftest import pop909_files
 
 TOK = RemiTokenizer()
 
@@ -32,16 +31,21 @@ def ids_of(*names):
 
 # ---------------------------------------------------------------- vocabulary
 
+
 def test_default_vocabulary_is_pop1k7():
     tempos = list(range(32, 150, 3)) + [155, 158, 161, 167, 170, 176, 182, 188, 194, 200, 206, 215, 221, 224]
     roots = "A A# B C C# D D# E F F# G G#".split()
     qualities = "+ /o7 7 M M7 m m7 o o7 sus2 sus4".split()
-    expected = (["Bar_None", "EOS_None"] + [f"Beat_{k}" for k in range(16)]
-                + [f"Chord_{r}_{q}" for r in roots for q in qualities] + ["Chord_N_N"]
-                + [f"Tempo_{t}" for t in tempos]
-                + [f"Note_Pitch_{p}" for p in range(22, 108)]
-                + [f"Note_Velocity_{v}" for v in range(40, 87, 2)]
-                + [f"Note_Duration_{d}" for d in range(0, 1921, 120)])
+    expected = (
+        ["Bar_None", "EOS_None"]
+        + [f"Beat_{k}" for k in range(16)]
+        + [f"Chord_{r}_{q}" for r in roots for q in qualities]
+        + ["Chord_N_N"]
+        + [f"Tempo_{t}" for t in tempos]
+        + [f"Note_Pitch_{p}" for p in range(22, 108)]
+        + [f"Note_Velocity_{v}" for v in range(40, 87, 2)]
+        + [f"Note_Duration_{d}" for d in range(0, 1921, 120)]
+    )
     assert len(expected) == 332 and len(tempos) == 54
     assert TOK.vocab[:332] == sorted(expected)
     assert TOK.vocab_size == 333 and TOK.pad_id == 332
@@ -56,6 +60,7 @@ def test_settings_rebuild_the_same_tokenizer():
 
 
 # ---------------------------------------------------------------- round trip on every POP909 song
+
 
 def expected_notes(source, tok: RemiTokenizer) -> Counter:
     """The notes of a MIDI file (path, or a symusic.Score) as REMI keeps them, computed by hand
@@ -149,8 +154,8 @@ def test_round_trip_grammar_and_transpose_on_every_pop909_song(full_pop909):
 
 # ---------------------------------------------------------------- encoding details, on MIDI built here
 
-def make_midi(tmp_path, notes, tpq=480, time_signatures=((4, 4, 0),), tempos=((120, 0),), drum=False,
-              name="x.mid"):
+
+def make_midi(tmp_path, notes, tpq=480, time_signatures=((4, 4, 0),), tempos=((120, 0),), drum=False, name="x.mid"):
     """notes: (start, end, pitch, velocity) in ticks."""
     midi = miditoolkit.MidiFile(ticks_per_beat=tpq)
     inst = miditoolkit.Instrument(program=0, is_drum=drum, name="t")
@@ -174,13 +179,31 @@ def test_encoding_layout_chords_and_tempo_changes(tmp_path):
     path = make_midi(tmp_path, notes, tempos=((120, 0), (90, 1920 + 960)))
     enc = TOK.encode(path)
     assert names(enc.ids) == [
-        "Bar_None", "Beat_0", "Chord_C_M", "Tempo_119",
-        "Note_Pitch_67", "Note_Velocity_80", "Note_Duration_1920",  # falling pitch inside a cell
-        "Note_Pitch_64", "Note_Velocity_80", "Note_Duration_1920",
-        "Note_Pitch_60", "Note_Velocity_80", "Note_Duration_1920",
-        "Bar_None", "Beat_0", "Chord_N_N", "Beat_8", "Tempo_89",
-        "Beat_10", "Note_Pitch_67", "Note_Velocity_40", "Note_Duration_240",
-        "Bar_None", "EOS_None"]
+        "Bar_None",
+        "Beat_0",
+        "Chord_C_M",
+        "Tempo_119",
+        "Note_Pitch_67",
+        "Note_Velocity_80",
+        "Note_Duration_1920",  # falling pitch inside a cell
+        "Note_Pitch_64",
+        "Note_Velocity_80",
+        "Note_Duration_1920",
+        "Note_Pitch_60",
+        "Note_Velocity_80",
+        "Note_Duration_1920",
+        "Bar_None",
+        "Beat_0",
+        "Chord_N_N",
+        "Beat_8",
+        "Tempo_89",
+        "Beat_10",
+        "Note_Pitch_67",
+        "Note_Velocity_40",
+        "Note_Duration_240",
+        "Bar_None",
+        "EOS_None",
+    ]
     assert enc.report["notes"] == 4 and enc.report["bars"] == 2
     midi = TOK.decode(enc.ids)
     assert [(t.time, round(t.tempo, 3)) for t in midi.tempo_changes] == [(0, 119), (2880, 89)]
@@ -191,26 +214,54 @@ def test_reference_conventions(tmp_path):
     """Rounding half to even, velocity ties down, leading empty bars dropped, tempos as miditoolkit
     reads them (repeats of the raw value dropped, equal bins kept), the first of a cell's
     tempos wins, and what precedes the first bar lands in its first cell."""
-    notes = [(1920 * 2 + 60, 1920 * 2 + 60 + 180, 60, 41),  # onset 16.5 -> 16 (even), 1.5 steps -> 2
-             (1920 * 2 + 180, 1920 * 2 + 180 + 60, 62, 43)]  # onset 17.5 -> 18, 0.5 steps -> 0
-    tempos = ((100, 0), (130, 960), (100, 1920 * 2 + 1),
-              (100, 1920 * 2 + 240),  # the raw value repeated: miditoolkit drops it
-              (101, 1920 * 2 + 480),  # another raw value in the same bin: kept
-              (70, 1920 * 2 + 600), (71, 1920 * 2 + 605),  # one cell: the first wins
-              (152.5, 1920 * 2 + 720))  # 152 on the 3-bpm grid, not a Pop1K7 tempo: 149 (tie, lower)
+    notes = [
+        (1920 * 2 + 60, 1920 * 2 + 60 + 180, 60, 41),  # onset 16.5 -> 16 (even), 1.5 steps -> 2
+        (1920 * 2 + 180, 1920 * 2 + 180 + 60, 62, 43),
+    ]  # onset 17.5 -> 18, 0.5 steps -> 0
+    tempos = (
+        (100, 0),
+        (130, 960),
+        (100, 1920 * 2 + 1),
+        (100, 1920 * 2 + 240),  # the raw value repeated: miditoolkit drops it
+        (101, 1920 * 2 + 480),  # another raw value in the same bin: kept
+        (70, 1920 * 2 + 600),
+        (71, 1920 * 2 + 605),  # one cell: the first wins
+        (152.5, 1920 * 2 + 720),
+    )  # 152 on the 3-bpm grid, not a Pop1K7 tempo: 149 (tie, lower)
     enc = TOK.encode(make_midi(tmp_path, notes, tempos=tempos))
     assert names(enc.ids) == [
-        "Bar_None", "Beat_0", "Chord_N_N", "Tempo_101",  # the tempo at tick 0, not the one in effect
-        "Note_Pitch_60", "Note_Velocity_40", "Note_Duration_240",
-        "Beat_2", "Note_Pitch_62", "Note_Velocity_42", "Note_Duration_0",
-        "Beat_4", "Tempo_101", "Beat_5", "Tempo_71", "Beat_6", "Tempo_149",
-        "Bar_None", "EOS_None"]
+        "Bar_None",
+        "Beat_0",
+        "Chord_N_N",
+        "Tempo_101",  # the tempo at tick 0, not the one in effect
+        "Note_Pitch_60",
+        "Note_Velocity_40",
+        "Note_Duration_240",
+        "Beat_2",
+        "Note_Pitch_62",
+        "Note_Velocity_42",
+        "Note_Duration_0",
+        "Beat_4",
+        "Tempo_101",
+        "Beat_5",
+        "Tempo_71",
+        "Beat_6",
+        "Tempo_149",
+        "Bar_None",
+        "EOS_None",
+    ]
 
 
 def test_same_pitch_notes_are_all_kept_and_round_trip(tmp_path):
     # melody and piano doubling a pitch, with other lengths and loudness, and a re-struck key
-    notes = [(0, 960, 60, 80), (0, 480, 60, 50), (10, 1920, 64, 70), (0, 240, 67, 60),
-             (480, 600, 64, 90), (470, 960, 60, 100)]
+    notes = [
+        (0, 960, 60, 80),
+        (0, 480, 60, 50),
+        (10, 1920, 64, 70),
+        (0, 240, 67, 60),
+        (480, 600, 64, 90),
+        (470, 960, 60, 100),
+    ]
     path = make_midi(tmp_path, notes)
     enc = TOK.encode(path)
     assert enc.report["notes"] == 6
@@ -250,6 +301,7 @@ def test_other_resolutions_and_grids(tmp_path):
 
 
 # ---------------------------------------------------------------- meter
+
 
 def bar_of_each_note(ids) -> list[tuple[int, int]]:
     """(bar, position) of every note of an encoding, in token order."""
@@ -305,19 +357,51 @@ NOTE = ("Note_Velocity_80", "Note_Duration_120")
 
 def test_grammar_accepts_what_pop1k7_writes():
     g = TOK.grammar()
-    ok = ids_of(*OPENING, "Note_Pitch_60", *NOTE, "Note_Pitch_64", *NOTE,  # pitch going up
-                "Note_Pitch_60", *NOTE, "Note_Pitch_60", *NOTE,  # one pitch twice in a cell
-                "Beat_1", "Note_Pitch_60", *NOTE,  # while the earlier 60 still sounds
-                "Beat_4", "Chord_C_M", "Tempo_119",  # the chord and tempo in effect, repeated
-                "Note_Pitch_50", *NOTE, "Note_Pitch_40", *NOTE,
-                "Bar_None", "Bar_None", "Beat_2", "Tempo_89", "Bar_None", "Beat_0", "Note_Pitch_40", *NOTE,
-                "Beat_8", "Chord_N_N",  # after the last note, in its bar
-                "Bar_None", "EOS_None")
+    ok = ids_of(
+        *OPENING,
+        "Note_Pitch_60",
+        *NOTE,
+        "Note_Pitch_64",
+        *NOTE,  # pitch going up
+        "Note_Pitch_60",
+        *NOTE,
+        "Note_Pitch_60",
+        *NOTE,  # one pitch twice in a cell
+        "Beat_1",
+        "Note_Pitch_60",
+        *NOTE,  # while the earlier 60 still sounds
+        "Beat_4",
+        "Chord_C_M",
+        "Tempo_119",  # the chord and tempo in effect, repeated
+        "Note_Pitch_50",
+        *NOTE,
+        "Note_Pitch_40",
+        *NOTE,
+        "Bar_None",
+        "Bar_None",
+        "Beat_2",
+        "Tempo_89",
+        "Bar_None",
+        "Beat_0",
+        "Note_Pitch_40",
+        *NOTE,
+        "Beat_8",
+        "Chord_N_N",  # after the last note, in its bar
+        "Bar_None",
+        "EOS_None",
+    )
     assert g.first_violation(ok) is None
     assert ok[-2:] == g.close(_walk(g, ok[:-2]))
     tok = RemiTokenizer(chords=False)
-    assert tok.grammar().first_violation([tok.vocab.index(n) for n in (
-        "Bar_None", "Beat_0", "Tempo_119", "Note_Pitch_60", *NOTE, "Bar_None", "EOS_None")]) is None
+    assert (
+        tok.grammar().first_violation(
+            [
+                tok.vocab.index(n)
+                for n in ("Bar_None", "Beat_0", "Tempo_119", "Note_Pitch_60", *NOTE, "Bar_None", "EOS_None")
+            ]
+        )
+        is None
+    )
 
 
 def _walk(g, ids):
@@ -349,8 +433,9 @@ def test_grammar_rules():
         "chord off the beat": ids_of(*OPENING, "Note_Pitch_60", *NOTE, "Beat_1", "Chord_C_M"),
         "first bar without a note": ids_of(*OPENING, "Bar_None"),
         "EOS after an empty bar": ids_of(*OPENING, "Note_Pitch_60", *NOTE, "Bar_None", "Bar_None", "EOS_None"),
-        "EOS after a bar of only a chord": ids_of(*OPENING, "Note_Pitch_60", *NOTE, "Bar_None", "Beat_4",
-                                                  "Chord_D_m", "Bar_None", "EOS_None"),
+        "EOS after a bar of only a chord": ids_of(
+            *OPENING, "Note_Pitch_60", *NOTE, "Bar_None", "Beat_4", "Chord_D_m", "Bar_None", "EOS_None"
+        ),
     }
     for why, ids in bad.items():
         assert g.first_violation(ids) == len(ids) - 1, why
@@ -377,7 +462,8 @@ def test_grammar_close_and_masks():
     allowed = {TOK.vocab[i] for i in np.flatnonzero(g.allowed(state))}
     assert allowed == ({"Bar_None"} | {f"Beat_{k}" for k in range(1, 16)} | {f"Note_Pitch_{p}" for p in range(22, 108)})
     assert {TOK.vocab[i] for i in np.flatnonzero(g.allowed(g.step(state, TOK.beat_ids[4])))} == (
-        {n for n in TOK.vocab if n.startswith(("Chord_", "Tempo_", "Note_Pitch_"))})
+        {n for n in TOK.vocab if n.startswith(("Chord_", "Tempo_", "Note_Pitch_"))}
+    )
     assert not any(TOK.vocab[i].startswith("Chord") for i in np.flatnonzero(g.allowed(g.step(state, TOK.beat_ids[5]))))
     bar = g.step(state, TOK.bar_id)
     assert g.can_close(bar) and names(g.close(bar)) == ["EOS_None"]
@@ -390,19 +476,51 @@ def test_grammar_close_and_masks():
 
 # ---------------------------------------------------------------- transposition, bar starts, decode errors
 
+
 def test_transpose_moves_pitches_and_chord_roots():
-    ids = np.array(ids_of("Bar_None", "Beat_0", "Chord_B_m7", "Note_Pitch_100", "Note_Velocity_80",
-                          "Note_Duration_120", "Beat_4", "Chord_N_N", "Bar_None", "EOS_None"))
+    ids = np.array(
+        ids_of(
+            "Bar_None",
+            "Beat_0",
+            "Chord_B_m7",
+            "Note_Pitch_100",
+            "Note_Velocity_80",
+            "Note_Duration_120",
+            "Beat_4",
+            "Chord_N_N",
+            "Bar_None",
+            "EOS_None",
+        )
+    )
     up = TOK.transpose(ids, 2)
-    assert names(up) == ["Bar_None", "Beat_0", "Chord_C#_m7", "Note_Pitch_102", "Note_Velocity_80",
-                         "Note_Duration_120", "Beat_4", "Chord_N_N", "Bar_None", "EOS_None"]
+    assert names(up) == [
+        "Bar_None",
+        "Beat_0",
+        "Chord_C#_m7",
+        "Note_Pitch_102",
+        "Note_Velocity_80",
+        "Note_Duration_120",
+        "Beat_4",
+        "Chord_N_N",
+        "Bar_None",
+        "EOS_None",
+    ]
     assert TOK.transpose(ids, 8) is None  # 108 is out of range
     assert np.array_equal(TOK.transpose(up, -2), ids)
 
 
 def test_bar_starts_and_decode_of_truncated_or_bad_ids():
-    ids = ids_of("Bar_None", "Beat_0", "Note_Pitch_60", "Note_Velocity_80", "Note_Duration_120",
-                 "Bar_None", "Beat_0", "Note_Pitch_62", "Note_Velocity_80")
+    ids = ids_of(
+        "Bar_None",
+        "Beat_0",
+        "Note_Pitch_60",
+        "Note_Velocity_80",
+        "Note_Duration_120",
+        "Bar_None",
+        "Beat_0",
+        "Note_Pitch_62",
+        "Note_Velocity_80",
+    )
     assert TOK.bar_starts(ids) == [0, 5]
     midi = TOK.decode(ids + [TOK.pad_id, TOK.pad_id])  # a truncated last note is dropped; padding ignored
     assert [(n.pitch, n.start) for n in midi.instruments[0].notes] == [(60, 0)]
@@ -413,6 +531,7 @@ def test_bar_starts_and_decode_of_truncated_or_bad_ids():
 
 
 # ---------------------------------------------------------------- bad input
+
 
 @pytest.fixture
 def bad_midis(tmp_path):
@@ -429,8 +548,14 @@ def bad_midis(tmp_path):
     return files
 
 
-MESSAGES = {"corrupt": "corrupt MIDI", "empty": "empty file", "noteless": "contains no notes",
-            "three-four": "time signature 3/4", "drums-only": "only drum notes", "missing": "no such file"}
+MESSAGES = {
+    "corrupt": "corrupt MIDI",
+    "empty": "empty file",
+    "noteless": "contains no notes",
+    "three-four": "time signature 3/4",
+    "drums-only": "only drum notes",
+    "missing": "no such file",
+}
 
 
 def test_bad_inputs_raise_one_line_midi_errors(bad_midis):
@@ -479,11 +604,28 @@ def test_far_ticks_are_bounded_by_what_the_representation_holds():
     assert peak_memory(lambda: TOK.encode(tiny)) < 50e6
     assert names(TOK.encode(tiny).ids)[4:7] == ["Note_Pitch_60", "Note_Velocity_64", "Note_Duration_1920"]
     # a chord marker, a tempo and the end of the track far after the notes: nothing past the last bar is kept
-    far = raw_midi(480, [(0, on(60)), (480, off(60)), (2**29, mido.MetaMessage("marker", text="C_M")),
-                         (0, mido.MetaMessage("set_tempo", tempo=400_000)), (2**27, mido.MetaMessage("end_of_track"))])
+    far = raw_midi(
+        480,
+        [
+            (0, on(60)),
+            (480, off(60)),
+            (2**29, mido.MetaMessage("marker", text="C_M")),
+            (0, mido.MetaMessage("set_tempo", tempo=400_000)),
+            (2**27, mido.MetaMessage("end_of_track")),
+        ],
+    )
     assert peak_memory(lambda: TOK.encode(far)) < 50e6
-    assert names(TOK.encode(far).ids) == ["Bar_None", "Beat_0", "Chord_N_N", "Tempo_119", "Note_Pitch_60",
-                                          "Note_Velocity_64", "Note_Duration_480", "Bar_None", "EOS_None"]
+    assert names(TOK.encode(far).ids) == [
+        "Bar_None",
+        "Beat_0",
+        "Chord_N_N",
+        "Tempo_119",
+        "Note_Pitch_60",
+        "Note_Velocity_64",
+        "Note_Duration_480",
+        "Bar_None",
+        "EOS_None",
+    ]
     # notes 2^30 ticks apart: refused before anything is sized by the gap
     apart = raw_midi(480, [(0, on(60)), (480, off(60)), (2**30, on(62)), (480, off(62))])
     with pytest.raises(MidiError, match="longer than 10000 bars"):
@@ -496,11 +638,16 @@ def test_far_ticks_are_bounded_by_what_the_representation_holds():
 
 def test_cli_show_reports_bad_input_in_one_line(bad_midis, pop909_songs):
     for kind, path in bad_midis.items():
-        proc = subprocess.run([sys.executable, "-m", "musegen", "data", "show", str(path)],
-                              capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(
+            [sys.executable, "-m", "musegen", "data", "show", str(path)], capture_output=True, text=True, timeout=60
+        )
         assert proc.returncode != 0, kind
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and MESSAGES[kind] in lines[0] and "Traceback" not in proc.stderr, (kind, proc.stderr)
-    proc = subprocess.run([sys.executable, "-m", "musegen", "data", "show", str(pop909_songs[0]),
-                           "--max-tokens", "8"], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "musegen", "data", "show", str(pop909_songs[0]), "--max-tokens", "8"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0 and "remi tokens" in proc.stdout and "Bar_None" in proc.stdout

@@ -18,14 +18,15 @@ import pytest
 import symusic
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_remi import decoded_notes, expected_notes
 
 from musegen.errors import MidiError, TokenError
 from musegen.tokenizers.remi import RemiTokenizer
 
-from test_remi import decoded_notes, expected_notes
-
-TOKENIZERS = {"pop1k7": RemiTokenizer(),
-              "fine-grid-no-chords": RemiTokenizer(beat_resolution=8, max_duration=32, chords=False)}
+TOKENIZERS = {
+    "pop1k7": RemiTokenizer(),
+    "fine-grid-no-chords": RemiTokenizer(beat_resolution=8, max_duration=32, chords=False),
+}
 FAST, SLOW = 60, 1500  # examples per property
 
 
@@ -37,8 +38,14 @@ def midi_bytes(midi: miditoolkit.MidiFile) -> bytes:
 
 def token_class(tok: RemiTokenizer, ids: np.ndarray) -> np.ndarray:
     """A coarse family per token, so a walk picks Bar, Beat, Chord... evenly, not mostly pitches."""
-    families = [tok.beat_of >= 0, tok.chord_root_of >= 0, tok.tempo_of >= 0, tok.pitch_of >= 0,
-                tok.velocity_of >= 0, tok.duration_of >= 0]
+    families = [
+        tok.beat_of >= 0,
+        tok.chord_root_of >= 0,
+        tok.tempo_of >= 0,
+        tok.pitch_of >= 0,
+        tok.velocity_of >= 0,
+        tok.duration_of >= 0,
+    ]
     cls = np.zeros(tok.vocab_size, dtype=np.int64)  # 0: Bar, EOS, Chord_N_N
     for k, family in enumerate(families, start=1):
         cls[family] = k
@@ -86,8 +93,10 @@ def check_walk_round_trip(tok: RemiTokenizer, seed: int, length: int) -> None:
     again = tok.encode(midi_bytes(tok.decode(ids))).ids.tolist()
     if again != ids:
         k = next((i for i, (a, b) in enumerate(zip(again, ids)) if a != b), min(len(again), len(ids)))
-        raise AssertionError(f"re-encoding differs at token {k}: {[tok.name(t) for t in ids[max(k - 6, 0):k + 3]]}"
-                             f" became {[tok.name(t) for t in again[max(k - 6, 0):k + 3]]}")
+        raise AssertionError(
+            f"re-encoding differs at token {k}: {[tok.name(t) for t in ids[max(k - 6, 0) : k + 3]]}"
+            f" became {[tok.name(t) for t in again[max(k - 6, 0) : k + 3]]}"
+        )
 
 
 walks = dict(kind=st.sampled_from(sorted(TOKENIZERS)), seed=st.integers(0, 2**32 - 1), length=st.integers(1, 300))
@@ -108,13 +117,16 @@ def test_grammar_walks_re_encode_to_themselves_many(kind, seed, length):
 
 # ---------------------------------------------------------------- (b) decode of anything
 
+
 def any_ids(vocab_size: int):
     """Arbitrary ints around the vocabulary, and grammar walks with a few tokens replaced."""
     arbitrary = st.lists(st.integers(-3, vocab_size + 3), max_size=400)
     corrupted = st.builds(
         lambda seed, length, edits: _corrupt(walk(TOKENIZERS["pop1k7"], seed, length), edits),
-        st.integers(0, 2**32 - 1), st.integers(1, 200),
-        st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(-1, vocab_size)), max_size=4))
+        st.integers(0, 2**32 - 1),
+        st.integers(1, 200),
+        st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(-1, vocab_size)), max_size=4),
+    )
     return st.one_of(arbitrary, corrupted)
 
 
@@ -157,8 +169,11 @@ def test_decode_of_any_ids_succeeds_or_raises_token_error_many(ids):
 # ---------------------------------------------------------------- (c) any note list
 
 note = st.tuples(st.integers(0, 20_000), st.integers(0, 3_000), st.integers(0, 127), st.integers(1, 127))
-note_lists = dict(kind=st.sampled_from(sorted(TOKENIZERS)), tpq=st.sampled_from([96, 220, 384, 480, 1000]),
-                  tracks=st.lists(st.tuples(st.booleans(), st.lists(note, max_size=80)), min_size=1, max_size=3))
+note_lists = dict(
+    kind=st.sampled_from(sorted(TOKENIZERS)),
+    tpq=st.sampled_from([96, 220, 384, 480, 1000]),
+    tracks=st.lists(st.tuples(st.booleans(), st.lists(note, max_size=80)), min_size=1, max_size=3),
+)
 
 
 def check_note_list(kind: str, tpq: int, tracks) -> None:

@@ -6,12 +6,12 @@ from __future__ import annotations
 import shutil
 import wave
 
+import extreme
 import miditoolkit
 import numpy as np
 import pytest
 import symusic
 
-import extreme
 from musegen import render
 from musegen.cli import main
 from musegen.errors import MusegenError
@@ -49,7 +49,7 @@ def test_render_writes_nonsilent_wav_of_the_midi_duration(pop909_songs, tmp_path
     # FluidSynth renders to the last note-off plus the release tail of the voices still ringing
     assert end <= duration <= end + 1.5
     half_seconds = frames[: int(end * rate) // (rate // 2) * (rate // 2)].astype(float).reshape(-1, rate // 2, 2)
-    rms = np.sqrt((half_seconds ** 2).mean(axis=(1, 2)))
+    rms = np.sqrt((half_seconds**2).mean(axis=(1, 2)))
     assert np.mean(rms > 100) >= 0.8  # 16-bit samples: sound through (nearly) all of the music
     assert (tmp_path / "a.png").read_bytes()[:4] == b"\x89PNG"
     assert not list(tmp_path.glob(".*.tmp"))  # atomic writes left nothing behind
@@ -69,9 +69,11 @@ def test_missing_fluidsynth_says_how_to_install(pop909_songs, tmp_path, monkeypa
 
 def test_render_bad_input_is_one_line(tmp_path, capsys):
     (tmp_path / "bad.mid").write_text("hello")
-    cases = [["render", str(tmp_path / "bad.mid"), "--out", str(tmp_path / "x.wav")],
-             ["render", str(tmp_path / "missing.mid"), "--pianoroll", str(tmp_path / "x.png")],
-             ["render", str(tmp_path / "bad.mid")]]
+    cases = [
+        ["render", str(tmp_path / "bad.mid"), "--out", str(tmp_path / "x.wav")],
+        ["render", str(tmp_path / "missing.mid"), "--pianoroll", str(tmp_path / "x.png")],
+        ["render", str(tmp_path / "bad.mid")],
+    ]
     for args in cases:
         with pytest.raises(SystemExit) as exit_:
             main(args)
@@ -90,8 +92,11 @@ def test_more_tracks_than_fluidsynth_reads_are_merged_by_instrument():
 
 
 def test_only_a_soundfont_2_file_is_taken_as_soundfont(tmp_path):
-    for path, words in (("/etc/passwd", "not a SoundFont 2 file"), (tmp_path, "is a folder"),
-                        (tmp_path / "none.sf2", "no such file")):
+    for path, words in (
+        ("/etc/passwd", "not a SoundFont 2 file"),
+        (tmp_path, "is a folder"),
+        (tmp_path / "none.sf2", "no such file"),
+    ):
         with pytest.raises(MusegenError, match=words):
             render.find_soundfont(path)
     real = next((p for p in render.soundfont_candidates() if p.is_file()), None)

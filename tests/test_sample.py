@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import csv
 import io
-import math
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -25,14 +25,29 @@ from tiny_models import tiny_checkpoint, tiny_model
 from musegen.cli import main
 from musegen.errors import MidiError
 from musegen.render import PROMPT_END_MARKER
-from musegen.sample import (Prompt, SampleSettings, filter_logits, generate, keep_type_mass, load_prompt,
-                            new_notes, prompt_from_ids, with_ending, write_samples)
+from musegen.sample import (
+    Prompt,
+    SampleSettings,
+    filter_logits,
+    generate,
+    keep_type_mass,
+    load_prompt,
+    new_notes,
+    prompt_from_ids,
+    with_ending,
+    write_samples,
+)
 from musegen.tokenizers import Tokenizer, tokenizer_from_dict
 
 KINDS = sorted(Tokenizer.registry)
-PROMPTS = {kind: Path(__file__).resolve().parents[1] / "checkpoints" / "prompts" / name
-           for kind, name in (("remi", "pop_progression.mid"), ("groove", "groove_rock.mid"),
-                              ("groove-dur", "groove_rock.mid"))}
+PROMPTS = {
+    kind: Path(__file__).resolve().parents[1] / "checkpoints" / "prompts" / name
+    for kind, name in (
+        ("remi", "pop_progression.mid"),
+        ("groove", "groove_rock.mid"),
+        ("groove-dur", "groove_rock.mid"),
+    )
+}
 EMPTY = Prompt(np.zeros(0, dtype=np.int64))
 BAR_TICKS = 4 * 480  # both representations decode 4/4 at 480 ticks per beat
 
@@ -64,11 +79,15 @@ def midi_bytes(midi: miditoolkit.MidiFile) -> bytes:
 
 
 def note_set(midi, with_duration=True):
-    return Counter((n.start, n.pitch, n.velocity) + ((n.end,) if with_duration else ())
-                   for inst in midi.instruments for n in inst.notes)
+    return Counter(
+        (n.start, n.pitch, n.velocity) + ((n.end,) if with_duration else ())
+        for inst in midi.instruments
+        for n in inst.notes
+    )
 
 
 # ---------------------------------------------------------------- validity (the issue's "done when")
+
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_200_masked_samples_are_all_valid(models, kind):
@@ -87,8 +106,9 @@ def test_200_masked_samples_are_all_valid(models, kind):
 @pytest.mark.parametrize("kind", KINDS)
 def test_without_the_mask_invalid_samples_are_counted(models, kind):
     model, tok = models[kind]
-    samples, stats = generate(model, tok, EMPTY, SampleSettings(length=128, num_samples=40, seed=7, grammar=False),
-                              progress=False)
+    samples, stats = generate(
+        model, tok, EMPTY, SampleSettings(length=128, num_samples=40, seed=7, grammar=False), progress=False
+    )
     violations = [tok.grammar().first_violation(s.ids) for s in samples]
     assert stats["grammar_violations"] == sum(v is not None for v in violations) > 0
     assert [s.violation for s in samples] == violations
@@ -97,8 +117,10 @@ def test_without_the_mask_invalid_samples_are_counted(models, kind):
 
 def test_same_seed_same_output_other_seed_differs(models):
     model, tok = models["remi"]
-    run = lambda seed: [s.ids.tolist() for s in generate(model, tok, EMPTY, SampleSettings(
-        length=48, num_samples=3, seed=seed), progress=False)[0]]
+    run = lambda seed: [
+        s.ids.tolist()
+        for s in generate(model, tok, EMPTY, SampleSettings(length=48, num_samples=3, seed=seed), progress=False)[0]
+    ]
     first = run(11)
     assert run(11) == first
     assert run(12) != first
@@ -111,8 +133,9 @@ def test_precision_sets_the_steps_and_a_nonsense_one_is_refused(models, checkpoi
     model, tok = models["remi"]
 
     def run(precision):
-        samples, stats = generate(model, tok, EMPTY, SampleSettings(length=96, num_samples=2, seed=3,
-                                                                    precision=precision), progress=False)
+        samples, stats = generate(
+            model, tok, EMPTY, SampleSettings(length=96, num_samples=2, seed=3, precision=precision), progress=False
+        )
         assert model.inference_precision == precision and stats["invalid"] == 0
         assert stats["precision"]["reason"] == "asked for"  # the JSON says which path made the logits
         assert stats["precision"]["path"] in {"fp32": ["fp32"], "bf16": ["bf16", "bf16-step.c"]}[precision]
@@ -120,8 +143,9 @@ def test_precision_sets_the_steps_and_a_nonsense_one_is_refused(models, checkpoi
 
     assert run("fp32") == run("fp32")
     run("bf16")
-    code, _, err = run_cli(["sample", "-c", checkpoints["remi"], "--length", 8, "--precision", "fp16",
-                            "--out", tmp_path / "s"], capsys)
+    code, _, err = run_cli(
+        ["sample", "-c", checkpoints["remi"], "--length", 8, "--precision", "fp16", "--out", tmp_path / "s"], capsys
+    )
     assert code == 1 and "precision must be one of" in err and len(err.strip().splitlines()) == 1
 
 
@@ -152,7 +176,7 @@ def test_bars_mode_writes_exactly_the_new_bars(models, prompt_files, kind):
     assert stats["invalid"] == 0
     new_bars = set()
     for s in samples:
-        assert s.closed and list(s.ids[:len(prompt.ids)]) == list(prompt.ids)
+        assert s.closed and list(s.ids[: len(prompt.ids)]) == list(prompt.ids)
         midi = tok.decode(s.ids, prompt.meta)
         new_bars |= {n.start // BAR_TICKS for n in new_notes(prompt, midi)}
     assert new_bars == {2}  # the model wrote into the new bar, and nowhere else
@@ -172,7 +196,7 @@ def test_prompt_is_cut_after_whole_bars_and_opened(pop909_songs, prompt_files):
     full = tok.encode(pop909_songs[1]).ids
     prompt = load_prompt(tok, pop909_songs[1], bars=2)
     starts = tok.bar_starts(full)
-    assert list(prompt.ids) == list(full[:starts[2]]) + [tok.bar_id] and prompt.bars == 2  # bar 2 is open
+    assert list(prompt.ids) == list(full[: starts[2]]) + [tok.bar_id] and prompt.bars == 2  # bar 2 is open
     whole = load_prompt(tok, pop909_songs[1])
     assert list(whole.ids) == list(full[:-1])  # only the final EOS goes: the continuation starts a bar
     assert whole.bars == len(starts) - 1  # the closing Bar opens no bar of music
@@ -182,11 +206,15 @@ def test_prompt_is_cut_after_whole_bars_and_opened(pop909_songs, prompt_files):
     # groove: the first 2 bars, notes sounding across the bar line end there
     encoding = groove.encode(prompt_files["groove"])
     cut = load_prompt(groove, prompt_files["groove"], bars=2)
-    kept = sorted((i, n.pitch, n.start, min(n.end, 2 * BAR_TICKS))
-                  for i, inst in enumerate(groove.decode(encoding.ids, encoding.meta).instruments)
-                  for n in inst.notes if n.start < 2 * BAR_TICKS)
-    assert sorted((i, n.pitch, n.start, n.end) for i, inst in enumerate(cut.piece.instruments)
-                  for n in inst.notes) == kept
+    kept = sorted(
+        (i, n.pitch, n.start, min(n.end, 2 * BAR_TICKS))
+        for i, inst in enumerate(groove.decode(encoding.ids, encoding.meta).instruments)
+        for n in inst.notes
+        if n.start < 2 * BAR_TICKS
+    )
+    assert (
+        sorted((i, n.pitch, n.start, n.end) for i, inst in enumerate(cut.piece.instruments) for n in inst.notes) == kept
+    )
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -204,12 +232,16 @@ def test_a_prompt_is_walked_once_and_decoded_once(models, prompt_files, kind, mo
         def wrapper(*args, **kwargs):
             counts[name] += 1
             return real(*args, **kwargs)
+
         monkeypatch.setattr(cls, name, wrapper)
+
     counted(grammar_class, "step")
     counted(tokenizer_class, "decode")
     walks = []
     real_states = grammar_class.states
-    monkeypatch.setattr(grammar_class, "states", lambda self, ids, *a: walks.append(len(ids)) or real_states(self, ids, *a))
+    monkeypatch.setattr(
+        grammar_class, "states", lambda self, ids, *a: walks.append(len(ids)) or real_states(self, ids, *a)
+    )
     prompt = load_prompt(tok, prompt_files[kind])
     assert counts["decode"] == 1 and length <= counts["step"] <= length + 8
     counts.clear()
@@ -237,14 +269,18 @@ def test_a_prompt_without_notes_before_the_cut_says_where_its_first_note_is(mode
         decoded = tok.decode(tok.encode(tmp_path / "late.mid").ids)
         if min(n.start for inst in decoded.instruments for n in inst.notes) < 3 * BAR_TICKS:
             continue  # this representation drops leading silence: a cut cannot leave a prompt empty
-        with pytest.raises(MidiError, match=r"first 2 bars hold no notes; its first note comes in bar 4 "
-                                            r"\(--prompt-bars 4 or more\)"):
+        with pytest.raises(
+            MidiError,
+            match=r"first 2 bars hold no notes; its first note comes in bar 4 "
+            r"\(--prompt-bars 4 or more\)",
+        ):
             load_prompt(tok, tmp_path / "late.mid", bars=2)
         tested += 1
     assert tested
 
 
 # ---------------------------------------------------------------- nucleus, top-k, temperature
+
 
 def test_filter_logits_keeps_the_smallest_nucleus():
     probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
@@ -325,9 +361,15 @@ def test_a_groove_sampler_ends_notes_as_often_as_the_model_says(models, prompt_f
 
     # p(note-off) = 384 x 1 / (384 x 1 + 384 x 1/2 + 24 x 8) = 1/2
     tok, prompt, samples = _constant_logit_samples(
-        models, prompt_files, [(slice(NOTE_OFF, TIME_SHIFT), 0.0), (slice(0, NOTE_OFF), -math.log(2)),
-                               (slice(TIME_SHIFT, TIME_SHIFT + 24), math.log(8))],
-        SampleSettings(length=800, num_samples=2, seed=1, temperature=1.0, keep_note_offs=keep))
+        models,
+        prompt_files,
+        [
+            (slice(NOTE_OFF, TIME_SHIFT), 0.0),
+            (slice(0, NOTE_OFF), -math.log(2)),
+            (slice(TIME_SHIFT, TIME_SHIFT + 24), math.log(8)),
+        ],
+        SampleSettings(length=800, num_samples=2, seed=1, temperature=1.0, keep_note_offs=keep),
+    )
     # at each drawn token where an earlier note may end: whether one did, and how many notes sound
     grammar, ends, sounding = tok.grammar(), [], []
     for sample in samples:
@@ -355,28 +397,50 @@ def test_a_groove_sampler_keeps_the_bass_monophonic_one_event_late(models, promp
 
     # bass and drum note_ons and shifts; no note-offs, no other-track notes, no End
     tok, prompt, samples = _constant_logit_samples(
-        models, prompt_files,
+        models,
+        prompt_files,
         [(slice(0, (OTHER - 1) * N_PITCH), 0.0), (slice(TIME_SHIFT, TIME_SHIFT + 24), math.log(16))],
-        SampleSettings(length=600, num_samples=2, seed=3, temperature=1.0, mono_bass=mono))
+        SampleSettings(length=600, num_samples=2, seed=3, temperature=1.0, mono_bass=mono),
+    )
     grammar, spans = tok.grammar(), []
     for sample in samples:
-        written = sample.ids[:sample.prompt_len + sample.new_tokens]  # before the closing note_offs
-        for state in grammar.states(written)[sample.prompt_len:]:
+        written = sample.ids[: sample.prompt_len + sample.new_tokens]  # before the closing note_offs
+        for state in grammar.states(written)[sample.prompt_len :]:
             onsets = {onset for slot, queue in state.sounding.items() if slot < N_PITCH for onset, _ in queue}
             spans.append(len(onsets))
-        ended = [t for t in written[sample.prompt_len:] if NOTE_OFF <= t < NOTE_OFF + N_PITCH]
+        ended = [t for t in written[sample.prompt_len :] if NOTE_OFF <= t < NOTE_OFF + N_PITCH]
         assert (len(ended) > 10) == mono, len(ended)  # only the rule ends bass notes here
     assert (max(spans) <= 2) if mono else (max(spans) > 10), max(spans)
 
 
 # ---------------------------------------------------------------- the command line
 
+
 @pytest.mark.skipif(shutil.which("fluidsynth") is None, reason="fluidsynth not installed")
 def test_cli_sample_with_prompt_writes_midi_wav_json_and_pianoroll(checkpoints, pop909_songs, tmp_path, capsys):
     out = tmp_path / "out"
-    code, stdout, err = run_cli(["sample", "--checkpoint", checkpoints["remi"], "--prompt", pop909_songs[0],
-                                 "--prompt-bars", 2, "--length", 64, "-n", 2, "--seed", 5, "--out", out,
-                                 "--pianoroll", "--audio"], capsys)
+    code, stdout, err = run_cli(
+        [
+            "sample",
+            "--checkpoint",
+            checkpoints["remi"],
+            "--prompt",
+            pop909_songs[0],
+            "--prompt-bars",
+            2,
+            "--length",
+            64,
+            "-n",
+            2,
+            "--seed",
+            5,
+            "--out",
+            out,
+            "--pianoroll",
+            "--audio",
+        ],
+        capsys,
+    )
     assert code == 0, err
     assert "tokens/s" in stdout and "invalid samples: 0" in stdout
     summary = json.loads((out / f"{pop909_songs[0].stem}.json").read_text())
@@ -406,8 +470,27 @@ def test_cli_no_grammar_samples_are_decoded_leniently(checkpoints, kind, tmp_pat
     # a prompt gives every sample its opening (a REMI piece opens Bar, Beat_0, Chord, Tempo, which
     # an untrained model's unmasked tokens would hit by chance about once in 400 tokens)
     prompt = PROMPTS[kind]
-    code, stdout, err = run_cli(["sample", "-c", checkpoints[kind], "--prompt", prompt, "--prompt-bars", 1,
-                                 "--length", 64, "-n", 8, "--seed", 1, "--no-grammar", "--out", tmp_path], capsys)
+    code, stdout, err = run_cli(
+        [
+            "sample",
+            "-c",
+            checkpoints[kind],
+            "--prompt",
+            prompt,
+            "--prompt-bars",
+            1,
+            "--length",
+            64,
+            "-n",
+            8,
+            "--seed",
+            1,
+            "--no-grammar",
+            "--out",
+            tmp_path,
+        ],
+        capsys,
+    )
     assert code == 0, err
     line = next(x for x in stdout.splitlines() if x.startswith("invalid samples"))
     summary = json.loads((tmp_path / f"{Path(prompt).stem}.json").read_text())
@@ -432,11 +515,31 @@ def test_cli_sampler_options_reach_the_sampler_and_are_recorded(checkpoints, tmp
     share is not its allowed mass; what --poly-bass changes is tested above with a model that
     begins bass notes over sounding ones)."""
     written = {}
-    for flag, kept, mono in (("--keep-note-offs", True, True), ("--plain-mask", False, True),
-                             ("--poly-bass", True, False)):
+    for flag, kept, mono in (
+        ("--keep-note-offs", True, True),
+        ("--plain-mask", False, True),
+        ("--poly-bass", True, False),
+    ):
         out = tmp_path / flag.strip("-")
-        code, _, err = run_cli(["sample", "-c", checkpoints["groove"], "--prompt", PROMPTS["groove"], "--prompt-bars",
-                                2, "--length", 200, "--seed", 4, flag, "--out", out], capsys)
+        code, _, err = run_cli(
+            [
+                "sample",
+                "-c",
+                checkpoints["groove"],
+                "--prompt",
+                PROMPTS["groove"],
+                "--prompt-bars",
+                2,
+                "--length",
+                200,
+                "--seed",
+                4,
+                flag,
+                "--out",
+                out,
+            ],
+            capsys,
+        )
         assert code == 0, err
         summary = json.loads((out / f"{PROMPTS['groove'].stem}.json").read_text())
         assert summary["settings"]["keep_note_offs"] is kept and summary["settings"]["mono_bass"] is mono
@@ -450,8 +553,22 @@ def test_cli_prompt_with_unrepresentable_notes_reports_and_goes_on(checkpoints, 
     piano.notes = [miditoolkit.Note(80, p, 480 * i, 480 * i + 400) for i, p in enumerate([12, 60, 64, 120, 67])]
     midi.instruments.append(piano)
     midi.dump(str(tmp_path / "odd.mid"))
-    code, stdout, err = run_cli(["sample", "-c", checkpoints["remi"], "--prompt", tmp_path / "odd.mid",
-                                 "--length", 16, "--seed", 1, "--out", tmp_path / "o"], capsys)
+    code, stdout, err = run_cli(
+        [
+            "sample",
+            "-c",
+            checkpoints["remi"],
+            "--prompt",
+            tmp_path / "odd.mid",
+            "--length",
+            16,
+            "--seed",
+            1,
+            "--out",
+            tmp_path / "o",
+        ],
+        capsys,
+    )
     assert code == 0, err
     assert "pitches_folded 2" in stdout  # 12 and 120 lie outside REMI's 22..107
     assert (tmp_path / "o" / "odd_000.mid").is_file()
@@ -491,8 +608,17 @@ def _bad_inputs(tmp_path, checkpoints):
         "temperature 1e-40": ["sample", *ok, "--length", 8, "--temperature", 1e-40],
         "temperature nan": ["sample", *ok, "--length", 8, "--temperature", "nan"],
         "top-p 1e-300": ["sample", *ok, "--length", 8, "--top-p", 1e-300],
-        "seed 10**20": ["sample", "-c", checkpoints["remi"], "--out", tmp_path / "out", "--length", 8,
-                        "--seed", 10**20],
+        "seed 10**20": [
+            "sample",
+            "-c",
+            checkpoints["remi"],
+            "--out",
+            tmp_path / "out",
+            "--length",
+            8,
+            "--seed",
+            10**20,
+        ],
         "device mps": ["sample", *ok, "--length", 8, "--device", "mps"],
         "num-samples 10**9": ["sample", *ok, "--length", 8, "--num-samples", 10**9],
         "length 10**12": ["sample", *ok, "--length", 10**12],
@@ -505,24 +631,32 @@ def _bad_inputs(tmp_path, checkpoints):
 
 
 def test_cli_bad_input_is_one_line_and_nonzero(checkpoints, tmp_path, capsys):
-    expected = {"not midi": "not a MIDI file", "empty file": "empty file", "no notes": "no notes",
-                "missing prompt": "no such file", "missing weights": "missing model.safetensors",
-                "tampered weights": "unreadable weights", "no checkpoint": "not found",
-                "length 0": "--length must be within 1..10,240,000, got 0", "no length": "exactly one of",
-                "top-p 0": "--top-p must be within [1e-06, 1], got 0.0", "top-p 1.5": "within [1e-06, 1], got 1.5",
-                "temperature 0": "--temperature must be within [0.001, 100], got 0.0",
-                "temperature 1e-40": "--temperature must be within [0.001, 100], got 1e-40",
-                "temperature nan": "--temperature must be within [0.001, 100], got nan",
-                "top-p 1e-300": "--top-p must be within [1e-06, 1], got 1e-300",
-                "seed 10**20": f"--seed must be within 0..{2**63 - 1} (2**63 - 1), got {10**20}",
-                "device mps": "device 'mps' is not supported for sampling; use auto, cpu, cuda or cuda:N",
-                "num-samples 10**9": "--num-samples 1000000000 needs about",
-                "length 10**12": f"--length must be within 1..10,240,000, got {10**12}",
-                "bars 10**9": f"--bars must be within 1..10,000, got {10**9}",
-                "prompt-bars 10**9": f"--prompt-bars must be within 1..10,000, got {10**9}",
-                "threads 10**6": "--threads must be within 1..256, got 1000000",
-                "fifo prompt": "fifo.mid: is a FIFO (named pipe), not a prompt",
-                "device file prompt": "/dev/zero: is a character device, not a prompt"}
+    expected = {
+        "not midi": "not a MIDI file",
+        "empty file": "empty file",
+        "no notes": "no notes",
+        "missing prompt": "no such file",
+        "missing weights": "missing model.safetensors",
+        "tampered weights": "unreadable weights",
+        "no checkpoint": "not found",
+        "length 0": "--length must be within 1..10,240,000, got 0",
+        "no length": "exactly one of",
+        "top-p 0": "--top-p must be within [1e-06, 1], got 0.0",
+        "top-p 1.5": "within [1e-06, 1], got 1.5",
+        "temperature 0": "--temperature must be within [0.001, 100], got 0.0",
+        "temperature 1e-40": "--temperature must be within [0.001, 100], got 1e-40",
+        "temperature nan": "--temperature must be within [0.001, 100], got nan",
+        "top-p 1e-300": "--top-p must be within [1e-06, 1], got 1e-300",
+        "seed 10**20": f"--seed must be within 0..{2**63 - 1} (2**63 - 1), got {10**20}",
+        "device mps": "device 'mps' is not supported for sampling; use auto, cpu, cuda or cuda:N",
+        "num-samples 10**9": "--num-samples 1000000000 needs about",
+        "length 10**12": f"--length must be within 1..10,240,000, got {10**12}",
+        "bars 10**9": f"--bars must be within 1..10,000, got {10**9}",
+        "prompt-bars 10**9": f"--prompt-bars must be within 1..10,000, got {10**9}",
+        "threads 10**6": "--threads must be within 1..256, got 1000000",
+        "fifo prompt": "fifo.mid: is a FIFO (named pipe), not a prompt",
+        "device file prompt": "/dev/zero: is a character device, not a prompt",
+    }
     for label, args in _bad_inputs(tmp_path, checkpoints).items():
         with time_limit(20):  # a prompt that blocks (a FIFO) fails the test instead of hanging it
             code, stdout, err = run_cli(args, capsys)
@@ -541,8 +675,14 @@ def test_cli_help_states_every_bound():
     from musegen.tokenizers.constants import MAX_BARS
 
     text = " ".join(CliRunner().invoke(app, ["sample", "--help"], terminal_width=400).output.split())
-    for bound in (f"1..{MAX_LENGTH:,}", f"1..{MAX_BARS:,}", f"[{TEMPERATURE_RANGE[0]:g}, {TEMPERATURE_RANGE[1]:g}]",
-                  f"[{TOP_P_RANGE[0]:g}, 1]", f"1..{MAX_THREADS}", "0..2**63-1"):
+    for bound in (
+        f"1..{MAX_LENGTH:,}",
+        f"1..{MAX_BARS:,}",
+        f"[{TEMPERATURE_RANGE[0]:g}, {TEMPERATURE_RANGE[1]:g}]",
+        f"[{TOP_P_RANGE[0]:g}, 1]",
+        f"1..{MAX_THREADS}",
+        "0..2**63-1",
+    ):
         assert bound in text, bound
     assert SEED_MAX == 2**63 - 1
 
@@ -553,12 +693,30 @@ def test_cli_prompt_folder_continues_each_file_and_skips_bad_ones(checkpoints, p
         (prompts / sub).mkdir(parents=True)
         shutil.copy(song, prompts / sub / "0.mid")  # the same stem in two folders must not collide
     (prompts / "a" / "broken.mid").write_bytes(b"MThd not really")
-    code, out, err = run_cli(["sample", "-c", checkpoints["remi"], "--prompt", prompts, "--prompt-bars", 2,
-                              "--length", 24, "--seed", 3, "-o", tmp_path / "out"], capsys)
+    code, out, err = run_cli(
+        [
+            "sample",
+            "-c",
+            checkpoints["remi"],
+            "--prompt",
+            prompts,
+            "--prompt-bars",
+            2,
+            "--length",
+            24,
+            "--seed",
+            3,
+            "-o",
+            tmp_path / "out",
+        ],
+        capsys,
+    )
     assert code == 0, err
     assert "2 prompts continued, 1 skipped" in out and "a/broken.mid" in out
-    assert {p.relative_to(tmp_path / "out").as_posix() for p in (tmp_path / "out").rglob("*.mid")} == \
-        {"a/0_000.mid", "b/0_000.mid"}
+    assert {p.relative_to(tmp_path / "out").as_posix() for p in (tmp_path / "out").rglob("*.mid")} == {
+        "a/0_000.mid",
+        "b/0_000.mid",
+    }
     batch = json.loads((tmp_path / "out" / "batch.json").read_text())
     assert batch["continued"] == 2 and list(batch["skipped"]) == ["a/broken.mid"]
     seeds = [json.loads((tmp_path / "out" / sub / "0.json").read_text())["settings"]["seed"] for sub in "ab"]
@@ -573,8 +731,9 @@ def test_cli_prompt_folder_continues_each_file_and_skips_bad_ones(checkpoints, p
 
     (prompts / "b" / "0.mid").write_bytes(b"")
     (prompts / "a" / "0.mid").unlink()
-    code, _, err = run_cli(["sample", "-c", checkpoints["remi"], "--prompt", prompts, "--length", 8,
-                            "-o", tmp_path / "out2"], capsys)
+    code, _, err = run_cli(
+        ["sample", "-c", checkpoints["remi"], "--prompt", prompts, "--length", 8, "-o", tmp_path / "out2"], capsys
+    )
     assert code != 0 and "none of its 2 prompts" in err.strip().splitlines()[-1] and "Traceback" not in err
 
 
@@ -601,7 +760,7 @@ def test_a_groove_sampler_never_begins_one_drum_twice_at_one_time(models, prompt
     assert stats["invalid"] == 0
     for sample in samples:
         time, begun = 0, []
-        for t in sample.ids[len(prompt.ids):].tolist():
+        for t in sample.ids[len(prompt.ids) :].tolist():
             if TIME_SHIFT <= t <= WIDE_SHIFT:
                 moved = shift_target(time, t)
                 begun, time = ([] if moved > time else begun), moved

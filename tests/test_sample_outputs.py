@@ -35,16 +35,20 @@ def test_colliding_names_are_renamed_before_anything_is_written_and_listed(check
     input or the batch summary) is written under another stem, and the batch says which."""
     prompts = tmp_path / "prompts"
     (prompts / "sub").mkdir(parents=True)
-    for name, song in (("song.mid", 0), ("song.midi", 1), ("song-midi.mid", 4), ("batch.mid", 2),
-                       ("sub/song.mid", 3)):
+    for name, song in (("song.mid", 0), ("song.midi", 1), ("song-midi.mid", 4), ("batch.mid", 2), ("sub/song.mid", 3)):
         shutil.copy(pop909_songs[song], prompts / name)
     os.mkfifo(prompts / "pipe.mid")  # would block a reader
     summary = sample_to_folder(checkpoint, tmp_path / "out", SETTINGS, prompts, progress=False)
     assert summary["continued"] == 5 and summary["skipped"] == {"pipe.mid": "not a regular file"}
     assert summary["renamed"] == {"batch.mid": "batch-mid", "song.midi": "song-2"}
     out = tmp_path / "out"
-    for stem, prompt in {"song": "song.mid", "song-2": "song.midi", "song-midi": "song-midi.mid",
-                         "batch-mid": "batch.mid", "sub/song": "sub/song.mid"}.items():
+    for stem, prompt in {
+        "song": "song.mid",
+        "song-2": "song.midi",
+        "song-midi": "song-midi.mid",
+        "batch-mid": "batch.mid",
+        "sub/song": "sub/song.mid",
+    }.items():
         assert json.loads((out / f"{stem}.json").read_text())["prompt"] == str(prompts / prompt)
     assert json.loads((out / "batch.json").read_text())["continued"] == 5
     assert len(list(out.rglob("*_000.mid"))) == 5 and not list(out.rglob(".*"))
@@ -58,8 +62,9 @@ def test_a_prompt_named_like_the_outputs_of_another_gets_its_own_set(checkpoint,
     notes = [{"start": 4 * i, "pitch": 60 + i % 12, "duration": 4} for i in range(40)]
     for name in ("x.json", "x_000.json"):
         (prompts / name).write_text(json.dumps({"prompt": notes}))
-    summary = sample_to_folder(checkpoint, prompts, SampleSettings(length=16, seed=1, num_samples=2), prompts,
-                               progress=False)
+    summary = sample_to_folder(
+        checkpoint, prompts, SampleSettings(length=16, seed=1, num_samples=2), prompts, progress=False
+    )
     assert summary["continued"] == 2 and summary["renamed"] == {"x.json": "x-json", "x_000.json": "x_000-json"}
     assert json.loads((prompts / "x.json").read_text()) == {"prompt": notes}  # the inputs are untouched
     assert json.loads((prompts / "x_000.json").read_text()) == {"prompt": notes}
@@ -67,13 +72,11 @@ def test_a_prompt_named_like_the_outputs_of_another_gets_its_own_set(checkpoint,
 
 def test_a_rerun_replaces_the_prompts_whole_set_and_nothing_else(checkpoint, pop909_songs, tmp_path):
     out = tmp_path / "out"
-    sample_to_folder(checkpoint, out, SampleSettings(length=16, seed=1, num_samples=3), pop909_songs[0],
-                     progress=False)
+    sample_to_folder(checkpoint, out, SampleSettings(length=16, seed=1, num_samples=3), pop909_songs[0], progress=False)
     stem = pop909_songs[0].stem
     (out / "notes.txt").write_text("mine")
     (out / f"{stem}_007.mid").write_bytes(b"not listed by the set, so not the run's to remove")
-    sample_to_folder(checkpoint, out, SampleSettings(length=16, seed=2, num_samples=1), pop909_songs[0],
-                     progress=False)
+    sample_to_folder(checkpoint, out, SampleSettings(length=16, seed=2, num_samples=1), pop909_songs[0], progress=False)
     assert sorted(files(out)) == [f"{stem}.json", f"{stem}_000.mid", f"{stem}_007.mid", "notes.txt"]
     summary = json.loads((out / f"{stem}.json").read_text())
     assert summary["settings"]["seed"] == 2 and [r["midi"] for r in summary["samples"]] == [f"{stem}_000.mid"]
@@ -81,8 +84,7 @@ def test_a_rerun_replaces_the_prompts_whole_set_and_nothing_else(checkpoint, pop
 
 def test_a_run_that_fails_while_writing_leaves_the_previous_set(checkpoint, pop909_songs, tmp_path, monkeypatch):
     out = tmp_path / "out"
-    sample_to_folder(checkpoint, out, SampleSettings(length=16, seed=1, num_samples=3), pop909_songs[0],
-                     progress=False)
+    sample_to_folder(checkpoint, out, SampleSettings(length=16, seed=1, num_samples=3), pop909_songs[0], progress=False)
     before = files(out)
     real, calls = miditoolkit.MidiFile.dump, []
 
@@ -91,10 +93,12 @@ def test_a_run_that_fails_while_writing_leaves_the_previous_set(checkpoint, pop9
         if len(calls) == 2:  # the second sample's file: disk full, say
             raise OSError(28, "No space left on device")
         return real(self, *args, **kwargs)
+
     monkeypatch.setattr(miditoolkit.MidiFile, "dump", dump_then_fail)
     with pytest.raises(OSError, match="No space left"):
-        sample_to_folder(checkpoint, out, SampleSettings(length=16, seed=5, num_samples=3), pop909_songs[0],
-                         progress=False)
+        sample_to_folder(
+            checkpoint, out, SampleSettings(length=16, seed=5, num_samples=3), pop909_songs[0], progress=False
+        )
     assert files(out) == before  # no new file beside the old ones, no scratch left behind
 
 
@@ -136,24 +140,31 @@ def mids(folder) -> dict[str, bytes]:
 
 @pytest.mark.parametrize("kill_at", [1, 2, 4])  # the first file, one in the middle, the manifest
 def test_a_run_killed_while_publishing_never_mixes_two_sets_and_the_next_run_completes_it(
-        kill_at, checkpoint, pop909_songs, tmp_path):
+    kill_at, checkpoint, pop909_songs, tmp_path
+):
     prompt, stem = pop909_songs[0], pop909_songs[0].stem
     old, new, out = tmp_path / "old", tmp_path / "new", tmp_path / "out"
     for folder, seed in ((old, 1), (new, 5), (out, 1)):
-        sample_to_folder(checkpoint, folder, SampleSettings(length=16, seed=seed, num_samples=3), prompt,
-                         progress=False)
+        sample_to_folder(
+            checkpoint, folder, SampleSettings(length=16, seed=seed, num_samples=3), prompt, progress=False
+        )
     assert mids(old) != mids(new) and len(mids(new)) == 3
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "OMP_NUM_THREADS": "1"}
-    run = subprocess.run([sys.executable, "-c", KILLED_WHILE_PUBLISHING, str(checkpoint), str(out), str(prompt),
-                          str(kill_at)], env=env, capture_output=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, "-c", KILLED_WHILE_PUBLISHING, str(checkpoint), str(out), str(prompt), str(kill_at)],
+        env=env,
+        capture_output=True,
+        timeout=300,
+    )
     assert run.returncode == -9, run.stderr.decode()[-500:]
     seen = mids(out)
     manifest = out / f"{stem}.json"
     if manifest.exists():  # a manifest means a whole set, all of one run
         assert seen in (mids(old), mids(new))
     else:  # without one, what is there belongs to one run only
-        assert all(seen[name] == mids(old).get(name) for name in seen) or \
-            all(seen[name] == mids(new).get(name) for name in seen), sorted(seen)
+        assert all(seen[name] == mids(old).get(name) for name in seen) or all(
+            seen[name] == mids(new).get(name) for name in seen
+        ), sorted(seen)
     sample_to_folder(checkpoint, out, SampleSettings(length=8, seed=1), None, progress=False)  # any later run
     assert mids(out) == {**mids(new), "sample_000.mid": mids(out)["sample_000.mid"]}
     assert [r["midi"] for r in json.loads(manifest.read_text())["samples"]] == sorted(mids(new))

@@ -16,6 +16,7 @@ import re
 import shutil
 from pathlib import Path
 
+import extreme
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -26,7 +27,6 @@ from test_fuzz import time_limit
 from tiny_models import tiny_checkpoint
 from train_fixtures import prepare_pop909
 
-import extreme
 from musegen import mirex, schemas
 from musegen.checkpoint import load_checkpoint
 from musegen.errors import FormatError, MusegenError
@@ -50,10 +50,12 @@ def data(pop909_songs, tmp_path_factory) -> Path:
 
 # ---- the red team's cases ----------------------------------------------------------------------------
 
+
 def _edit(name: str, edit):
     def apply(folder: Path):
         path = folder / name
         path.write_text(edit(path.read_text()))
+
     return apply
 
 
@@ -62,27 +64,45 @@ def _json_edit(name: str, edit):
         data = json.loads(text)
         edit(data)
         return json.dumps(data)
+
     return _edit(name, change)
 
 
 def _huge_weights(folder: Path):
     path = folder / "model.safetensors"
-    save_file({k: torch.full_like(v, 1e20) if v.is_floating_point() else v for k, v in load_file(str(path)).items()},
-              str(path))
+    save_file(
+        {k: torch.full_like(v, 1e20) if v.is_floating_point() else v for k, v in load_file(str(path)).items()},
+        str(path),
+    )
 
 
 CHECKPOINT_CASES = {  # name: (edit, words of the one line, exit code)
     "tokenizer kind a list": (_json_edit("tokenizer.json", lambda d: d.update(kind=["remi"])), "kind", 2),
-    "tokenizer pitch_range an int": (_json_edit("tokenizer.json", lambda d: d["settings"].update(pitch_range=5)),
-                                     "pitch_range", 2),
-    "tokenizer tempo infinite": (_edit("tokenizer.json", lambda t: t.replace('"tempos": [', '"tempos": [Infinity, ')),
-                                 "tempos.0", 2),
-    "tokenizer max_duration 1e8": (_json_edit("tokenizer.json", lambda d: d["settings"].update(max_duration=10**8)),
-                                   "max_duration", 2),
-    "tokenizer vocabulary of numbers": (_json_edit("tokenizer.json", lambda d: d.update(vocab=list(range(3)))),
-                                        "vocab.0", 2),
-    "config n_features negative": (_json_edit("config.json", lambda d: d["model"].update(n_features=-2)),
-                                   "n_features", 2),
+    "tokenizer pitch_range an int": (
+        _json_edit("tokenizer.json", lambda d: d["settings"].update(pitch_range=5)),
+        "pitch_range",
+        2,
+    ),
+    "tokenizer tempo infinite": (
+        _edit("tokenizer.json", lambda t: t.replace('"tempos": [', '"tempos": [Infinity, ')),
+        "tempos.0",
+        2,
+    ),
+    "tokenizer max_duration 1e8": (
+        _json_edit("tokenizer.json", lambda d: d["settings"].update(max_duration=10**8)),
+        "max_duration",
+        2,
+    ),
+    "tokenizer vocabulary of numbers": (
+        _json_edit("tokenizer.json", lambda d: d.update(vocab=list(range(3)))),
+        "vocab.0",
+        2,
+    ),
+    "config n_features negative": (
+        _json_edit("config.json", lambda d: d["model"].update(n_features=-2)),
+        "n_features",
+        2,
+    ),
     "config meta a list": (_json_edit("config.json", lambda d: d.update(meta=[1, 2])), "meta", 2),
     "config meta a string": (_json_edit("config.json", lambda d: d.update(meta="x")), "meta", 2),
     "weights finite but huge": (_huge_weights, "no finite mass", 2),
@@ -99,12 +119,25 @@ def test_a_hostile_checkpoint_is_one_line(case, checkpoint, tmp_path):
     assert not run.timed_out and run.rc == code and len(errors) == 1 and words in errors[0], run.stderr[-800:]
     assert errors[0].startswith("error:")
     assert "internal error" not in run.stderr and "Traceback" not in run.stderr
-    assert not (tmp_path / "out").exists() or not any(p for p in (tmp_path / "out").iterdir()
-                                                     if not p.name.startswith("."))
+    assert not (tmp_path / "out").exists() or not any(
+        p for p in (tmp_path / "out").iterdir() if not p.name.startswith(".")
+    )
 
 
-TINY = ["--preset", "tiny", "--set", "seq_len=32", "--set", "batch_size=2", "--set", "workers=0",
-        "--set", "valid_every=0", "--set", "steps=1"]
+TINY = [
+    "--preset",
+    "tiny",
+    "--set",
+    "seq_len=32",
+    "--set",
+    "batch_size=2",
+    "--set",
+    "workers=0",
+    "--set",
+    "valid_every=0",
+    "--set",
+    "steps=1",
+]
 
 
 def _huge_yaml(tmp_path: Path) -> list:
@@ -128,20 +161,40 @@ def test_training_settings_are_refused_before_anything_is_built(case, data, tmp_
 
 
 def test_a_million_samples_of_a_prompt_are_refused_at_once(checkpoint, pop909_songs, tmp_path):
-    run = musegen("sample", "-c", checkpoint, "--prompt", pop909_songs[0], "--num-samples", 10**6, "--length", 8,
-                  "--out", tmp_path / "out", timeout=TIME_LIMIT_S)
+    run = musegen(
+        "sample",
+        "-c",
+        checkpoint,
+        "--prompt",
+        pop909_songs[0],
+        "--num-samples",
+        10**6,
+        "--length",
+        8,
+        "--out",
+        tmp_path / "out",
+        timeout=TIME_LIMIT_S,
+    )
     assert not run.timed_out and run.rc == 2 and len(run.errors) == 1, run.stderr[-800:]
     assert re.search(r"--num-samples 1000000 needs about [\d,.]+ GiB but cpu has [\d,.]+ GiB", run.errors[0])
 
 
 def test_a_thousand_tracks_of_a_million_notes_are_refused_before_fluidsynth(tmp_path):
-    tracks = [extreme.track([(0, extreme.on(36 + i % 60, channel=i % 16)), (120, extreme.off(36 + i % 60, i % 16))]
-                            * 1000) for i in range(1000)]
+    tracks = [
+        extreme.track([(0, extreme.on(36 + i % 60, channel=i % 16)), (120, extreme.off(36 + i % 60, i % 16))] * 1000)
+        for i in range(1000)
+    ]
     (tmp_path / "dense.mid").write_bytes(extreme.smf(tracks))
     run = musegen("render", tmp_path / "dense.mid", "--out", tmp_path / "dense.wav", timeout=TIME_LIMIT_S)
-    assert not run.timed_out and run.rc == 2 and run.errors == [
-        f"error: {tmp_path / 'dense.mid'}: 1,000,000 notes; render plays at most 250,000 "
-        "(FluidSynth's time grows with the notes it starts)"]
+    assert (
+        not run.timed_out
+        and run.rc == 2
+        and run.errors
+        == [
+            f"error: {tmp_path / 'dense.mid'}: 1,000,000 notes; render plays at most 250,000 "
+            "(FluidSynth's time grows with the notes it starts)"
+        ]
+    )
     assert not (tmp_path / "dense.wav").exists()
 
 
@@ -154,10 +207,15 @@ def test_no_module_parses_json_or_yaml_but_through_the_schemas():
     """json/yaml parsing appears in io.py (the bounded parser) and schemas.py (which checks what
     it parses) only; a new reader that calls json.loads directly fails here."""
     readers = {}
-    sources = sorted(p for folder in ("musegen", "data_prep", "bench", "scripts") for p in (REPO / folder).rglob("*.py"))
+    sources = sorted(
+        p for folder in ("musegen", "data_prep", "bench", "scripts") for p in (REPO / folder).rglob("*.py")
+    )
     for path in sources:
-        hits = [i + 1 for i, line in enumerate(path.read_text().splitlines())
-                if PARSERS.search(line) and not line.lstrip().startswith(("def ", "#"))]
+        hits = [
+            i + 1
+            for i, line in enumerate(path.read_text().splitlines())
+            if PARSERS.search(line) and not line.lstrip().startswith(("def ", "#"))
+        ]
         if hits:
             readers[path.relative_to(REPO).as_posix()] = hits
     assert set(readers) == {"musegen/io.py", "musegen/schemas.py"}, readers
@@ -172,9 +230,12 @@ def test_every_format_is_declared_once_and_every_tokenizer_kind_has_its_settings
 # ---- property tests: hostile files built from the schemas ----------------------------------------------
 
 HOSTILE = st.one_of(
-    st.sampled_from([None, True, "", "x" * 10_000, [], {}, -1, 0, 2**31, 2**63, 10**30, -10**30, 1e308, -1e308,
-                     0.5, 1e-300]),
-    st.integers(), st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=20),
+    st.sampled_from(
+        [None, True, "", "x" * 10_000, [], {}, -1, 0, 2**31, 2**63, 10**30, -(10**30), 1e308, -1e308, 0.5, 1e-300]
+    ),
+    st.integers(),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=20),
     st.lists(st.integers(), max_size=4),
     st.integers(2, 60).map(lambda n: json.loads("[" * n + "]" * n)),  # deep nesting within the parser's bound
     st.integers(10**5, 10**6).map(lambda n: [0] * n),  # huge counts
@@ -217,12 +278,13 @@ def hostile_files(format_name: str, baseline):
     paths = field_paths(baseline, schema_fields(format_name))
     as_value = st.tuples(st.sampled_from(paths), HOSTILE).map(lambda pv: json.dumps(put(baseline, *pv)))
     as_text = st.tuples(st.sampled_from(paths), TEXT_HOSTILE).map(
-        lambda pt: json.dumps(put(baseline, pt[0], "@@")).replace('"@@"', pt[1]))
+        lambda pt: json.dumps(put(baseline, pt[0], "@@")).replace('"@@"', pt[1])
+    )
     return st.one_of(as_value, as_text)
 
 
 def refused_or_read(read, path: Path) -> str:
-    """"read" when `read(path)` returns, "refused" when it raises a MusegenError of one line
+    """ "read" when `read(path)` returns, "refused" when it raises a MusegenError of one line
     naming the file; anything else (another exception, a hang) fails."""
     try:
         with time_limit(TIME_LIMIT_S):
@@ -236,9 +298,12 @@ def refused_or_read(read, path: Path) -> str:
     return "read"
 
 
-PROPERTY_SETTINGS = settings(max_examples=40, deadline=None, derandomize=True,
-                             suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-                                                    HealthCheck.data_too_large])
+PROPERTY_SETTINGS = settings(
+    max_examples=40,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 
 def _sample_summary(checkpoint: Path, out: Path) -> Path:
@@ -274,11 +339,16 @@ def baselines(checkpoint, data, tmp_path_factory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("baselines")
     mirex_file = out / "mirex" / "prompt.json"
     mirex_file.parent.mkdir()
-    mirex_file.write_text(json.dumps({"prompt": [{"start": 4 * i, "pitch": 60 + i % 12, "duration": 2}
-                                                 for i in range(16)]}))
-    return {"checkpoint config": checkpoint / "config.json", "tokenizer": checkpoint / "tokenizer.json",
-            "shard index": data / "index.json", "mirex prompt": mirex_file,
-            "sample summary": _sample_summary(checkpoint, out / "sample")}
+    mirex_file.write_text(
+        json.dumps({"prompt": [{"start": 4 * i, "pitch": 60 + i % 12, "duration": 2} for i in range(16)]})
+    )
+    return {
+        "checkpoint config": checkpoint / "config.json",
+        "tokenizer": checkpoint / "tokenizer.json",
+        "shard index": data / "index.json",
+        "mirex prompt": mirex_file,
+        "sample summary": _sample_summary(checkpoint, out / "sample"),
+    }
 
 
 @pytest.mark.parametrize("format_name", list(READERS))
@@ -297,27 +367,41 @@ def test_hostile_files_of_each_format_are_refused_in_one_line_or_read(format_nam
     def check(text):
         (folder / name).write_text(text)
         outcomes.append(refused_or_read(read, folder / name))
+
     check()
     assert "refused" in outcomes, outcomes  # the generator does reach the schema's refusals
 
 
 CHECK_ONLY = {  # formats whose real file needs a training run: the schema alone, on a built value
-    "training state": {"step": 3, "nonfinite_total": 0, "nonfinite_streak": 0, "tokens_seen": 96,
-                       "optimizer": {"param_groups": [{"lr": 1e-4}]}, "scheduler": {"last_epoch": 3}},
+    "training state": {
+        "step": 3,
+        "nonfinite_total": 0,
+        "nonfinite_streak": 0,
+        "tokens_seen": 96,
+        "optimizer": {"param_groups": [{"lr": 1e-4}]},
+        "scheduler": {"last_epoch": 3},
+    },
     "train settings": {"steps": 10, "model": {"n_layers": 2}},
     "log record": {"step": 1, "loss": 5.5},
     "piece record": {"piece": "001", "real": {}},
     "publish journal": {"manifest": "song.json", "old": ["song_000.mid"], "new": ["song_000.mid", "song.json"]},
     "zenodo record": {"files": [{"key": "a.zip", "checksum": "md5:00", "links": {"self": "https://x"}}]},
-    "mma styles": {"mma_version": "21.09", "styles": [{"family": "stdlib/bossanova", "groove": "BossaNova",
-                                                       "tempo": 120, "swings": True}],
-                   "fills": {"stdlib/bossanova": ["BossaNovaFill"]}},
+    "mma styles": {
+        "mma_version": "21.09",
+        "styles": [{"family": "stdlib/bossanova", "groove": "BossaNova", "tempo": 120, "swings": True}],
+        "fills": {"stdlib/bossanova": ["BossaNovaFill"]},
+    },
     "evaluation settings": {"bars": 12, "seed": 0},
     "layout stamp": {"version": 2},
     "piece counts": {"notes": 120, "count_in_notes": 8},
-    "precision cache": {"cpu; model": {"path": "bf16-step.c", "seconds": {"fp32": 0.02, "bf16": 0.01}, "date": "2026-11-25"}},
-    "copy result": {"settings": {"bars": 4}, "table": [{"name": "m", "scored": 2, "mean": 0.5}],
-                    "models": {"m": {"checkpoint": "checkpoints/groove"}}},
+    "precision cache": {
+        "cpu; model": {"path": "bf16-step.c", "seconds": {"fp32": 0.02, "bf16": 0.01}, "date": "2026-11-25"}
+    },
+    "copy result": {
+        "settings": {"bars": 4},
+        "table": [{"name": "m", "scored": 2, "mean": 0.5}],
+        "models": {"m": {"checkpoint": "checkpoints/groove"}},
+    },
 }
 
 
@@ -337,6 +421,7 @@ def test_hostile_values_of_each_format_are_refused_in_one_line_or_accepted(forma
     def check(text):
         (tmp_path / "f.json").write_text(text)
         outcomes.append(refused_or_read(lambda path: schemas.read(path, format_name), tmp_path / "f.json"))
+
     check()
     assert "refused" in outcomes, outcomes
 
@@ -348,8 +433,11 @@ def test_bounds_hold_at_their_edges():
         with pytest.raises(FormatError, match=rf"setting {field}: input should be less than or equal to {largest}"):
             preset("tiny", **{field: largest + 2})
     assert schemas.tokenizer_settings("remi", {"max_duration": 4096}, "t") == {"max_duration": 4096}
-    with pytest.raises(FormatError, match=r"t: invalid remi tokenizer settings: max_duration: input should be less "
-                                          r"than or equal to 4096 \(got 4097\)"):
+    with pytest.raises(
+        FormatError,
+        match=r"t: invalid remi tokenizer settings: max_duration: input should be less "
+        r"than or equal to 4096 \(got 4097\)",
+    ):
         schemas.tokenizer_settings("remi", {"max_duration": 4097}, "t")
 
 
@@ -368,8 +456,11 @@ def test_weights_that_bf16_cannot_hold_are_refused_before_sampling_in_bf16(check
         with model.for_inference("bf16").streaming(1):
             pass
         model.head.weight[0, 0] = above
-        with pytest.raises(CheckpointError, match=r"head.weight holds values up to 3.39618e\+38, beyond the range "
-                                                  r"of torch.bfloat16; sample with --precision fp32"):
+        with pytest.raises(
+            CheckpointError,
+            match=r"head.weight holds values up to 3.39618e\+38, beyond the range "
+            r"of torch.bfloat16; sample with --precision fp32",
+        ):
             with model.for_inference("bf16").streaming(1):
                 pass
         with model.for_inference("fp32").streaming(1):

@@ -9,9 +9,11 @@ from musegen.sample import SampleSettings, generate, load_prompt
 
 CHECKPOINTS = Path(__file__).resolve().parents[1] / "checkpoints"
 SHIPPED = sorted(p.parent for p in CHECKPOINTS.glob("*/model.safetensors"))
-PROMPTS = {"remi": CHECKPOINTS / "prompts" / "pop_progression.mid",
-           "groove": CHECKPOINTS / "prompts" / "groove_rock.mid",
-           "groove-dur": CHECKPOINTS / "prompts" / "groove_rock.mid"}
+PROMPTS = {
+    "remi": CHECKPOINTS / "prompts" / "pop_progression.mid",
+    "groove": CHECKPOINTS / "prompts" / "groove_rock.mid",
+    "groove-dur": CHECKPOINTS / "prompts" / "groove_rock.mid",
+}
 
 
 def test_a_pop_and_a_groove_model_are_shipped():
@@ -23,12 +25,13 @@ def test_shipped_model_continues_the_example_prompt(folder, tmp_path):
     model, tokenizer, config, meta = load_checkpoint(folder)
     assert (folder / "README.md").is_file(), "a shipped model carries its model card"
     prompt = load_prompt(tokenizer, PROMPTS[tokenizer.kind])
-    samples, stats = generate(model, tokenizer, prompt, SampleSettings(length=64, num_samples=2, seed=0),
-                              progress=False)
+    samples, stats = generate(
+        model, tokenizer, prompt, SampleSettings(length=64, num_samples=2, seed=0), progress=False
+    )
     assert stats["invalid"] == 0
     for sample in samples:
         assert sample.valid and sample.new_tokens >= 64
-        assert list(sample.ids[:len(prompt.ids)]) == list(prompt.ids)
+        assert list(sample.ids[: len(prompt.ids)]) == list(prompt.ids)
         midi = tokenizer.decode(sample.ids)
         path = tmp_path / "x.mid"
         midi.dump(str(path))

@@ -216,4 +216,3 @@ def test_mix_codes_is_the_per_position_product_with_its_gradients():
 
     y = torch.randn(3, 2, 5, 4, generator=g, dtype=torch.float64).requires_grad_()
     assert torch.autograd.gradcheck(layers, (x.clone().requires_grad_(), y, codes.clone().requires_grad_()))
-

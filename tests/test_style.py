@@ -12,8 +12,8 @@ import miditoolkit
 import numpy as np
 import pytest
 import symusic
-
 from conftest import GOLDEN
+
 from musegen.cli import main
 from musegen.metrics import style
 from musegen.render import PROMPT_END_MARKER
@@ -66,6 +66,7 @@ def bar_b(bar):
 
 # ---------------------------------------------------------------- the profiles, exactly
 
+
 def test_time_pitch_bins_by_hand():
     # C at 0, E at 1/3 beat, G at 2 beats: pairs (+4 at dt 1/3), (+7 at dt 2), (+3 at dt 5/3).
     hist = style.time_pitch_profile(notes_of([(0, 1, 60), (Fraction(1, 3), 1, 64), (2, 1, 67)]))
@@ -109,8 +110,12 @@ def test_pairs_are_bounded_to_four_beats_for_a_long_file():
     """60,000 notes, one per half beat: an n^2 matrix would need 28 GB; each note pairs with the
     next 7 only (dt 0.5 .. 3.5 beats)."""
     n = 60_000
-    notes = style.Notes(TPQ, np.arange(n, dtype=np.int64) * TPQ // 2, np.full(n, TPQ // 4, dtype=np.int64),
-                        np.full(n, 60, dtype=np.int64))
+    notes = style.Notes(
+        TPQ,
+        np.arange(n, dtype=np.int64) * TPQ // 2,
+        np.full(n, TPQ // 4, dtype=np.int64),
+        np.full(n, 60, dtype=np.int64),
+    )
     hist = style.time_pitch_profile(notes)
     assert hist.sum() == 7 * n - 28
     assert hist[3:22:3, 20].tolist() == [n - k for k in range(1, 8)]
@@ -132,6 +137,7 @@ def test_similarity_rules():
 
 
 # ---------------------------------------------------------------- roles
+
 
 def test_a_groove2groove_piece_finds_its_bass_by_name():
     by_role, marker = style.read_piece(BOSSA)
@@ -165,8 +171,15 @@ def test_bass_by_program_then_by_name_then_lowest(tmp_path):
     piano = (0, False, [(b, 1, 72) for b in range(8)], "Piano")
     drums = (0, True, [(b, 0.1, 36) for b in range(8)], "Kit")
     program = write_midi(tmp_path / "a.mid", [piano, drums, (33, False, [(b, 1, 80) for b in range(4)], "Low")])
-    named = write_midi(tmp_path / "b.mid", [piano, drums, (26, False, [(b, 1, 76) for b in range(4)], "Slap Bass"),
-                                             (0, False, [(b, 1, 40) for b in range(2)], "Pad")])
+    named = write_midi(
+        tmp_path / "b.mid",
+        [
+            piano,
+            drums,
+            (26, False, [(b, 1, 76) for b in range(4)], "Slap Bass"),
+            (0, False, [(b, 1, 40) for b in range(2)], "Pad"),
+        ],
+    )
     lowest = write_midi(tmp_path / "c.mid", [piano, drums, (0, False, [(b, 1, 40) for b in range(2)], "Pad")])
     assert style.read_piece(program)[0]["bass"].pitch.tolist() == [80] * 4
     assert style.read_piece(named)[0]["bass"].pitch.tolist() == [76] * 4
@@ -175,13 +188,24 @@ def test_bass_by_program_then_by_name_then_lowest(tmp_path):
 
 # ---------------------------------------------------------------- scoring pieces
 
+
 def test_identical_pieces_score_one(tmp_path):
-    piece = write_midi(tmp_path / "a.mid", [(0, False, bar_a(0) + bar_b(1)), (33, False, bar_b(0)),
-                                            (0, True, [(k / 2, 0.1, 36 + k % 3) for k in range(16)])])
+    piece = write_midi(
+        tmp_path / "a.mid",
+        [
+            (0, False, bar_a(0) + bar_b(1)),
+            (33, False, bar_b(0)),
+            (0, True, [(k / 2, 0.1, 36 + k % 3) for k in range(16)]),
+        ],
+    )
     rows = style.score_piece(piece, piece, n_segments=1)
-    assert {(r["track"], r["metric"]) for r in rows} == {("other", "time-pitch"), ("other", "onset-duration"),
-                                                          ("bass", "time-pitch"), ("bass", "onset-duration"),
-                                                          ("drums", "onset-drum")}
+    assert {(r["track"], r["metric"]) for r in rows} == {
+        ("other", "time-pitch"),
+        ("other", "onset-duration"),
+        ("bass", "time-pitch"),
+        ("bass", "onset-duration"),
+        ("drums", "onset-drum"),
+    }
     assert all(r["similarity"] == pytest.approx(1.0) for r in rows)
 
 
@@ -235,8 +259,18 @@ def test_quarters_of_the_continuation_follow_the_marker(tmp_path):
 
     out = tmp_path / "eval"
     with pytest.raises(SystemExit) as exit_:
-        main(["evaluate", "style", "--generated", str(tmp_path / "gen"), "--reference", str(tmp_path / "ref"),
-              "--out", str(out)])
+        main(
+            [
+                "evaluate",
+                "style",
+                "--generated",
+                str(tmp_path / "gen"),
+                "--reference",
+                str(tmp_path / "ref"),
+                "--out",
+                str(out),
+            ]
+        )
     assert exit_.value.code in (0, None)
     table = list(csv.DictReader(open(out / "style.csv")))
     assert {r["reference"] for r in table} == {"song.mid"} and len(table) == 8
@@ -256,6 +290,7 @@ def test_match_reference_by_folder_and_longest_stem_prefix(tmp_path):
 
 # ---------------------------------------------------------------- the command
 
+
 def style_folders(tmp_path):
     """Two styles (A and B patterns) with a reference and a generated continuation each, and a
     corrupt generated file."""
@@ -263,10 +298,15 @@ def style_folders(tmp_path):
         (tmp_path / name).mkdir(parents=True)
     drums = (0, True, [(b, 0.1, 36 + 6 * (b % 2)) for b in range(24)])
     write_midi(tmp_path / "ref" / "a" / "0.mid", [drums, (0, False, [n for b in range(6) for n in bar_a(b)])])
-    write_midi(tmp_path / "ref" / "b" / "0.mid", [(0, True, [(b + 0.5, 0.1, 46) for b in range(24)]),
-                                                  (0, False, [n for b in range(6) for n in bar_b(b)])])
-    write_midi(tmp_path / "gen" / "a" / "0_000.mid", [drums, (0, False, [n for b in range(6) for n in bar_a(b)])],
-               marker_beat=8)
+    write_midi(
+        tmp_path / "ref" / "b" / "0.mid",
+        [(0, True, [(b + 0.5, 0.1, 46) for b in range(24)]), (0, False, [n for b in range(6) for n in bar_b(b)])],
+    )
+    write_midi(
+        tmp_path / "gen" / "a" / "0_000.mid",
+        [drums, (0, False, [n for b in range(6) for n in bar_a(b)])],
+        marker_beat=8,
+    )
     write_midi(tmp_path / "gen" / "b" / "0_000.mid", [drums, (0, False, bar_b(2))], marker_beat=8)
     (tmp_path / "gen" / "b" / "0_001.mid").write_bytes(b"MThd\x00\x00\x00\x06broken")
 
@@ -275,8 +315,19 @@ def test_bad_files_are_skipped_counted_and_listed_and_baselines_bracket(tmp_path
     style_folders(tmp_path)
     out = tmp_path / "eval"
     with pytest.raises(SystemExit) as exit_:
-        main(["evaluate", "style", "--generated", str(tmp_path / "gen"), "--reference", str(tmp_path / "ref"),
-              "--out", str(out), "--baselines"])
+        main(
+            [
+                "evaluate",
+                "style",
+                "--generated",
+                str(tmp_path / "gen"),
+                "--reference",
+                str(tmp_path / "ref"),
+                "--out",
+                str(out),
+                "--baselines",
+            ]
+        )
     stdout = capsys.readouterr().out
     assert exit_.value.code in (0, None)
     assert "2 pieces scored" in stdout and "skipped b/0_001.mid" in stdout and "corrupt" in stdout
@@ -292,8 +343,18 @@ def test_bad_files_are_skipped_counted_and_listed_and_baselines_bracket(tmp_path
 def test_segments_out_of_bounds_is_one_line(tmp_path, capsys, value):
     style_folders(tmp_path)
     with pytest.raises(SystemExit) as exit_:
-        main(["evaluate", "style", "--generated", str(tmp_path / "gen"), "--reference", str(tmp_path / "ref"),
-              "--segments", value])
+        main(
+            [
+                "evaluate",
+                "style",
+                "--generated",
+                str(tmp_path / "gen"),
+                "--reference",
+                str(tmp_path / "ref"),
+                "--segments",
+                value,
+            ]
+        )
     err = capsys.readouterr().err.strip()
     assert exit_.value.code == 1 and err == f"error: --segments must be a whole number from 1 to 64, got {value}"
 

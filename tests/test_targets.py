@@ -13,16 +13,15 @@ import sys
 
 import numpy as np
 import pytest
-
 from conftest import DATA, GOLDEN, REPO
+from tiny_models import tiny_checkpoint
+
 from data_prep.common import Item, prepare
 from musegen.cli import main
 from musegen.metrics.continuation import ContinuationSettings, evaluate_continuation
 from musegen.metrics.copying import CopySettings, evaluate_copy
-from musegen.metrics.targets import (MMA_PIECES, ContinuationRun, groove_targets, midi_checks, mma_checks)
+from musegen.metrics.targets import MMA_PIECES, ContinuationRun, groove_targets, midi_checks, mma_checks
 from musegen.tokenizers.groove import GrooveTokenizer
-
-from tiny_models import tiny_checkpoint
 
 MMA_FILES = sorted((GOLDEN / "groove_spe").glob("mma_*.mid"))[:6]
 FREEDOOM = DATA / "multitrack"
@@ -37,11 +36,15 @@ def runs(tmp_path_factory, one_torch_thread):
     ckpt = tiny_checkpoint("groove", root / "ckpt")
     settings = ContinuationSettings(prompt_bars=2, bars=4, samples_per_piece=2)
     evaluate_continuation(ckpt, root / "data", root / "mma", settings, split="test", device="cpu", progress=False)
-    evaluate_continuation(ckpt, FREEDOOM, root / "midi", ContinuationSettings(prompt_bars=2, bars=4,
-                                                                             samples_per_piece=1),
-                          device="cpu", progress=False)
-    evaluate_copy({"tiny": ckpt}, root / "copy", settings=CopySettings(bars=2, samples=1), device="cpu",
-                  progress=False)
+    evaluate_continuation(
+        ckpt,
+        FREEDOOM,
+        root / "midi",
+        ContinuationSettings(prompt_bars=2, bars=4, samples_per_piece=1),
+        device="cpu",
+        progress=False,
+    )
+    evaluate_copy({"tiny": ckpt}, root / "copy", settings=CopySettings(bars=2, samples=1), device="cpu", progress=False)
     return root
 
 
@@ -80,8 +83,9 @@ def test_the_table_reads_each_criterion_from_the_runs(runs):
         assert (notes.model, notes.real) == pytest.approx((model, real))
         assert notes.passed == (abs(model / real - 1) <= 0.25)
         durations = checks[("real MIDI", f"{role} median duration, beats")]
-        model, real = (np.median(finite(pooled(runs / "midi", s, f"{role} median duration")))
-                       for s in ("model", "real"))
+        model, real = (
+            np.median(finite(pooled(runs / "midi", s, f"{role} median duration"))) for s in ("model", "real")
+        )
         assert (durations.model, durations.real) == pytest.approx((model, real))
         assert durations.passed == (0.5 <= model / real <= 2)
     drum = checks[("real MIDI", "style onset-drum Q1")]
@@ -109,8 +113,13 @@ def test_a_model_that_plays_the_real_bars_meets_the_ratio_targets_and_not_the_fl
         lines = [json.dumps(r | {"model": [r[source]]}) for r in records(runs / part)]
         (folder / "pieces.jsonl").write_text("\n".join(lines) + "\n")
     mma = {c.criterion.split(" (")[0]: c for c in mma_checks(ContinuationRun.read(tmp_path / "mma"))}
-    for name in ("bass notes per bar", "other notes per bar", "bass median duration, beats",
-                 "other median duration, beats", "mean pitch"):
+    for name in (
+        "bass notes per bar",
+        "other notes per bar",
+        "bass median duration, beats",
+        "other median duration, beats",
+        "mean pitch",
+    ):
         assert mma[name].passed and mma[name].model == pytest.approx(mma[name].real), name
     for metric in ("time-pitch", "onset-duration", "onset-drum"):
         assert mma[f"style {metric} Q1"].model == pytest.approx(mma[f"style {metric} Q1"].real)
@@ -135,18 +144,31 @@ def test_cli_writes_the_table_and_refuses_bad_folders_in_one_line(runs, tmp_path
 def test_the_script_runs_every_stage_resumes_and_writes_the_table(runs, tmp_path):
     """scripts/experiments/groove_eval.sh end to end on the tiny model: the table of a groove
     checkpoint in one command; run again, it samples nothing anew."""
-    env = os.environ | {"PYTHON": sys.executable, "PYTHONPATH": str(REPO), "DATA": str(runs / "data"),
-                        "PIECES": "2", "MIDI_SAMPLES": "1", "NAME": "tiny", "REPORT": str(tmp_path / "report")}
+    env = os.environ | {
+        "PYTHON": sys.executable,
+        "PYTHONPATH": str(REPO),
+        "DATA": str(runs / "data"),
+        "PIECES": "2",
+        "MIDI_SAMPLES": "1",
+        "NAME": "tiny",
+        "REPORT": str(tmp_path / "report"),
+    }
     script = [str(REPO / "scripts" / "experiments" / "groove_eval.sh"), str(runs / "ckpt"), str(tmp_path / "out")]
     first = subprocess.run(["bash", *script], env=env, capture_output=True, text=True)
     assert first.returncode == 0, first.stderr[-2000:]
     saved = json.loads((tmp_path / "report" / "done_when.json").read_text())
     assert {c["part"].split(" (")[0] for c in saved["checks"]} == {"MMA test styles", "real MIDI", "copy test", "docs"}
     assert saved["checks"][0]["model"] == 2 and saved["checks"][0]["passed"] is False  # 2 pieces < 60
-    assert sorted(p.name for p in (tmp_path / "report").iterdir()) == ["copy.md", "done_when.json", "done_when.md",
-                                                                      "midi.md", "mma.md"]
+    assert sorted(p.name for p in (tmp_path / "report").iterdir()) == [
+        "copy.md",
+        "done_when.json",
+        "done_when.md",
+        "midi.md",
+        "mma.md",
+    ]
     again = subprocess.run(["bash", *script], env=env, capture_output=True, text=True)
     assert again.returncode == 0 and "(2 from an earlier run)" in again.stdout and "copy: done" in again.stdout
-    bad = subprocess.run(["bash", script[0], str(tmp_path), str(tmp_path / "x")], env=env, capture_output=True,
-                         text=True)
+    bad = subprocess.run(
+        ["bash", script[0], str(tmp_path), str(tmp_path / "x")], env=env, capture_output=True, text=True
+    )
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "not a checkpoint folder" in bad.stderr

@@ -29,8 +29,14 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_importing_the_base_module_alone_registers_every_representation():
     code = "from musegen.tokenizers.base import Tokenizer; print(sorted(Tokenizer.registry))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    ).stdout
     assert out.strip() == str(KINDS) and {"remi", "groove"} <= set(KINDS)
 
 
@@ -39,8 +45,10 @@ def test_each_representation_declares_what_callers_need(kind):
     tok = tokenizer_from_dict({"kind": kind})
     assert isinstance(tok.version, int) and tok.version >= 1
     defaults = SampleSettings(length=1).resolved(tok)  # the defaults pass the sampler's own bounds
-    assert (defaults.temperature, defaults.top_p) == (tok.sampling_defaults["temperature"],
-                                                      tok.sampling_defaults["top_p"])
+    assert (defaults.temperature, defaults.top_p) == (
+        tok.sampling_defaults["temperature"],
+        tok.sampling_defaults["top_p"],
+    )
     grammar = tok.grammar()
     # the end ids are what the grammar closes a piece with, and they end it: nothing may follow
     for end in tok.end_ids:
@@ -85,10 +93,10 @@ def test_repair_drops_exactly_the_tokens_the_grammar_rejects(kind, pop909_songs,
         noisy.append(token)
     repaired, dropped = grammar.repair(noisy)
     assert inserted > 5 and dropped == inserted and repaired == ids
-    truncated = ids[:len(ids) // 2]  # an unfinished piece is closed, cut back to where it can close
+    truncated = ids[: len(ids) // 2]  # an unfinished piece is closed, cut back to where it can close
     repaired, dropped = grammar.repair(truncated)
     assert grammar.first_violation(repaired) is None and not grammar.allowed(grammar.states(repaired)[-1]).any()
-    assert repaired[:len(truncated) - dropped] == truncated[:len(truncated) - dropped]
+    assert repaired[: len(truncated) - dropped] == truncated[: len(truncated) - dropped]
 
 
 def _a_piece(tok: Tokenizer, pop909_songs, folder: Path) -> np.ndarray:
@@ -100,6 +108,7 @@ def _a_piece(tok: Tokenizer, pop909_songs, folder: Path) -> np.ndarray:
 
 
 # ---- representation versions --------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_tokenizer_json_stores_the_version_and_refuses_others(kind, tmp_path):
@@ -116,9 +125,11 @@ def test_tokenizer_json_stores_the_version_and_refuses_others(kind, tmp_path):
         with pytest.raises(RepresentationError) as err:
             load_tokenizer(tmp_path / "old.json")
         shown = 1 if version is None else version  # files from before versions are version 1
-        assert str(err.value) == (f"{tmp_path / 'old.json'} was made with {kind.upper()} representation "
-                                  f"v{shown}; this musegen reads v{tok.version}: re-prepare the data / retrain "
-                                  "or use an older musegen")
+        assert str(err.value) == (
+            f"{tmp_path / 'old.json'} was made with {kind.upper()} representation "
+            f"v{shown}; this musegen reads v{tok.version}: re-prepare the data / retrain "
+            "or use an older musegen"
+        )
 
 
 def test_a_checkpoint_of_another_representation_version_is_refused_in_one_line(tmp_path, capsys):
@@ -145,7 +156,7 @@ STEPS_PER_BAR = 16
 class _MonoGrammar(Grammar):
     """Bar, then 16 steps (a Note or a Rest) per bar; End after a whole bar."""
 
-    def __init__(self, tok: "_MonoTokenizer"):
+    def __init__(self, tok: "_MonoTokenizer"):  # noqa: F821 (defined below)
         self.vocab_size, self.t = tok.vocab_size, tok
 
     def start(self):
@@ -195,8 +206,11 @@ def _mono_class():
 
         def encode(self, source):
             midi = miditoolkit.MidiFile(str(source)) if not isinstance(source, bytes) else None
-            onsets = {round(n.start * 4 / midi.ticks_per_beat): 60 + n.pitch % 12
-                      for inst in midi.instruments for n in inst.notes}
+            onsets = {
+                round(n.start * 4 / midi.ticks_per_beat): 60 + n.pitch % 12
+                for inst in midi.instruments
+                for n in inst.notes
+            }
             bars = max(onsets) // STEPS_PER_BAR + 1
             ids = []
             for step in range(bars * STEPS_PER_BAR):

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from train_fixtures import prepare_pop909
 
 from musegen.checkpoint import load_checkpoint
 from musegen.cli import main
@@ -26,13 +27,31 @@ from musegen.model import MusicPerformer
 from musegen.run_folder import checkpoint_dirs, is_complete, latest_checkpoint
 from musegen.shards import write_shards
 from musegen.tokenizers.groove import GrooveTokenizer
-from musegen.train import (LIMITS, TrainConfig, build_config, format_limit, lr_factor, make_optimizer, next_token_nll,
-                           train)
+from musegen.train import (
+    LIMITS,
+    TrainConfig,
+    build_config,
+    format_limit,
+    lr_factor,
+    make_optimizer,
+    next_token_nll,
+    train,
+)
 
-from train_fixtures import prepare_pop909
-
-TINY = ["--preset", "tiny", "--set", "seq_len=64", "--set", "batch_size=2", "--set", "workers=0",
-        "--set", "valid_every=0", "--set", "log_every=1"]
+TINY = [
+    "--preset",
+    "tiny",
+    "--set",
+    "seq_len=64",
+    "--set",
+    "batch_size=2",
+    "--set",
+    "workers=0",
+    "--set",
+    "valid_every=0",
+    "--set",
+    "log_every=1",
+]
 CONSTANT_LR = ["--set", "warmup=0", "--set", "lr=1e-3", "--set", "lr_floor=1e-3"]
 
 
@@ -61,14 +80,24 @@ def _weights(folder: Path) -> dict[str, torch.Tensor]:
 
 # ---- configuration and schedule ---------------------------------------------------------------
 
+
 def test_config_layers_preset_file_and_sets(tmp_path):
     yaml_file = tmp_path / "c.yaml"
     yaml_file.write_text("lr: 0.001\nsteps: 50\nmodel:\n  n_layers: 3\n")
     cfg = build_config("small", "data", "out", yaml_file, ["steps=70", "model.pe=conv", "compile=true", "lr=3e-4"])
     assert (cfg.lr, cfg.steps, cfg.compile, cfg.model.n_layers, cfg.model.pe) == (3e-4, 70, True, 3, "conv")
     assert cfg.model.d_model == 256  # the rest of the preset stays
-    for bad in (["steps=ten"], ["model.dropout=high"], ["nosuch=1"], ["model.nosuch=1"], ["steps"], ["optimizer=sgd"],
-                ["compile=maybe"], ["batch_size=0"], ["data=elsewhere"]):
+    for bad in (
+        ["steps=ten"],
+        ["model.dropout=high"],
+        ["nosuch=1"],
+        ["model.nosuch=1"],
+        ["steps"],
+        ["optimizer=sgd"],
+        ["compile=maybe"],
+        ["batch_size=0"],
+        ["data=elsewhere"],
+    ):
         with pytest.raises(ConfigError):
             build_config("small", "d", "o", sets=bad)
     yaml_file.write_text("lr: fast\n")
@@ -81,15 +110,38 @@ def test_config_layers_preset_file_and_sets(tmp_path):
     assert build_config("small", "d", "o", sets=["lr=1e-6", "lr_floor=1e-7"]).lr_floor == 1e-7
 
 
-@pytest.mark.parametrize("setting", ["lr=inf", "lr=1e30", "lr=nan", "lr=0", "lr_floor=-1e-9", "steps=0",
-                                     "steps=10000000000", "seq_len=10000000", "batch_size=0", "batch_size=100000",
-                                     "grad_clip=-1", "grad_clip=inf", "weight_decay=2", "warmup=-1", "seed=-1",
-                                     "keep=0", "max_nonfinite=0", "valid_len=1000000", "workers=1000"])
+@pytest.mark.parametrize(
+    "setting",
+    [
+        "lr=inf",
+        "lr=1e30",
+        "lr=nan",
+        "lr=0",
+        "lr_floor=-1e-9",
+        "steps=0",
+        "steps=10000000000",
+        "seq_len=10000000",
+        "batch_size=0",
+        "batch_size=100000",
+        "grad_clip=-1",
+        "grad_clip=inf",
+        "weight_decay=2",
+        "warmup=-1",
+        "seed=-1",
+        "keep=0",
+        "max_nonfinite=0",
+        "valid_len=1000000",
+        "workers=1000",
+    ],
+)
 def test_numeric_settings_out_of_their_bounds_are_refused(setting):
     key = setting.split("=")[0]
     low, high = LIMITS[key]
-    with pytest.raises(ConfigError, match=rf"^{key} must be in {re.escape(format_limit(low))}\.\."
-                                          rf"{re.escape(format_limit(high))}, got "):
+    with pytest.raises(
+        ConfigError,
+        match=rf"^{key} must be in {re.escape(format_limit(low))}\.\."
+        rf"{re.escape(format_limit(high))}, got ",
+    ):
         build_config("tiny", "d", "o", sets=[setting])
     build_config("tiny", "d", "o", sets=[f"{key}={high}"] + (["lr=1"] if key == "lr_floor" else []))  # the bound is in
 
@@ -97,9 +149,12 @@ def test_numeric_settings_out_of_their_bounds_are_refused(setting):
 def test_the_bounds_are_documented():
     docs = (Path(__file__).resolve().parents[1] / "docs" / "training.md").read_text()
     for key, (low, high) in LIMITS.items():
-        assert re.search(rf"\| `{key}` \|[^|\n]*\| {re.escape(format_limit(low))}\.\.{re.escape(format_limit(high))} \|",
-                         docs), key
-    result = subprocess.run(_musegen("train", "--help"), capture_output=True, text=True, env={**_env(), "COLUMNS": "300"})
+        assert re.search(
+            rf"\| `{key}` \|[^|\n]*\| {re.escape(format_limit(low))}\.\.{re.escape(format_limit(high))} \|", docs
+        ), key
+    result = subprocess.run(
+        _musegen("train", "--help"), capture_output=True, text=True, env={**_env(), "COLUMNS": "300"}
+    )
     help_text = " ".join(result.stdout.replace("│", " ").split())
     for key in ("lr", "seq_len", "batch_size"):
         assert f"{key} {format_limit(LIMITS[key][0])}..{format_limit(LIMITS[key][1])}" in help_text, key
@@ -146,11 +201,28 @@ def test_the_optimiser_is_adams_fused_kernel_on_cpu_and_steps_like_the_plain_one
 
 # ---- learning --------------------------------------------------------------------------------
 
+
 def test_200_steps_of_the_small_preset_lower_the_loss_by_30_percent(pop20, tmp_path):
     torch.set_num_threads(2)
-    cfg = build_config("small", pop20, tmp_path / "run", sets=[
-        "seq_len=64", "batch_size=4", "steps=200", "lr=1e-3", "warmup=20", "lr_floor=1e-4",
-        "workers=1", "log_every=1", "valid_every=100", "valid_len=128", "ckpt_every=100", "valid_pieces=2"])
+    cfg = build_config(
+        "small",
+        pop20,
+        tmp_path / "run",
+        sets=[
+            "seq_len=64",
+            "batch_size=4",
+            "steps=200",
+            "lr=1e-3",
+            "warmup=20",
+            "lr_floor=1e-4",
+            "workers=1",
+            "log_every=1",
+            "valid_every=100",
+            "valid_len=128",
+            "ckpt_every=100",
+            "valid_pieces=2",
+        ],
+    )
     result = train(cfg)
     losses = _losses(tmp_path / "run")
     start, end = np.mean([losses[s] for s in range(1, 6)]), np.mean([losses[s] for s in range(191, 201)])
@@ -170,6 +242,7 @@ def test_200_steps_of_the_small_preset_lower_the_loss_by_30_percent(pop20, tmp_p
 
 # ---- checkpoints and resume ------------------------------------------------------------------
 
+
 def _watch(run: Path, stop: threading.Event, gaps: list):
     """Record any moment after the first checkpoint when no complete one exists."""
     seen = False
@@ -183,17 +256,36 @@ def _watch(run: Path, stop: threading.Event, gaps: list):
 
 def test_sigkill_then_resume_reaches_the_same_weights(pop20, tmp_path):
     # one precision for both runs: each would time "auto" for itself, under the load of the other
-    common = ["--data", pop20, *TINY, *CONSTANT_LR, "--set", "ckpt_every=5", "--set", "keep=2", "--set", "precision=bf16"]
+    common = [
+        "--data",
+        pop20,
+        *TINY,
+        *CONSTANT_LR,
+        "--set",
+        "ckpt_every=5",
+        "--set",
+        "keep=2",
+        "--set",
+        "precision=bf16",
+    ]
     straight, killed = tmp_path / "straight", tmp_path / "killed"
-    reference = subprocess.Popen(_musegen("train", "--out", straight, *common, "--set", "steps=20"),
-                                 env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    reference = subprocess.Popen(
+        _musegen("train", "--out", straight, *common, "--set", "steps=20"),
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     # the killed run is told to go much further, so the kill surely lands mid-run
     stop, gaps = threading.Event(), []
     watcher = threading.Thread(target=_watch, args=(killed, stop, gaps))
     watcher.start()
     try:
-        proc = subprocess.Popen(_musegen("train", "--out", killed, *common, "--set", "steps=1000"),
-                                env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            _musegen("train", "--out", killed, *common, "--set", "steps=1000"),
+            env=_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.time() + 240
         while not (killed / "checkpoints" / "step-00000010").exists():
             assert proc.poll() is None and time.time() < deadline, "the run ended before step 10"
@@ -204,8 +296,12 @@ def test_sigkill_then_resume_reaches_the_same_weights(pop20, tmp_path):
         step = int(resume_from.name.split("-")[1])
         assert 10 <= step < 20
         load_checkpoint(resume_from)  # loadable right after the kill
-        resumed = subprocess.run(_musegen("train", "--out", killed, *common, "--set", "steps=20", "--resume"),
-                                 env=_env(), capture_output=True, text=True)
+        resumed = subprocess.run(
+            _musegen("train", "--out", killed, *common, "--set", "steps=20", "--resume"),
+            env=_env(),
+            capture_output=True,
+            text=True,
+        )
         assert resumed.returncode == 0, resumed.stderr[-2000:]
     finally:
         stop.set()
@@ -223,9 +319,15 @@ def test_sigkill_then_resume_reaches_the_same_weights(pop20, tmp_path):
 def test_ctrl_c_writes_a_checkpoint_and_exits_130_and_a_second_run_is_locked_out(stop, pop20, tmp_path, capsys):
     run = tmp_path / "run"
     workers = ["--set", "workers=1"] if "worker" in stop else []
-    proc = subprocess.Popen(_musegen("train", "--data", pop20, "--out", run, *TINY, "--set", "steps=1000",
-                                     "--set", "ckpt_every=500", *workers), env=_env(), stderr=subprocess.PIPE,
-                            text=True, preexec_fn=os.setpgrp)
+    proc = subprocess.Popen(
+        _musegen(
+            "train", "--data", pop20, "--out", run, *TINY, "--set", "steps=1000", "--set", "ckpt_every=500", *workers
+        ),
+        env=_env(),
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=os.setpgrp,
+    )
     deadline = time.time() + 120
     while not any(json.loads(line).get("step", 0) >= 3 for line in _log_lines(run)):
         assert proc.poll() is None and time.time() < deadline
@@ -267,12 +369,17 @@ def test_a_partial_last_log_line_is_dropped_on_resume(pop20, tmp_path, capsys):
 
 # ---- starting from a checkpoint's weights (--init) -------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def pretrained(pop20, tmp_path_factory) -> Path:
     """A tiny model trained for 40 updates: the starting point of the fine-tuning tests."""
     run = tmp_path_factory.mktemp("pretrained") / "run"
-    assert _cli(["train", "--data", pop20, "--out", run, *TINY, *CONSTANT_LR, "--set", "steps=40",
-                 "--set", "ckpt_every=40"]) == 0
+    assert (
+        _cli(
+            ["train", "--data", pop20, "--out", run, *TINY, *CONSTANT_LR, "--set", "steps=40", "--set", "ckpt_every=40"]
+        )
+        == 0
+    )
     return run
 
 
@@ -283,15 +390,39 @@ def test_init_fine_tunes_from_an_exported_model_with_a_fresh_optimiser(pop20, pr
         assert _cli(["export", latest_checkpoint(pretrained), "--out", exported, "--dtype", dtype]) == 0
         run = tmp_path / f"tuned-{dtype}"
         # no --preset: the model comes from the checkpoint; training settings are free
-        assert _cli(["train", "--data", pop20, "--out", run, *TINY[2:], *CONSTANT_LR, "--set", "lr=5e-4",
-                     "--set", "lr_floor=5e-4", "--set", "seq_len=32", "--set", "steps=3", "--init", exported]) == 0
+        assert (
+            _cli(
+                [
+                    "train",
+                    "--data",
+                    pop20,
+                    "--out",
+                    run,
+                    *TINY[2:],
+                    *CONSTANT_LR,
+                    "--set",
+                    "lr=5e-4",
+                    "--set",
+                    "lr_floor=5e-4",
+                    "--set",
+                    "seq_len=32",
+                    "--set",
+                    "steps=3",
+                    "--init",
+                    exported,
+                ]
+            )
+            == 0
+        )
         # the run starts from the exported weights, stored in fp32
         start, stored = _weights(run / "checkpoints" / "step-00000000"), _weights(exported)
         assert all(start[k].dtype == torch.float32 and torch.equal(start[k], stored[k].float()) for k in stored)
         assert stored["head.weight"].dtype == {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
         state = json.loads((run / "checkpoints" / "step-00000000" / "trainer_state.json").read_text())
         assert state["optimizer"]["scalars"] == {} and state["scheduler"]["last_epoch"] == 0
-        assert not load_file(str(run / "checkpoints" / "step-00000000" / "trainer_state.safetensors")).keys() - {"rng.torch"}
+        assert not load_file(str(run / "checkpoints" / "step-00000000" / "trainer_state.safetensors")).keys() - {
+            "rng.torch"
+        }
         # it learnt before: its first losses are far below those of the model it was fine-tuned from
         tuned = _losses(run)
         assert max(tuned.values()) < min(first_losses) - 1.0, (tuned, first_losses)
@@ -302,9 +433,31 @@ def test_init_fine_tunes_from_an_exported_model_with_a_fresh_optimiser(pop20, pr
         assert start_record["precision"]["path"] in ("fp32", "bf16") and start_record["precision"]["reason"]
         assert load_checkpoint(latest_checkpoint(run))[3]["init"] == str(exported)
     # the same command with --resume continues the fine-tuning run; its new lr takes effect
-    assert _cli(["train", "--data", pop20, "--out", run, *TINY[2:], *CONSTANT_LR, "--set", "lr=2e-4",
-                 "--set", "lr_floor=2e-4", "--set", "seq_len=32", "--set", "steps=5", "--init", exported,
-                 "--resume"]) == 0
+    assert (
+        _cli(
+            [
+                "train",
+                "--data",
+                pop20,
+                "--out",
+                run,
+                *TINY[2:],
+                *CONSTANT_LR,
+                "--set",
+                "lr=2e-4",
+                "--set",
+                "lr_floor=2e-4",
+                "--set",
+                "seq_len=32",
+                "--set",
+                "steps=5",
+                "--init",
+                exported,
+                "--resume",
+            ]
+        )
+        == 0
+    )
     lrs = {r["step"]: r["lr"] for r in map(json.loads, _log_lines(run)) if "lr" in r}
     assert lrs[3] == 5e-4 and lrs[4] == lrs[5] == 2e-4
 
@@ -314,8 +467,14 @@ def test_init_refuses_a_contradicting_model_or_another_tokenizer(pretrained, pop
     cfg = build_config("tiny", pop20, tmp_path / "a", sets=["model.n_layers=2", "lr=1e-3", "steps=7"], init=init)
     assert (cfg.model, cfg.preset, cfg.init, cfg.steps) == (load_checkpoint(init)[2], "tiny", str(init), 7)
     cases = {
-        "other preset": (["--preset", "small"], "--preset small contradicts the --init checkpoint's model (n_layers: 4 vs 2)"),
-        "other model setting": (["--set", "model.n_layers=3"], "model.n_layers=3 contradicts the --init checkpoint's n_layers=2"),
+        "other preset": (
+            ["--preset", "small"],
+            "--preset small contradicts the --init checkpoint's model (n_layers: 4 vs 2)",
+        ),
+        "other model setting": (
+            ["--set", "model.n_layers=3"],
+            "model.n_layers=3 contradicts the --init checkpoint's n_layers=2",
+        ),
         "other tokenizer": (["--data", groove_data], "trained on another tokenizer (remi, 333 tokens) than the data"),
         "no checkpoint": (["--init", tmp_path / "nowhere"], "checkpoint folder not found"),
     }
@@ -330,12 +489,14 @@ def test_init_refuses_a_contradicting_model_or_another_tokenizer(pretrained, pop
 
 # ---- a tampered trainer state is refused before anything is written ----------------------------
 
+
 def _tamper_tensors(edit):
     def tamper(folder: Path):
         path = folder / "trainer_state.safetensors"
         tensors = load_file(str(path))
         edit(tensors)
         save_file(tensors, str(path))
+
     return tamper
 
 
@@ -345,6 +506,7 @@ def _tamper_json(edit):
         state = json.loads(path.read_text())
         edit(state)
         path.write_text(json.dumps(state))
+
     return tamper
 
 
@@ -354,7 +516,9 @@ TAMPERED_STATES = {
     "missing moment": _tamper_tensors(lambda t: t.pop("optim.2.exp_avg_sq")),
     "NaN moment": _tamper_tensors(lambda t: t["optim.0.exp_avg"].view(-1).__setitem__(0, float("nan"))),
     "negative second moment": _tamper_tensors(lambda t: t["optim.0.exp_avg_sq"].view(-1).__setitem__(0, -1.0)),
-    "moments of a parameter the model lacks": _tamper_tensors(lambda t: t.update({"optim.999.exp_avg": torch.zeros(1)})),
+    "moments of a parameter the model lacks": _tamper_tensors(
+        lambda t: t.update({"optim.999.exp_avg": torch.zeros(1)})
+    ),
     "truncated RNG state": _tamper_tensors(lambda t: t.update({"rng.torch": t["rng.torch"][:100]})),
     "unexpected tensor": _tamper_tensors(lambda t: t.update({"extra": torch.zeros(1)})),
     "scheduler at another update": _tamper_json(lambda s: s["scheduler"].update(last_epoch=99)),
@@ -364,7 +528,8 @@ TAMPERED_STATES = {
     "counter not an integer": _tamper_json(lambda s: s.update(tokens_seen="many")),
     "step of another folder": _tamper_json(lambda s: s.update(step=1)),
     "optimizer group of fewer parameters": _tamper_json(
-        lambda s: s["optimizer"]["param_groups"][0].update(params=s["optimizer"]["param_groups"][0]["params"][:-1])),
+        lambda s: s["optimizer"]["param_groups"][0].update(params=s["optimizer"]["param_groups"][0]["params"][:-1])
+    ),
     "optimizer setting of another type": _tamper_json(lambda s: s["optimizer"]["param_groups"][0].update(eps="small")),
     "deeply nested JSON": lambda folder: (folder / "trainer_state.json").write_text("[" * 100000 + "]" * 100000),
 }
@@ -384,7 +549,9 @@ def test_a_tampered_trainer_state_is_refused_before_anything_is_written(case, tw
     TAMPERED_STATES[case](run / "checkpoints" / "step-00000002")
     before = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != ".lock"}
     capsys.readouterr()
-    code = _cli(["train", "--data", pop20, "--out", run, *TINY, "--set", "steps=4", "--set", "ckpt_every=2", "--resume"])
+    code = _cli(
+        ["train", "--data", pop20, "--out", run, *TINY, "--set", "steps=4", "--set", "ckpt_every=2", "--resume"]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     against_schema = case in ("negative counter", "counter not an integer", "deeply nested JSON")  # schemas.py: exit 2
     assert code == (2 if against_schema else 1) and len(err) == 1, err
@@ -404,8 +571,10 @@ def test_a_run_saved_with_another_optimiser_kernel_resumes_with_todays(two_steps
     for group in state["optimizer"]["param_groups"]:
         group["fused"], group["foreach"] = None, None
     state_json.write_text(json.dumps(state))
-    assert _cli(["train", "--data", pop20, "--out", run, *TINY, "--set", "steps=4", "--set", "ckpt_every=2",
-                 "--resume"]) == 0
+    assert (
+        _cli(["train", "--data", pop20, "--out", run, *TINY, "--set", "steps=4", "--set", "ckpt_every=2", "--resume"])
+        == 0
+    )
     resumed = json.loads((run / "checkpoints" / "step-00000004" / "trainer_state.json").read_text())
     assert all(group["fused"] is True for group in resumed["optimizer"]["param_groups"])
 
@@ -426,6 +595,7 @@ def _diverge_after(monkeypatch, updates: int):
             if len(calls) > updates:
                 return logits * float("nan")
         return logits
+
     monkeypatch.setattr(MusicPerformer, "forward", forward)
 
 
@@ -436,8 +606,24 @@ def _finite(folder: Path) -> bool:
 def test_non_finite_losses_stop_the_run_and_keep_the_good_checkpoint(pop20, tmp_path, capsys, monkeypatch):
     run = tmp_path / "run"
     _diverge_after(monkeypatch, 4)
-    code = _cli(["train", "--data", pop20, "--out", run, *TINY, "--set", "steps=50", "--set", "max_nonfinite=3",
-                 "--set", "ckpt_every=2", "--set", "keep=1"])
+    code = _cli(
+        [
+            "train",
+            "--data",
+            pop20,
+            "--out",
+            run,
+            *TINY,
+            "--set",
+            "steps=50",
+            "--set",
+            "max_nonfinite=3",
+            "--set",
+            "ckpt_every=2",
+            "--set",
+            "keep=1",
+        ]
+    )
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert code == 1 and len(errors) == 1 and "non-finite 3 updates in a row" in errors[0], errors
     # step 6 skipped two updates but its weights are finite: it is written, and it is good
@@ -452,8 +638,9 @@ def test_a_run_that_ends_diverged_exits_non_zero(pop20, tmp_path, capsys, monkey
     """Fewer steps than max_nonfinite: the run used to end with exit 0 on skipped updates."""
     run = tmp_path / "run"
     _diverge_after(monkeypatch, 2)
-    code = _cli(["train", "--data", pop20, "--out", run, *TINY, "--set", "steps=5", "--set", "ckpt_every=1",
-                 "--set", "keep=10"])
+    code = _cli(
+        ["train", "--data", pop20, "--out", run, *TINY, "--set", "steps=5", "--set", "ckpt_every=1", "--set", "keep=10"]
+    )
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert code == 1 and len(errors) == 1 and "ended diverged: its last 3 updates were non-finite" in errors[0]
     folders = dict(checkpoint_dirs(run))
@@ -462,8 +649,9 @@ def test_a_run_that_ends_diverged_exits_non_zero(pop20, tmp_path, capsys, monkey
     assert all(torch.equal(_weights(folders[2])[k], v) for k, v in _weights(folders[5]).items())
 
 
-def test_non_finite_weights_are_never_saved_and_the_good_checkpoint_is_never_pruned(pop20, tmp_path, capsys,
-                                                                                   monkeypatch):
+def test_non_finite_weights_are_never_saved_and_the_good_checkpoint_is_never_pruned(
+    pop20, tmp_path, capsys, monkeypatch
+):
     run = tmp_path / "run"
     real, calls = torch.optim.Adam.step, []
 
@@ -474,9 +662,11 @@ def test_non_finite_weights_are_never_saved_and_the_good_checkpoint_is_never_pru
             with torch.no_grad():
                 self.param_groups[0]["params"][0].view(-1)[0] = float("inf")
         return result
+
     monkeypatch.setattr(torch.optim.Adam, "step", step)
-    code = _cli(["train", "--data", pop20, "--out", run, *TINY, "--set", "steps=10", "--set", "ckpt_every=1",
-                 "--set", "keep=1"])
+    code = _cli(
+        ["train", "--data", pop20, "--out", run, *TINY, "--set", "steps=10", "--set", "ckpt_every=1", "--set", "keep=1"]
+    )
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert code == 1 and len(errors) == 1 and "became non-finite by step 3; not saved" in errors[0], errors
     assert [s for s, _ in checkpoint_dirs(run)] == [2] and _finite(latest_checkpoint(run))
@@ -485,15 +675,59 @@ def test_non_finite_weights_are_never_saved_and_the_good_checkpoint_is_never_pru
 
 # ---- distributed -----------------------------------------------------------------------------
 
+
 def test_two_gloo_processes_give_the_loss_curve_of_one(pop20, tmp_path):
-    common = ["--data", pop20, "--preset", "tiny", "--set", "seq_len=64", "--set", "batch_size=4",
-              "--set", "micro_batch=1", "--set", "steps=20", "--set", "workers=0", "--set", "valid_every=0",
-              "--set", "log_every=1", "--set", "warmup=5", "--set", "lr=1e-3", "--device", "cpu"]
-    one = subprocess.Popen(_musegen("train", "--out", tmp_path / "one", *common), env=_env(),
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                          "-m", "musegen", "train", "--out", str(tmp_path / "two"), *map(str, common)],
-                         env=_env(), capture_output=True, text=True)
+    common = [
+        "--data",
+        pop20,
+        "--preset",
+        "tiny",
+        "--set",
+        "seq_len=64",
+        "--set",
+        "batch_size=4",
+        "--set",
+        "micro_batch=1",
+        "--set",
+        "steps=20",
+        "--set",
+        "workers=0",
+        "--set",
+        "valid_every=0",
+        "--set",
+        "log_every=1",
+        "--set",
+        "warmup=5",
+        "--set",
+        "lr=1e-3",
+        "--device",
+        "cpu",
+    ]
+    one = subprocess.Popen(
+        _musegen("train", "--out", tmp_path / "one", *common),
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    two = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "-m",
+            "musegen",
+            "train",
+            "--out",
+            str(tmp_path / "two"),
+            *map(str, common),
+        ],
+        env=_env(),
+        capture_output=True,
+        text=True,
+    )
     assert two.returncode == 0, two.stderr[-3000:]
     assert one.wait() == 0, one.stderr.read()[-2000:]
     a, b = _losses(tmp_path / "one"), _losses(tmp_path / "two")
@@ -505,6 +739,7 @@ def test_two_gloo_processes_give_the_loss_curve_of_one(pop20, tmp_path):
 
 
 # ---- bad inputs ------------------------------------------------------------------------------
+
 
 def _cli(args) -> int:
     try:
@@ -521,6 +756,7 @@ def groove_data(tmp_path_factory) -> Path:
     tok = GrooveTokenizer()
     notes = [(1 + i % 3, 40 + int(rng.integers(20)), 6 * i, 6 * i + 5) for i in range(60)]
     from musegen.tokenizers.groove import serialize
+
     ids = serialize(np.array(notes))
     out = tmp_path_factory.mktemp("groove")
     write_shards(out, tok, {"train": [("a", ids)]}, {})
@@ -552,8 +788,10 @@ def test_bad_inputs_give_one_line_and_a_non_zero_exit(pop20, groove_data, out_of
         "unknown preset": (["--data", pop20, "--out", tmp_path / "r4", "--preset", "huge"], "unknown preset"),
         "wrong type": (["--data", pop20, "--out", tmp_path / "r5", "--set", "steps=many"], "expects int"),
         "existing run": (["--data", pop20, "--out", run], "--resume"),
-        "id outside the vocabulary": (["--data", out_of_vocabulary, "--out", tmp_path / "r6"],
-                                      "token id 333 (piece 'bad') is outside the tokenizer's vocabulary"),
+        "id outside the vocabulary": (
+            ["--data", out_of_vocabulary, "--out", tmp_path / "r6"],
+            "token id 333 (piece 'bad') is outside the tokenizer's vocabulary",
+        ),
         "lr out of bounds": (["--data", pop20, "--out", tmp_path / "r7", "--set", "lr=1e30"], "lr must be in 1e-8..1"),
     }
     capsys.readouterr()

@@ -8,9 +8,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from musegen.errors import ConfigError
-from musegen.model import MusicPerformer, preset
+from musegen.model import MusicPerformer, preset, streaming
 from musegen.model.attention import EPS, fast_transformers_available
-from musegen.model import streaming
 from musegen.model.streaming import StreamState
 from musegen.model.transformer import _HASH_BLOCK, Dropout, random_words
 
@@ -33,9 +32,16 @@ def ids(batch=2, length=3 * TRAIN_LEN, seed=1):
     return torch.randint(0, 333, (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
-VARIANTS = [dict(pe="ape"), dict(pe="none"), dict(pe="sine", gated=True), dict(pe="sine", gated=False),
-            dict(pe="conv", gated=True), dict(pe="conv", gated=False),
-            dict(pe="sine", attention="elu"), dict(pe="conv", attention="relu", norm="pre", activation="gelu")]
+VARIANTS = [
+    dict(pe="ape"),
+    dict(pe="none"),
+    dict(pe="sine", gated=True),
+    dict(pe="sine", gated=False),
+    dict(pe="conv", gated=True),
+    dict(pe="conv", gated=False),
+    dict(pe="sine", attention="elu"),
+    dict(pe="conv", attention="relu", norm="pre", activation="gelu"),
+]
 
 
 def three_ways(model, tokens, seed=7):
@@ -46,8 +52,10 @@ def three_ways(model, tokens, seed=7):
     with model.streaming(2, seed=seed):
         recurrent = torch.stack([model.step(tokens[:, t]) for t in range(tokens.shape[1])], dim=1)
     with model.streaming(2, seed=seed):
-        mixed = torch.cat([model.step(tokens[:, :21])] + [model.step(tokens[:, t])[:, None]
-                                                            for t in range(21, tokens.shape[1])], dim=1)
+        mixed = torch.cat(
+            [model.step(tokens[:, :21])] + [model.step(tokens[:, t])[:, None] for t in range(21, tokens.shape[1])],
+            dim=1,
+        )
     return parallel, recurrent, mixed
 
 
@@ -69,8 +77,9 @@ def bf16_step(request, monkeypatch):
     return request.param
 
 
-@pytest.mark.parametrize("variant", VARIANTS + [dict(pe="sine", attention="softmax")],
-                         ids=lambda v: "-".join(str(x) for x in v.values()))
+@pytest.mark.parametrize(
+    "variant", VARIANTS + [dict(pe="sine", attention="softmax")], ids=lambda v: "-".join(str(x) for x in v.values())
+)
 def test_bf16_inference_stays_within_its_tolerance_of_the_fp32_parallel_pass(variant, bf16_step):
     model, tokens = tiny(**variant), ids()
     reference, _, _ = three_ways(model, tokens)
@@ -92,8 +101,10 @@ def test_streaming_noise_is_what_step_uses(pe, precision):
         with model.streaming(2, seed=session_seed):
             if start is not None:
                 model.set_state(start)
-            return torch.cat([model.step(tokens[:, :5])] + [model.step(tokens[:, t])[:, None]
-                                                           for t in range(5, tokens.shape[1])], dim=1)
+            return torch.cat(
+                [model.step(tokens[:, :5])] + [model.step(tokens[:, t])[:, None] for t in range(5, tokens.shape[1])],
+                dim=1,
+            )
 
     with model.streaming(2, seed=8):
         start8 = model.get_state()
@@ -103,9 +114,16 @@ def test_streaming_noise_is_what_step_uses(pe, precision):
     assert torch.equal(run(7), a)  # and a seed always draws the same noise
 
 
-@pytest.mark.parametrize("variant", [dict(pe="sine"), dict(pe="conv", attention="elu"), dict(pe="none", attention="aaren"),
-                                     dict(pe="ape", attention="relative")],
-                         ids=lambda v: "-".join(str(x) for x in v.values()))
+@pytest.mark.parametrize(
+    "variant",
+    [
+        dict(pe="sine"),
+        dict(pe="conv", attention="elu"),
+        dict(pe="none", attention="aaren"),
+        dict(pe="ape", attention="relative"),
+    ],
+    ids=lambda v: "-".join(str(x) for x in v.values()),
+)
 def test_a_snapshot_continues_the_same_way_every_time(variant):
     model, tokens = tiny(**variant), ids()
     with model.streaming(2, seed=3):
@@ -195,8 +213,9 @@ def test_bf16_training_gradients_follow_fp32(pe, gated, attention):
     """One training update's gradients under bf16 autocast (SPE and attention products in bf16,
     sums in fp32) point where the fp32 ones do, for every parameter, SPE's included."""
     torch.manual_seed(0)
-    model = MusicPerformer(preset("small", n_layers=2, pe=pe, gated=gated, dropout=0.0, redraw="fixed",
-                                  attention=attention)).train()
+    model = MusicPerformer(
+        preset("small", n_layers=2, pe=pe, gated=gated, dropout=0.0, redraw="fixed", attention=attention)
+    ).train()
     tokens = ids(batch=4, length=257)
 
     def gradients(bf16: bool) -> dict[str, torch.Tensor]:
@@ -240,8 +259,10 @@ def test_a_float64_model_mixes_sine_spe_codes_and_attends_in_float64():
             return (gains[:, :, None, :, None] * terms).sum(3).transpose(1, 2) * spe.code_scale
 
         g = torch.sigmoid(attention.spe_filter.gate)
-        gated = [(1 - g).sqrt()[:, None, :, None] * code(a) + (g.sqrt()[..., None] * eps)[:, None]
-                 for a in (angles + spe.offsets[:, :, None], angles)]
+        gated = [
+            (1 - g).sqrt()[:, None, :, None] * code(a) + (g.sqrt()[..., None] * eps)[:, None]
+            for a in (angles + spe.offsets[:, :, None], angles)
+        ]
         want_q, want_k = (torch.einsum("bhtd,htdr->bhtr", x, c) for x, c in zip((q, k), gated))
         assert qhat.dtype == torch.float64
         assert (qhat - want_q).abs().max() <= 1e-10 * want_q.abs().max()
@@ -317,8 +338,15 @@ def test_training_forward_draws_fresh_noise_and_backpropagates():
     assert model.layers[0].attention.spe_filter.gate.grad.abs().sum() > 0
 
 
-@pytest.mark.parametrize("policy,steps,expected", [("fixed", range(1, 10), 0), ("every:3", range(1, 10), 3),
-                                                   ("prob:1.0", range(1, 4), 3), ("prob:0.0", range(1, 9), 0)])
+@pytest.mark.parametrize(
+    "policy,steps,expected",
+    [
+        ("fixed", range(1, 10), 0),
+        ("every:3", range(1, 10), 3),
+        ("prob:1.0", range(1, 4), 3),
+        ("prob:0.0", range(1, 9), 0),
+    ],
+)
 def test_redraw_policy(policy, steps, expected):
     model = tiny(redraw=policy)
     features = model.layers[0].attention.features
@@ -358,9 +386,11 @@ def test_fast_transformers_kernel_gives_the_same_model_output():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("variant", [dict(pe="sine"), dict(pe="ape", norm="pre", activation="gelu"),
-                                     dict(pe="none", attention="elu")],
-                         ids=lambda v: "-".join(str(x) for x in v.values()))
+@pytest.mark.parametrize(
+    "variant",
+    [dict(pe="sine"), dict(pe="ape", norm="pre", activation="gelu"), dict(pe="none", attention="elu")],
+    ids=lambda v: "-".join(str(x) for x in v.values()),
+)
 def test_cuda_graph_steps_equal_the_parallel_pass_and_follow_set_state(variant):
     """On CUDA single-token steps replay one captured graph: fp32 equals the parallel pass,
     bf16 stays within its tolerance, and a snapshot of another session (other noise, other
@@ -419,4 +449,3 @@ def test_state_bytes_is_constant_for_recurrent_attention_and_grows_for_a_cache(a
                 sizes.append(model.state_bytes)
     assert sizes[0] > 0
     assert (sizes[1] == 3 * sizes[0]) if grows else (sizes[1] == sizes[0])
-

@@ -9,8 +9,9 @@ from hypothesis import strategies as st
 from musegen.errors import TokenError
 
 
-def closed_walk(data, grammar, families: dict[str, tuple[int, int]], max_steps: int,
-                finishers: tuple[int, int]) -> list[int]:
+def closed_walk(
+    data, grammar, families: dict[str, tuple[int, int]], max_steps: int, finishers: tuple[int, int]
+) -> list[int]:
     """A piece the grammar accepts: its first token, then up to `max_steps` tokens drawn among
     `allowed()` (a family, a range of ids, first, then a token of it, which keeps the walks
     musical: uniform over the tokens would almost always pick a note); where it has not ended,

@@ -15,14 +15,20 @@ data_app = typer.Typer(help="Prepare corpora into token shards; inspect tokenisa
 def prepare(
     corpus: str = typer.Argument(..., help="pop909 | chorales | mma-groove | pop1k7 | groove2groove | midi"),
     out: Path = typer.Option(..., "--out", "-o", help="Folder to write the shards to."),
-    source: Optional[Path] = typer.Option(None, help="Local copy of the raw corpus (default: the corpus' usual place)."),
+    source: Optional[Path] = typer.Option(
+        None, help="Local copy of the raw corpus (default: the corpus' usual place)."
+    ),
     download: bool = typer.Option(False, help="Download the corpus when no local copy is found."),
     workers: Optional[int] = typer.Option(None, min=1, help="Processes to encode with (default: all cores)."),
     limit: Optional[int] = typer.Option(None, min=1, help="Use at most this many pieces (quick trials)."),
     tokenizer: Optional[str] = typer.Option(None, help="remi | groove | groove-dur (for corpora that allow several)."),
-    scale: Optional[int] = typer.Option(None, min=1, help="mma-groove only: render this many times the default "
-                                        "pieces per style, the further ones style variants (keys, tempos, fills, "
-                                        "swing, articulation, voicing). Rerun the same command to resume."),
+    scale: Optional[int] = typer.Option(
+        None,
+        min=1,
+        help="mma-groove only: render this many times the default "
+        "pieces per style, the further ones style variants (keys, tempos, fills, "
+        "swing, articulation, voicing). Rerun the same command to resume.",
+    ),
 ):
     """Encode a corpus into train/validation(/test) token shards, skipping and counting bad files."""
     from data_prep import corpus_prepare
@@ -31,8 +37,15 @@ def prepare(
 
     if scale is not None and corpus != "mma-groove":
         raise DataError(f"--scale is for the mma-groove corpus, not {corpus}")
-    report = corpus_prepare(corpus)(out=out, source=source, download=download, workers=workers,
-                                    limit=limit, tokenizer=tokenizer, **({"scale": scale} if scale else {}))
+    report = corpus_prepare(corpus)(
+        out=out,
+        source=source,
+        download=download,
+        workers=workers,
+        limit=limit,
+        tokenizer=tokenizer,
+        **({"scale": scale} if scale else {}),
+    )
     for line in summary_lines(report):
         typer.echo(line)
     typer.echo(f"shards written to {out}")
@@ -43,8 +56,9 @@ def show(
     midi: Path = typer.Argument(..., help="A MIDI file."),
     tokenizer: str = typer.Option("remi", help="remi | groove | groove-dur, or a tokenizer.json file."),
     max_tokens: int = typer.Option(64, min=1, help="How many tokens to print."),
-    as_json: bool = typer.Option(False, "--json", help="Print the whole encoding (ids, event names, report) "
-                                                      "as one JSON object."),
+    as_json: bool = typer.Option(
+        False, "--json", help="Print the whole encoding (ids, event names, report) as one JSON object."
+    ),
 ):
     """Print how a MIDI file tokenises: the first tokens and the encoding report."""
     import json
@@ -60,8 +74,14 @@ def show(
     enc = tok.encode(midi)
     if as_json:
         ids = [int(i) for i in enc.ids]
-        whole = {"file": str(midi), "tokenizer": {"kind": tok.kind, "settings": tok.settings()}, "tokens": len(ids),
-                 "ids": ids, "events": [tok.vocab[i] for i in ids], "report": enc.report}
+        whole = {
+            "file": str(midi),
+            "tokenizer": {"kind": tok.kind, "settings": tok.settings()},
+            "tokens": len(ids),
+            "ids": ids,
+            "events": [tok.vocab[i] for i in ids],
+            "report": enc.report,
+        }
         typer.echo(json.dumps(whole, default=lambda v: v.item() if hasattr(v, "item") else str(v)))
         return
     typer.echo(f"{midi}: {len(enc.ids)} {tok.kind} tokens")
@@ -81,10 +101,12 @@ def export(
 
     result = export_midi(data, split, out)
     skipped = result["skipped"]
-    typer.echo(f"{result['split']}: {result['pieces']} pieces, {result['written']} written, "
-               f"{result['existing']} already in {out} (left as they were), {len(skipped)} skipped"
-               + "".join(f"\n  skipped {name}: {why}" for name, why in list(skipped.items())[:10])
-               + (f"\n  ... and {len(skipped) - 10} more" if len(skipped) > 10 else ""))
+    typer.echo(
+        f"{result['split']}: {result['pieces']} pieces, {result['written']} written, "
+        f"{result['existing']} already in {out} (left as they were), {len(skipped)} skipped"
+        + "".join(f"\n  skipped {name}: {why}" for name, why in list(skipped.items())[:10])
+        + (f"\n  ... and {len(skipped) - 10} more" if len(skipped) > 10 else "")
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -18,15 +18,21 @@ evaluate_app = typer.Typer(help="Measure generated music and trained models.", n
 @evaluate_app.command("style")
 def style(
     generated: Path = typer.Option(..., help="Folder of generated MIDI (e.g. the output of musegen sample)."),
-    reference: Path = typer.Option(..., help="Folder of reference MIDI: song.mid for song_000.mid, ... "
-                                             "(a single file is the reference for everything)."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Folder for style.csv and style.png "
-                                                                 "(default: the generated folder)."),
+    reference: Path = typer.Option(
+        ...,
+        help="Folder of reference MIDI: song.mid for song_000.mid, ... "
+        "(a single file is the reference for everything).",
+    ),
+    out: Optional[Path] = typer.Option(
+        None, "--out", "-o", help="Folder for style.csv and style.png (default: the generated folder)."
+    ),
     segments: str = typer.Option("4", help="Equal-duration segments the continuation is cut into (1..64)."),
-    other: str = typer.Option("busiest", help="Accompaniment role: the busiest harmonic track (as the paper) "
-                                              "or all of them merged."),
-    baselines: bool = typer.Option(False, help="Also score each reference's own later bars (ceiling) and "
-                                               "another style's reference (floor)."),
+    other: str = typer.Option(
+        "busiest", help="Accompaniment role: the busiest harmonic track (as the paper) or all of them merged."
+    ),
+    baselines: bool = typer.Option(
+        False, help="Also score each reference's own later bars (ceiling) and another style's reference (floor)."
+    ),
 ):
     """Time-pitch and onset-duration style similarity per track and segment (paper Fig. 5)."""
     from musegen.metrics.style import check_segments, evaluate_style
@@ -34,8 +40,14 @@ def style(
     n_segments = check_segments(segments)
     out = out or generated
     result = evaluate_style(generated, reference, out / "style.csv", out / "style.png", n_segments, other, baselines)
-    typer.echo(f"{result['pieces']} pieces scored" + (f", {len(result['unmatched'])} without a reference: "
-                                                      f"{', '.join(result['unmatched'][:5])}" if result["unmatched"] else ""))
+    typer.echo(
+        f"{result['pieces']} pieces scored"
+        + (
+            f", {len(result['unmatched'])} without a reference: {', '.join(result['unmatched'][:5])}"
+            if result["unmatched"]
+            else ""
+        )
+    )
     for name, reason in list(result["skipped"].items())[:5]:
         typer.echo(f"  skipped {name}: {reason}")
     if len(result["skipped"]) > 5:
@@ -43,17 +55,25 @@ def style(
     tables = {"model": result} | {kind: part for kind, part in result.get("baselines", {}).items()}
     for label, table in tables.items():
         for metric, values in table["medians"].items():
-            typer.echo(f"  {label:8s} {metric:15s} median (empty) per segment: " + "  ".join(
-                "-" if math.isnan(v) else f"{v:.2f} ({e:.0%})" for v, e in zip(values, table["empty"][metric])))
-    typer.echo(f"wrote {out / 'style.csv'} and {out / 'style.png'}"
-               + (f" and {out / 'style_baselines.csv'}" if baselines else ""))
+            typer.echo(
+                f"  {label:8s} {metric:15s} median (empty) per segment: "
+                + "  ".join(
+                    "-" if math.isnan(v) else f"{v:.2f} ({e:.0%})" for v, e in zip(values, table["empty"][metric])
+                )
+            )
+    typer.echo(
+        f"wrote {out / 'style.csv'} and {out / 'style.png'}"
+        + (f" and {out / 'style_baselines.csv'}" if baselines else "")
+    )
 
 
 @evaluate_app.command("loss")
 def loss(
     checkpoint: Path = typer.Option(..., "--checkpoint", "-c", help="Checkpoint folder."),
     data: Path = typer.Option(..., help="Token shards folder (musegen data prepare)."),
-    max_len: int = typer.Option(..., help="Score positions 0..max_len-1 (e.g. 2x the training length); at most 65,536."),
+    max_len: int = typer.Option(
+        ..., help="Score positions 0..max_len-1 (e.g. 2x the training length); at most 65,536."
+    ),
     split: str = typer.Option("valid", help="Which split of the shards to score."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Folder for the CSV and PNG."),
 ):
@@ -76,10 +96,17 @@ def loss(
 @evaluate_app.command("continuation")
 def continuation(
     checkpoint: Path = typer.Option(..., "--checkpoint", "-c", help="Checkpoint folder."),
-    data: Path = typer.Option(..., help="Token shards folder (musegen data prepare), or a folder of MIDI files "
-                                        "(each encoded by the model's tokenizer; --split is then not used)."),
-    out: Path = typer.Option(..., "--out", "-o", help="Folder for the table, plot, samples and per-piece "
-                                                     "results (a rerun with the same settings resumes)."),
+    data: Path = typer.Option(
+        ...,
+        help="Token shards folder (musegen data prepare), or a folder of MIDI files "
+        "(each encoded by the model's tokenizer; --split is then not used).",
+    ),
+    out: Path = typer.Option(
+        ...,
+        "--out",
+        "-o",
+        help="Folder for the table, plot, samples and per-piece results (a rerun with the same settings resumes).",
+    ),
     split: str = typer.Option("valid", help="Which split's pieces to continue."),
     prompt_bars: int = typer.Option(4, help="Prompt bars after the pickup bar (the piece's first bar with a note)."),
     bars: int = typer.Option(12, help="Bars to generate and measure after the prompt."),
@@ -93,23 +120,38 @@ def continuation(
     mono_bass: bool = MONO_BASS,
     device: str = typer.Option("auto", help="auto (CUDA when present), cpu, cuda or cuda:N."),
     threads: Optional[int] = typer.Option(None, min=1, help="CPU threads while sampling (default 1)."),
-    by_quarter: bool = typer.Option(False, help="Also measure each quarter of the bars (a multiple of 4): how a "
-                                                "long continuation holds up past the training length."),
+    by_quarter: bool = typer.Option(
+        False,
+        help="Also measure each quarter of the bars (a multiple of 4): how a "
+        "long continuation holds up past the training length.",
+    ),
 ):
     """Continue held-out pieces (pickup bar + N bars in, M bars out, as MIREX 2025) and compare the
     continuations with the real bars and with another piece's: a table (CSV + Markdown) and a plot."""
     from musegen.metrics.continuation import ContinuationSettings, evaluate_continuation
 
-    settings = ContinuationSettings(prompt_bars=prompt_bars, bars=bars, samples_per_piece=samples_per_piece,
-                                    seed=seed, temperature=temperature, top_p=top_p, top_k=top_k,
-                                    keep_note_offs=keep_note_offs, mono_bass=mono_bass, by_quarter=by_quarter)
-    result = evaluate_continuation(checkpoint, data, out, settings, split=split, limit=pieces, device=device,
-                                   threads=threads)
+    settings = ContinuationSettings(
+        prompt_bars=prompt_bars,
+        bars=bars,
+        samples_per_piece=samples_per_piece,
+        seed=seed,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        keep_note_offs=keep_note_offs,
+        mono_bass=mono_bass,
+        by_quarter=by_quarter,
+    )
+    result = evaluate_continuation(
+        checkpoint, data, out, settings, split=split, limit=pieces, device=device, threads=threads
+    )
     skipped = result["skipped"]
     listed = "".join(f"\n  skipped {name}: {why}" for name, why in list(skipped.items())[:5])
     more = f"\n  ... and {len(skipped) - 5} more" if len(skipped) > 5 else ""
-    typer.echo(f"{result['pieces']} pieces of {result['split']} continued ({result['resumed']} from an earlier run), "
-               f"{len(skipped)} skipped{listed}{more}")
+    typer.echo(
+        f"{result['pieces']} pieces of {result['split']} continued ({result['resumed']} from an earlier run), "
+        f"{len(skipped)} skipped{listed}{more}"
+    )
     if result["invalid_samples"] or result["undecodable_samples"]:
         typer.echo(f"invalid samples: {result['invalid_samples']}, undecodable: {result['undecodable_samples']}")
     for table in ("md", "quarters_md"):
@@ -120,11 +162,14 @@ def continuation(
 
 @evaluate_app.command("copy")
 def copy(
-    checkpoint: list[str] = typer.Option(..., "--checkpoint", "-c", help="Checkpoint folder, or NAME=FOLDER; "
-                                                                        "repeat to put models side by side."),
+    checkpoint: list[str] = typer.Option(
+        ..., "--checkpoint", "-c", help="Checkpoint folder, or NAME=FOLDER; repeat to put models side by side."
+    ),
     out: Path = typer.Option(..., "--out", "-o", help="Folder for copy.md, copy.csv, copy.json and the samples."),
-    data: Optional[Path] = typer.Option(None, help="A prepared groove corpus: pieces of its split give "
-                                                   "patterns too (2 bars from the first bar with a note)."),
+    data: Optional[Path] = typer.Option(
+        None,
+        help="A prepared groove corpus: pieces of its split give patterns too (2 bars from the first bar with a note).",
+    ),
     split: str = typer.Option("test", help="Which split's pieces give patterns."),
     pieces: int = typer.Option(4, help="Patterns taken from the corpus: one piece a style first, in split order."),
     built: bool = typer.Option(True, help="Also the grooves built in musegen (drums, bass figure, chord rhythm)."),
@@ -147,8 +192,9 @@ def copy(
         if not name or not folder or name in checkpoints:
             raise ConfigError(f"--checkpoint expects FOLDER or NAME=FOLDER with distinct names, got {item!r}")
         checkpoints[name] = folder
-    result = evaluate_copy(checkpoints, out, data, split, pieces, built, CopySettings(bars, samples, seed),
-                           device=device, threads=threads)
+    result = evaluate_copy(
+        checkpoints, out, data, split, pieces, built, CopySettings(bars, samples, seed), device=device, threads=threads
+    )
     for name, reason in list(result["skipped"].items())[:5]:
         typer.echo(f"  skipped {name}: {reason}")
     if len(result["skipped"]) > 5:
@@ -160,10 +206,13 @@ def copy(
 @evaluate_app.command("groove-targets")
 def groove_targets(
     out: Path = typer.Option(..., "--out", "-o", help="Folder for done_when.md, .csv and .json."),
-    mma: Optional[Path] = typer.Option(None, help="`evaluate continuation` output on the MMA test split "
-                                                  "(2-bar prompts, at least 60 pieces x 2 samples)."),
-    midi: Optional[Path] = typer.Option(None, help="`evaluate continuation` output on a folder of real "
-                                                   "multi-track MIDI (e.g. tests/data/multitrack)."),
+    mma: Optional[Path] = typer.Option(
+        None,
+        help="`evaluate continuation` output on the MMA test split (2-bar prompts, at least 60 pieces x 2 samples).",
+    ),
+    midi: Optional[Path] = typer.Option(
+        None, help="`evaluate continuation` output on a folder of real multi-track MIDI (e.g. tests/data/multitrack)."
+    ),
     copy_test: Optional[Path] = typer.Option(None, "--copy", help="`evaluate copy` output."),
 ):
     """Issue #28's "done when" for a groove model: each criterion, its target, the measured, real and floor
@@ -180,11 +229,13 @@ def groove_targets(
 
 @evaluate_app.command("compare")
 def compare(
-    run: list[str] = typer.Option(..., "--run", help="NAME=FOLDER with the model's evaluate/sample output; "
-                                                    "repeat for each model, in table order."),
+    run: list[str] = typer.Option(
+        ..., "--run", help="NAME=FOLDER with the model's evaluate/sample output; repeat for each model, in table order."
+    ),
     out: Path = typer.Option(..., "--out", "-o", help="Folder for the tables (.md, .csv) and figures."),
-    train_len: Optional[int] = typer.Option(None, min=1, help="Training length L: splits 'within' from "
-                                                             "'extrapolation' in loss tables."),
+    train_len: Optional[int] = typer.Option(
+        None, min=1, help="Training length L: splits 'within' from 'extrapolation' in loss tables."
+    ),
 ):
     """Several models side by side: NLL within/beyond L with all curves in one plot, style medians and box plots."""
     from musegen.errors import ConfigError

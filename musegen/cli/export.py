@@ -11,7 +11,9 @@ DTYPES = ("fp32", "fp16", "bf16")
 
 def export(
     checkpoint: Path = typer.Argument(..., help="A checkpoint folder (e.g. runs/pop/checkpoints/step-00003000)."),
-    out: Path = typer.Option(..., "--out", "-o", help="Folder to write model.safetensors, config.json, tokenizer.json."),
+    out: Path = typer.Option(
+        ..., "--out", "-o", help="Folder to write model.safetensors, config.json, tokenizer.json."
+    ),
     dtype: str = typer.Option("fp16", help="Weight precision: fp32, fp16 or bf16 (loaded back as fp32)."),
 ):
     """Copy a checkpoint without its optimiser state, with weights stored in a smaller precision."""

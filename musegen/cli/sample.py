@@ -8,76 +8,122 @@ from typing import Optional
 import typer
 
 # Shared with `musegen evaluate continuation`, which samples the same way.
-KEEP_NOTE_OFFS = typer.Option(True, "--keep-note-offs/--plain-mask",
-                              help="Where notes end by a token of their own (groove), the grammar mask keeps the "
-                                   "model's share of note-offs, moved onto the sounding notes; --plain-mask "
-                                   "renormalises over all allowed tokens, as the paper does.")
-MONO_BASS = typer.Option(True, "--mono-bass/--poly-bass",
-                         help="Groove: a bass note still sounding when a later bass note begins ends at the "
-                              "next event (2% of the MMA corpus's bass notes sound past the next bass onset); "
-                              "--poly-bass writes the bass as drawn.")
+KEEP_NOTE_OFFS = typer.Option(
+    True,
+    "--keep-note-offs/--plain-mask",
+    help="Where notes end by a token of their own (groove), the grammar mask keeps the "
+    "model's share of note-offs, moved onto the sounding notes; --plain-mask "
+    "renormalises over all allowed tokens, as the paper does.",
+)
+MONO_BASS = typer.Option(
+    True,
+    "--mono-bass/--poly-bass",
+    help="Groove: a bass note still sounding when a later bass note begins ends at the "
+    "next event (2% of the MMA corpus's bass notes sound past the next bass onset); "
+    "--poly-bass writes the bass as drawn.",
+)
 
 
 def sample(
     checkpoint: Path = typer.Option(..., "--checkpoint", "-c", help="Checkpoint folder (model, config, tokenizer)."),
     out: Path = typer.Option(..., "--out", "-o", help="Folder for the MIDI files, WAV/PNG and the settings JSON."),
-    prompt: Optional[Path] = typer.Option(None, help="MIDI file to continue, a MIREX 2025 task .json prompt (the "
-                                                     "continuation is also written as that task's JSON), or a "
-                                                     "folder: each such file under it (default: from scratch)."),
-    prompt_bars: Optional[int] = typer.Option(None, help="Keep only the prompt's first N whole bars, 1..10,000 "
-                                                         "(groove protocol: 2)."),
+    prompt: Optional[Path] = typer.Option(
+        None,
+        help="MIDI file to continue, a MIREX 2025 task .json prompt (the "
+        "continuation is also written as that task's JSON), or a "
+        "folder: each such file under it (default: from scratch).",
+    ),
+    prompt_bars: Optional[int] = typer.Option(
+        None, help="Keep only the prompt's first N whole bars, 1..10,000 (groove protocol: 2)."
+    ),
     length: Optional[int] = typer.Option(None, help="Tokens to generate after the prompt, 1..10,240,000."),
     bars: Optional[int] = typer.Option(None, help="Or: bars to generate after the prompt, 1..10,000."),
-    temperature: Optional[float] = typer.Option(None, help="Within [0.001, 100]. Default: the tokenizer's "
-                                                           "(REMI 1.2, groove 0.6, as in the paper)."),
+    temperature: Optional[float] = typer.Option(
+        None, help="Within [0.001, 100]. Default: the tokenizer's (REMI 1.2, groove 0.6, as in the paper)."
+    ),
     top_p: Optional[float] = typer.Option(None, help="Nucleus mass within [1e-06, 1]. Default: REMI 0.9, groove 1.0."),
     top_k: int = typer.Option(0, help="Keep only the k most likely tokens (0: off)."),
-    num_samples: int = typer.Option(1, "--num-samples", "-n", help="Samples generated together in one batch "
-                                                                   "(at least 1, as many as the memory holds)."),
-    seed: Optional[int] = typer.Option(None, help="Random seed within 0..2**63-1 (default: drawn and recorded in "
-                                                  "the JSON)."),
+    num_samples: int = typer.Option(
+        1,
+        "--num-samples",
+        "-n",
+        help="Samples generated together in one batch (at least 1, as many as the memory holds).",
+    ),
+    seed: Optional[int] = typer.Option(
+        None, help="Random seed within 0..2**63-1 (default: drawn and recorded in the JSON)."
+    ),
     audio: bool = typer.Option(False, "--audio", help="Also render each sample to WAV with FluidSynth."),
     pianoroll: bool = typer.Option(False, "--pianoroll", help="Also draw each sample as a piano-roll PNG."),
-    no_grammar: bool = typer.Option(False, "--no-grammar", help="Sample without the grammar mask (for comparison); "
-                                                                "tokens the grammar rejects are skipped and counted "
-                                                                "when decoding."),
+    no_grammar: bool = typer.Option(
+        False,
+        "--no-grammar",
+        help="Sample without the grammar mask (for comparison); "
+        "tokens the grammar rejects are skipped and counted "
+        "when decoding.",
+    ),
     keep_note_offs: bool = KEEP_NOTE_OFFS,
     mono_bass: bool = MONO_BASS,
     device: str = typer.Option("auto", help="auto (CUDA when present), cpu, cuda or cuda:N."),
-    precision: str = typer.Option("auto", help="Precision of the model's steps: auto (the fastest of fp32, bf16 "
-                                  "and bf16 in C, timed once per machine and batch and cached; "
-                                  "MUSEGEN_PRECISION=measure times again), fp32 or bf16."),
-    threads: Optional[int] = typer.Option(None, help="CPU threads while sampling, 1..256 (default 1: small "
-                                                     "per-token work runs faster on one thread)."),
+    precision: str = typer.Option(
+        "auto",
+        help="Precision of the model's steps: auto (the fastest of fp32, bf16 "
+        "and bf16 in C, timed once per machine and batch and cached; "
+        "MUSEGEN_PRECISION=measure times again), fp32 or bf16.",
+    ),
+    threads: Optional[int] = typer.Option(
+        None, help="CPU threads while sampling, 1..256 (default 1: small per-token work runs faster on one thread)."
+    ),
 ):
     """Continue a MIDI prompt (or start from scratch) with a trained checkpoint."""
     from musegen.sample import SampleSettings, sample_to_folder
 
-    settings = SampleSettings(length=length, bars=bars, temperature=temperature, top_p=top_p, top_k=top_k,
-                              num_samples=num_samples, seed=seed, grammar=not no_grammar, prompt_bars=prompt_bars,
-                              precision=precision, keep_note_offs=keep_note_offs, mono_bass=mono_bass)
-    summary = sample_to_folder(checkpoint, out, settings, prompt, audio=audio, pianoroll=pianoroll, device=device,
-                               threads=threads)
+    settings = SampleSettings(
+        length=length,
+        bars=bars,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        num_samples=num_samples,
+        seed=seed,
+        grammar=not no_grammar,
+        prompt_bars=prompt_bars,
+        precision=precision,
+        keep_note_offs=keep_note_offs,
+        mono_bass=mono_bass,
+    )
+    summary = sample_to_folder(
+        checkpoint, out, settings, prompt, audio=audio, pianoroll=pianoroll, device=device, threads=threads
+    )
     if "continued" in summary:
         skipped = summary["skipped"]
-        typer.echo("".join(f"{name}: written as {stem}.json, {stem}_000.mid, ... (its own name was taken)\n"
-                           for name, stem in summary["renamed"].items()), nl=False)
-        typer.echo(f"{summary['continued']} prompts continued, {len(skipped)} skipped"
-                   + "".join(f"\n  skipped {name}: {why}" for name, why in list(skipped.items())[:10])
-                   + (f"\n  ... and {len(skipped) - 10} more (see batch.json)" if len(skipped) > 10 else ""))
+        typer.echo(
+            "".join(
+                f"{name}: written as {stem}.json, {stem}_000.mid, ... (its own name was taken)\n"
+                for name, stem in summary["renamed"].items()
+            ),
+            nl=False,
+        )
+        typer.echo(
+            f"{summary['continued']} prompts continued, {len(skipped)} skipped"
+            + "".join(f"\n  skipped {name}: {why}" for name, why in list(skipped.items())[:10])
+            + (f"\n  ... and {len(skipped) - 10} more (see batch.json)" if len(skipped) > 10 else "")
+        )
     elif prompt is not None:
         report = {k: v for k, v in summary["prompt_report"].items() if k != "meta"}
-        typer.echo(f"prompt: {summary['prompt_tokens']} tokens"
-                   + "".join(f", {k} {v}" for k, v in report.items()))
+        typer.echo(f"prompt: {summary['prompt_tokens']} tokens" + "".join(f", {k} {v}" for k, v in report.items()))
     used, stats = summary["settings"], summary["stats"]
-    typer.echo(f"{len(summary['samples'])} samples, {stats['new_tokens']} tokens in {stats['seconds']} s "
-               f"({stats['tokens_per_second']} tokens/s); T={used['temperature']} top-p={used['top_p']} "
-               f"top-k={used['top_k']} seed={used['seed']}")
+    typer.echo(
+        f"{len(summary['samples'])} samples, {stats['new_tokens']} tokens in {stats['seconds']} s "
+        f"({stats['tokens_per_second']} tokens/s); T={used['temperature']} top-p={used['top_p']} "
+        f"top-k={used['top_k']} seed={used['seed']}"
+    )
     if stats["invalid"]:
         dropped = [r["dropped_tokens"] for r in summary["samples"] if "dropped_tokens" in r]
-        typer.echo(f"invalid samples: {stats['invalid']} of {len(summary['samples'])} "
-                   f"({stats['grammar_violations']} break the grammar, {stats['unfinished']} not closed); "
-                   f"decoded leniently, skipping {sum(dropped)} unplayable tokens")
+        typer.echo(
+            f"invalid samples: {stats['invalid']} of {len(summary['samples'])} "
+            f"({stats['grammar_violations']} break the grammar, {stats['unfinished']} not closed); "
+            f"decoded leniently, skipping {sum(dropped)} unplayable tokens"
+        )
     else:
         typer.echo("invalid samples: 0")
     typer.echo(f"written to {out}")

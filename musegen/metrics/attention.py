@@ -96,12 +96,14 @@ def capture_scored(model, ids: torch.Tensor, layers: Iterable[int], seed: int = 
     def on_spe(index):
         def hook(module, args, output):
             captured[index] = {"q": output[0], "k": output[1], "codes": args[2], "eps": args[3]}
+
         return hook
 
     def on_qkv(index, attention):
         def hook(module, args, output):
             q, k, v = (None if x is None else x.float() for x in attention.split(output))
             captured[index] = {"q": q, "k": k, "v": v, "codes": None, "eps": None}
+
         return hook
 
     for index in wanted:
@@ -159,8 +161,9 @@ def causal_row_sparsity(logits: torch.Tensor) -> torch.Tensor:
 # --- positional templates ------------------------------------------------------------------
 
 
-def code_templates(code_scale: float, codes: tuple[torch.Tensor, torch.Tensor],
-                   pairs: Sequence[tuple[int, int]]) -> torch.Tensor:
+def code_templates(
+    code_scale: float, codes: tuple[torch.Tensor, torch.Tensor], pairs: Sequence[tuple[int, int]]
+) -> torch.Tensor:
     """P_d(m, n) estimated from codes (Qbar, Kbar) [H, T, D, R] for each (head, feature) pair:
     [len(pairs), T, T], the codes' (R D)^(-1/4) scale removed."""
     qbar, kbar = codes
@@ -193,8 +196,9 @@ def strongest_features(kernel_at_zero: torch.Tensor, per_head: int) -> list[tupl
 # --- identical-token probes ----------------------------------------------------------------
 
 
-def probe_first_layer(model, token: int, length: int, regions: dict[str, Sequence[int]], window: int,
-                      seed: int = 0) -> dict[str, dict[str, torch.Tensor]]:
+def probe_first_layer(
+    model, token: int, length: int, regions: dict[str, Sequence[int]], window: int, seed: int = 0
+) -> dict[str, dict[str, torch.Tensor]]:
     """Translation invariance and monotonicity, per head, of the first layer's un-normalised
     attention on `token` repeated `length` times, for each region's query positions."""
     ids = torch.full((1, length), int(token), dtype=torch.long, device=next(model.parameters()).device)
@@ -205,6 +209,9 @@ def probe_first_layer(model, token: int, length: int, regions: dict[str, Sequenc
         view = lag_view(logits, queries, window)
         # One shift per head keeps exp() finite; a common factor changes neither score.
         a = (view - view.amax((-2, -1), keepdim=True)).exp()
-        out[name] = {"translation_invariance": translation_invariance(a), "monotonicity": monotonicity(a),
-                     "profile": a.double().mean(-2)}
+        out[name] = {
+            "translation_invariance": translation_invariance(a),
+            "monotonicity": monotonicity(a),
+            "profile": a.double().mean(-2),
+        }
     return out

@@ -33,8 +33,11 @@ def labelled_paths(spec: str | None, default: dict[str, Path]) -> dict[str, Path
     by its folder's name), or `default` when there is no spec."""
     if not spec:
         return dict(default)
-    pairs = [entry.split("=", 1) if "=" in entry else (Path(entry).parent.name, entry)
-             for entry in spec.split(os.pathsep) if entry]
+    pairs = [
+        entry.split("=", 1) if "=" in entry else (Path(entry).parent.name, entry)
+        for entry in spec.split(os.pathsep)
+        if entry
+    ]
     return {label: Path(path) for label, path in pairs}
 
 
@@ -59,12 +62,15 @@ def read_position_nll(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
         rows = list(csv.DictReader(f))
     if not any(r.get("nll") for r in rows):
         raise DataError(f"{path}: no per-position NLL rows (expected a `musegen evaluate loss` CSV)")
-    return (np.array([float(r["nll"]) if r["nll"] else math.nan for r in rows]),
-            np.array([int(r["count"]) for r in rows]))
+    return (
+        np.array([float(r["nll"]) if r["nll"] else math.nan for r in rows]),
+        np.array([int(r["count"]) for r in rows]),
+    )
 
 
-def plot_position_nll(curves: dict[str, str | os.PathLike], train_len: int | None, path: str | os.PathLike,
-                      smooth: int = 32) -> dict[str, dict[str, float]]:
+def plot_position_nll(
+    curves: dict[str, str | os.PathLike], train_len: int | None, path: str | os.PathLike, smooth: int = 32
+) -> dict[str, dict[str, float]]:
     """Several models' NLL against position in one figure (paper Fig. 3), with a running mean of
     `smooth` positions; returns each model's mean of the per-position NLL within and beyond
     `train_len` (positions weigh the same; `musegen evaluate loss` weighs tokens)."""
@@ -77,10 +83,12 @@ def plot_position_nll(curves: dict[str, str | os.PathLike], train_len: int | Non
         nll = nll[positions]
         window = max(1, min(smooth, len(nll)))
         trend = np.convolve(nll, np.ones(window) / window, mode="valid")
-        ax.plot(positions[window - 1:], trend, lw=1.2, label=label)
+        ax.plot(positions[window - 1 :], trend, lw=1.2, label=label)
         split = train_len if train_len is not None else int(positions.max()) + 1
-        summary[label] = {"within": float(nll[positions < split].mean()) if (positions < split).any() else math.nan,
-                          "beyond": float(nll[positions >= split].mean()) if (positions >= split).any() else math.nan}
+        summary[label] = {
+            "within": float(nll[positions < split].mean()) if (positions < split).any() else math.nan,
+            "beyond": float(nll[positions >= split].mean()) if (positions >= split).any() else math.nan,
+        }
     if train_len is not None:
         ax.axvline(train_len, color="k", ls="--", lw=1, label="training length")
     ax.set_xlabel("token position")
@@ -108,8 +116,9 @@ def read_style_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
     return rows
 
 
-def plot_style_comparison(tables: dict[str, str | os.PathLike | list[dict[str, Any]]],
-                          path: str | os.PathLike) -> dict[str, dict[str, list[float]]]:
+def plot_style_comparison(
+    tables: dict[str, str | os.PathLike | list[dict[str, Any]]], path: str | os.PathLike
+) -> dict[str, dict[str, list[float]]]:
     """Box plots of style similarity per segment, one colour per model, one panel per metric
     (paper Fig. 5); returns the medians per model, metric and segment. A table is a
     `musegen evaluate style` CSV or its rows."""
@@ -121,8 +130,15 @@ def plot_style_comparison(tables: dict[str, str | os.PathLike | list[dict[str, A
     width = 0.8 / len(rows)
     for ax, metric in zip(axes[0], metrics):
         for i, (label, table) in enumerate(rows.items()):
-            data = [[r["similarity"] for r in table if r["metric"] == metric and r["segment"] == s
-                     and not math.isnan(r["similarity"])] or [math.nan] for s in range(1, segments + 1)]
+            data = [
+                [
+                    r["similarity"]
+                    for r in table
+                    if r["metric"] == metric and r["segment"] == s and not math.isnan(r["similarity"])
+                ]
+                or [math.nan]
+                for s in range(1, segments + 1)
+            ]
             positions = np.arange(1, segments + 1) - 0.4 + width * (i + 0.5)
             box = ax.boxplot(data, positions=positions, widths=width * 0.9, showfliers=False, patch_artist=True)
             for patch in box["boxes"]:
@@ -149,15 +165,20 @@ def read_sampling(folder: Path) -> dict[str, float] | None:
             stats = schemas.read(path, "sample summary").stats
         except FormatError:  # another JSON file in the folder
             continue
-        return {"ms_per_token": 1000.0 / stats.tokens_per_second if stats.tokens_per_second else math.nan,
-                "state_kib": (stats.state_bytes if stats.state_bytes is not None else math.nan) / 1024}
+        return {
+            "ms_per_token": 1000.0 / stats.tokens_per_second if stats.tokens_per_second else math.nan,
+            "state_kib": (stats.state_bytes if stats.state_bytes is not None else math.nan) / 1024,
+        }
     return None
 
 
 def read_jsonl(path: Path, format: str) -> list[dict[str, Any]]:
     """The records of a JSON-lines file (blank lines skipped), each checked as `format`."""
-    return [schemas.loads(line, format, path).model_dump(by_alias=True, exclude_unset=True)
-            for line in path.read_text().splitlines() if line.strip()]
+    return [
+        schemas.loads(line, format, path).model_dump(by_alias=True, exclude_unset=True)
+        for line in path.read_text().splitlines()
+        if line.strip()
+    ]
 
 
 def read_log(folder: Path) -> list[dict[str, Any]]:
@@ -184,9 +205,13 @@ def read_training(records: list[dict[str, Any]]) -> dict[str, Any] | None:
             session.append(record)
     last = steps[-1]
     starts = [r for r in records if r.get("event") in ("start", "resume")]
-    return {"parameters": starts[0].get("parameters") if starts else None, "steps": last["step"],
-            "tokens": last["tokens"], "minutes": seconds * last["step"] / max(timed_steps, 1) / 60,
-            "loss": last["loss"]}
+    return {
+        "parameters": starts[0].get("parameters") if starts else None,
+        "steps": last["step"],
+        "tokens": last["tokens"],
+        "minutes": seconds * last["step"] / max(timed_steps, 1) / 60,
+        "loss": last["loss"],
+    }
 
 
 def compare_training(runs: dict[str, dict[str, Any]], out_dir: Path) -> list[dict[str, Any]]:
@@ -194,33 +219,63 @@ def compare_training(runs: dict[str, dict[str, Any]], out_dir: Path) -> list[dic
     logged training loss."""
     rows = [{"model": name, **training} for name, training in runs.items()]
     header = ["model", "parameters", "steps", "tokens", "wall minutes", "last training loss"]
-    write_table(out_dir, "training", header, [
-        [r["model"], f"{r['parameters']:,}" if r["parameters"] else "-", str(r["steps"]), f"{r['tokens']:,}",
-         f"{r['minutes']:.0f}", fmt(r["loss"])] for r in rows])
+    write_table(
+        out_dir,
+        "training",
+        header,
+        [
+            [
+                r["model"],
+                f"{r['parameters']:,}" if r["parameters"] else "-",
+                str(r["steps"]),
+                f"{r['tokens']:,}",
+                f"{r['minutes']:.0f}",
+                fmt(r["loss"]),
+            ]
+            for r in rows
+        ],
+    )
     return rows
 
 
 def read_validation(records: list[dict[str, Any]]) -> list[dict[str, float]]:
     """The validations a run logged as it trained (`valid_every`): step, NLL within the
     training length and beyond it (positions up to `valid_len`)."""
-    return [{"step": r["step"], "within": r["valid_loss"], "beyond": r.get("valid_extrapolation", math.nan)}
-            for r in records if "valid_loss" in r]
+    return [
+        {"step": r["step"], "within": r["valid_loss"], "beyond": r.get("valid_extrapolation", math.nan)}
+        for r in records
+        if "valid_loss" in r
+    ]
 
 
 def compare_validation(trends: dict[str, list[dict[str, float]]], out_dir: Path) -> dict[str, list[dict[str, float]]]:
     """Each model's validation NLL (`read_validation`'s) within and beyond L as training went on,
     and the gap between them (table and figure): whether extrapolation departs from the training
     length with training."""
-    write_table(out_dir, "validation", ["model", "step", "within L", "beyond L", "beyond - within"], [
-        [name, str(v["step"]), fmt(v["within"]), fmt(v["beyond"]), fmt(v["beyond"] - v["within"])]
-        for name, trend in trends.items() for v in trend])
+    write_table(
+        out_dir,
+        "validation",
+        ["model", "step", "within L", "beyond L", "beyond - within"],
+        [
+            [name, str(v["step"]), fmt(v["within"]), fmt(v["beyond"]), fmt(v["beyond"] - v["within"])]
+            for name, trend in trends.items()
+            for v in trend
+        ],
+    )
     plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
     for name, trend in trends.items():
         steps = [v["step"] for v in trend]
-        line, = left.plot(steps, [v["within"] for v in trend], marker="o", ms=3, label=f"{name} within L")
-        left.plot(steps, [v["beyond"] for v in trend], marker="o", ms=3, ls="--", color=line.get_color(),
-                  label=f"{name} beyond L")
+        (line,) = left.plot(steps, [v["within"] for v in trend], marker="o", ms=3, label=f"{name} within L")
+        left.plot(
+            steps,
+            [v["beyond"] for v in trend],
+            marker="o",
+            ms=3,
+            ls="--",
+            color=line.get_color(),
+            label=f"{name} beyond L",
+        )
         right.plot(steps, [v["beyond"] - v["within"] for v in trend], marker="o", ms=3, label=name)
     left.set(xlabel="training step", ylabel="validation NLL (nats)")
     right.set(xlabel="training step", ylabel="beyond L - within L (nats)")
@@ -280,24 +335,37 @@ def compare_style(runs: dict[str, Path], out_dir: Path) -> dict[str, dict[str, l
     (table), the grouped box plot, and the models' losses of style over the segments
     (`compare_style_drops`). Where the first model's folder holds the ceiling and floor of
     `evaluate style --baselines` (style_baselines.csv), they are rows and boxes of their own."""
-    tables = {name: read_style_rows(_the_one(folder, "style.csv", "musegen evaluate style"))
-              for name, folder in runs.items()}
+    tables = {
+        name: read_style_rows(_the_one(folder, "style.csv", "musegen evaluate style")) for name, folder in runs.items()
+    }
     compare_style_drops(tables, out_dir)
     for path in _found(next(iter(runs.values())), "style_baselines.csv")[:1]:
         baselines = read_style_rows(path)
-        tables |= {kind: part for kind in ("ceiling", "floor")
-                   for part in [[r for r in baselines if r.get("baseline") == kind]] if part}
+        tables |= {
+            kind: part
+            for kind in ("ceiling", "floor")
+            for part in [[r for r in baselines if r.get("baseline") == kind]]
+            if part
+        }
     table = plot_style_comparison(tables, out_dir / "style.png")
     segments = max(len(values) for t in table.values() for values in t.values())
     header = ["model", "metric"] + [f"Q{s} (empty)" for s in range(1, segments + 1)]
     cells = []
     for name, by_metric in table.items():
         empty = empty_shares(tables[name], segments)
-        cells += [[name, metric] + [f"{fmt(v, 2)} ({fmt(100 * e, 0)}%)" for v, e in zip(values, empty[metric])]
-                  for metric, values in by_metric.items()]
-    write_table(out_dir, "style", header, cells, "Median style similarity per quarter of the continuation (an "
-                "empty segment scores 0), and in brackets the share of empty segments; ceiling: the references' own "
-                "bars after the prompt; floor: another style's (`musegen evaluate style --baselines`).")
+        cells += [
+            [name, metric] + [f"{fmt(v, 2)} ({fmt(100 * e, 0)}%)" for v, e in zip(values, empty[metric])]
+            for metric, values in by_metric.items()
+        ]
+    write_table(
+        out_dir,
+        "style",
+        header,
+        cells,
+        "Median style similarity per quarter of the continuation (an "
+        "empty segment scores 0), and in brackets the share of empty segments; ceiling: the references' own "
+        "bars after the prompt; floor: another style's (`musegen evaluate style --baselines`).",
+    )
     return table
 
 
@@ -311,8 +379,9 @@ def _style_drops(rows: list[dict[str, Any]], metric: str, last: int) -> dict[tup
     return {key: s[1] - s[last] for key, s in scores.items() if len(s) == 2}
 
 
-def compare_style_drops(tables: dict[str, list[dict[str, Any]]], out_dir: Path,
-                        resamples: int = 2000) -> list[dict[str, Any]]:
+def compare_style_drops(
+    tables: dict[str, list[dict[str, Any]]], out_dir: Path, resamples: int = 2000
+) -> list[dict[str, Any]]:
     """How much of the style each model loses from the first segment to the last (the paper's
     claim that SPE keeps it while APE loses it): the mean drop over the comparisons, and against
     the first model the mean paired difference (the first model's drop minus this model's, on
@@ -328,25 +397,50 @@ def compare_style_drops(tables: dict[str, list[dict[str, Any]]], out_dir: Path,
             drops = base if name == first else _style_drops(table, metric, last)
             if not drops:
                 continue
-            row = {"model": name, "metric": metric, "drop": float(np.mean(list(drops.values()))),
-                   "comparisons": len(drops)}
+            row = {
+                "model": name,
+                "metric": metric,
+                "drop": float(np.mean(list(drops.values()))),
+                "comparisons": len(drops),
+            }
             pairs = sorted(base.keys() & drops.keys())
             if name != first and pairs:
                 gaps = np.array([base[key] - drops[key] for key in pairs])
                 means = rng.choice(gaps, (resamples, len(gaps))).mean(axis=1)
-                row |= {"vs_first": float(gaps.mean()), "low": float(np.quantile(means, 0.025)),
-                        "high": float(np.quantile(means, 0.975)), "pairs": len(pairs)}
+                row |= {
+                    "vs_first": float(gaps.mean()),
+                    "low": float(np.quantile(means, 0.025)),
+                    "high": float(np.quantile(means, 0.975)),
+                    "pairs": len(pairs),
+                }
             results.append(row)
-    header = ["model", "metric", f"Q1 - Q{last} (mean)", "comparisons", f"{first}'s drop minus this one's",
-              "95% interval", "pairs"]
-    write_table(out_dir, "style_drop", header, [
-        [r["model"], r["metric"], fmt(r["drop"]), str(r["comparisons"])]
-        + ([fmt(r["vs_first"]), f"[{fmt(r['low'])}, {fmt(r['high'])}]", str(r["pairs"])] if "vs_first" in r
-           else ["-", "-", "-"]) for r in results],
+    header = [
+        "model",
+        "metric",
+        f"Q1 - Q{last} (mean)",
+        "comparisons",
+        f"{first}'s drop minus this one's",
+        "95% interval",
+        "pairs",
+    ]
+    write_table(
+        out_dir,
+        "style_drop",
+        header,
+        [
+            [r["model"], r["metric"], fmt(r["drop"]), str(r["comparisons"])]
+            + (
+                [fmt(r["vs_first"]), f"[{fmt(r['low'])}, {fmt(r['high'])}]", str(r["pairs"])]
+                if "vs_first" in r
+                else ["-", "-", "-"]
+            )
+            for r in results
+        ],
         f"Mean loss of style similarity from the first quarter of the continuation to the last, per comparison "
         f"(prompt and role; empty segments score 0), and against {first} the mean paired difference of the drops "
         f"with a 95% bootstrap interval ({resamples} resamples of the pairs, seed 0): above 0, the model keeps "
-        f"the style better than {first}.")
+        f"the style better than {first}.",
+    )
     return results
 
 
@@ -358,8 +452,10 @@ def read_quarters(path: Path) -> dict[str, dict[tuple[str, str], list[float]]]:
     if not rows or not {"model Q1", "statistic"} <= set(rows[0]):
         raise DataError(f"{path}: not a continuation_quarters.csv of `musegen evaluate continuation --by-quarter`")
     number = lambda cell: math.nan if cell in ("", "-") else float(cell)  # noqa: E731
-    return {source: {(r["metric"], r["statistic"]): [number(r[f"{source} Q{q}"]) for q in range(1, 5)] for r in rows}
-            for source in ("model", "real", "floor")}
+    return {
+        source: {(r["metric"], r["statistic"]): [number(r[f"{source} Q{q}"]) for q in range(1, 5)] for r in rows}
+        for source in ("model", "real", "floor")
+    }
 
 
 def mean_quarter_starts(folder: Path) -> list[float]:
@@ -376,26 +472,43 @@ def compare_continuation(runs: dict[str, Path], out_dir: Path) -> dict[str, dict
     the mean token position where the model's quarters begin (table; the figure draws medians)."""
     from .continuation import plot_quarters
 
-    paths = {name: _the_one(folder, "continuation_quarters.csv", "musegen evaluate continuation --by-quarter")
-             for name, folder in runs.items()}
+    paths = {
+        name: _the_one(folder, "continuation_quarters.csv", "musegen evaluate continuation --by-quarter")
+        for name, folder in runs.items()
+    }
     tables = {name: read_quarters(path) for name, path in paths.items()}
     first = next(iter(tables.values()))
-    series = {name: table["model"] for name, table in tables.items()} | {"real": first["real"],
-                                                                          "floor": first["floor"]}
-    rows = [[name, "quarter start position", "mean"] + [f"{v:,.0f}" for v in mean_quarter_starts(paths[name].parent)]
-            for name in tables]
-    rows += [[label, metric, statistic] + [fmt(v) for v in values] for label, table in series.items()
-             for (metric, statistic), values in table.items()]
-    write_table(out_dir, "continuation", ["source", "metric", "statistic", "Q1", "Q2", "Q3", "Q4"], rows,
-                "Per quarter of the continued bars; real and floor: the same spans of the real pieces "
-                "and of other pieces (`musegen evaluate continuation`, docs/evaluation.md).")
-    plot_quarters({label: {metric: values for (metric, statistic), values in table.items() if statistic == "median"}
-                   for label, table in series.items()}, out_dir / "continuation.png")
+    series = {name: table["model"] for name, table in tables.items()} | {"real": first["real"], "floor": first["floor"]}
+    rows = [
+        [name, "quarter start position", "mean"] + [f"{v:,.0f}" for v in mean_quarter_starts(paths[name].parent)]
+        for name in tables
+    ]
+    rows += [
+        [label, metric, statistic] + [fmt(v) for v in values]
+        for label, table in series.items()
+        for (metric, statistic), values in table.items()
+    ]
+    write_table(
+        out_dir,
+        "continuation",
+        ["source", "metric", "statistic", "Q1", "Q2", "Q3", "Q4"],
+        rows,
+        "Per quarter of the continued bars; real and floor: the same spans of the real pieces "
+        "and of other pieces (`musegen evaluate continuation`, docs/evaluation.md).",
+    )
+    plot_quarters(
+        {
+            label: {metric: values for (metric, statistic), values in table.items() if statistic == "median"}
+            for label, table in series.items()
+        },
+        out_dir / "continuation.png",
+    )
     return series
 
 
-def compare(runs: dict[str, str | os.PathLike], out_dir: str | os.PathLike,
-            train_len: int | None = None) -> dict[str, Any]:
+def compare(
+    runs: dict[str, str | os.PathLike], out_dir: str | os.PathLike, train_len: int | None = None
+) -> dict[str, Any]:
     """Every comparison the folders allow: loss when each holds an nll_*.csv, style when each holds a
     style.csv, continuation per quarter when each holds a continuation_quarters.csv."""
     folders = {name: Path(p) for name, p in runs.items()}
@@ -420,7 +533,9 @@ def compare(runs: dict[str, str | os.PathLike], out_dir: str | os.PathLike,
     if report and all(validations.values()):
         report["validation"] = compare_validation(validations, out_dir)
     if not report:
-        raise DataError("nothing to compare: give every model folder nll_<split>.csv (musegen evaluate loss), "
-                        "style.csv (musegen evaluate style) or continuation_quarters.csv "
-                        "(musegen evaluate continuation --by-quarter)")
+        raise DataError(
+            "nothing to compare: give every model folder nll_<split>.csv (musegen evaluate loss), "
+            "style.csv (musegen evaluate style) or continuation_quarters.csv "
+            "(musegen evaluate continuation --by-quarter)"
+        )
     return report

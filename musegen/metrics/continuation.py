@@ -88,9 +88,13 @@ class NoteTable:
         roles = instrument_roles(midi.instruments, by_role)
         rows = [(n.start, n.end, n.pitch, role) for inst, role in zip(midi.instruments, roles) for n in inst.notes]
         tpb = int(midi.ticks_per_beat)
-        return cls(np.array([r[0] for r in rows], dtype=np.float64) / tpb,
-                   np.array([r[1] for r in rows], dtype=np.float64) / tpb,
-                   np.array([r[2] for r in rows], dtype=np.int64), np.array([r[3] for r in rows], dtype=object), tpb)
+        return cls(
+            np.array([r[0] for r in rows], dtype=np.float64) / tpb,
+            np.array([r[1] for r in rows], dtype=np.float64) / tpb,
+            np.array([r[2] for r in rows], dtype=np.int64),
+            np.array([r[3] for r in rows], dtype=object),
+            tpb,
+        )
 
     def __len__(self) -> int:
         return len(self.start)
@@ -123,7 +127,7 @@ def sounding(notes: NoteTable, first_bar: int, bars: int, per_beat: int = STEPS_
     last = np.ceil(notes.end * per_beat - origin).astype(np.int64) - 1  # the last step starting before the end
     for lo, hi, pitch in zip(np.maximum(first, 0), np.minimum(last, steps - 1), notes.pitch):
         if lo <= hi:
-            roll[lo:hi + 1, pitch] = True
+            roll[lo : hi + 1, pitch] = True
     return roll
 
 
@@ -198,12 +202,15 @@ def role_metrics(notes: NoteTable, first_bar: int, bars: int, roles: list[str]) 
 
 def reference_profiles(reference: NoteTable) -> dict[str, dict[str, np.ndarray]]:
     """The style profiles of a whole real piece, per role it has."""
-    return {role: profiles(_style_notes(reference.select(reference.role == role)), role)
-            for role in sorted(set(reference.role.tolist()))}
+    return {
+        role: profiles(_style_notes(reference.select(reference.role == role)), role)
+        for role in sorted(set(reference.role.tolist()))
+    }
 
 
-def style_metrics(notes: NoteTable, first_bar: int, bars: int,
-                  reference: dict[str, dict[str, np.ndarray]]) -> dict[str, list[float]]:
+def style_metrics(
+    notes: NoteTable, first_bar: int, bars: int, reference: dict[str, dict[str, np.ndarray]]
+) -> dict[str, list[float]]:
     """Style similarity of each quarter of the span with the reference piece, pooled over roles:
     {"style <metric> Q<q>": [one value per role of the reference]}."""
     out: dict[str, list[float]] = {}
@@ -229,19 +236,28 @@ def instrument_roles(instruments: list, by_role: bool = True) -> list[str]:
     ("other", drums "drums"), so that a piano's several tracks are never split into roles."""
     if not by_role:
         return ["drums" if inst.is_drum else "other" for inst in instruments]
-    parts = [Part(inst.name, inst.program, inst.is_drum, np.ones((len(inst.notes), 4), dtype=np.int64))
-             for inst in instruments]
+    parts = [
+        Part(inst.name, inst.program, inst.is_drum, np.ones((len(inst.notes), 4), dtype=np.int64))
+        for inst in instruments
+    ]
     roles = assign_roles(parts)
     role_of = {id(p): role for role, group in (("bass", roles.bass), ("drums", roles.drums)) for p in group}
     return [role_of.get(id(p), "other") for p in parts]
 
 
-def measure(notes: NoteTable, first_bar: int, bars: int, prompt_classes: np.ndarray,
-            reference: dict[str, dict[str, np.ndarray]] | None, by_quarter: bool = False) -> dict[str, list[float]]:
+def measure(
+    notes: NoteTable,
+    first_bar: int,
+    bars: int,
+    prompt_classes: np.ndarray,
+    reference: dict[str, dict[str, np.ndarray]] | None,
+    by_quarter: bool = False,
+) -> dict[str, list[float]]:
     """Every metric of one span, each as a list of observations (style: one per role). With
     `reference` (the real piece's style profiles, for multi-track pieces) the role and style metrics
     are added; with `by_quarter` the span and role metrics of each quarter of the span too
     ("<metric> Q<q>"; `bars` a multiple of 4)."""
+
     def plain(lo: int, n: int) -> dict[str, float]:
         values = span_metrics(notes, lo, n, prompt_classes)
         return values | role_metrics(notes, lo, n, list(reference)) if reference is not None else values
@@ -303,8 +319,9 @@ class Piece:
 MIDI_SPLIT = "midi"  # the split name of a folder of MIDI files
 
 
-def split_pieces(data_dir: str | os.PathLike, split: str, tokenizer: Tokenizer
-                 ) -> tuple[str, list[str], list[np.ndarray], dict[str, str]]:
+def split_pieces(
+    data_dir: str | os.PathLike, split: str, tokenizer: Tokenizer
+) -> tuple[str, list[str], list[np.ndarray], dict[str, str]]:
     """(split, piece names, their ids, unreadable pieces with why) of a prepared corpus's split,
     or of every MIDI file under a folder without a shard index (real music that is not in any
     corpus; each file encoded by the model's tokenizer, named by its path in the folder; `split`
@@ -331,8 +348,9 @@ def split_pieces(data_dir: str | os.PathLike, split: str, tokenizer: Tokenizer
     return split, shards.names(split), ids, {}
 
 
-def usable_pieces(tokenizer: Tokenizer, names: list[str], pieces: list[np.ndarray],
-                  settings: ContinuationSettings) -> tuple[list[Piece], dict[str, str]]:
+def usable_pieces(
+    tokenizer: Tokenizer, names: list[str], pieces: list[np.ndarray], settings: ContinuationSettings
+) -> tuple[list[Piece], dict[str, str]]:
     """The pieces long enough for the protocol, and why each other piece was skipped."""
     usable, skipped = [], {}
     for name, ids in zip(names, pieces):
@@ -346,27 +364,43 @@ def usable_pieces(tokenizer: Tokenizer, names: list[str], pieces: list[np.ndarra
             continue
         span_start = notes.first_bar() + 1 + settings.prompt_bars
         if notes.last_onset_bar() < span_start + settings.bars - 1 or len(tokenizer.bar_starts(ids)) <= span_start:
-            skipped[name] = (f"too short: {notes.last_onset_bar() + 1} bars, the protocol needs "
-                             f"{span_start + settings.bars} (pickup bar at {notes.first_bar()})")
+            skipped[name] = (
+                f"too short: {notes.last_onset_bar() + 1} bars, the protocol needs "
+                f"{span_start + settings.bars} (pickup bar at {notes.first_bar()})"
+            )
             continue
         usable.append(Piece(name, np.asarray(ids), notes, span_start))
     return usable, skipped
 
 
-def continue_piece(model, tokenizer: Tokenizer, piece: Piece, floor: Piece | None, index: int,
-                   settings: ContinuationSettings, device, threads: int | None,
-                   samples_dir: Path) -> dict[str, Any]:
+def continue_piece(
+    model,
+    tokenizer: Tokenizer,
+    piece: Piece,
+    floor: Piece | None,
+    index: int,
+    settings: ContinuationSettings,
+    device,
+    threads: int | None,
+    samples_dir: Path,
+) -> dict[str, Any]:
     """Sample one piece's continuations, write them as MIDI, and measure them beside the real span
     and the floor: the piece's record for pieces.jsonl."""
     from ..sample import SampleSettings, generate, prompt_from_ids, write_samples
 
     prompt = prompt_from_ids(tokenizer, piece.ids, bars=piece.span_start, source=piece.name)
     seed = settings.seed + index
-    sample_settings = SampleSettings(bars=settings.bars, num_samples=settings.samples_per_piece, seed=seed,
-                                     temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k,
-                                     keep_note_offs=settings.keep_note_offs, mono_bass=settings.mono_bass)
-    samples, stats = generate(model, tokenizer, prompt, sample_settings, device=device, progress=False,
-                              threads=threads)
+    sample_settings = SampleSettings(
+        bars=settings.bars,
+        num_samples=settings.samples_per_piece,
+        seed=seed,
+        temperature=settings.temperature,
+        top_p=settings.top_p,
+        top_k=settings.top_k,
+        keep_note_offs=settings.keep_note_offs,
+        mono_bass=settings.mono_bass,
+    )
+    samples, stats = generate(model, tokenizer, prompt, sample_settings, device=device, progress=False, threads=threads)
     write_samples(samples, tokenizer, prompt, samples_dir, piece_stem(piece.name))
     classes, reference, bars, quarters = piece.prompt_classes(), piece.reference(), settings.bars, settings.by_quarter
     model_values, positions, errors = [], [], 0
@@ -378,11 +412,20 @@ def continue_piece(model, tokenizer: Tokenizer, piece: Piece, floor: Piece | Non
             continue
         model_values.append(measure(notes, piece.span_start, bars, classes, reference, quarters))
         positions.append(quarter_positions(tokenizer, sample.ids, piece.span_start, bars))
-    return {"piece": piece.name, "index": index, "seed": seed, "span_start_bar": piece.span_start,
-            "floor_piece": floor.name if floor else None, "model": model_values, "model_positions": positions,
-            "real": measure(piece.notes, piece.span_start, bars, classes, reference, quarters),
-            "floor": measure(floor.notes, floor.span_start, bars, classes, reference, quarters) if floor else None,
-            "undecodable_samples": errors, "invalid_samples": stats["invalid"], "seconds": stats["seconds"]}
+    return {
+        "piece": piece.name,
+        "index": index,
+        "seed": seed,
+        "span_start_bar": piece.span_start,
+        "floor_piece": floor.name if floor else None,
+        "model": model_values,
+        "model_positions": positions,
+        "real": measure(piece.notes, piece.span_start, bars, classes, reference, quarters),
+        "floor": measure(floor.notes, floor.span_start, bars, classes, reference, quarters) if floor else None,
+        "undecodable_samples": errors,
+        "invalid_samples": stats["invalid"],
+        "seconds": stats["seconds"],
+    }
 
 
 def quarter_positions(tokenizer: Tokenizer, ids, first_bar: int, bars: int) -> list[int]:
@@ -413,8 +456,9 @@ class ResultLog:
             before = schemas.read(self.run, "evaluation settings")
             if before != settings:
                 changed = sorted(k for k in set(before) | set(settings) if before.get(k) != settings.get(k))
-                raise ConfigError(f"{out_dir} holds results of other settings ({', '.join(changed)}); "
-                                  "choose another --out")
+                raise ConfigError(
+                    f"{out_dir} holds results of other settings ({', '.join(changed)}); choose another --out"
+                )
             if self.path.is_file():
                 lines = self.path.read_text(encoding="utf-8").splitlines()
                 records = [schemas.loads(line, "piece record", self.path) for line in filter(None, lines)]
@@ -439,8 +483,18 @@ def _json_safe(value):
 
 
 SOURCES = ("model", "real", "floor")
-COLUMNS = ("metric", "model_mean", "model_median", "real_mean", "real_median", "floor_mean", "floor_median",
-           "model_over_real", "model_minus_real", "model_n")
+COLUMNS = (
+    "metric",
+    "model_mean",
+    "model_median",
+    "real_mean",
+    "real_median",
+    "floor_mean",
+    "floor_median",
+    "model_over_real",
+    "model_minus_real",
+    "model_n",
+)
 
 
 def pooled_values(records: list[dict[str, Any]]) -> dict[str, dict[str, np.ndarray]]:
@@ -448,8 +502,11 @@ def pooled_values(records: list[dict[str, Any]]) -> dict[str, dict[str, np.ndarr
     the order they first appear."""
     pooled: dict[str, dict[str, list[float]]] = {}
     for record in records:
-        spans = {"model": record["model"], "real": [record["real"]],
-                 "floor": [record["floor"]] if record["floor"] else []}
+        spans = {
+            "model": record["model"],
+            "real": [record["real"]],
+            "floor": [record["floor"]] if record["floor"] else [],
+        }
         for source, measured in spans.items():
             for values in measured:
                 for metric, observed in values.items():
@@ -501,8 +558,13 @@ def per_quarter(pooled: dict[str, dict[str, np.ndarray]]) -> dict[str, list[dict
     return {m: values for m, values in quarters.items() if len(values) == QUARTERS}
 
 
-def write_report(out_dir: Path, rows: list[dict[str, Any]], pooled: dict[str, dict[str, np.ndarray]],
-                 note: str, quarter_note: str = "") -> dict[str, Path]:
+def write_report(
+    out_dir: Path,
+    rows: list[dict[str, Any]],
+    pooled: dict[str, dict[str, np.ndarray]],
+    note: str,
+    quarter_note: str = "",
+) -> dict[str, Path]:
     """continuation.csv, continuation.md (the table, then `note`) and continuation.png; with
     per-quarter span metrics also continuation_quarters.csv/.md (means and medians per quarter)
     and .png (the medians)."""
@@ -517,11 +579,19 @@ def write_report(out_dir: Path, rows: list[dict[str, Any]], pooled: dict[str, di
     files = {kind: out_dir / f"continuation.{kind}" for kind in ("csv", "md", "png")}
     if copies:
         header = ["metric", "statistic"] + [f"{source} Q{q + 1}" for source in SOURCES for q in range(QUARTERS)]
-        cells = [[metric, name] + [fmt(statistic(part[source])) for source in SOURCES for part in parts]
-                 for metric, parts in quarters.items() for name, statistic in STATISTICS.items()]
+        cells = [
+            [metric, name] + [fmt(statistic(part[source])) for source in SOURCES for part in parts]
+            for metric, parts in quarters.items()
+            for name, statistic in STATISTICS.items()
+        ]
         write_table(out_dir, "continuation_quarters", header, cells, quarter_note)
-        plot_quarters({source: {metric: [_median(part[source]) for part in parts] for metric, parts in quarters.items()}
-                       for source in SOURCES}, out_dir / "continuation_quarters.png")
+        plot_quarters(
+            {
+                source: {metric: [_median(part[source]) for part in parts] for metric, parts in quarters.items()}
+                for source in SOURCES
+            },
+            out_dir / "continuation_quarters.png",
+        )
         files |= {f"quarters_{kind}": out_dir / f"continuation_quarters.{kind}" for kind in ("csv", "md", "png")}
     return files
 
@@ -582,9 +652,17 @@ def _fingerprints(model, pieces: list[np.ndarray]) -> dict[str, str]:
     return {"weights_sha256": weights.hexdigest()[:16], "pieces_sha256": tokens.hexdigest()[:16]}
 
 
-def evaluate_continuation(checkpoint: str | os.PathLike, data_dir: str | os.PathLike, out_dir: str | os.PathLike,
-                          settings: ContinuationSettings, split: str = "valid", limit: int | None = None,
-                          device: str = "auto", threads: int | None = None, progress: bool = True) -> dict[str, Any]:
+def evaluate_continuation(
+    checkpoint: str | os.PathLike,
+    data_dir: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    settings: ContinuationSettings,
+    split: str = "valid",
+    limit: int | None = None,
+    device: str = "auto",
+    threads: int | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
     """The whole protocol of the module docstring on `split` (the first `limit` usable pieces).
 
     Writes to `out_dir`: run.json (settings), pieces.jsonl (every value of every piece, kept
@@ -605,8 +683,16 @@ def evaluate_continuation(checkpoint: str | os.PathLike, data_dir: str | os.Path
         raise DataError(f"{data_dir}: no piece of split {split!r} can be used ({len(skipped)} skipped; {why})")
     chosen = usable[:limit]
     out_dir = Path(out_dir)
-    log = ResultLog(out_dir, {"checkpoint": str(Path(checkpoint).resolve()), "data": str(Path(data_dir).resolve()),
-                              "split": split, **asdict(settings), **_fingerprints(model, ids)})
+    log = ResultLog(
+        out_dir,
+        {
+            "checkpoint": str(Path(checkpoint).resolve()),
+            "data": str(Path(data_dir).resolve()),
+            "split": split,
+            **asdict(settings),
+            **_fingerprints(model, ids),
+        },
+    )
     todo = [(i, p) for i, p in enumerate(chosen) if p.name not in log.records]
     for i, piece in tqdm(todo, desc="continuing", unit="piece", disable=not progress):
         floor = usable[(i + max(1, len(usable) // 2)) % len(usable)] if len(usable) > 1 else None
@@ -614,19 +700,33 @@ def evaluate_continuation(checkpoint: str | os.PathLike, data_dir: str | os.Path
     records = [log.records[p.name] for p in chosen]
     pooled = pooled_values(records)
     rows = summary_rows(pooled)
-    note = (f"{len(chosen)} pieces of split {split!r} ({len(skipped)} skipped), {settings.samples_per_piece} samples "
-            f"each; prompt: pickup bar + {settings.prompt_bars} bars; measured: the next {settings.bars} bars. "
-            "model: the samples' values; real: the piece's own bars (reference); floor: another piece's bars after "
-            "its own prompt. model_over_real = model_mean / real_mean; model_minus_real = model_mean - real_mean. "
-            "Definitions: docs/evaluation.md.")
+    note = (
+        f"{len(chosen)} pieces of split {split!r} ({len(skipped)} skipped), {settings.samples_per_piece} samples "
+        f"each; prompt: pickup bar + {settings.prompt_bars} bars; measured: the next {settings.bars} bars. "
+        "model: the samples' values; real: the piece's own bars (reference); floor: another piece's bars after "
+        "its own prompt. model_over_real = model_mean / real_mean; model_minus_real = model_mean - real_mean. "
+        "Definitions: docs/evaluation.md."
+    )
     quarter_note = ""
     if settings.by_quarter:
         means = mean_positions(records)
-        quarter_note = "Means and medians per quarter of the measured bars. " + ("" if means is None else (
-            "The model's quarters begin, on average, at token positions " + ", ".join(f"{v:,.0f}" for v in means[:-1])
-            + f" and its span ends at {means[-1]:,.0f} (position 0: the prompt's first token)."))
+        quarter_note = "Means and medians per quarter of the measured bars. " + (
+            ""
+            if means is None
+            else (
+                "The model's quarters begin, on average, at token positions "
+                + ", ".join(f"{v:,.0f}" for v in means[:-1])
+                + f" and its span ends at {means[-1]:,.0f} (position 0: the prompt's first token)."
+            )
+        )
     files = write_report(out_dir, rows, pooled, note, quarter_note)
-    return {"split": split, "pieces": len(chosen), "resumed": len(chosen) - len(todo), "skipped": skipped,
-            "invalid_samples": sum(r["invalid_samples"] for r in records),
-            "undecodable_samples": sum(r["undecodable_samples"] for r in records),
-            "rows": rows, "files": {k: str(v) for k, v in files.items()}}
+    return {
+        "split": split,
+        "pieces": len(chosen),
+        "resumed": len(chosen) - len(todo),
+        "skipped": skipped,
+        "invalid_samples": sum(r["invalid_samples"] for r in records),
+        "undecodable_samples": sum(r["undecodable_samples"] for r in records),
+        "rows": rows,
+        "files": {k: str(v) for k, v in files.items()},
+    }

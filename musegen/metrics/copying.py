@@ -63,6 +63,7 @@ class Pattern:
 
 # ---- patterns -------------------------------------------------------------------------------------
 
+
 def cut_pattern(midi: miditoolkit.MidiFile, first_bar: int, name: str, source: str) -> Pattern:
     """Bars first_bar .. first_bar + PATTERN_BARS - 1 of `midi` as a pattern: the notes that start
     in them, moved to tick 0 and ended at the pattern's end at the latest."""
@@ -72,8 +73,11 @@ def cut_pattern(midi: miditoolkit.MidiFile, first_bar: int, name: str, source: s
     out.tempo_changes = [miditoolkit.TempoChange(_tempo_at(midi, lo), 0)]
     out.time_signature_changes = [miditoolkit.TimeSignature(BEATS_PER_BAR, 4, 0)]
     for inst in midi.instruments:
-        notes = [miditoolkit.Note(n.velocity, n.pitch, n.start - lo, min(n.end, hi) - lo)
-                 for n in inst.notes if lo <= n.start < hi]
+        notes = [
+            miditoolkit.Note(n.velocity, n.pitch, n.start - lo, min(n.end, hi) - lo)
+            for n in inst.notes
+            if lo <= n.start < hi
+        ]
         if notes:
             kept = miditoolkit.Instrument(inst.program, is_drum=inst.is_drum, name=inst.name)
             kept.notes = notes
@@ -97,8 +101,12 @@ def looped(pattern: Pattern, bars: int) -> bytes:
     end = bars * BEATS_PER_BAR * midi.ticks_per_beat
     for inst in midi.instruments:
         copy = miditoolkit.Instrument(inst.program, is_drum=inst.is_drum, name=inst.name)
-        copy.notes = [miditoolkit.Note(n.velocity, n.pitch, n.start + k * length, n.end + k * length)
-                      for k in range(repeats) for n in inst.notes if n.start + k * length < end]
+        copy.notes = [
+            miditoolkit.Note(n.velocity, n.pitch, n.start + k * length, n.end + k * length)
+            for k in range(repeats)
+            for n in inst.notes
+            if n.start + k * length < end
+        ]
         out.instruments.append(copy)
     buffer = io.BytesIO()
     out.dump(file=buffer)
@@ -117,7 +125,9 @@ def corpus_patterns(data_dir: str | os.PathLike, split: str, limit: int) -> tupl
         raise DataError(f"{data_dir}: no split {split!r} (has {', '.join(shards.splits) or 'none'})")
     tokenizer = shards.tokenizer
     if not tokenizer.roles:
-        raise DataError(f"{data_dir}: a {tokenizer.kind} corpus has no track roles; the copy test needs a groove corpus")
+        raise DataError(
+            f"{data_dir}: a {tokenizer.kind} corpus has no track roles; the copy test needs a groove corpus"
+        )
     patterns, skipped = [], {}
     names, pieces = shards.names(found), shards.pieces(found)
     for index in _by_style(names):
@@ -151,8 +161,9 @@ def _by_style(names: list[str]) -> list[int]:
 
 # Each groove: tempo, then per role (program, is_drum) the notes of its 2 bars as (beat, length,
 # pitch); the second bar moves to another chord, so the two bars differ.
-def _groove(tempo: float, bass: list, drums: list, chords: list, bass_program: int = 33,
-            chord_program: int = 0) -> dict[str, Any]:
+def _groove(
+    tempo: float, bass: list, drums: list, chords: list, bass_program: int = 33, chord_program: int = 0
+) -> dict[str, Any]:
     return {"tempo": tempo, "parts": [(bass_program, False, bass), (0, True, drums), (chord_program, False, chords)]}
 
 
@@ -164,28 +175,48 @@ KICK, SNARE, HAT, RIDE, RIM = 36, 38, 42, 51, 37
 C_MAJOR, F_MAJOR, A_MINOR, D_MINOR = (60, 64, 67), (60, 65, 69), (57, 60, 64), (57, 62, 65)
 BUILT_GROOVES = {
     "rock-8ths": _groove(
-        120, bass=_each([0, 1.5, 2, 3], 0.5, [36]) + _each([4, 5.5, 6, 7], 0.5, [41]),
-        drums=_each([0, 2.5, 4, 6.5], 0.25, [KICK]) + _each([1, 3, 5, 7], 0.25, [SNARE])
+        120,
+        bass=_each([0, 1.5, 2, 3], 0.5, [36]) + _each([4, 5.5, 6, 7], 0.5, [41]),
+        drums=_each([0, 2.5, 4, 6.5], 0.25, [KICK])
+        + _each([1, 3, 5, 7], 0.25, [SNARE])
         + _each(np.arange(0, 8, 0.5), 0.25, [HAT]),
-        chords=_each([0], 4, C_MAJOR) + _each([4], 4, F_MAJOR)),
+        chords=_each([0], 4, C_MAJOR) + _each([4], 4, F_MAJOR),
+    ),
     "funk-16ths": _groove(
-        100, bass=_each([0, 0.75, 1.5], 0.25, [33]) + _each([2.5, 3.25], 0.25, [45])
-        + _each([4, 4.75, 5.5], 0.25, [38]) + _each([6.5, 7.25], 0.25, [50]),
-        drums=_each([0, 0.75, 2.5, 4, 4.75, 6.5], 0.25, [KICK]) + _each([1, 3, 5, 7], 0.25, [SNARE])
+        100,
+        bass=_each([0, 0.75, 1.5], 0.25, [33])
+        + _each([2.5, 3.25], 0.25, [45])
+        + _each([4, 4.75, 5.5], 0.25, [38])
+        + _each([6.5, 7.25], 0.25, [50]),
+        drums=_each([0, 0.75, 2.5, 4, 4.75, 6.5], 0.25, [KICK])
+        + _each([1, 3, 5, 7], 0.25, [SNARE])
         + _each(np.arange(0, 8, 0.25), 0.125, [HAT]),
-        chords=_each([0.5, 1.75, 3.5], 0.25, A_MINOR) + _each([4.5, 5.75, 7.5], 0.25, D_MINOR), chord_program=27),
+        chords=_each([0.5, 1.75, 3.5], 0.25, A_MINOR) + _each([4.5, 5.75, 7.5], 0.25, D_MINOR),
+        chord_program=27,
+    ),
     "bossa": _groove(
-        140, bass=_each([0, 1.5], 0.5, [36]) + _each([2, 3.5], 0.5, [43]) + _each([4, 5.5], 0.5, [38])
+        140,
+        bass=_each([0, 1.5], 0.5, [36])
+        + _each([2, 3.5], 0.5, [43])
+        + _each([4, 5.5], 0.5, [38])
         + _each([6, 7.5], 0.5, [45]),
-        drums=_each([0, 1.5, 2, 3.5, 4, 5.5, 6, 7.5], 0.25, [KICK]) + _each([0, 1.5, 3, 4.5, 5.5, 6.5], 0.25, [RIM])
+        drums=_each([0, 1.5, 2, 3.5, 4, 5.5, 6, 7.5], 0.25, [KICK])
+        + _each([0, 1.5, 3, 4.5, 5.5, 6.5], 0.25, [RIM])
         + _each(np.arange(0, 8, 0.5), 0.25, [HAT]),
-        chords=_each([0, 1.5, 3], 1, C_MAJOR) + _each([4.5, 5.5, 7], 1, D_MINOR), chord_program=24),
+        chords=_each([0, 1.5, 3], 1, C_MAJOR) + _each([4.5, 5.5, 7], 1, D_MINOR),
+        chord_program=24,
+    ),
     "shuffle": _groove(
-        90, bass=_each([0, 1, 2, 3], 2 / 3, [36]) + _each([b + 2 / 3 for b in range(4)], 1 / 3, [43])
-        + _each([4, 5, 6, 7], 2 / 3, [41]) + _each([b + 2 / 3 for b in range(4, 8)], 1 / 3, [48]),
-        drums=_each([0, 2, 4, 6], 0.25, [KICK]) + _each([1, 3, 5, 7], 0.25, [SNARE])
+        90,
+        bass=_each([0, 1, 2, 3], 2 / 3, [36])
+        + _each([b + 2 / 3 for b in range(4)], 1 / 3, [43])
+        + _each([4, 5, 6, 7], 2 / 3, [41])
+        + _each([b + 2 / 3 for b in range(4, 8)], 1 / 3, [48]),
+        drums=_each([0, 2, 4, 6], 0.25, [KICK])
+        + _each([1, 3, 5, 7], 0.25, [SNARE])
         + _each([b + t for b in range(8) for t in (0, 2 / 3)], 0.25, [RIDE]),
-        chords=_each([1, 3], 2 / 3, C_MAJOR) + _each([5, 7], 2 / 3, F_MAJOR)),
+        chords=_each([1, 3], 2 / 3, C_MAJOR) + _each([5, 7], 2 / 3, F_MAJOR),
+    ),
 }
 
 
@@ -204,6 +235,7 @@ def built_patterns() -> list[Pattern]:
 
 
 # ---- scoring --------------------------------------------------------------------------------------
+
 
 def bar_keys(notes: NoteTable, role: str, bar: int, tpq: int) -> set[tuple[int, int]]:
     """(onset tick within the bar at `tpq` ticks a beat, pitch) of `role`'s notes starting in `bar`."""
@@ -230,14 +262,21 @@ class Loop:
     def of(cls, prompt_piece: miditoolkit.MidiFile, roles: tuple[str, ...]) -> "Loop":
         notes = NoteTable.from_midi(prompt_piece)
         first = PROMPT_BARS - PATTERN_BARS  # a multiple of PATTERN_BARS: bar b has phase b mod 2
-        return cls(notes.tpq, {role: [bar_keys(notes, role, first + k, notes.tpq) for k in range(PATTERN_BARS)]
-                               for role in roles})
+        return cls(
+            notes.tpq,
+            {role: [bar_keys(notes, role, first + k, notes.tpq) for k in range(PATTERN_BARS)] for role in roles},
+        )
 
     def bar_scores(self, notes: NoteTable, first_bar: int, bars: int) -> dict[str, list[float]]:
         """Per role: the F1 of each bar first_bar .. first_bar + bars - 1 against the pattern's bar
         of the same phase (NaN where neither plays)."""
-        return {role: [f1(bar_keys(notes, role, b, self.tpq), wanted[b % PATTERN_BARS])
-                       for b in range(first_bar, first_bar + bars)] for role, wanted in self.bars.items()}
+        return {
+            role: [
+                f1(bar_keys(notes, role, b, self.tpq), wanted[b % PATTERN_BARS])
+                for b in range(first_bar, first_bar + bars)
+            ]
+            for role, wanted in self.bars.items()
+        }
 
     def scores(self, notes: NoteTable, first_bar: int, bars: int) -> dict[str, float]:
         """Per role: the mean of `bar_scores` over the bars where either plays (NaN where neither
@@ -284,6 +323,7 @@ def loop_scores(tokenizer: Tokenizer, loop: Loop, pattern: Pattern, bars: int) -
 
 # ---- the test over checkpoints --------------------------------------------------------------------
 
+
 @dataclass
 class CopySettings:
     bars: int = 4  # continued and scored after the prompt
@@ -297,10 +337,18 @@ class CopySettings:
         return self
 
 
-def evaluate_copy(checkpoints: dict[str, str | os.PathLike], out_dir: str | os.PathLike,
-                  data_dir: str | os.PathLike | None = None, split: str = "test", pieces: int = 4,
-                  built: bool = True, settings: CopySettings | None = None, device: str = "auto",
-                  threads: int | None = None, progress: bool = True) -> dict[str, Any]:
+def evaluate_copy(
+    checkpoints: dict[str, str | os.PathLike],
+    out_dir: str | os.PathLike,
+    data_dir: str | os.PathLike | None = None,
+    split: str = "test",
+    pieces: int = 4,
+    built: bool = True,
+    settings: CopySettings | None = None,
+    device: str = "auto",
+    threads: int | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
     """The copy test of every checkpoint ({name: folder}) on the same patterns, beside the ceiling
     and floor of each tokenizer. Writes copy.md / copy.csv (the table), copy.json (settings,
     every score, the table) and samples/<model>/ (the continuations as MIDI)."""
@@ -321,18 +369,28 @@ def evaluate_copy(checkpoints: dict[str, str | os.PathLike], out_dir: str | os.P
     for name, folder in checkpoints.items():
         model, tokenizer, _, _ = load_checkpoint(folder, device=device)
         if not tokenizer.roles:
-            raise ConfigError(f"{folder}: a {tokenizer.kind} model plays no track roles; the copy test needs a "
-                              "multi-track (groove) model")
+            raise ConfigError(
+                f"{folder}: a {tokenizer.kind} model plays no track roles; the copy test needs a "
+                "multi-track (groove) model"
+            )
         key = tokenizer.kind + repr(sorted(tokenizer.settings().items()))
         if key not in prepared_by:
             prepared_by[key] = _prepare_all(tokenizer, patterns, skipped)
             baselines[key] = (tokenizer.kind, _baselines(tokenizer, prepared_by[key], settings.bars))
         rows, started = [], time.perf_counter()
         sample_settings = SampleSettings(bars=settings.bars, num_samples=settings.samples)
-        for i, item in enumerate(tqdm(prepared_by[key], desc=f"copy test: {name}", unit="pattern",
-                                      disable=not progress)):
-            samples, _ = generate(model, tokenizer, item.prompt, replace(sample_settings, seed=settings.seed + i),
-                                  device=device, progress=False, threads=threads)
+        for i, item in enumerate(
+            tqdm(prepared_by[key], desc=f"copy test: {name}", unit="pattern", disable=not progress)
+        ):
+            samples, _ = generate(
+                model,
+                tokenizer,
+                item.prompt,
+                replace(sample_settings, seed=settings.seed + i),
+                device=device,
+                progress=False,
+                threads=threads,
+            )
             write_samples(samples, tokenizer, item.prompt, out_dir / "samples" / name, _stem(item.pattern.name))
             for j, sample in enumerate(samples):
                 try:
@@ -340,10 +398,16 @@ def evaluate_copy(checkpoints: dict[str, str | os.PathLike], out_dir: str | os.P
                 except TokenError:  # nothing usable written: no credit
                     notes = silence()
                 by_bar = item.loop.bar_scores(notes, item.prompt.bars, settings.bars)
-                rows.append(_row(item.pattern, j, {role: nan_mean(v) for role, v in by_bar.items()})
-                            | {"by_bar": [nan_mean(bar) for bar in zip(*by_bar.values())]})
-        models[name] = {"checkpoint": str(folder), "tokenizer": tokenizer.kind, "rows": rows,
-                        "seconds": round(time.perf_counter() - started, 1)}
+                rows.append(
+                    _row(item.pattern, j, {role: nan_mean(v) for role, v in by_bar.items()})
+                    | {"by_bar": [nan_mean(bar) for bar in zip(*by_bar.values())]}
+                )
+        models[name] = {
+            "checkpoint": str(folder),
+            "tokenizer": tokenizer.kind,
+            "rows": rows,
+            "seconds": round(time.perf_counter() - started, 1),
+        }
     return _report(out_dir, patterns, skipped, models, baselines, settings, data_dir, split)
 
 
@@ -370,8 +434,14 @@ def _baselines(tokenizer: Tokenizer, prepared: list[Prepared], bars: int) -> dic
     """Ceiling rows (each pattern's own loop) and floor rows (the pattern half the list away)."""
     n = len(prepared)
     ceiling = [_row(p.pattern, 0, loop_scores(tokenizer, p.loop, p.pattern, bars)) for p in prepared]
-    floor = [_row(p.pattern, 0, loop_scores(tokenizer, p.loop, prepared[(i + max(1, n // 2)) % n].pattern, bars))
-             for i, p in enumerate(prepared)] if n > 1 else []
+    floor = (
+        [
+            _row(p.pattern, 0, loop_scores(tokenizer, p.loop, prepared[(i + max(1, n // 2)) % n].pattern, bars))
+            for i, p in enumerate(prepared)
+        ]
+        if n > 1
+        else []
+    )
     return {"ceiling": ceiling, "floor": floor}
 
 
@@ -389,8 +459,16 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _report(out_dir: Path, patterns: list[Pattern], skipped: dict[str, str], models: dict, baselines: dict,
-            settings: CopySettings, data_dir, split: str) -> dict[str, Any]:
+def _report(
+    out_dir: Path,
+    patterns: list[Pattern],
+    skipped: dict[str, str],
+    models: dict,
+    baselines: dict,
+    settings: CopySettings,
+    data_dir,
+    split: str,
+) -> dict[str, Any]:
     from .compare import fmt, write_table
 
     several = len({kind for kind, _ in baselines.values()}) > 1
@@ -398,29 +476,53 @@ def _report(out_dir: Path, patterns: list[Pattern], skipped: dict[str, str], mod
     for name, run in models.items():
         table.append({"name": name, "scored": len(run["rows"]), **summary(run["rows"]), "seconds": run["seconds"]})
     for kind, rows in baselines.values():
-        for label, part in (("ceiling: the prompt's own loop", rows["ceiling"]),
-                            ("floor: an unrelated pattern's loop", rows["floor"])):
+        for label, part in (
+            ("ceiling: the prompt's own loop", rows["ceiling"]),
+            ("floor: an unrelated pattern's loop", rows["floor"]),
+        ):
             if part:
-                table.append({"name": label + (f" ({kind})" if several else ""), "scored": len(part),
-                              **summary(part), "seconds": math.nan})
+                table.append(
+                    {
+                        "name": label + (f" ({kind})" if several else ""),
+                        "scored": len(part),
+                        **summary(part),
+                        "seconds": math.nan,
+                    }
+                )
     columns = ["scored", *ROLES, "mean", "mean, corpus", "mean, built", "seconds"]
-    cells = [[r["name"], str(r["scored"])] + [fmt(r[c], 2) for c in columns[1:-1]]
-             + [fmt(r["seconds"], 1)] for r in table]
+    cells = [
+        [r["name"], str(r["scored"])] + [fmt(r[c], 2) for c in columns[1:-1]] + [fmt(r["seconds"], 1)] for r in table
+    ]
     corpus = sum(p.source == "corpus" for p in patterns)
-    note = (f"{len(patterns)} patterns ({corpus} from {data_dir or '-'} split {split!r}, one piece a style first; "
-            f"{len(patterns) - corpus} built), each played {PROMPT_REPEATS} times as the prompt; {settings.bars} bars "
-            f"continued, {settings.samples} samples a pattern, the tokenizer's sampling defaults. Scores: per role, "
-            "the F1 of each bar's (onset, pitch) set against the prompt bar of the same phase, averaged over bars "
-            "(1: an exact loop; 0: silence). scored: patterns x samples; seconds: sampling and scoring. "
-            "Definitions: docs/evaluation.md.")
-    note += f" Models' mean by continued bar (1..{settings.bars}): " + "; ".join(
-        f"{r['name']} " + " ".join(fmt(v, 2) for v in r["by_bar"]) for r in table if "by_bar" in r) + "."
+    note = (
+        f"{len(patterns)} patterns ({corpus} from {data_dir or '-'} split {split!r}, one piece a style first; "
+        f"{len(patterns) - corpus} built), each played {PROMPT_REPEATS} times as the prompt; {settings.bars} bars "
+        f"continued, {settings.samples} samples a pattern, the tokenizer's sampling defaults. Scores: per role, "
+        "the F1 of each bar's (onset, pitch) set against the prompt bar of the same phase, averaged over bars "
+        "(1: an exact loop; 0: silence). scored: patterns x samples; seconds: sampling and scoring. "
+        "Definitions: docs/evaluation.md."
+    )
+    note += (
+        f" Models' mean by continued bar (1..{settings.bars}): "
+        + "; ".join(f"{r['name']} " + " ".join(fmt(v, 2) for v in r["by_bar"]) for r in table if "by_bar" in r)
+        + "."
+    )
     write_table(out_dir, "copy", ["model"] + columns, cells, note)
-    result = {"settings": {"bars": settings.bars, "samples": settings.samples, "seed": settings.seed,
-                           "data": str(data_dir) if data_dir else None, "split": split,
-                           "prompt_bars": PROMPT_BARS, "pattern_bars": PATTERN_BARS},
-              "patterns": [p.name for p in patterns], "skipped": skipped, "table": table,
-              "models": models, "baselines": {kind: rows for kind, rows in baselines.values()}}
+    result = {
+        "settings": {
+            "bars": settings.bars,
+            "samples": settings.samples,
+            "seed": settings.seed,
+            "data": str(data_dir) if data_dir else None,
+            "split": split,
+            "prompt_bars": PROMPT_BARS,
+            "pattern_bars": PATTERN_BARS,
+        },
+        "patterns": [p.name for p in patterns],
+        "skipped": skipped,
+        "table": table,
+        "models": models,
+        "baselines": {kind: rows for kind, rows in baselines.values()},
+    }
     write_json(out_dir / "copy.json", _json_safe(result))
     return result | {"files": {kind: str(out_dir / f"copy.{kind}") for kind in ("md", "csv", "json")}}
-

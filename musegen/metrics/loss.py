@@ -14,7 +14,6 @@ from typing import Any, Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from ..device import resolve_device
 from ..errors import ConfigError, DataError, TokenError
@@ -23,8 +22,9 @@ from ..plots import pyplot, save_png
 from ..tokenizers.base import Tokenizer
 
 
-def position_nll(model: torch.nn.Module, pieces: Sequence[np.ndarray], max_len: int, pad_id: int,
-                 batch_size: int = 4, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def position_nll(
+    model: torch.nn.Module, pieces: Sequence[np.ndarray], max_len: int, pad_id: int, batch_size: int = 4, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
     """(NLL sum, token count) per position 0..max_len-1 over `pieces`, in fp32.
 
     The model's own random draws (SPE noise, features) come from a generator seeded with
@@ -36,14 +36,21 @@ def position_nll(model: torch.nn.Module, pieces: Sequence[np.ndarray], max_len: 
 def _position_sums(per_piece: Sequence[np.ndarray], max_len: int) -> tuple[np.ndarray, np.ndarray]:
     sums, counts = np.zeros(max_len, dtype=np.float64), np.zeros(max_len, dtype=np.int64)
     for nll in per_piece:
-        sums[:len(nll)] += nll
-        counts[:len(nll)] += 1
+        sums[: len(nll)] += nll
+        counts[: len(nll)] += 1
     return sums, counts
 
 
 @torch.no_grad()
-def token_nll(model: torch.nn.Module, pieces: Sequence[np.ndarray], max_len: int, pad_id: int,
-              batch_size: int = 4, seed: int = 0, type_of: np.ndarray | None = None) -> list:
+def token_nll(
+    model: torch.nn.Module,
+    pieces: Sequence[np.ndarray],
+    max_len: int,
+    pad_id: int,
+    batch_size: int = 4,
+    seed: int = 0,
+    type_of: np.ndarray | None = None,
+) -> list:
     """Teacher-forced NLL (nats) of tokens 1..max_len of each piece given the tokens before them.
 
     One float64 array per piece (empty for pieces shorter than 2 tokens). With `type_of` (each
@@ -53,19 +60,22 @@ def token_nll(model: torch.nn.Module, pieces: Sequence[np.ndarray], max_len: int
     """
     device = next(model.parameters()).device
     out: list = [(np.zeros(0), np.zeros(0)) if type_of is not None else np.zeros(0) for _ in pieces]
-    usable = [(k, np.asarray(p[:max_len + 1])) for k, p in enumerate(pieces) if len(p) >= 2]
-    members = None if type_of is None else [torch.from_numpy(np.flatnonzero(type_of == t)).to(device)
-                                            for t in range(int(type_of.max()) + 1)]
+    usable = [(k, np.asarray(p[: max_len + 1])) for k, p in enumerate(pieces) if len(p) >= 2]
+    members = (
+        None
+        if type_of is None
+        else [torch.from_numpy(np.flatnonzero(type_of == t)).to(device) for t in range(int(type_of.max()) + 1)]
+    )
     was_training = model.training
     model.eval()
     try:
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             torch.manual_seed(seed)
             for i in range(0, len(usable), batch_size):
-                chunk = usable[i:i + batch_size]
+                chunk = usable[i : i + batch_size]
                 batch = torch.full((len(chunk), max(len(p) for _, p in chunk)), pad_id, dtype=torch.long)
                 for row, (_, piece) in enumerate(chunk):
-                    batch[row, :len(piece)] = torch.from_numpy(piece)
+                    batch[row, : len(piece)] = torch.from_numpy(piece)
                 batch = batch.to(device)
                 logp = model(batch[:, :-1]).float().log_softmax(-1)
                 targets = batch[:, 1:]
@@ -81,11 +91,13 @@ def token_nll(model: torch.nn.Module, pieces: Sequence[np.ndarray], max_len: int
     return out
 
 
-def _type_log_mass(logp: torch.Tensor, targets: torch.Tensor, members: list[torch.Tensor],
-                   type_of: np.ndarray) -> torch.Tensor:
+def _type_log_mass(
+    logp: torch.Tensor, targets: torch.Tensor, members: list[torch.Tensor], type_of: np.ndarray
+) -> torch.Tensor:
     """log p(the target's type) at every position: logsumexp over the ids of that type."""
-    mass = torch.stack([logp[..., ids].logsumexp(-1) if len(ids) else torch.full_like(logp[..., 0], -math.inf)
-                        for ids in members], -1)
+    mass = torch.stack(
+        [logp[..., ids].logsumexp(-1) if len(ids) else torch.full_like(logp[..., 0], -math.inf) for ids in members], -1
+    )
     kind = torch.from_numpy(type_of).to(targets.device)[targets]
     picked = mass.gather(-1, kind.clamp_min(0)[..., None])[..., 0]
     return torch.where(kind >= 0, picked, torch.zeros_like(picked))  # typeless ids (PAD): NLL as is
@@ -93,24 +105,32 @@ def _type_log_mass(logp: torch.Tensor, targets: torch.Tensor, members: list[torc
 
 def summarize(sums: np.ndarray, counts: np.ndarray, train_len: int) -> dict[str, Any]:
     """Token-weighted mean NLL overall, below `train_len` ("within") and from it on."""
+
     def mean(sl: slice) -> float | None:
         n = counts[sl].sum()
         return float(sums[sl].sum() / n) if n else None
 
-    return {"mean": mean(slice(None)), "within": mean(slice(0, train_len)),
-            "extrapolation": mean(slice(train_len, None)), "tokens": int(counts.sum()),
-            "train_len": int(train_len), "max_len": int(len(sums))}
+    return {
+        "mean": mean(slice(None)),
+        "within": mean(slice(0, train_len)),
+        "extrapolation": mean(slice(train_len, None)),
+        "tokens": int(counts.sum()),
+        "train_len": int(train_len),
+        "max_len": int(len(sums)),
+    }
 
 
-def write_position_nll(out_dir: str | os.PathLike, name: str, sums: np.ndarray, counts: np.ndarray,
-                       train_len: int, title: str = "") -> dict[str, Path]:
+def write_position_nll(
+    out_dir: str | os.PathLike, name: str, sums: np.ndarray, counts: np.ndarray, train_len: int, title: str = ""
+) -> dict[str, Path]:
     """`<name>.csv` (position, nll, count) and `<name>.png` (NLL against position), atomically."""
     plt = pyplot()
 
     out_dir = Path(out_dir)
     nll = np.divide(sums, counts, out=np.full(len(sums), np.nan), where=counts > 0)
-    rows = ["position,nll,count"] + [f"{t},{'' if np.isnan(v) else f'{v:.6f}'},{c}"
-                                     for t, (v, c) in enumerate(zip(nll, counts))]
+    rows = ["position,nll,count"] + [
+        f"{t},{'' if np.isnan(v) else f'{v:.6f}'},{c}" for t, (v, c) in enumerate(zip(nll, counts))
+    ]
     csv_path, png_path = out_dir / f"{name}.csv", out_dir / f"{name}.png"
     write_text(csv_path, "\n".join(rows) + "\n")
     fig, ax = plt.subplots(figsize=(7, 3.5))
@@ -216,33 +236,38 @@ def uniform_allowed_nll(tokenizer: Tokenizer, ids: np.ndarray) -> np.ndarray:
     return out
 
 
-TYPE_COLUMNS = ("type", "tokens", "share", "model", "model_given_type", "unigram", "conditional",
-                "uniform_allowed")
+TYPE_COLUMNS = ("type", "tokens", "share", "model", "model_given_type", "unigram", "conditional", "uniform_allowed")
 
 
-def type_nll_rows(tokenizer: Tokenizer, pieces: Sequence[np.ndarray], scored: list,
-                  baselines: TypeBaselines | None) -> list[dict[str, Any]]:
+def type_nll_rows(
+    tokenizer: Tokenizer, pieces: Sequence[np.ndarray], scored: list, baselines: TypeBaselines | None
+) -> list[dict[str, Any]]:
     """One row per token type (and "all"): mean NLL of the model, of the model given the type, and
     of the baselines, over the tokens `token_nll(..., type_of=...)` scored (`scored`)."""
     type_of = tokenizer.token_type_ids()
     columns: dict[str, list[np.ndarray]] = {c: [] for c in TYPE_COLUMNS[3:] + ("type_index",)}
     for piece, (nll, given) in zip(pieces, scored):
-        ids = np.asarray(piece[:len(nll) + 1], dtype=np.int64)
+        ids = np.asarray(piece[: len(nll) + 1], dtype=np.int64)
         if len(ids) < 2:
             continue
         unigram, conditional = baselines.nll(ids) if baselines else (np.full(len(nll), np.nan),) * 2
-        for name, values in zip(columns, (nll, given, unigram, conditional, uniform_allowed_nll(tokenizer, ids),
-                                          type_of[ids[1:]])):
+        for name, values in zip(
+            columns, (nll, given, unigram, conditional, uniform_allowed_nll(tokenizer, ids), type_of[ids[1:]])
+        ):
             columns[name].append(values)
     flat = {name: np.concatenate(parts) if parts else np.zeros(0) for name, parts in columns.items()}
     total = len(flat["model"])
-    rows = [{"type": "all", "tokens": total, "share": 1.0 if total else math.nan,
-             "model": _mean(flat["model"])} | {c: math.nan for c in TYPE_COLUMNS[4:]}]
+    rows = [
+        {"type": "all", "tokens": total, "share": 1.0 if total else math.nan, "model": _mean(flat["model"])}
+        | {c: math.nan for c in TYPE_COLUMNS[4:]}
+    ]
     for k, name in enumerate(tokenizer.token_types):
         pick = flat["type_index"] == k
         if pick.any():
-            rows.append({"type": name, "tokens": int(pick.sum()), "share": pick.sum() / total}
-                        | {c: _mean(flat[c][pick]) for c in TYPE_COLUMNS[3:]})
+            rows.append(
+                {"type": name, "tokens": int(pick.sum()), "share": pick.sum() / total}
+                | {c: _mean(flat[c][pick]) for c in TYPE_COLUMNS[3:]}
+            )
     return rows
 
 
@@ -251,25 +276,37 @@ def _mean(values: np.ndarray) -> float:
     return float(finite.mean()) if len(finite) else math.nan
 
 
-def write_type_nll(out_dir: str | os.PathLike, name: str, rows: list[dict[str, Any]],
-                   position_type: str | None) -> dict[str, Path]:
+def write_type_nll(
+    out_dir: str | os.PathLike, name: str, rows: list[dict[str, Any]], position_type: str | None
+) -> dict[str, Path]:
     """`<name>.md` (the per-type table and what each column means) and `<name>.csv`."""
     from .compare import fmt, write_table  # (compare imports this module)
 
-    note = ("NLL in nats per token. model: -log p(token); model_given_type: -log p(token | its type). "
-            "The baselines know the type and are counted on the training split: unigram; conditional: "
-            + (f"a {position_type} token given the previous {position_type} token in its bar (or the bar "
-               "start), any other token given the previous token; " if position_type else
-               "a token given the previous token; ")
-            + "uniform_allowed: a uniform guess among the tokens of that type the grammar allows there.")
+    note = (
+        "NLL in nats per token. model: -log p(token); model_given_type: -log p(token | its type). "
+        "The baselines know the type and are counted on the training split: unigram; conditional: "
+        + (
+            f"a {position_type} token given the previous {position_type} token in its bar (or the bar "
+            "start), any other token given the previous token; "
+            if position_type
+            else "a token given the previous token; "
+        )
+        + "uniform_allowed: a uniform guess among the tokens of that type the grammar allows there."
+    )
     cells = [[r["type"], str(r["tokens"])] + [fmt(r[c]) for c in TYPE_COLUMNS[2:]] for r in rows]
     write_table(Path(out_dir), name, list(TYPE_COLUMNS), cells, note)
     return {"csv": Path(out_dir) / f"{name}.csv", "md": Path(out_dir) / f"{name}.md"}
 
 
-def evaluate_loss(checkpoint_dir: str | os.PathLike, data_dir: str | os.PathLike, max_len: int,
-                  split: str = "valid", out_dir: str | os.PathLike | None = None,
-                  batch_size: int = 4, device: str | torch.device | None = None) -> dict[str, Any]:
+def evaluate_loss(
+    checkpoint_dir: str | os.PathLike,
+    data_dir: str | os.PathLike,
+    max_len: int,
+    split: str = "valid",
+    out_dir: str | os.PathLike | None = None,
+    batch_size: int = 4,
+    device: str | torch.device | None = None,
+) -> dict[str, Any]:
     """Per-position and per-token-type NLL of a checkpoint on a prepared split.
 
     The training length comes from the checkpoint's metadata (`train_len`, written by
@@ -295,9 +332,12 @@ def evaluate_loss(checkpoint_dir: str | os.PathLike, data_dir: str | os.PathLike
     types = type_nll_rows(tokenizer, pieces, scored, baselines)
     result = summarize(sums, counts, train_len) | {"pieces": len(pieces), "split": split, "types": types}
     if out_dir is not None:
-        files = write_position_nll(out_dir, f"nll_{split}", sums, counts, train_len,
-                                   title=f"{Path(checkpoint_dir).name} on {split}")
-        files |= {f"types_{k}": v for k, v in write_type_nll(out_dir, f"token_types_{split}", types,
-                                                             tokenizer.position_type).items()}
+        files = write_position_nll(
+            out_dir, f"nll_{split}", sums, counts, train_len, title=f"{Path(checkpoint_dir).name} on {split}"
+        )
+        files |= {
+            f"types_{k}": v
+            for k, v in write_type_nll(out_dir, f"token_types_{split}", types, tokenizer.position_type).items()
+        }
         result["files"] = {k: str(v) for k, v in files.items()}
     return result

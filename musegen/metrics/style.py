@@ -87,8 +87,9 @@ def time_pitch_profile(notes: Notes) -> np.ndarray:
     start, pitch = keys[:, 0], keys[:, 1]  # sorted by onset, then pitch
     window = WINDOW_BEATS * notes.tpq
     hist = np.zeros((TIME_BINS, 2 * PITCH_RANGE + 1), dtype=np.int64)
-    _add_pairs(hist, np.zeros(len(keys), dtype=np.int64), np.zeros(len(keys), dtype=np.int64),
-               counts * (counts - 1), notes.tpq)  # equal notes: every ordered pair of them
+    _add_pairs(
+        hist, np.zeros(len(keys), dtype=np.int64), np.zeros(len(keys), dtype=np.int64), counts * (counts - 1), notes.tpq
+    )  # equal notes: every ordered pair of them
     for lag in range(1, len(keys)):
         dt = start[lag:] - start[:-lag]
         near = dt < window
@@ -154,6 +155,7 @@ def similarity(generated: np.ndarray, reference: np.ndarray) -> float:
 
 # ---- reading pieces ---------------------------------------------------------------------------------
 
+
 def read_piece(path: str | os.PathLike, other: str = "busiest") -> tuple[dict[str, Notes], int | None]:
     """Notes per role (ticks) and the prompt end tick (None without a marker)."""
     if other not in OTHER_CHOICES:
@@ -201,6 +203,7 @@ def check_segments(n_segments) -> int:
 
 # ---- scoring --------------------------------------------------------------------------------------
 
+
 def score_segments(segments: list[dict[str, Notes]], reference: dict[str, Notes]) -> list[dict]:
     """One row per (role, metric, segment) for the roles the reference has."""
     rows = []
@@ -211,20 +214,27 @@ def score_segments(segments: list[dict[str, Notes]], reference: dict[str, Notes]
         for index, segment in enumerate(segments, start=1):
             notes = segment.get(role, Notes.empty(reference[role].tpq))
             for metric, profile in profiles(notes, role).items():
-                rows.append({"track": role, "metric": metric, "segment": index,
-                             "similarity": similarity(profile, ref_profiles[metric]),
-                             "generated_notes": len(notes), "reference_notes": len(reference[role])})
+                rows.append(
+                    {
+                        "track": role,
+                        "metric": metric,
+                        "segment": index,
+                        "similarity": similarity(profile, ref_profiles[metric]),
+                        "generated_notes": len(notes),
+                        "reference_notes": len(reference[role]),
+                    }
+                )
     return rows
 
 
-def score_piece(generated: str | os.PathLike, reference: str | os.PathLike, n_segments: int = 4,
-                other: str = "busiest") -> list[dict]:
+def score_piece(
+    generated: str | os.PathLike, reference: str | os.PathLike, n_segments: int = 4, other: str = "busiest"
+) -> list[dict]:
     """One row per (role, metric, segment): the similarity and the note counts behind it."""
     gen_roles, prompt_end = read_piece(generated, other)
     ref_roles, _ = read_piece(reference, other)
     names = {"generated": Path(generated).name, "reference": Path(reference).name}
-    return [names | row for row in score_segments(continuation_segments(gen_roles, prompt_end, n_segments),
-                                                  ref_roles)]
+    return [names | row for row in score_segments(continuation_segments(gen_roles, prompt_end, n_segments), ref_roles)]
 
 
 def baseline_rows(references: dict[str, Path], n_segments: int = 4, other: str = "busiest") -> list[dict]:
@@ -243,13 +253,17 @@ def baseline_rows(references: dict[str, Path], n_segments: int = 4, other: str =
     names = list(pieces)
     rows = []
     for i, name in enumerate(names):
-        rows += [{"baseline": "ceiling", "generated": name, "reference": name} | row
-                 for row in score_segments(_after_prompt(pieces[name], n_segments), pieces[name])]
+        rows += [
+            {"baseline": "ceiling", "generated": name, "reference": name} | row
+            for row in score_segments(_after_prompt(pieces[name], n_segments), pieces[name])
+        ]
         others = [names[(i + len(names) // 2 + k) % len(names)] for k in range(len(names))]
         floor = next((o for o in others if _style_of(o) != _style_of(name)), None)
         if floor is not None:
-            rows += [{"baseline": "floor", "generated": floor, "reference": name} | row
-                     for row in score_segments(_after_prompt(pieces[floor], n_segments), pieces[name])]
+            rows += [
+                {"baseline": "floor", "generated": floor, "reference": name} | row
+                for row in score_segments(_after_prompt(pieces[floor], n_segments), pieces[name])
+            ]
     return rows
 
 
@@ -275,8 +289,11 @@ def match_reference(generated: str, references: dict[str, Path]) -> Path | None:
     if len(references) == 1:
         return next(iter(references.values()))
     folder, stem = Path(generated).parent, Path(generated).stem
-    candidates = [(Path(rel).stem, path) for rel, path in references.items() if Path(rel).parent == folder
-                  and (stem == Path(rel).stem or stem.startswith(Path(rel).stem + "_"))]
+    candidates = [
+        (Path(rel).stem, path)
+        for rel, path in references.items()
+        if Path(rel).parent == folder and (stem == Path(rel).stem or stem.startswith(Path(rel).stem + "_"))
+    ]
     return max(candidates, key=lambda c: len(c[0]), default=(None, None))[1]
 
 
@@ -285,9 +302,15 @@ def _relative_names(folder: Path) -> dict[str, Path]:
     return {str(p.relative_to(root)): p for p in find_midi_files(folder)}
 
 
-def evaluate_style(generated_dir: str | os.PathLike, reference_dir: str | os.PathLike,
-                   out_csv: str | os.PathLike, out_png: str | os.PathLike | None = None,
-                   n_segments: int = 4, other: str = "busiest", baselines: bool = False) -> dict:
+def evaluate_style(
+    generated_dir: str | os.PathLike,
+    reference_dir: str | os.PathLike,
+    out_csv: str | os.PathLike,
+    out_png: str | os.PathLike | None = None,
+    n_segments: int = 4,
+    other: str = "busiest",
+    baselines: bool = False,
+) -> dict:
     """Score every generated file against its reference; write the CSV (and box plot). Files
     that cannot be read are skipped, counted and listed with their reason. With `baselines`,
     also the ceiling and floor (`baseline_rows`), written beside the CSV as
@@ -309,27 +332,39 @@ def evaluate_style(generated_dir: str | os.PathLike, reference_dir: str | os.Pat
             skipped[name] = str(exc).splitlines()[0]
     if not rows:
         reason = f" ({next(iter(skipped.items()))[1]})" if skipped else ""
-        raise MidiError(f"{generated_dir}: no generated file could be scored against a reference in "
-                        f"{reference_dir}{reason} (name references like the prompt: song.mid for song_000.mid)")
+        raise MidiError(
+            f"{generated_dir}: no generated file could be scored against a reference in "
+            f"{reference_dir}{reason} (name references like the prompt: song.mid for song_000.mid)"
+        )
     write_csv(out_csv, rows)
     if out_png is not None:
         boxplot_png(rows, out_png, n_segments)
-    result = {"pieces": len(generated) - len(unmatched) - len(skipped), "unmatched": unmatched,
-              "skipped": skipped, "rows": len(rows), "medians": medians(rows, n_segments),
-              "empty": empty_shares(rows, n_segments)}
+    result = {
+        "pieces": len(generated) - len(unmatched) - len(skipped),
+        "unmatched": unmatched,
+        "skipped": skipped,
+        "rows": len(rows),
+        "medians": medians(rows, n_segments),
+        "empty": empty_shares(rows, n_segments),
+    }
     if baselines:
         extra = baseline_rows(used, n_segments, other)
         write_csv(Path(out_csv).with_name(Path(out_csv).stem + "_baselines.csv"), extra)
-        result["baselines"] = {kind: {"medians": medians(part, n_segments), "empty": empty_shares(part, n_segments)}
-                               for kind in ("ceiling", "floor")
-                               for part in [[r for r in extra if r["baseline"] == kind]] if part}
+        result["baselines"] = {
+            kind: {"medians": medians(part, n_segments), "empty": empty_shares(part, n_segments)}
+            for kind in ("ceiling", "floor")
+            for part in [[r for r in extra if r["baseline"] == kind]]
+            if part
+        }
     return result
 
 
 def _per_segment(rows: list[dict], metric: str, n_segments: int) -> list[list[dict]]:
     """The rows of `metric` that compare something (finite similarity), per segment."""
-    return [[r for r in rows if r["metric"] == metric and r["segment"] == s and not math.isnan(r["similarity"])]
-            for s in range(1, n_segments + 1)]
+    return [
+        [r for r in rows if r["metric"] == metric and r["segment"] == s and not math.isnan(r["similarity"])]
+        for s in range(1, n_segments + 1)
+    ]
 
 
 def medians(rows: list[dict], n_segments: int = 4) -> dict[str, list[float]]:
@@ -350,8 +385,9 @@ def empty_shares(rows: list[dict], n_segments: int = 4) -> dict[str, list[float]
     for metric in METRICS:
         per_segment = _per_segment(rows, metric, n_segments)
         if any(per_segment):
-            out[metric] = [float(np.mean([r["generated_notes"] == 0 for r in v])) if v else math.nan
-                           for v in per_segment]
+            out[metric] = [
+                float(np.mean([r["generated_notes"] == 0 for r in v])) if v else math.nan for v in per_segment
+            ]
     return out
 
 

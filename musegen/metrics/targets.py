@@ -87,26 +87,64 @@ def mma_checks(run: ContinuationRun) -> list[Check]:
     """The criteria on the unseen MMA test styles."""
     part = "MMA test styles"
     s = run.settings
-    protocol = (s.get("prompt_bars") == PROMPT_BARS and run.pieces >= MMA_PIECES
-                and s.get("samples_per_piece", 0) >= MMA_SAMPLES)
-    checks = [Check(part, f"pieces ({s.get('samples_per_piece')} samples each, {s.get('prompt_bars')}-bar prompts, "
-                          f"{s.get('bars')} bars continued)", f">= {MMA_PIECES} x {MMA_SAMPLES}, 2-bar prompts",
-                    run.pieces, passed=protocol)]
+    protocol = (
+        s.get("prompt_bars") == PROMPT_BARS
+        and run.pieces >= MMA_PIECES
+        and s.get("samples_per_piece", 0) >= MMA_SAMPLES
+    )
+    checks = [
+        Check(
+            part,
+            f"pieces ({s.get('samples_per_piece')} samples each, {s.get('prompt_bars')}-bar prompts, "
+            f"{s.get('bars')} bars continued)",
+            f">= {MMA_PIECES} x {MMA_SAMPLES}, 2-bar prompts",
+            run.pieces,
+            passed=protocol,
+        )
+    ]
     for metric, least in STYLE_TARGETS.items():
         model, real, floor = run.statistic(f"style {metric} Q1", "median")
-        checks.append(Check(part, f"style {metric} Q1 (median, empty = 0)", f">= {least}", model, real, floor,
-                            model >= least))
+        checks.append(
+            Check(part, f"style {metric} Q1 (median, empty = 0)", f">= {least}", model, real, floor, model >= least)
+        )
     for role in PITCHED_ROLES:
         model, real, floor = run.statistic(f"{role} notes per bar", "mean")
-        checks.append(Check(part, f"{role} notes per bar (mean)", f"real +-{NOTES_TOLERANCE:.0%}", model, real, floor,
-                            real > 0 and abs(model / real - 1) <= NOTES_TOLERANCE))
+        checks.append(
+            Check(
+                part,
+                f"{role} notes per bar (mean)",
+                f"real +-{NOTES_TOLERANCE:.0%}",
+                model,
+                real,
+                floor,
+                real > 0 and abs(model / real - 1) <= NOTES_TOLERANCE,
+            )
+        )
     for role in PITCHED_ROLES:
         model, real, floor = run.statistic(f"{role} median duration", "median")
-        checks.append(Check(part, f"{role} median duration, beats (median)", f"within {MMA_DURATION_RATIO}x of real",
-                            model, real, floor, _within_ratio(model, real, MMA_DURATION_RATIO)))
+        checks.append(
+            Check(
+                part,
+                f"{role} median duration, beats (median)",
+                f"within {MMA_DURATION_RATIO}x of real",
+                model,
+                real,
+                floor,
+                _within_ratio(model, real, MMA_DURATION_RATIO),
+            )
+        )
     model, real, floor = run.statistic("mean pitch", "mean")
-    checks.append(Check(part, "mean pitch (mean)", f"real +-{PITCH_TOLERANCE:g} semitones", model, real, floor,
-                        abs(model - real) <= PITCH_TOLERANCE))
+    checks.append(
+        Check(
+            part,
+            "mean pitch (mean)",
+            f"real +-{PITCH_TOLERANCE:g} semitones",
+            model,
+            real,
+            floor,
+            abs(model - real) <= PITCH_TOLERANCE,
+        )
+    )
     return checks
 
 
@@ -116,12 +154,30 @@ def midi_checks(run: ContinuationRun) -> list[Check]:
     checks = []
     for role in PITCHED_ROLES:
         model, real, floor = run.statistic(f"{role} median duration", "median")
-        checks.append(Check(part, f"{role} median duration, beats (median)", f"within {MIDI_DURATION_RATIO:g}x of real",
-                            model, real, floor, _within_ratio(model, real, MIDI_DURATION_RATIO)))
+        checks.append(
+            Check(
+                part,
+                f"{role} median duration, beats (median)",
+                f"within {MIDI_DURATION_RATIO:g}x of real",
+                model,
+                real,
+                floor,
+                _within_ratio(model, real, MIDI_DURATION_RATIO),
+            )
+        )
     for metric in STYLE_TARGETS:
         model, real, floor = run.statistic(f"style {metric} Q1", "median")
-        checks.append(Check(part, f"style {metric} Q1 (median, empty = 0)", "> floor (an unrelated piece)",
-                            model, real, floor, model > floor))
+        checks.append(
+            Check(
+                part,
+                f"style {metric} Q1 (median, empty = 0)",
+                "> floor (an unrelated piece)",
+                model,
+                real,
+                floor,
+                model > floor,
+            )
+        )
     return checks
 
 
@@ -131,9 +187,11 @@ def read_copy(folder: str | os.PathLike) -> dict[str, Any]:
     folder = Path(folder)
     try:
         result = schemas.read(folder / "copy.json", "copy result")
-        return {"rows": [(row.name, row.scored, row.mean) for row in result.table],
-                "settings": dict(result.settings) | {
-                    "checkpoints": {name: model.checkpoint for name, model in result.models.items()}}}
+        return {
+            "rows": [(row.name, row.scored, row.mean) for row in result.table],
+            "settings": dict(result.settings)
+            | {"checkpoints": {name: model.checkpoint for name, model in result.models.items()}},
+        }
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise DataError(f"{folder}: not the output of `musegen evaluate copy` ({exc})") from None
 
@@ -142,10 +200,18 @@ def copy_checks(copy: dict[str, Any]) -> list[Check]:
     """Each model's copy-test mean (`read_copy`), beside the ceiling and floor of its tokenizer."""
     baselines = ("ceiling", "floor")
     bounds = {name.split(":")[0]: mean for name, _, mean in copy["rows"] if name.startswith(baselines)}
-    return [Check("copy test", f"{name}: mean F1 per bar ({scored} scored)",
-                  "shown beside softmax and the previous model", _number(mean), _number(bounds.get("ceiling")),
-                  _number(bounds.get("floor")))
-            for name, scored, mean in copy["rows"] if not name.startswith(baselines)]
+    return [
+        Check(
+            "copy test",
+            f"{name}: mean F1 per bar ({scored} scored)",
+            "shown beside softmax and the previous model",
+            _number(mean),
+            _number(bounds.get("ceiling")),
+            _number(bounds.get("floor")),
+        )
+        for name, scored, mean in copy["rows"]
+        if not name.startswith(baselines)
+    ]
 
 
 def _number(value) -> float:
@@ -155,27 +221,50 @@ def _number(value) -> float:
 COLUMNS = ("part", "criterion", "target", "measured", "real", "floor", "pass")
 
 
-def write_targets(out_dir: str | os.PathLike, checks: list[Check], note: str = "",
-                  runs: dict[str, Any] | None = None) -> dict[str, Path]:
+def write_targets(
+    out_dir: str | os.PathLike, checks: list[Check], note: str = "", runs: dict[str, Any] | None = None
+) -> dict[str, Path]:
     """done_when.md (the table, then `note`), .csv and .json (every check, numbers unrounded, and
     `runs`: the settings of the runs measured)."""
     from .compare import fmt, write_table
 
     out_dir = Path(out_dir)
     verdict = {True: "pass", False: "FAIL", None: "-"}
-    cells = [[c.part, c.criterion, c.target, str(c.model) if isinstance(c.model, int) else fmt(c.model),
-              fmt(c.real), fmt(c.floor), verdict[c.passed]] for c in checks]
+    cells = [
+        [
+            c.part,
+            c.criterion,
+            c.target,
+            str(c.model) if isinstance(c.model, int) else fmt(c.model),
+            fmt(c.real),
+            fmt(c.floor),
+            verdict[c.passed],
+        ]
+        for c in checks
+    ]
     write_table(out_dir, "done_when", list(COLUMNS), cells, note)  # and done_when.csv
     decided = [c.passed for c in checks if c.passed is not None]
-    write_json(out_dir / "done_when.json", {
-        "checks": [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in asdict(c).items()}
-                   for c in checks],
-        "passed": sum(decided), "decided": len(decided), "runs": runs or {}})
+    write_json(
+        out_dir / "done_when.json",
+        {
+            "checks": [
+                {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in asdict(c).items()}
+                for c in checks
+            ],
+            "passed": sum(decided),
+            "decided": len(decided),
+            "runs": runs or {},
+        },
+    )
     return {"md": out_dir / "done_when.md", "json": out_dir / "done_when.json"}
 
 
-def groove_targets(out_dir: str | os.PathLike, mma: str | os.PathLike | None = None,
-                   midi: str | os.PathLike | None = None, copy: str | os.PathLike | None = None) -> dict[str, Any]:
+def groove_targets(
+    out_dir: str | os.PathLike,
+    mma: str | os.PathLike | None = None,
+    midi: str | os.PathLike | None = None,
+    copy: str | os.PathLike | None = None,
+) -> dict[str, Any]:
     """The table from whichever of the three outputs are given; the criteria of the runs not given
     are left out (and named in the note)."""
     checks: list[Check] = []
@@ -194,12 +283,21 @@ def groove_targets(out_dir: str | os.PathLike, mma: str | os.PathLike | None = N
         found = read_copy(copy)
         checks += copy_checks(found)
         runs["copy test"] = found["settings"]
-    checks.append(Check("docs", "comparison runs in docs/experiments/ with their compute; what limits the model, "
-                                "with numbers, in the card and docs/results.md", "written", math.nan))
-    note = ("measured: the model's value (for the copy test: its mean; real: the ceiling, the prompt's own loop; "
-            "floor: an unrelated pattern's loop). real: the pieces' own continuation bars; floor: another piece's "
-            "bars after its own prompt. Definitions: docs/evaluation.md; criteria: issue #28 and "
-            "musegen/metrics/targets.py. The docs criterion is for a reader to check.")
+    checks.append(
+        Check(
+            "docs",
+            "comparison runs in docs/experiments/ with their compute; what limits the model, "
+            "with numbers, in the card and docs/results.md",
+            "written",
+            math.nan,
+        )
+    )
+    note = (
+        "measured: the model's value (for the copy test: its mean; real: the ceiling, the prompt's own loop; "
+        "floor: an unrelated pattern's loop). real: the pieces' own continuation bars; floor: another piece's "
+        "bars after its own prompt. Definitions: docs/evaluation.md; criteria: issue #28 and "
+        "musegen/metrics/targets.py. The docs criterion is for a reader to check."
+    )
     if missing:
         note += f" Not run: {', '.join(missing)}."
     files = write_targets(out_dir, checks, note, runs)

@@ -23,7 +23,9 @@ from ..errors import ConfigError
 
 State = tuple[torch.Tensor, torch.Tensor]  # S: [B, H, M, Dv], z: [B, H, M]
 EPS = 1e-6  # denominator guard, as in fast-transformers
-CHUNK = 64  # tuned with bench/attention.py (see docs/performance.md): 64-row GEMMs run ~1.8x the rate of 32-row ones here
+CHUNK = (
+    64  # tuned with bench/attention.py (see docs/performance.md): 64-row GEMMs run ~1.8x the rate of 32-row ones here
+)
 
 
 def _empty_state(q: torch.Tensor, v: torch.Tensor) -> State:
@@ -112,12 +114,19 @@ class _ChunkedAttention(torch.autograd.Function):
         dv = torch.matmul(A.transpose(-1, -2), gN)
         dv.view(-1, C, Dv).baddbmm_(kc.reshape(-1, C, M), G_factor.view(-1, M, Dv))
         T = n * C
-        return (dq.view(B, H, T, M), dk.view(B, H, T, M), dv.view(B, H, T, Dv),
-                G[:, :, 0] + P[:, :, 0], g[:, :, 0] + p[:, :, 0], None)
+        return (
+            dq.view(B, H, T, M),
+            dk.view(B, H, T, M),
+            dv.view(B, H, T, Dv),
+            G[:, :, 0] + P[:, :, 0],
+            g[:, :, 0] + p[:, :, 0],
+            None,
+        )
 
 
-def chunked_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Optional[State] = None,
-                   chunk_size: int = CHUNK) -> tuple[torch.Tensor, torch.Tensor, State]:
+def chunked_kernel(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Optional[State] = None, chunk_size: int = CHUNK
+) -> tuple[torch.Tensor, torch.Tensor, State]:
     """Pure-PyTorch causal linear attention: (numerator [B,H,T,Dv], denominator [B,H,T], state).
 
     Positions are cut into chunks of C. Inside a chunk, a masked C x C product (dense matmuls);
@@ -136,8 +145,9 @@ def chunked_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Opt
     pad = -T % C
     if pad:  # zero keys add nothing; the padded queries' outputs are cut off below
         q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
-    num, den, S1, z1 = _ChunkedAttention.apply(q.contiguous(), k.contiguous(), v.contiguous(),
-                                                S0.contiguous(), z0.contiguous(), C)
+    num, den, S1, z1 = _ChunkedAttention.apply(
+        q.contiguous(), k.contiguous(), v.contiguous(), S0.contiguous(), z0.contiguous(), C
+    )
     return num[:, :, :T], den[:, :, :T], (S1, z1)
 
 
@@ -149,15 +159,15 @@ def fast_transformers_available() -> bool:
     return True
 
 
-def fast_transformers_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                             state: Optional[State] = None) -> tuple[torch.Tensor, torch.Tensor, State]:
+def fast_transformers_kernel(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Optional[State] = None
+) -> tuple[torch.Tensor, torch.Tensor, State]:
     """The same contract, numerator from fast-transformers' `causal_dot_product` (fp32 only),
     denominator from a cumulative sum of keys as fast-transformers' CausalLinearAttention does."""
     try:
         from fast_transformers.causal_product import causal_dot_product
     except ImportError:
-        raise ConfigError("kernel 'fast-transformers' needs the optional extra: "
-                          "pip install 'musegen[fast]'") from None
+        raise ConfigError("kernel 'fast-transformers' needs the optional extra: pip install 'musegen[fast]'") from None
     dtype = q.dtype
     q, k, v = (x.float().contiguous() for x in (q, k, v))
     S0, z0 = state if state is not None else _empty_state(q, v)
@@ -171,9 +181,14 @@ def fast_transformers_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 KERNELS: dict[str, Callable] = {"torch": chunked_kernel, "fast-transformers": fast_transformers_kernel}
 
 
-def causal_linear_attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
-                            state: Optional[State] = None, kernel: str = "torch",
-                            products: torch.dtype = torch.float32) -> tuple[torch.Tensor, State]:
+def causal_linear_attention(
+    phi_q: torch.Tensor,
+    phi_k: torch.Tensor,
+    v: torch.Tensor,
+    state: Optional[State] = None,
+    kernel: str = "torch",
+    products: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, State]:
     """Normalised causal linear attention over [B, H, T, *]; returns (output, new state).
     `products`: the dtype of the "torch" kernel's matrix products (its sums stay fp32)."""
     if kernel == "torch":
@@ -206,7 +221,7 @@ class FeatureMap(nn.Module):
     def __init__(self, kind: str, in_dim: int, n_features: int):
         super().__init__()
         self.kind, self.in_dim, self.n_features = kind, in_dim, n_features
-        self.temperature = in_dim ** -0.5
+        self.temperature = in_dim**-0.5
         if kind == "performer":
             self.register_buffer("projection", orthogonal_gaussian(in_dim, n_features // 2))
 
@@ -239,8 +254,9 @@ class FeatureMap(nn.Module):
         return (u - self.key_shift(x)).exp_()
 
 
-def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                      cache: Optional[State] = None) -> tuple[torch.Tensor, State]:
+def softmax_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, cache: Optional[State] = None
+) -> tuple[torch.Tensor, State]:
     """Exact causal softmax attention (SDPA). `cache` holds earlier keys and values, so a block
     of T new positions attends to everything before it; the cache grows with the sequence."""
     if cache is not None:

@@ -61,20 +61,32 @@ class ModelConfig:
     def __post_init__(self):
         checks = [
             (self.pe in PE_CHOICES, f"pe must be one of {PE_CHOICES}, got {self.pe!r}"),
-            (self.ape_input in ("musegen", "reference"), f"ape_input must be 'musegen' or 'reference', got {self.ape_input!r}"),
-            (self.attention in ATTENTION_CHOICES, f"attention must be one of {ATTENTION_CHOICES}, got {self.attention!r}"),
+            (
+                self.ape_input in ("musegen", "reference"),
+                f"ape_input must be 'musegen' or 'reference', got {self.ape_input!r}",
+            ),
+            (
+                self.attention in ATTENTION_CHOICES,
+                f"attention must be one of {ATTENTION_CHOICES}, got {self.attention!r}",
+            ),
             (self.kernel in KERNEL_CHOICES, f"kernel must be one of {KERNEL_CHOICES}, got {self.kernel!r}"),
             (self.norm in ("post", "pre"), f"norm must be 'post' or 'pre', got {self.norm!r}"),
             (self.activation in ("relu", "gelu"), f"activation must be 'relu' or 'gelu', got {self.activation!r}"),
             (self.d_model % self.n_heads == 0, "d_model must be divisible by n_heads"),
             (self.n_features % 2 == 0, "n_features must be even"),
-            (self.attention in DOT_PRODUCT_ATTENTIONS or self.pe in ("none", "ape"),
-             f"attention {self.attention!r} takes pe 'none' or 'ape' (SPE applies to "
-             f"{', '.join(DOT_PRODUCT_ATTENTIONS)}), got pe={self.pe!r}"),
-            (self.attention in DOT_PRODUCT_ATTENTIONS or self.kernel == "torch",
-             f"kernel {self.kernel!r} is a linear-attention kernel; attention {self.attention!r} has none"),
-            (self.attention == "relative" or not self.relative_values,
-             f"relative_values needs attention 'relative', got {self.attention!r}"),
+            (
+                self.attention in DOT_PRODUCT_ATTENTIONS or self.pe in ("none", "ape"),
+                f"attention {self.attention!r} takes pe 'none' or 'ape' (SPE applies to "
+                f"{', '.join(DOT_PRODUCT_ATTENTIONS)}), got pe={self.pe!r}",
+            ),
+            (
+                self.attention in DOT_PRODUCT_ATTENTIONS or self.kernel == "torch",
+                f"kernel {self.kernel!r} is a linear-attention kernel; attention {self.attention!r} has none",
+            ),
+            (
+                self.attention == "relative" or not self.relative_values,
+                f"relative_values needs attention 'relative', got {self.attention!r}",
+            ),
         ]
         for ok, message in checks:
             if not ok:
@@ -90,8 +102,10 @@ class ModelConfig:
     def check_length(self, n: int, what: str = "a sequence") -> None:
         """ConfigError when `n` tokens are more than the model can read (see `max_positions`)."""
         if self.max_positions is not None and n > self.max_positions:
-            raise ConfigError(f"{what} of {n} tokens is longer than synthesizer attention's "
-                              f"max_len={self.max_len} (a model setting fixed at training)")
+            raise ConfigError(
+                f"{what} of {n} tokens is longer than synthesizer attention's "
+                f"max_len={self.max_len} (a model setting fixed at training)"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -102,7 +116,7 @@ class ModelConfig:
 
 
 def parse_redraw(policy: str) -> tuple[str, float]:
-    """"fixed" -> ("fixed", 0); "prob:P" -> ("prob", P) with 0 <= P <= 1; "every:N" -> ("every", N >= 1)."""
+    """ "fixed" -> ("fixed", 0); "prob:P" -> ("prob", P) with 0 <= P <= 1; "every:N" -> ("every", N >= 1)."""
     kind, _, value = policy.partition(":")
     try:
         if kind == "fixed" and not value:
@@ -117,11 +131,12 @@ def parse_redraw(policy: str) -> tuple[str, float]:
 
 
 def synthesizer_variants(spec: str) -> tuple[str, ...]:
-    """"dense+dot" -> ("dense", "dot"): known variants, each at most once."""
+    """ "dense+dot" -> ("dense", "dot"): known variants, each at most once."""
     variants = tuple(spec.split("+"))
     if not set(variants) <= set(SYNTHESIZER_VARIANTS) or len(set(variants)) != len(variants):
-        raise ConfigError(f"synthesizer must be variants of {SYNTHESIZER_VARIANTS} joined by '+', "
-                          f"each at most once, got {spec!r}")
+        raise ConfigError(
+            f"synthesizer must be variants of {SYNTHESIZER_VARIANTS} joined by '+', each at most once, got {spec!r}"
+        )
     return variants
 
 

@@ -51,7 +51,7 @@ class _Family(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.n_heads, self.head_dim = config.n_heads, config.d_model // config.n_heads
-        self.scale = self.head_dim ** -0.5
+        self.scale = self.head_dim**-0.5
 
 
 # --- relative positions (Shaw et al. 2018; skewing from Huang et al. 2018) ---------------------
@@ -66,7 +66,7 @@ def skew(x: torch.Tensor) -> torch.Tensor:
     Entries for future keys (j > S - T + i) are garbage: the causal mask drops them."""
     T, S = x.shape[-2:]
     flat = F.pad(x, (0, 1)).flatten(-2)
-    return flat[..., T - 1:T - 1 + T * S].view(*x.shape[:-2], T, S)
+    return flat[..., T - 1 : T - 1 + T * S].view(*x.shape[:-2], T, S)
 
 
 def unskew(y: torch.Tensor) -> torch.Tensor:
@@ -99,7 +99,7 @@ class RelativeAttention(_Family):
     def logits(self, q, k, v=None):
         S, K = k.shape[2], self.max_distance
         q = q * self.scale
-        per_distance = q @ self.key_embedding[:, :min(S, K + 1)].transpose(-1, -2)  # [B, H, T, distances]
+        per_distance = q @ self.key_embedding[:, : min(S, K + 1)].transpose(-1, -2)  # [B, H, T, distances]
         # Reversed distance order (S - 1 .. 0), distances past K repeating a_K[K]: a flip and an
         # expand, whose backward passes are far cheaper on CPU than a gather's scatter.
         by_distance = per_distance.flip(-1)
@@ -116,7 +116,7 @@ class RelativeAttention(_Family):
             per_distance = unskew(weights).flip(-1)  # distance order 0 .. S - 1
             if per_distance.shape[-1] > K + 1:
                 per_distance = torch.cat([per_distance[..., :K], per_distance[..., K:].sum(-1, keepdim=True)], -1)
-            out = out + per_distance @ self.value_embedding[:, :per_distance.shape[-1]]
+            out = out + per_distance @ self.value_embedding[:, : per_distance.shape[-1]]
         return out, (k, v)
 
 
@@ -138,16 +138,19 @@ class Synthesizer(_Family):
     def __init__(self, config: ModelConfig):
         super().__init__(config)
         self.variants = synthesizer_variants(config.synthesizer)
-        self.inputs = tuple(name for name, used in (("q", {"dense", "dot"} & set(self.variants)),
-                                                     ("k", "dot" in self.variants), ("v", True)) if used)
+        self.inputs = tuple(
+            name
+            for name, used in (("q", {"dense", "dot"} & set(self.variants)), ("k", "dot" in self.variants), ("v", True))
+            if used
+        )
         H, N, R = self.n_heads, config.max_len, config.synthesizer_rank
         if "random" in self.variants:
             self.random = nn.Parameter(torch.randn(H, N, N))
         if "random-fixed" in self.variants:  # a buffer: saved with the model, never trained
             self.register_buffer("random_fixed", torch.randn(H, N, N))
         if "factorized" in self.variants:  # R1 R2^T has unit-variance entries, like "random"
-            self.factor_rows = nn.Parameter(torch.randn(H, N, R) * R ** -0.25)
-            self.factor_cols = nn.Parameter(torch.randn(H, N, R) * R ** -0.25)
+            self.factor_rows = nn.Parameter(torch.randn(H, N, R) * R**-0.25)
+            self.factor_cols = nn.Parameter(torch.randn(H, N, R) * R**-0.25)
         if "dense" in self.variants:
             self.dense_weight = nn.Parameter(torch.randn(H, self.head_dim, N) * 0.02)
             self.dense_bias = nn.Parameter(torch.zeros(H, 1, N))
@@ -208,7 +211,7 @@ def prefix_scan(scores: torch.Tensor, v: torch.Tensor) -> Summary:
     summary = (m, u, u[..., None] * v)
     shift, T = 1, scores.shape[-1]
     while shift < T:
-        earlier = tuple(x[:, :, :T - shift] for x in summary)
+        earlier = tuple(x[:, :, : T - shift] for x in summary)
         later = tuple(x[:, :, shift:] for x in summary)
         merged = _combine(earlier, later)
         summary = tuple(torch.cat([x[:, :, :shift], y], dim=2) for x, y in zip(summary, merged))

@@ -28,9 +28,12 @@ FLAG_SETS = (["-O3", "-march=native"], ["-O3"])
 _POINTER, _INT, _INT64, _FLOAT = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
 SIGNATURES = {  # kernel -> {function: (ctypes argument types, return type)}
     "dropout": {"dropout": ([_POINTER, _POINTER, _INT64, _INT, ctypes.c_uint64, ctypes.c_uint32, _FLOAT], None)},
-    "step": {"linear_bf16": ([_POINTER] * 5 + [_INT64] * 3, _INT),
-             "linear_attention_step": ([_POINTER] * 5 + [_INT] + [_FLOAT] * 3 + [_POINTER] * 2 + [_INT64] * 5, _INT),
-             "layer_step": ([_POINTER] * 4, _INT), "step_interface": ([ctypes.c_char_p], _INT64)},
+    "step": {
+        "linear_bf16": ([_POINTER] * 5 + [_INT64] * 3, _INT),
+        "linear_attention_step": ([_POINTER] * 5 + [_INT] + [_FLOAT] * 3 + [_POINTER] * 2 + [_INT64] * 5, _INT),
+        "layer_step": ([_POINTER] * 4, _INT),
+        "step_interface": ([ctypes.c_char_p], _INT64),
+    },
 }
 
 

@@ -79,8 +79,14 @@ class SineSPE(nn.Module):
         gains = F.softplus(self.gains).repeat_interleave(2, dim=-1)  # [H, D, 2K]: (cos, sin) share a gain
         return noise * gains[..., None] * self.code_scale
 
-    def codes(self, noise: torch.Tensor, t0: int, t1: int, weighted: torch.Tensor | None = None,
-              dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    def codes(
+        self,
+        noise: torch.Tensor,
+        t0: int,
+        t1: int,
+        weighted: torch.Tensor | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(Qbar, Kbar) for positions [t0, t1), each [H, T, D, R] in `dtype`, in closed form: the
         phases and their sines in fp32, the one product in `dtype` (`weighted`:
         `self.weighted(noise)`, when already at hand)."""
@@ -122,7 +128,7 @@ class ConvNoise:
                 self._chunks[c] = self._draw(c)
         joined = torch.cat([self._chunks[c] for c in range(first, last + 1)], dim=-1)
         offset = first * self.chunk
-        return joined[..., start - offset:stop - offset]
+        return joined[..., start - offset : stop - offset]
 
 
 class ConvSPE(nn.Module):
@@ -142,11 +148,11 @@ class ConvSPE(nn.Module):
         return (self.realizations * self.head_dim) ** -0.25
 
     def draw_noise(self, generator: torch.Generator | None = None) -> ConvNoise:
-        return ConvNoise((self.realizations, self.n_heads * self.head_dim), _new_seed(generator),
-                         self.filter_q.device)
+        return ConvNoise((self.realizations, self.n_heads * self.head_dim), _new_seed(generator), self.filter_q.device)
 
-    def codes(self, noise: ConvNoise, t0: int, t1: int, dtype: torch.dtype = torch.float32
-              ) -> tuple[torch.Tensor, torch.Tensor]:
+    def codes(
+        self, noise: ConvNoise, t0: int, t1: int, dtype: torch.dtype = torch.float32
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(Qbar, Kbar) for positions [t0, t1), each [H, T, D, R], filtered in fp32 and delivered
         in `dtype`."""
         z = noise.window(t0, t1 + self.kernel_size - 1).to(self.filter_q.dtype)
@@ -189,8 +195,7 @@ class SPEFilter(nn.Module):
         """eps: [H, D, R] with the codes' scale, or None when ungated."""
         if self.gate is None:
             return None
-        eps = torch.randn(self.n_heads, self.head_dim, self.realizations, generator=generator,
-                          device=self.gate.device)
+        eps = torch.randn(self.n_heads, self.head_dim, self.realizations, generator=generator, device=self.gate.device)
         return eps * (self.realizations * self.head_dim) ** -0.25
 
     def gate_factors(self, eps):
@@ -322,8 +327,9 @@ class _MixCodes(torch.autograd.Function):
         return dx.view(H, T, B, D).permute(2, 0, 1, 3), d_codes, d_wet, d_dry, None
 
 
-def mix_codes(x: torch.Tensor, codes: torch.Tensor, wet: Optional[torch.Tensor] = None,
-              dry: Optional[torch.Tensor] = None) -> torch.Tensor:
+def mix_codes(
+    x: torch.Tensor, codes: torch.Tensor, wet: Optional[torch.Tensor] = None, dry: Optional[torch.Tensor] = None
+) -> torch.Tensor:
     """x [B, H, T, D] (any strides), codes [H, T, D, R] -> x @ codes per position, or with a
     gate (wet [H, D], dry [H, D, R]) (x * wet) @ codes + x @ dry: [B, H, T, R] in fp32 or wider
     (a view of [H, T, B, R] memory). All in one dtype. Codes from `share_codes` collect their

@@ -10,8 +10,9 @@ every variant against it), in one of two ways:
 
 - in bf16 on a CPU with AVX512-BF16 (where musegen.precision timed it fastest), each layer is
   one call of step.c's `layer_step` (C, built on first use by native.py): weights in bf16 tiles
-  read as one sequential stream, the norms, activation, residual adds and the whole attention (SPE codes, feature map, state update and
-  read-out) in the same call, the next rows of the state prefetched while one computes;
+  read as one sequential stream, the norms, activation, residual adds and the whole attention
+  (SPE codes, feature map, state update and read-out) in the same call, the next rows of the
+  state prefetched while one computes;
 - elsewhere (fp32, CUDA, no compiler, MUSEGEN_NATIVE=0) in PyTorch, with per-layer work merged
   into a few large operations: the SPE codes of the position computed once per step for all
   layers, each layer's gate folded into one [2, H, D, R] matrix (wet * codes + dry * eps) applied
@@ -48,6 +49,7 @@ class StreamState:
     continues from it, as often as wanted. `layers` holds each layer's recurrent state as the
     parallel pass takes it: (S [B, H, M, Dv], z [B, H, M]) for the linear attentions, the
     key/value cache for softmax, relative and synthesizer attention, (m, u, w) for aaren."""
+
     batch_size: int
     position: int
     noise: Any
@@ -64,8 +66,11 @@ def clone_states(states):
 
 
 def _onednn_bf16(device: torch.device) -> bool:
-    return (device.type == "cpu" and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+    return (
+        device.type == "cpu"
+        and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+    )
 
 
 def step_kernels(device: torch.device) -> Optional[ctypes.CDLL]:
@@ -96,8 +101,12 @@ def _tiles(weight: torch.Tensor) -> torch.Tensor:
 
 
 class _KernelLinear(ctypes.Structure):  # step.c's struct linear
-    _fields_ = [("tiles", ctypes.c_void_p), ("bias", ctypes.c_void_p),
-                ("n_out", ctypes.c_int64), ("n_in", ctypes.c_int64)]
+    _fields_ = [
+        ("tiles", ctypes.c_void_p),
+        ("bias", ctypes.c_void_p),
+        ("n_out", ctypes.c_int64),
+        ("n_in", ctypes.c_int64),
+    ]
 
 
 class _KernelNorm(ctypes.Structure):  # struct norm
@@ -105,15 +114,19 @@ class _KernelNorm(ctypes.Structure):  # struct norm
 
 
 class _KernelLayer(ctypes.Structure):  # struct layer
-    _fields_ = ([(name, _KernelLinear) for name in ("qkv", "out", "ff_in", "ff_out")]
-                + [("norm1", _KernelNorm), ("norm2", _KernelNorm)]
-                + [(name, ctypes.c_void_p) for name in ("wet", "dry_eps", "projection", "sums")])
+    _fields_ = (
+        [(name, _KernelLinear) for name in ("qkv", "out", "ff_in", "ff_out")]
+        + [("norm1", _KernelNorm), ("norm2", _KernelNorm)]
+        + [(name, ctypes.c_void_p) for name in ("wet", "dry_eps", "projection", "sums")]
+    )
 
 
 class _KernelShape(ctypes.Structure):  # struct shape
-    _fields_ = ([(name, ctypes.c_int64) for name in ("batch", "heads", "head_dim", "width", "features")]
-                + [(name, ctypes.c_int) for name in ("kind", "pre_norm", "gelu")]
-                + [(name, ctypes.c_float) for name in ("log_scale", "key_scale", "eps")])
+    _fields_ = (
+        [(name, ctypes.c_int64) for name in ("batch", "heads", "head_dim", "width", "features")]
+        + [(name, ctypes.c_int) for name in ("kind", "pre_norm", "gelu")]
+        + [(name, ctypes.c_float) for name in ("log_scale", "key_scale", "eps")]
+    )
 
 
 def _interface() -> dict[str, int]:
@@ -121,16 +134,23 @@ def _interface() -> dict[str, int]:
     shape, the feature maps' numbers, and every struct's size and field offsets."""
     expected = {"ROWS": _TILE[0], "COLUMNS": _TILE[1]}
     expected.update({name.upper(): i for i, name in enumerate(FAST_ATTENTIONS)})
-    for name, struct in (("linear", _KernelLinear), ("norm", _KernelNorm), ("layer", _KernelLayer),
-                         ("shape", _KernelShape)):
+    for name, struct in (
+        ("linear", _KernelLinear),
+        ("norm", _KernelNorm),
+        ("layer", _KernelLayer),
+        ("shape", _KernelShape),
+    ):
         expected[f"sizeof {name}"] = ctypes.sizeof(struct)
         expected.update({f"{name}.{field}": getattr(struct, field).offset for field, _ in struct._fields_})
     return expected
 
 
 def _check_interface(library: ctypes.CDLL) -> None:
-    differences = [f"{name}: C {library.step_interface(name.encode())}, Python {value}"
-                   for name, value in _interface().items() if library.step_interface(name.encode()) != value]
+    differences = [
+        f"{name}: C {library.step_interface(name.encode())}, Python {value}"
+        for name, value in _interface().items()
+        if library.step_interface(name.encode()) != value
+    ]
     if differences:
         raise RuntimeError(f"step.c and streaming.py disagree on their interface: {'; '.join(differences)}")
 
@@ -152,8 +172,14 @@ class _Linear:
     in tiles, read as one stream), oneDNN's packed product (weights reordered for one row; an
     unpacked one reaches about half the memory bandwidth), F.linear."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor, dtype: torch.dtype,
-                 activation: Optional[str] = None, kernels: Optional[ctypes.CDLL] = None):
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor,
+        dtype: torch.dtype,
+        activation: Optional[str] = None,
+        kernels: Optional[ctypes.CDLL] = None,
+    ):
         self.activation, self.dtype = activation, dtype
         self.kernels = kernels if dtype == torch.bfloat16 else None
         weight, bias = weight.detach(), bias.detach()
@@ -174,15 +200,30 @@ class _Linear:
         """step.c's product on its own (its layer_step calls it from C; this is for benchmarks and tests)."""
         x = x.float().contiguous()
         y = x.new_empty(len(x), self.n_out)
-        _checked(self.kernels.linear_bf16(self.weight.data_ptr(), self.bias.data_ptr(), x.data_ptr(), None,
-                                          y.data_ptr(), len(x), self.n_out, self.n_in))
+        _checked(
+            self.kernels.linear_bf16(
+                self.weight.data_ptr(),
+                self.bias.data_ptr(),
+                x.data_ptr(),
+                None,
+                y.data_ptr(),
+                len(x),
+                self.n_out,
+                self.n_in,
+            )
+        )
         return y
 
     def _torch(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed:
-            return torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.weight, self.bias,
-                                                      self.activation or "none", [],
-                                                      "none" if self.activation == "gelu" else "").float()
+            return torch.ops.mkldnn._linear_pointwise(
+                x.to(self.dtype),
+                self.weight,
+                self.bias,
+                self.activation or "none",
+                [],
+                "none" if self.activation == "gelu" else "",
+            ).float()
         return _activate(F.linear(x.to(self.dtype), self.weight, self.bias), self.activation).float()
 
 
@@ -193,13 +234,15 @@ def _qkv_with_ones(attention) -> tuple[torch.Tensor, torch.Tensor]:
     weight, bias = attention.qkv.weight.detach(), attention.qkv.bias.detach()
     H, D = attention.n_heads, attention.head_dim
     d_model = weight.shape[1]
-    v_weight = weight[2 * H * D:].view(H, D, d_model)
-    v_bias = bias[2 * H * D:].view(H, D)
+    v_weight = weight[2 * H * D :].view(H, D, d_model)
+    v_bias = bias[2 * H * D :].view(H, D)
     ones_weight = v_weight.new_zeros(H, D + 1, d_model)
     ones_bias = v_bias.new_ones(H, D + 1)
     ones_weight[:, :D], ones_bias[:, :D] = v_weight, v_bias
-    return (torch.cat([weight[:2 * H * D], ones_weight.view(-1, d_model)]),
-            torch.cat([bias[:2 * H * D], ones_bias.view(-1)]))
+    return (
+        torch.cat([weight[: 2 * H * D], ones_weight.view(-1, d_model)]),
+        torch.cat([bias[: 2 * H * D], ones_bias.view(-1)]),
+    )
 
 
 @dataclass
@@ -224,11 +267,14 @@ def prepared_weights(model, dtype: torch.dtype, kernels: Optional[ctypes.CDLL] =
     layers = []
     for layer in model.layers:
         ff_in, ff_out = layer.ff[0], layer.ff[3]
-        layers.append(_LayerWeights(_Linear(*_qkv_with_ones(layer.attention), dtype, kernels=kernels),
-                                    _Linear(layer.attention.out.weight, layer.attention.out.bias, dtype,
-                                            kernels=kernels),
-                                    _Linear(ff_in.weight, ff_in.bias, dtype, activation, kernels),
-                                    _Linear(ff_out.weight, ff_out.bias, dtype, kernels=kernels)))
+        layers.append(
+            _LayerWeights(
+                _Linear(*_qkv_with_ones(layer.attention), dtype, kernels=kernels),
+                _Linear(layer.attention.out.weight, layer.attention.out.bias, dtype, kernels=kernels),
+                _Linear(ff_in.weight, ff_in.bias, dtype, activation, kernels),
+                _Linear(ff_out.weight, ff_out.bias, dtype, kernels=kernels),
+            )
+        )
     # The head stays fp32: it is small (vocab x d_model), and bf16 logits would be rounded to 2^-8.
     prepared = layers + [_Linear(model.head.weight, model.head.bias, torch.float32)]
     cache[key] = (version, prepared)
@@ -258,17 +304,27 @@ class RecurrentStep:
         attentions = [layer.attention for layer in model.layers]
         # each layer's two norms as F.layer_norm's arguments: read through nn.Module's attribute
         # lookup, they cost about 4% of a step
-        self.norms = [[(ln.normalized_shape, ln.weight, ln.bias, ln.eps) for ln in (layer.norm1, layer.norm2)]
-                      for layer in model.layers]
-        self.projections = [a.features.signed_projection().detach() if self.kind == "performer" else None
-                            for a in attentions]
+        self.norms = [
+            [(ln.normalized_shape, ln.weight, ln.bias, ln.eps) for ln in (layer.norm1, layer.norm2)]
+            for layer in model.layers
+        ]
+        self.projections = [
+            a.features.signed_projection().detach() if self.kind == "performer" else None for a in attentions
+        ]
         self.features = attentions[0].features
         # FAVOR+'s exponent shift -log(M)/2 (FeatureMap.key_shift)
         self.log_scale = -math.log(self.features.n_features) / 2 if self.kind == "performer" else 0.0
         self._log_scale = torch.tensor(self.log_scale, device=model.device)
         self.width = c.spe_realizations if model.spe else self.D  # of the queries and keys the feature map takes
-        self.sums = [torch.zeros(self.H * batch_size, c.n_features if self.kind == "performer" else self.width,
-                                 self.D + 1, device=model.device) for _ in attentions]
+        self.sums = [
+            torch.zeros(
+                self.H * batch_size,
+                c.n_features if self.kind == "performer" else self.width,
+                self.D + 1,
+                device=model.device,
+            )
+            for _ in attentions
+        ]
         self.use_noise(noise)
         self._mixed = None  # the [2, H, D, R] buffer of a layer's gated codes
         self._graph = None  # CUDA: the layers captured as one graph (see _replay)
@@ -302,7 +358,7 @@ class RecurrentStep:
         out = []
         for sums in self.sums:
             grid = sums.view(self.H, self.batch, -1, self.D + 1)
-            out.append((grid[..., :self.D].transpose(0, 1), grid[..., self.D].transpose(0, 1)))
+            out.append((grid[..., : self.D].transpose(0, 1), grid[..., self.D].transpose(0, 1)))
         return out
 
     def load(self, states: list) -> None:
@@ -311,7 +367,7 @@ class RecurrentStep:
             if state is None:
                 grid.zero_()
                 continue
-            grid[..., :self.D].copy_(state[0].transpose(0, 1))
+            grid[..., : self.D].copy_(state[0].transpose(0, 1))
             grid[..., self.D].copy_(state[1].transpose(0, 1))
 
     # --- the step ----------------------------------------------------------------------
@@ -332,15 +388,15 @@ class RecurrentStep:
             return F.elu(x).add_(1)
         # The keys' constant -log(M)/2 comes with the product; for queries it cancels in the max.
         u = torch.addmm(self._log_scale, x.reshape(-1, x.shape[-1]), self.projections[layer]).view(*x.shape[:2], -1)
-        queries, keys = u[:self.H], u[self.H:]
+        queries, keys = u[: self.H], u[self.H :]
         queries.sub_(queries.amax(-1, keepdim=True))
-        keys.sub_(torch.linalg.vecdot(x[self.H:], x[self.H:]).unsqueeze(-1), alpha=self.features.temperature / 2)
+        keys.sub_(torch.linalg.vecdot(x[self.H :], x[self.H :]).unsqueeze(-1), alpha=self.features.temperature / 2)
         return u.exp_()
 
     def _attend(self, layer: int, projected: torch.Tensor, codes: Optional[torch.Tensor]) -> torch.Tensor:
         """The attention between the projections: projected [B, 2HD + H(D+1)] (fp32) -> [B, HD]."""
         H, D, B = self.H, self.D, self.batch
-        qk = projected[:, :2 * H * D].view(B, 2 * H, D).transpose(0, 1)  # [2H, B, D]
+        qk = projected[:, : 2 * H * D].view(B, 2 * H, D).transpose(0, 1)  # [2H, B, D]
         if codes is not None:
             gate = self.gates[layer]
             if gate is not None:  # q @ (wet * qbar + dry * eps), k likewise, as SPEFilter
@@ -348,7 +404,7 @@ class RecurrentStep:
                 self._mixed = codes
             qk = torch.bmm(qk, codes.view(2 * H, D, -1))
         phi = self._features(layer, qk)
-        values = projected[:, 2 * H * D:].view(B, H, D + 1).transpose(0, 1)
+        values = projected[:, 2 * H * D :].view(B, H, D + 1).transpose(0, 1)
         sums = self.sums[layer]
         sums.addcmul_(phi[H:].reshape(H * B, -1, 1), values.reshape(H * B, 1, D + 1))  # += phi(k) [v, 1]
         read = torch.bmm(phi[:H].reshape(H * B, 1, -1), sums).view(H, B, D + 1)
@@ -390,23 +446,40 @@ class RecurrentStep:
         """step.c's view of the session: per layer a `_KernelLayer` of pointers into the tensors
         this step holds (weights, norms, gates, state), and the `_KernelShape` all layers share."""
         self._kernel_shape = _KernelShape(
-            batch=self.batch, heads=self.H, head_dim=self.D, width=self.width, features=self.sums[0].shape[1],
-            kind=FAST_ATTENTIONS.index(self.kind), pre_norm=self.pre_norm,
-            gelu=self.model.config.activation != "relu", log_scale=self.log_scale,
-            key_scale=self.features.temperature / 2, eps=EPS)
+            batch=self.batch,
+            heads=self.H,
+            head_dim=self.D,
+            width=self.width,
+            features=self.sums[0].shape[1],
+            kind=FAST_ATTENTIONS.index(self.kind),
+            pre_norm=self.pre_norm,
+            gelu=self.model.config.activation != "relu",
+            log_scale=self.log_scale,
+            key_scale=self.features.temperature / 2,
+            eps=EPS,
+        )
 
         def pointer(tensor):
             return None if tensor is None else tensor.data_ptr()
 
         self._kernel_layers = []
-        for weights, norms, gate, projection, sums in zip(self.weights, self.norms, self.gates, self.projections,
-                                                          self.sums):
+        for weights, norms, gate, projection, sums in zip(
+            self.weights, self.norms, self.gates, self.projections, self.sums
+        ):
             wet, dry_eps = gate or (None, None)
-            self._kernel_layers.append(_KernelLayer(
-                *(_KernelLinear(pointer(w.weight), pointer(w.bias), w.n_out, w.n_in)
-                  for w in (weights.qkv, weights.out, weights.ff_in, weights.ff_out)),
-                *(_KernelNorm(pointer(weight), pointer(bias), eps) for _, weight, bias, eps in norms),
-                pointer(wet), pointer(dry_eps), pointer(projection), pointer(sums)))
+            self._kernel_layers.append(
+                _KernelLayer(
+                    *(
+                        _KernelLinear(pointer(w.weight), pointer(w.bias), w.n_out, w.n_in)
+                        for w in (weights.qkv, weights.out, weights.ff_in, weights.ff_out)
+                    ),
+                    *(_KernelNorm(pointer(weight), pointer(bias), eps) for _, weight, bias, eps in norms),
+                    pointer(wet),
+                    pointer(dry_eps),
+                    pointer(projection),
+                    pointer(sums),
+                )
+            )
 
     def __call__(self, tokens: torch.Tensor, position: int) -> torch.Tensor:
         """tokens [B] at `position` -> logits [B, vocab] (fp32); the sums move one step on."""

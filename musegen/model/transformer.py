@@ -33,6 +33,7 @@ def sinusoids(t0: int, t1: int, width: int, device=None) -> torch.Tensor:
 class Noise:
     """Everything random in a forward pass besides dropout: the shared SPE noise and each
     layer's gate noise. Random features live in the layers (buffers)."""
+
     spe: Any = None
     gates: list = field(default_factory=list)
 
@@ -64,7 +65,7 @@ def random_words(n: int) -> torch.Tensor:
     seed = int(torch.empty((), dtype=torch.int64).random_())
     words = torch.empty(n, dtype=torch.int64)
     for start in range(0, n, _HASH_BLOCK):
-        z = words[start:start + _HASH_BLOCK]
+        z = words[start : start + _HASH_BLOCK]
         torch.arange(start, start + len(z), dtype=torch.int64, out=z).mul_(_GOLDEN).add_(seed)
         for shift, multiplier in ((30, _MIX1), (27, _MIX2), (31, None)):
             z.bitwise_xor_(z.bitwise_right_shift(shift).bitwise_and_((1 << (64 - shift)) - 1))
@@ -91,8 +92,9 @@ class _NativeDropout(torch.autograd.Function):
 def _apply_native_mask(x: torch.Tensor, seed: int, cut: int, scale: float) -> torch.Tensor:
     x = x.contiguous()
     out = torch.empty_like(x)
-    native.library("dropout").dropout(x.data_ptr(), out.data_ptr(), x.numel(), x.dtype == torch.bfloat16,
-                                      seed, cut, scale)
+    native.library("dropout").dropout(
+        x.data_ptr(), out.data_ptr(), x.numel(), x.dtype == torch.bfloat16, seed, cut, scale
+    )
     return out
 
 
@@ -120,7 +122,7 @@ def _cpu_dropout(x: torch.Tensor, p: float) -> torch.Tensor:
         seed = int(torch.empty((), dtype=torch.int64).random_()) % 2**64  # as random_words draws it
         # the scale as the eager path rounds it: to x's dtype
         return _NativeDropout.apply(x, seed, cut, torch.tensor(scale, dtype=x.dtype).item())
-    keep = random_words((x.numel() + 3) // 4).view(torch.int16)[:x.numel()].view(x.shape) >= cut - 2**15
+    keep = random_words((x.numel() + 3) // 4).view(torch.int16)[: x.numel()].view(x.shape) >= cut - 2**15
     # through uint8: a bool -> float conversion is not vectorised, a uint8 one is
     return _Scaled.apply(x, keep.view(torch.uint8).to(x.dtype).mul_(scale))
 
@@ -136,12 +138,16 @@ class SelfAttention(nn.Module):
         self.qkv = nn.Linear(config.d_model, len(self.inputs) * config.d_model)
         self.out = nn.Linear(config.d_model, config.d_model)
         uses_spe = config.pe in ("sine", "conv")
-        self.spe_filter = (SPEFilter(self.n_heads, self.head_dim, config.spe_realizations, config.gated)
-                           if uses_spe else None)
+        self.spe_filter = (
+            SPEFilter(self.n_heads, self.head_dim, config.spe_realizations, config.gated) if uses_spe else None
+        )
         width = config.spe_realizations if uses_spe else self.head_dim  # width of the scored q, k
-        self.scale = width ** -0.5
-        self.features = (FeatureMap(config.attention, width, config.n_features)
-                         if config.attention in ("performer", "relu", "elu") else None)
+        self.scale = width**-0.5
+        self.features = (
+            FeatureMap(config.attention, width, config.n_features)
+            if config.attention in ("performer", "relu", "elu")
+            else None
+        )
 
     def split(self, projected: torch.Tensor) -> tuple:
         """qkv(x) [B, T, P * d_model] -> q, k, v as [B, H, T, head_dim], None where not projected."""
@@ -161,15 +167,15 @@ class SelfAttention(nn.Module):
             if self.spe_filter is not None:
                 q, k = self.spe_filter(q, k, codes, gate_noise)  # fp32 or wider
             wide = torch.promote_types(projected.dtype, torch.float32)
-            q, k, v = (None if t is None else t.to(wide, memory_format=torch.contiguous_format)
-                       for t in (q, k, v))
+            q, k, v = (None if t is None else t.to(wide, memory_format=torch.contiguous_format) for t in (q, k, v))
             if self.family is not None:
                 y, state = self.family(q, k, v, state)
             elif self.features is None:
                 y, state = softmax_attention(q, k, v, self.scale, state)
             else:
-                y, state = causal_linear_attention(self.features(q, True), self.features(k, False), v,
-                                                   state, self.kernel, products=projected.dtype)
+                y, state = causal_linear_attention(
+                    self.features(q, True), self.features(k, False), v, state, self.kernel, products=projected.dtype
+                )
         # One copy either way: the cast writes a contiguous tensor (bf16), else the reshape copies.
         y = y.transpose(1, 2).to(projected.dtype, memory_format=torch.contiguous_format)
         return self.out(y.reshape(B, T, -1)), state
@@ -181,9 +187,12 @@ class Block(nn.Module):
         self.pre_norm = config.norm == "pre"
         self.attention = SelfAttention(config)
         self.norm1, self.norm2 = nn.LayerNorm(config.d_model), nn.LayerNorm(config.d_model)
-        self.ff = nn.Sequential(nn.Linear(config.d_model, config.d_ff),
-                                nn.ReLU() if config.activation == "relu" else nn.GELU(),
-                                Dropout(config.dropout), nn.Linear(config.d_ff, config.d_model))
+        self.ff = nn.Sequential(
+            nn.Linear(config.d_model, config.d_ff),
+            nn.ReLU() if config.activation == "relu" else nn.GELU(),
+            Dropout(config.dropout),
+            nn.Linear(config.d_ff, config.d_model),
+        )
         self.dropout = Dropout(config.dropout)
 
     def forward(self, x, codes, gate_noise, state):
@@ -286,8 +295,9 @@ class MusicPerformer(nn.Module):
     def draw_noise(self, generator: Optional[torch.Generator] = None) -> Noise:
         if self.spe is None:
             return Noise(None, [None] * len(self.layers))
-        return Noise(self.spe.draw_noise(generator),
-                     [layer.attention.spe_filter.draw_noise(generator) for layer in self.layers])
+        return Noise(
+            self.spe.draw_noise(generator), [layer.attention.spe_filter.draw_noise(generator) for layer in self.layers]
+        )
 
     def redraw_features(self) -> None:
         for layer in self.layers:
@@ -319,8 +329,11 @@ class MusicPerformer(nn.Module):
             # The codes come in the dtype of the layers' SPE products, once for all layers:
             # bf16 under autocast, like the attention's products (SPEFilter), else the model's
             # dtype or fp32, whichever is wider (a float64 model keeps float64 codes).
-            products = (torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device)
-                        else torch.promote_types(x.dtype, torch.float32))
+            products = (
+                torch.get_autocast_dtype(device)
+                if torch.is_autocast_enabled(device)
+                else torch.promote_types(x.dtype, torch.float32)
+            )
             with torch.autocast(device, enabled=False):
                 codes = tuple(share_codes(c) for c in self.spe.codes(noise.spe, t0, t1, dtype=products))
         new_states = []
@@ -349,8 +362,10 @@ class MusicPerformer(nn.Module):
         """NumericError when a weight, cast to `dtype` for the steps, would become inf."""
         for name, tensor in self.state_dict().items():
             if tensor.is_floating_point() and torch.isinf(tensor.to(dtype)).any():
-                raise NumericError(f"{name} holds values up to {tensor.abs().max().item():.6g}, beyond the range "
-                                   f"of {dtype}; sample with --precision fp32")
+                raise NumericError(
+                    f"{name} holds values up to {tensor.abs().max().item():.6g}, beyond the range "
+                    f"of {dtype}; sample with --precision fp32"
+                )
 
     @contextlib.contextmanager
     def streaming(self, batch_size: int, seed: Optional[int] = None, choice: Optional[Choice] = None):
@@ -364,9 +379,13 @@ class MusicPerformer(nn.Module):
         if bf16:
             self._check_range(torch.bfloat16)
         with torch.no_grad():
-            fast = (RecurrentStep(self, batch_size, noise, torch.bfloat16 if bf16 else torch.float32,
-                                  self.inference_choice.step_c)
-                    if RecurrentStep.supports(self.config) else None)
+            fast = (
+                RecurrentStep(
+                    self, batch_size, noise, torch.bfloat16 if bf16 else torch.float32, self.inference_choice.step_c
+                )
+                if RecurrentStep.supports(self.config)
+                else None
+            )
         self._session = _Session(batch_size, noise, bf16, fast, len(self.layers))
         try:
             yield self
@@ -419,8 +438,10 @@ class MusicPerformer(nn.Module):
         single = tokens.dim() == 1
         ids = tokens[:, None] if single else tokens
         if ids.dim() != 2 or ids.shape[0] != session.batch_size:
-            raise ValueError(f"step() expects [{session.batch_size}] or [{session.batch_size}, T] "
-                             f"token ids, got shape {tuple(tokens.shape)}")
+            raise ValueError(
+                f"step() expects [{session.batch_size}] or [{session.batch_size}, T] "
+                f"token ids, got shape {tuple(tokens.shape)}"
+            )
         if single and session.fast is not None:
             with torch.autocast(self.device.type, enabled=False):
                 logits = session.fast(tokens, session.position)

@@ -24,8 +24,6 @@ from ..errors import ConfigError, FormatError, TokenError
 from ..io import write_json
 
 
-
-
 @dataclass
 class Encoding:
     """The result of encoding one MIDI file."""
@@ -161,8 +159,10 @@ class Tokenizer(abc.ABC):
     def token_type_ids(self) -> np.ndarray:
         """For every id, the index of its type in `list(token_types)`, or -1 when it has none."""
         prefixes = list(self.token_types.values())
-        return np.array([next((k for k, p in enumerate(prefixes) if name.startswith(p)), -1)
-                         for name in self.vocab], dtype=np.int64)
+        return np.array(
+            [next((k for k, p in enumerate(prefixes) if name.startswith(p)), -1) for name in self.vocab], dtype=np.int64
+        )
+
     @functools.cached_property
     def end_ids(self) -> tuple[int, ...]:
         """The tokens that end a piece (the sampler holds them back until the requested length).
@@ -245,8 +245,10 @@ def tokenizer_from_dict(data: dict[str, Any], source: str = "the tokenizer", rem
         raise FormatError(f"{source}: unknown tokenizer kind {kind!r} (known: {', '.join(Tokenizer.registry)})")
     cls = Tokenizer.registry[kind]
     if "version" in data and checked.version != cls.version:
-        raise RepresentationError(f"{source} was made with {kind.upper()} representation v{checked.version}; "
-                                  f"this musegen reads v{cls.version}: {remedy} or use an older musegen")
+        raise RepresentationError(
+            f"{source} was made with {kind.upper()} representation v{checked.version}; "
+            f"this musegen reads v{cls.version}: {remedy} or use an older musegen"
+        )
     try:
         tok = cls(**schemas.tokenizer_settings(kind, checked.settings, source))
     except ConfigError as exc:  # settings that disagree with each other

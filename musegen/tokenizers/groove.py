@@ -122,7 +122,7 @@ def round_half_even(numerator: np.ndarray, denominator: int) -> np.ndarray:
 def _pitched_slots() -> np.ndarray:
     """Boolean mask over the 384 (track, pitch) slots: True for bass and other (transposable)."""
     mask = np.ones(N_NOTES, dtype=bool)
-    mask[(DRUMS - 1) * N_PITCH:DRUMS * N_PITCH] = False
+    mask[(DRUMS - 1) * N_PITCH : DRUMS * N_PITCH] = False
     return mask
 
 
@@ -130,6 +130,7 @@ _PITCHED = _pitched_slots()
 
 
 # ---- reading MIDI as MusPy 0.3.0 does ------------------------------------------------------------
+
 
 @dataclass
 class Part:
@@ -173,8 +174,9 @@ def read_parts(source: str | os.PathLike | bytes, restrike_ends: bool = False) -
         raise MidiError(f"{name}: MIDI type 2 (independent sequences) is not supported")
     parsed = Parsed(name, int(midi.ticks_per_beat), [])
     for index, track in enumerate(midi.tracks):
-        parsed.parts.extend(_track_parts(track, parsed, named=midi.type == 1 and index > 0,
-                                         restrike_ends=restrike_ends))
+        parsed.parts.extend(
+            _track_parts(track, parsed, named=midi.type == 1 and index > 0, restrike_ends=restrike_ends)
+        )
     return parsed
 
 
@@ -189,7 +191,8 @@ def _track_parts(track, parsed: Parsed, named: bool, restrike_ends: bool) -> lis
     def end(channel: int, pitch: int, notes) -> None:
         """End the sounding `notes` [(onset, velocity)] of `pitch` on `channel` at the current time."""
         found.setdefault((programs[channel], channel), []).extend(
-            (onset, time, pitch, velocity) for onset, velocity in notes)
+            (onset, time, pitch, velocity) for onset, velocity in notes
+        )
 
     for msg in track:
         time += msg.time
@@ -218,18 +221,19 @@ def _track_parts(track, parsed: Parsed, named: bool, restrike_ends: bool) -> lis
             break
     for (channel, pitch), waiting in sounding.items():  # still sounding: they end with the track
         end(channel, pitch, waiting)
-    return [Part(name, program, channel == 9, np.array(notes, dtype=np.int64).reshape(-1, 4))
-            for (program, channel), notes in found.items()]
+    return [
+        Part(name, program, channel == 9, np.array(notes, dtype=np.int64).reshape(-1, 4))
+        for (program, channel), notes in found.items()
+    ]
 
 
 def layout_of(parts: list[Part]) -> str:
-    """"g2g" (Groove2Groove names), "musegen" (the names `decode` writes) or "inferred"."""
+    """ "g2g" (Groove2Groove names), "musegen" (the names `decode` writes) or "inferred"."""
     playing = [p for p in parts if len(p.notes)]
     names = {p.name for p in playing}
     if names and names <= G2G_NAMES:
         return "g2g"
-    if names and names <= set(ROLE_NAMES.values()) and all(p.is_drum == (p.name == ROLE_NAMES[DRUMS])
-                                                           for p in playing):
+    if names and names <= set(ROLE_NAMES.values()) and all(p.is_drum == (p.name == ROLE_NAMES[DRUMS]) for p in playing):
         return "musegen"
     return "inferred"
 
@@ -275,8 +279,7 @@ def assign_roles(parts: list[Part], layout: str | None = None) -> Roles:
     layout = layout or layout_of(parts)
     if layout == "g2g":
         named = lambda name: [p for p in playing if p.name == name]
-        return Roles(layout, named(G2G_BASS), named(G2G_DRUMS),
-                     [named(name) for name in G2G_HARMONIC if named(name)])
+        return Roles(layout, named(G2G_BASS), named(G2G_DRUMS), [named(name) for name in G2G_HARMONIC if named(name)])
     if layout == "musegen":
         named = lambda role: [p for p in playing if p.name == ROLE_NAMES[role]]
         return Roles(layout, named(BASS), named(DRUMS), [named(OTHER)] if named(OTHER) else [])
@@ -304,8 +307,10 @@ def check_meter(parsed: Parsed) -> None:
     """4-beat bars only: 2/4 and 2/2 pair up into them, 3/4 or 6/8 do not."""
     for tick, numerator, denominator in parsed.time_signatures:
         if numerator <= 0 or BEATS_PER_BAR * denominator % (4 * numerator):  # 0/x: fuzzed files
-            raise MidiError(f"{parsed.name}: time signature {numerator}/{denominator} at tick {tick}; "
-                            "the groove tokenizer needs 4/4 (or 2/4, 2/2)")
+            raise MidiError(
+                f"{parsed.name}: time signature {numerator}/{denominator} at tick {tick}; "
+                "the groove tokenizer needs 4/4 (or 2/4, 2/2)"
+            )
 
 
 def read_trio(source: str | os.PathLike | bytes) -> tuple[Parsed, Roles, int]:
@@ -321,6 +326,7 @@ def read_trio(source: str | os.PathLike | bytes) -> tuple[Parsed, Roles, int]:
 
 # ---- the tokenizer ---------------------------------------------------------------------------------
 
+
 class GrooveTokenizer(Tokenizer):
     """Bass / drums / other trio tokens. `other_seed`: None picks the harmonic track with the
     most notes (the reference's test-time choice); an int picks a non-empty one at random,
@@ -330,8 +336,13 @@ class GrooveTokenizer(Tokenizer):
     augmentation = {"max_shift": 5, "max_skip_bars": 4, "track_dropout": 0.2}  # drums never transposed
     default_crop = "start"  # sequences cut to the first N tokens, as in the paper (bar skips vary them)
     roles = ("bass", "drums", "other")
-    token_types = {"note-on": "NoteOn_", "note-off": "NoteOff_", "time shift": "TimeShift_", "Start": "Start",
-                   "End": "End"}
+    token_types = {
+        "note-on": "NoteOn_",
+        "note-off": "NoteOff_",
+        "time shift": "TimeShift_",
+        "Start": "Start",
+        "End": "End",
+    }
     position_type = "time shift"
     version = 2
     sampling_defaults = {"temperature": 0.6, "top_p": 1.0}  # the paper's groove samples
@@ -343,11 +354,13 @@ class GrooveTokenizer(Tokenizer):
             if role not in ("bass", "other") or not isinstance(program, int) or not 0 <= program < 128:
                 raise TokenError(f"invalid groove program setting {role}={program!r}")
         self.other_seed = other_seed
-        self.vocab = ([f"NoteOn_{t}_{p}" for t in TRACKS for p in range(N_PITCH)]
-                      + [f"NoteOff_{t}_{p}" for t in TRACKS for p in range(N_PITCH)]
-                      + [f"TimeShift_0_{t}" for t in range(1, UNITS_PER_BEAT)]
-                      + [f"TimeShift_{b}_{t}" for b in range(1, MAX_SHIFT_BEATS) for t in range(UNITS_PER_BEAT)]
-                      + [f"TimeShift_{MAX_SHIFT_BEATS}_0", "End", "Start", "PAD"])
+        self.vocab = (
+            [f"NoteOn_{t}_{p}" for t in TRACKS for p in range(N_PITCH)]
+            + [f"NoteOff_{t}_{p}" for t in TRACKS for p in range(N_PITCH)]
+            + [f"TimeShift_0_{t}" for t in range(1, UNITS_PER_BEAT)]
+            + [f"TimeShift_{b}_{t}" for b in range(1, MAX_SHIFT_BEATS) for t in range(UNITS_PER_BEAT)]
+            + [f"TimeShift_{MAX_SHIFT_BEATS}_0", "End", "Start", "PAD"]
+        )
         assert len(self.vocab) == PAD + 1
 
     @property
@@ -385,9 +398,17 @@ class GrooveTokenizer(Tokenizer):
         if notes[:, 3].max() // BAR_UNITS >= MAX_BARS:  # e.g. a huge delta-time: millions of time shifts
             raise MidiError(f"{parsed.name}: longer than {MAX_BARS} bars, not a piece of music")
         left_out = len(roles.harmonic) - bool(other)
-        return notes, velocities, {
-            "meta": self._meta(parsed, roles, other), "notes": int(len(notes)), "count_in_notes": dropped,
-            "crossing_notes": crossing, "tracks_left_out": left_out}
+        return (
+            notes,
+            velocities,
+            {
+                "meta": self._meta(parsed, roles, other),
+                "notes": int(len(notes)),
+                "count_in_notes": dropped,
+                "crossing_notes": crossing,
+                "tracks_left_out": left_out,
+            },
+        )
 
     def encode(self, source: str | os.PathLike | bytes) -> Encoding:
         notes, velocities, report = self.trio(source)
@@ -406,8 +427,9 @@ class GrooveTokenizer(Tokenizer):
     @staticmethod
     def _meta(parsed: Parsed, roles: Roles, other: list[Part]) -> dict[str, Any]:
         """What `decode` needs to give the trio back its sound: programs, names, tempo changes."""
-        tempos = [[int(round_half_even(UNITS_PER_BEAT * tick, parsed.tpq)), round(qpm, 2)]
-                  for tick, qpm in parsed.tempos]
+        tempos = [
+            [int(round_half_even(UNITS_PER_BEAT * tick, parsed.tpq)), round(qpm, 2)] for tick, qpm in parsed.tempos
+        ]
         tempos = [t for i, t in enumerate(tempos) if i + 1 == len(tempos) or tempos[i + 1][0] != t[0]]
         if not tempos or tempos[0][0] > 0:  # MIDI's default until the first tempo event
             tempos.insert(0, [0, DEFAULT_TEMPO])
@@ -438,24 +460,30 @@ class GrooveTokenizer(Tokenizer):
         notes, ties = decode_events(_as_ids(ids, self.vocab_size))
         return self.trio_midi(notes, DEFAULT_VELOCITY + ties, meta)
 
-    def trio_midi(self, notes: np.ndarray, velocities: np.ndarray, meta: dict[str, Any] | None = None
-                  ) -> miditoolkit.MidiFile:
+    def trio_midi(
+        self, notes: np.ndarray, velocities: np.ndarray, meta: dict[str, Any] | None = None
+    ) -> miditoolkit.MidiFile:
         """Notes (track, pitch, onset, offset) in grid units as the 3-track MIDI `decode` writes,
         with programs and tempo changes from `meta` (see `decode`)."""
         meta = meta or {}
-        program = {role: self.programs[role] if meta.get(f"{role}_program") is None else int(meta[f"{role}_program"])
-                   for role in ("bass", "other")}
+        program = {
+            role: self.programs[role] if meta.get(f"{role}_program") is None else int(meta[f"{role}_program"])
+            for role in ("bass", "other")
+        }
         midi = miditoolkit.MidiFile(ticks_per_beat=TICKS_PER_BEAT)
         unit = TICKS_PER_BEAT // UNITS_PER_BEAT
         tempos = meta.get("tempos") or [[0, meta.get("tempo") or DEFAULT_TEMPO]]
         midi.tempo_changes = [miditoolkit.TempoChange(float(qpm), int(time) * unit) for time, qpm in tempos]
         midi.time_signature_changes = [miditoolkit.TimeSignature(BEATS_PER_BAR, 4, 0)]
-        parts = {BASS: miditoolkit.Instrument(program["bass"], name=ROLE_NAMES[BASS]),
-                 DRUMS: miditoolkit.Instrument(0, is_drum=True, name=ROLE_NAMES[DRUMS]),
-                 OTHER: miditoolkit.Instrument(program["other"], name=ROLE_NAMES[OTHER])}
+        parts = {
+            BASS: miditoolkit.Instrument(program["bass"], name=ROLE_NAMES[BASS]),
+            DRUMS: miditoolkit.Instrument(0, is_drum=True, name=ROLE_NAMES[DRUMS]),
+            OTHER: miditoolkit.Instrument(program["other"], name=ROLE_NAMES[OTHER]),
+        }
         for (track, pitch, on, off), velocity in zip(notes.tolist(), np.asarray(velocities).tolist()):
-            parts[track].notes.append(miditoolkit.Note(min(velocity, 127), pitch, on * unit,
-                                                       max(off * unit, on * unit + 1)))
+            parts[track].notes.append(
+                miditoolkit.Note(min(velocity, 127), pitch, on * unit, max(off * unit, on * unit + 1))
+            )
         midi.instruments = [parts[BASS], parts[DRUMS], parts[OTHER]]
         return midi
 
@@ -580,10 +608,14 @@ def decode_events(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         elif tok == END:
             break
     for slot, queue in sounding.items():  # unfinished (no End): ends at the last time, if it has begun
-        found.extend((slot // N_PITCH + 1, slot % N_PITCH, onset, time, index) for onset, index in queue if onset < time)
+        found.extend(
+            (slot // N_PITCH + 1, slot % N_PITCH, onset, time, index) for onset, index in queue if onset < time
+        )
     rows = np.array(found, dtype=np.int64).reshape(-1, 5)
     rows = rows[np.lexsort((rows[:, 4], rows[:, 1], rows[:, 3], rows[:, 2]))]  # tie groups, in note_on order
-    group = np.concatenate([[True], np.any(rows[1:, 1:4] != rows[:-1, 1:4], axis=1)]) if len(rows) else np.zeros(0, bool)
+    group = (
+        np.concatenate([[True], np.any(rows[1:, 1:4] != rows[:-1, 1:4], axis=1)]) if len(rows) else np.zeros(0, bool)
+    )
     starts = np.maximum.accumulate(np.where(group, np.arange(len(rows)), 0))
     ties = np.arange(len(rows)) - starts
     order = np.lexsort((rows[:, 3], rows[:, 1], rows[:, 0], rows[:, 2]))
@@ -705,7 +737,7 @@ class GrooveGrammar(Grammar):
             mask[START] = state.phase == 0
             return mask
         if state.last != AFTER_FINAL:  # shifts forward: (0, t >= tick) .. (2, 0)
-            mask[shift_id(0, max(1, state.time % UNITS_PER_BEAT)):END] = True
+            mask[shift_id(0, max(1, state.time % UNITS_PER_BEAT)) : END] = True
         if state.last != AFTER_EVENT or state.time % UNITS_PER_BEAT == 0:
             self._allow_events(state, mask)
         mask[END] = state.last == AFTER_EVENT and state.begun and not state.sounding
@@ -742,8 +774,9 @@ class GrooveGrammar(Grammar):
         longer end; it then rang on for beats (docs/sampling.md)."""
         if state.phase != 1 or state.mode != FRESH or token >= TIME_SHIFT:
             return []
-        bass = sorted((onset, slot, rank) for slot, queue in state.sounding.items() if slot < N_PITCH
-                      for onset, rank in queue)  # bass slots are its pitches; sorted as their note_offs come
+        bass = sorted(
+            (onset, slot, rank) for slot, queue in state.sounding.items() if slot < N_PITCH for onset, rank in queue
+        )  # bass slots are its pitches; sorted as their note_offs come
         superseded = [NOTE_OFF + slot for onset, slot, _ in bass if onset < bass[-1][0]] if bass else []
         tick = state.time % UNITS_PER_BEAT
         restate = [shift_id(0, tick)] if tick else []
@@ -769,7 +802,7 @@ class GrooveGrammar(Grammar):
     def _allow_events(self, state: GrooveState, mask: np.ndarray) -> None:
         if state.mode == ONS:
             for track in range(len(TRACKS)):
-                mask[NOTE_ON + track * N_PITCH + state.key:NOTE_ON + (track + 1) * N_PITCH] = True
+                mask[NOTE_ON + track * N_PITCH + state.key : NOTE_ON + (track + 1) * N_PITCH] = True
             if state.zero_slot >= 0 and self._may_end(state, state.zero_slot):
                 mask[NOTE_OFF + state.zero_slot] = True
             return
@@ -806,9 +839,17 @@ class GrooveGrammar(Grammar):
         if token < NOTE_OFF:
             sounding[token] = sounding.get(token, ()) + ((state.time, state.rank),)
             zero = token if len(sounding[token]) == 1 else -1
-            return replace(state, last=AFTER_EVENT, mode=ONS, key=token % N_PITCH, zero_slot=zero,
-                           rank=state.rank + 1, sounding=sounding, begun=True,
-                           begun_now=state.begun_now | {token})
+            return replace(
+                state,
+                last=AFTER_EVENT,
+                mode=ONS,
+                key=token % N_PITCH,
+                zero_slot=zero,
+                rank=state.rank + 1,
+                sounding=sounding,
+                begun=True,
+                begun_now=state.begun_now | {token},
+            )
         slot = token - NOTE_OFF
         onset = sounding[slot][0][0]
         sounding[slot] = sounding[slot][1:]
@@ -834,8 +875,9 @@ class GrooveGrammar(Grammar):
     @staticmethod
     def _sounding(state: GrooveState) -> list[tuple]:
         """(onset, pitch, rank, slot) of every sounding note, in the order their note_offs come."""
-        return sorted((onset, slot % N_PITCH, rank, slot) for slot, queue in state.sounding.items()
-                      for onset, rank in queue)
+        return sorted(
+            (onset, slot % N_PITCH, rank, slot) for slot, queue in state.sounding.items() for onset, rank in queue
+        )
 
     def release_at(self, state: GrooveState, time: int) -> list[int]:
         """The tokens that end every sounding note at `time` (shifts there, then the note_offs in

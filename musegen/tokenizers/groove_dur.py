@@ -34,8 +34,21 @@ import numpy as np
 
 from ..errors import TokenError
 from .base import Encoding, Grammar, Tokenizer
-from .groove import (BAR_UNITS, DEFAULT_VELOCITY, DRUMS, N_NOTES, N_PITCH, N_SHIFTS, TIME_SHIFT, TRACKS,
-                     GrooveTokenizer, bar_starts_at, shift_target, shifts_between, token_times)
+from .groove import (
+    BAR_UNITS,
+    DEFAULT_VELOCITY,
+    DRUMS,
+    N_NOTES,
+    N_PITCH,
+    N_SHIFTS,
+    TIME_SHIFT,
+    TRACKS,
+    GrooveTokenizer,
+    bar_starts_at,
+    shift_target,
+    shifts_between,
+    token_times,
+)
 
 DURATIONS = np.array(list(range(1, 13)) + [15, 18, 21, 24, 30, 36, 42, 48, 60, 72, 84, 96, 120, 144, 168, 192])
 # d rounds up from DURATIONS[i] to DURATIONS[i + 1] where d * d >= their product (log midpoint)
@@ -86,8 +99,11 @@ def fitted(notes: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict[str, int]]:
     over = DURATIONS[index] > room
     index[over] = np.searchsorted(DURATIONS, room[over], side="right") - 1
     pitched = is_pitched(notes[:, 0])
-    counts = {"merged_notes": merged, "cut_notes": int((pitched & (length > room)).sum()),
-              "long_notes": int((pitched & (held > DURATIONS[-1])).sum())}
+    counts = {
+        "merged_notes": merged,
+        "cut_notes": int((pitched & (length > room)).sum()),
+        "long_notes": int((pitched & (held > DURATIONS[-1])).sum()),
+    }
     index = np.where(pitched, index, -1)
     notes[:, 3] = onset + np.where(pitched, DURATIONS[index], DRUM_UNITS)
     by_time = np.lexsort((slot, onset))
@@ -192,8 +208,8 @@ class GrooveDurGrammar(Grammar):
             mask[DURATION:SHIFT] = True
             return mask
         if state.last != AFTER_FINAL:  # forward: from the next tick of this beat to (2, 0)
-            mask[SHIFT + state.time % 12:END] = True
-        mask[NOTE + state.slot + 1:DURATION] = True
+            mask[SHIFT + state.time % 12 : END] = True
+        mask[NOTE + state.slot + 1 : DURATION] = True
         mask[[slot for slot, end in state.busy.items() if end > state.time]] = False
         mask[END] = state.last == AFTER_EVENT and state.begun
         return mask
@@ -213,8 +229,7 @@ class GrooveDurGrammar(Grammar):
             busy = {**state.busy, state.slot: state.time + int(DURATIONS[token - DURATION])}
             return replace(state, last=AFTER_EVENT, busy=busy, begun=True)
         pitched = token // N_PITCH + 1 != DRUMS
-        return replace(state, last=AFTER_NOTE if pitched else AFTER_EVENT, slot=token,
-                       begun=state.begun or not pitched)
+        return replace(state, last=AFTER_NOTE if pitched else AFTER_EVENT, slot=token, begun=state.begun or not pitched)
 
     def can_close(self, state: DurState) -> bool:
         """Right after a complete note: End may come."""
@@ -228,6 +243,7 @@ class GrooveDurGrammar(Grammar):
 
 # ---- the tokenizer ---------------------------------------------------------------------------------
 
+
 class GrooveDurTokenizer(Tokenizer):
     """Bass / drums / other trio tokens with durations; settings as GrooveTokenizer's."""
 
@@ -237,15 +253,17 @@ class GrooveDurTokenizer(Tokenizer):
     default_crop = GrooveTokenizer.default_crop
     roles = GrooveTokenizer.roles
     sampling_defaults = GrooveTokenizer.sampling_defaults
-    token_types = {"note": "Note_", "duration": "Duration_", "time shift": "TimeShift_", "Start": "Start",
-                   "End": "End"}
+    token_types = {"note": "Note_", "duration": "Duration_", "time shift": "TimeShift_", "Start": "Start", "End": "End"}
     position_type = "time shift"
 
     def __init__(self, programs: dict[str, int] | None = None, other_seed: int | None = None):
         self.reader = GrooveTokenizer(programs, other_seed)  # reads MIDI and writes it back
-        self.vocab = ([f"Note_{t}_{p}" for t in TRACKS for p in range(N_PITCH)]
-                      + [f"Duration_{d}" for d in DURATIONS]
-                      + self.reader.vocab[TIME_SHIFT:TIME_SHIFT + N_SHIFTS] + ["End", "Start", "PAD"])
+        self.vocab = (
+            [f"Note_{t}_{p}" for t in TRACKS for p in range(N_PITCH)]
+            + [f"Duration_{d}" for d in DURATIONS]
+            + self.reader.vocab[TIME_SHIFT : TIME_SHIFT + N_SHIFTS]
+            + ["End", "Start", "PAD"]
+        )
         assert len(self.vocab) == PAD + 1
 
     @property

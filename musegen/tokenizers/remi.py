@@ -57,15 +57,29 @@ NO_CHORD = "N_N"
 class RemiTokenizer(Tokenizer):
     kind = "remi"
     augmentation = {"max_shift": 6}  # transpose by -6..+6 semitones, chord roots too
-    token_types = {"Bar": "Bar_", "Beat": "Beat_", "Chord": "Chord_", "Tempo": "Tempo_", "Pitch": "Note_Pitch_",
-                   "Velocity": "Note_Velocity_", "Duration": "Note_Duration_", "EOS": "EOS_"}
+    token_types = {
+        "Bar": "Bar_",
+        "Beat": "Beat_",
+        "Chord": "Chord_",
+        "Tempo": "Tempo_",
+        "Pitch": "Note_Pitch_",
+        "Velocity": "Note_Velocity_",
+        "Duration": "Note_Duration_",
+        "EOS": "EOS_",
+    }
     position_type = "Beat"
     version = 2
     sampling_defaults = {"temperature": 1.2, "top_p": 0.9}  # the paper's pop samples
 
-    def __init__(self, beat_resolution: int = 4, pitch_range: tuple[int, int] = (22, 107),
-                 velocity_range: tuple[int, int, int] = (40, 86, 2), max_duration: int = 16,
-                 tempos: tuple[int, ...] = POP1K7_TEMPOS, chords: bool = True):
+    def __init__(
+        self,
+        beat_resolution: int = 4,
+        pitch_range: tuple[int, int] = (22, 107),
+        velocity_range: tuple[int, int, int] = (40, 86, 2),
+        max_duration: int = 16,
+        tempos: tuple[int, ...] = POP1K7_TEMPOS,
+        chords: bool = True,
+    ):
         """`beat_resolution`: grid positions per beat; `pitch_range`: lowest and highest pitch,
         others are folded in by octaves; `velocity_range`: (lowest, highest, step) of the velocity
         bins; `max_duration`: longest duration in grid steps; `tempos`: the tempo bins (bpm);
@@ -74,9 +88,12 @@ class RemiTokenizer(Tokenizer):
         vmin, vmax, vstep = velocity_range
         # at most 160: decoding keeps the note order inside a cell by starting notes a tick apart,
         # which needs 3 ticks per cell at 480 ticks per beat
-        if not (isinstance(beat_resolution, int) and 1 <= beat_resolution <= 160
-                and TICKS_PER_BEAT % beat_resolution == 0):
-            raise ConfigError(f"beat_resolution must divide {TICKS_PER_BEAT} and be at most 160, got {beat_resolution!r}")
+        if not (
+            isinstance(beat_resolution, int) and 1 <= beat_resolution <= 160 and TICKS_PER_BEAT % beat_resolution == 0
+        ):
+            raise ConfigError(
+                f"beat_resolution must divide {TICKS_PER_BEAT} and be at most 160, got {beat_resolution!r}"
+            )
         if not (0 <= lo and hi <= 127 and hi - lo >= 11):
             raise ConfigError(f"pitch_range must lie in 0..127 and span an octave, got {pitch_range!r}")
         if not (0 < vstep and 0 <= vmin <= vmax <= 127 and (vmax - vmin) % vstep == 0):
@@ -103,13 +120,15 @@ class RemiTokenizer(Tokenizer):
     def _build_vocab(self) -> None:
         lo, hi = self.pitch_range
         chord_names = [f"{r}_{q}" for r in ROOT_NAMES for q in QUALITIES] + [NO_CHORD]
-        names = (["Bar_None", "EOS_None"]
-                 + [f"Beat_{k}" for k in range(self.positions_per_bar)]
-                 + [f"Chord_{c}" for c in chord_names]
-                 + [f"Tempo_{t}" for t in self.tempos]
-                 + [f"Note_Pitch_{p}" for p in range(lo, hi + 1)]
-                 + [f"Note_Velocity_{v}" for v in self.velocities]
-                 + [f"Note_Duration_{d * self.ticks_per_position}" for d in range(self.max_duration + 1)])
+        names = (
+            ["Bar_None", "EOS_None"]
+            + [f"Beat_{k}" for k in range(self.positions_per_bar)]
+            + [f"Chord_{c}" for c in chord_names]
+            + [f"Tempo_{t}" for t in self.tempos]
+            + [f"Note_Pitch_{p}" for p in range(lo, hi + 1)]
+            + [f"Note_Velocity_{v}" for v in self.velocities]
+            + [f"Note_Duration_{d * self.ticks_per_position}" for d in range(self.max_duration + 1)]
+        )
         self.vocab = sorted(names) + ["PAD_None"]
         ids = {name: i for i, name in enumerate(self.vocab)}
         self.bar_id, self.eos_id = ids["Bar_None"], ids["EOS_None"]
@@ -118,15 +137,16 @@ class RemiTokenizer(Tokenizer):
         self.tempo_ids = np.array([ids[f"Tempo_{t}"] for t in self.tempos])
         self.pitch_ids = np.array([ids[f"Note_Pitch_{p}"] for p in range(lo, hi + 1)])
         self.velocity_ids = np.array([ids[f"Note_Velocity_{v}"] for v in self.velocities])
-        self.duration_ids = np.array([ids[f"Note_Duration_{d * self.ticks_per_position}"]
-                                      for d in range(self.max_duration + 1)])
+        self.duration_ids = np.array(
+            [ids[f"Note_Duration_{d * self.ticks_per_position}"] for d in range(self.max_duration + 1)]
+        )
         # chord_ids[root, quality]; the no-chord token sits at [12, 0]
         self.chord_ids = np.full((13, len(QUALITIES)), -1)
         for r, root in enumerate(ROOT_NAMES):
             for q, quality in enumerate(QUALITIES):
                 self.chord_ids[r, q] = ids[f"Chord_{root}_{quality}"]
         self.no_chord_id = self.chord_ids[12, 0] = ids[f"Chord_{NO_CHORD}"]
-        self.chord_of_name = {name[len("Chord_"):]: i for name, i in ids.items() if name.startswith("Chord_")}
+        self.chord_of_name = {name[len("Chord_") :]: i for name, i in ids.items() if name.startswith("Chord_")}
 
         # Reverse tables: id -> value (or -1), used by decode, transpose and the grammar.
         size = len(self.vocab)
@@ -152,15 +172,25 @@ class RemiTokenizer(Tokenizer):
         return self.vocab[token] if 0 <= token < len(self.vocab) else str(token)
 
     def settings(self) -> dict[str, Any]:
-        return {"beat_resolution": self.beat_resolution, "pitch_range": list(self.pitch_range),
-                "velocity_range": list(self.velocity_range), "max_duration": self.max_duration,
-                "tempos": list(self.tempos), "chords": self.chords}
+        return {
+            "beat_resolution": self.beat_resolution,
+            "pitch_range": list(self.pitch_range),
+            "velocity_range": list(self.velocity_range),
+            "max_duration": self.max_duration,
+            "tempos": list(self.tempos),
+            "chords": self.chords,
+        }
 
     # ------------------------------------------------------------------ encode
     def encode(self, source: str | os.PathLike | bytes | symusic.Score) -> Encoding:
         """Encode a MIDI file (path or bytes) or a `symusic.Score` in memory."""
-        name = "<bytes>" if isinstance(source, (bytes, bytearray)) else \
-            "<score>" if isinstance(source, symusic.Score) else str(source)
+        name = (
+            "<bytes>"
+            if isinstance(source, (bytes, bytearray))
+            else "<score>"
+            if isinstance(source, symusic.Score)
+            else str(source)
+        )
         score, length = read_midi(source)
         grid = BarGrid.of(score, name, self.beat_resolution, self.positions_per_bar)
         notes = self._notes(score, grid, name)
@@ -178,10 +208,14 @@ class RemiTokenizer(Tokenizer):
                 if cell < size:
                     header.setdefault(cell, [-1, -1])[k] = token
         out = self._events(notes, header, origin)
-        report = {"notes": int(len(notes.cell)), "pitches_folded": notes.folded, "durations_clipped": notes.clipped,
-                  "bars": last_bar - first_bar + 1,
-                  "chord_changes": sum(c >= 0 for c, _ in header.values()),
-                  "tempo_changes": sum(t >= 0 for _, t in header.values())}
+        report = {
+            "notes": int(len(notes.cell)),
+            "pitches_folded": notes.folded,
+            "durations_clipped": notes.clipped,
+            "bars": last_bar - first_bar + 1,
+            "chord_changes": sum(c >= 0 for c, _ in header.values()),
+            "tempo_changes": sum(t >= 0 for _, t in header.values()),
+        }
         return Encoding(np.asarray(out, dtype=np.int32), report)
 
     def _notes(self, score, grid: "BarGrid", name: str) -> "_Notes":
@@ -189,32 +223,42 @@ class RemiTokenizer(Tokenizer):
         tracks = [t.notes.numpy() for t in score.tracks if not t.is_drum and len(t.notes)]
         if not tracks:
             raise MidiError(f"{name}: only drum notes; REMI needs pitched notes")
-        time, duration, pitch, velocity = (np.concatenate([t[k] for t in tracks]).astype(np.int64)
-                                           for k in ("time", "duration", "pitch", "velocity"))
+        time, duration, pitch, velocity = (
+            np.concatenate([t[k] for t in tracks]).astype(np.int64) for k in ("time", "duration", "pitch", "velocity")
+        )
         order = np.lexsort((-pitch, time))  # stable: equal notes keep track order
         time, duration, pitch, velocity = time[order], duration[order], pitch[order], velocity[order]
         tpq, res = score.tpq, self.beat_resolution
         cell = grid.position(_round_half_even(time * res, tpq))
         first_bar, last_bar = int(cell[0]) // self.positions_per_bar, int(cell[-1]) // self.positions_per_bar
         if last_bar - first_bar >= MAX_BARS:
-            raise MidiError(f"{name}: notes span {last_bar - first_bar + 1} bars; "
-                            f"longer than {MAX_BARS} bars, not a piece of music")
+            raise MidiError(
+                f"{name}: notes span {last_bar - first_bar + 1} bars; longer than {MAX_BARS} bars, not a piece of music"
+            )
         lo, hi = self.pitch_range
         folded = np.where(pitch < lo, pitch + 12 * ((lo - pitch + 11) // 12), pitch)
         folded = np.where(folded > hi, folded - 12 * ((folded - hi + 11) // 12), folded)
         vmin, _, vstep = self.velocity_range
         steps = np.minimum(duration * res, self.max_duration * tpq)  # capped before rounding
         return _Notes(
-            time=time, end=time + duration, raw_pitch=pitch, cell=cell, first_bar=first_bar, last_bar=last_bar,
-            pitch=folded - lo, duration=_round_half_even(steps, tpq),
+            time=time,
+            end=time + duration,
+            raw_pitch=pitch,
+            cell=cell,
+            first_bar=first_bar,
+            last_bar=last_bar,
+            pitch=folded - lo,
+            duration=_round_half_even(steps, tpq),
             # nearest bin, ties down: floor((v - vmin) / vstep + 1/2 - epsilon)
             velocity=np.clip((2 * (velocity - vmin) + vstep - 1) // (2 * vstep), 0, len(self.velocities) - 1),
             folded=int(np.count_nonzero(folded != pitch)),
-            clipped=int(np.count_nonzero(duration * res > self.max_duration * tpq)))
+            clipped=int(np.count_nonzero(duration * res > self.max_duration * tpq)),
+        )
 
     def _events(self, notes: "_Notes", header: dict[int, list[int]], origin: int) -> list[int]:
-        triples = np.stack([self.pitch_ids[notes.pitch], self.velocity_ids[notes.velocity],
-                            self.duration_ids[notes.duration]], axis=1)
+        triples = np.stack(
+            [self.pitch_ids[notes.pitch], self.velocity_ids[notes.velocity], self.duration_ids[notes.duration]], axis=1
+        )
         cell = notes.cell - origin
         cells = np.union1d(cell, np.fromiter(header, dtype=np.int64, count=len(header)))
         starts = np.searchsorted(cell, cells)
@@ -263,8 +307,9 @@ class RemiTokenizer(Tokenizer):
                 beats.append(np.arange(a, b))
                 labels.append(detect_chords(start, end, pitch, tpq, max_tick=b * tpq, first_beat=a))
         beat = np.concatenate(beats)
-        root, quality, bass = (np.concatenate([getattr(c, k) for c in labels]).astype(np.int64)
-                               for k in ("root", "quality", "bass"))
+        root, quality, bass = (
+            np.concatenate([getattr(c, k) for c in labels]).astype(np.int64) for k in ("root", "quality", "bass")
+        )
         complete = (root >= 0) & (quality >= 0) & (bass >= 0)
         ids = np.where(complete, self.chord_ids[np.maximum(root, 0), np.maximum(quality, 0)], self.no_chord_id)
         label = np.where(complete, (root * 16 + quality) * 16 + bass, -1)
@@ -361,7 +406,7 @@ class RemiTokenizer(Tokenizer):
             elif self.tempo_of[tok] >= 0:
                 tempos.append((tick, self.tempos[self.tempo_of[tok]]))
             elif self.is_chord[tok]:
-                chords.append((tick, self.vocab[tok][len("Chord_"):]))
+                chords.append((tick, self.vocab[tok][len("Chord_") :]))
         return notes, tempos, chords
 
     def _checked_ids(self, ids) -> np.ndarray:
@@ -437,12 +482,16 @@ class BarGrid:
         for tick, ts in signatures.items():
             quarters = ts.numerator * 4 / ts.denominator if ts.denominator else 0
             if quarters not in (1, 2, 4):
-                raise MidiError(f"{name}: time signature {ts.numerator}/{ts.denominator} at tick {tick}; "
-                                "REMI needs 4/4 (1/4 and 2/4 are re-barred into 4/4)")
+                raise MidiError(
+                    f"{name}: time signature {ts.numerator}/{ts.denominator} at tick {tick}; "
+                    "REMI needs 4/4 (1/4 and 2/4 are re-barred into 4/4)"
+                )
             if quarters == 4 and (tick - restarts[-1]) % (BEATS_PER_BAR * tpq):
                 if tick % tpq:
-                    raise MidiError(f"{name}: time signature {ts.numerator}/{ts.denominator} at tick {tick} "
-                                    "starts a bar off the beat; REMI bars start on beats")
+                    raise MidiError(
+                        f"{name}: time signature {ts.numerator}/{ts.denominator} at tick {tick} "
+                        "starts a bar off the beat; REMI bars start on beats"
+                    )
                 restarts.append(tick)
         starts = np.array(restarts, dtype=np.int64) // tpq * resolution
         origins = np.zeros(len(starts), dtype=np.int64)

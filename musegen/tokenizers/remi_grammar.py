@@ -40,9 +40,15 @@ class RemiLayout:
         kind[tok.velocity_of >= 0] = VELOCITY
         kind[tok.duration_of >= 0] = NOTE
         follows = {  # state class -> token classes allowed next (Beat handled with its position)
-            START: {BAR}, BAR: {BAR, BEAT, END}, BEAT: {CHORD, TEMPO, PITCH},
-            CHORD: {TEMPO, PITCH, BEAT, BAR}, TEMPO: {PITCH, BEAT, BAR}, PITCH: {VELOCITY},
-            VELOCITY: {NOTE}, NOTE: {PITCH, BEAT, BAR}, END: set(),
+            START: {BAR},
+            BAR: {BAR, BEAT, END},
+            BEAT: {CHORD, TEMPO, PITCH},
+            CHORD: {TEMPO, PITCH, BEAT, BAR},
+            TEMPO: {PITCH, BEAT, BAR},
+            PITCH: {VELOCITY},
+            VELOCITY: {NOTE},
+            NOTE: {PITCH, BEAT, BAR},
+            END: set(),
         }
         table = np.full((9 * width, tok.vocab_size), -1, dtype=np.int32)
         for cls, allowed in follows.items():
@@ -126,7 +132,7 @@ class RemiGrammar(Grammar):
         if cls == BEAT and not self._chord_fits(state):
             mask &= ~tok.is_chord
         elif cls == NOTE and state.rises >= tok.max_note_offset:
-            mask[tok.pitch_ids[state.cell_pitch - tok.pitch_range[0]:]] = False
+            mask[tok.pitch_ids[state.cell_pitch - tok.pitch_range[0] :]] = False
         if not state.bar_notes and (state.bar == 0 or state.bar + 1 >= MAX_BARS):
             mask[tok.bar_id] = False
         mask[tok.eos_id] &= state.closed_notes
@@ -167,8 +173,11 @@ class RemiGrammar(Grammar):
                 return None
             return "breaks the opening: a piece starts Bar, Beat_0, " + ("Chord, " if tok.chords else "") + "Tempo"
         if token == tok.eos_id:
-            return None if state.closed_notes else \
-                "may only follow a Bar that closes a bar with a note (the last bar holds the last note)"
+            return (
+                None
+                if state.closed_notes
+                else "may only follow a Bar that closes a bar with a note (the last bar holds the last note)"
+            )
         if state.bar >= MAX_BARS:
             return f"would go past bar {MAX_BARS}: only EOS may follow"
         if token == tok.bar_id and not state.bar_notes:
@@ -178,24 +187,34 @@ class RemiGrammar(Grammar):
                 return f"would open bar {MAX_BARS + 1}: only a Bar closing a bar with a note may come"
         cls = state.layout // self.layout.width
         if tok.is_chord[token] and cls == BEAT and not self._chord_fits(state):
-            return "is a Chord, and this tokenizer writes none" if not tok.chords else \
-                "is off the beat (Chords sit on beats)"
-        if (tok.pitch_of[token] >= 0 and cls == NOTE and state.rises >= tok.max_note_offset
-                and tok.pitch_of[token] >= state.cell_pitch):
-            return (f"would be note {tok.max_note_offset + 1} of this cell not lower than the one before it; "
-                    f"decoding keeps the order of at most {tok.max_note_offset}")
+            return (
+                "is a Chord, and this tokenizer writes none"
+                if not tok.chords
+                else "is off the beat (Chords sit on beats)"
+            )
+        if (
+            tok.pitch_of[token] >= 0
+            and cls == NOTE
+            and state.rises >= tok.max_note_offset
+            and tok.pitch_of[token] >= state.cell_pitch
+        ):
+            return (
+                f"would be note {tok.max_note_offset + 1} of this cell not lower than the one before it; "
+                f"decoding keeps the order of at most {tok.max_note_offset}"
+            )
         return None
 
     def can_close(self, state: RemiState) -> bool:
         cls = state.layout // self.layout.width
-        return (cls == END or (cls == BAR and state.closed_notes)
-                or (cls in (CHORD, TEMPO, NOTE) and state.bar_notes))
+        return cls == END or (cls == BAR and state.closed_notes) or (cls in (CHORD, TEMPO, NOTE) and state.bar_notes)
 
     def close(self, state: RemiState) -> list[int]:
         cls = state.layout // self.layout.width
         if not self.can_close(state):
-            raise TokenError(f"cannot end the piece after {_CLASS_NAMES[cls]}"
-                             + (" without a note since the last Bar" if cls in (BAR, CHORD, TEMPO) else ""))
+            raise TokenError(
+                f"cannot end the piece after {_CLASS_NAMES[cls]}"
+                + (" without a note since the last Bar" if cls in (BAR, CHORD, TEMPO) else "")
+            )
         if cls == END:
             return []
         return [self._tok.eos_id] if cls == BAR else [self._tok.bar_id, self._tok.eos_id]

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from musegen.errors import MusegenError
-from musegen.midi import find_midi_files
+from musegen.music.midi import find_midi_files
 from musegen.tokenizers.remi import RemiTokenizer
 
 DEFAULT_SOURCE = Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "pop909"

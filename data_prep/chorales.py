@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from musegen.errors import DataError
 from musegen.io import atomic_path
-from musegen.tokenizers.constants import TICKS_PER_BEAT as TPQ
+from musegen.music.constants import TICKS_PER_BEAT as TPQ
 
 from .common import Item
 from .common import prepare as prepare_items

@@ -12,7 +12,7 @@ from typing import Any
 
 from musegen.errors import DataError
 from musegen.io import printable
-from musegen.midi import find_midi_files
+from musegen.music.midi import find_midi_files
 from musegen.tokenizers.base import tokenizer_from_dict
 
 from .common import Item

@@ -60,8 +60,9 @@ from data_prep.common import prepare as prepare_shards
 from musegen import schemas
 from musegen.errors import DataError, MusegenError
 from musegen.io import atomic_path, write_bytes, write_json
+from musegen.music.midi import Part, read_parts
+from musegen.music.roles import COUNT_IN_BEATS, G2G_BASS, G2G_DRUMS, G2G_HARMONIC
 from musegen.tokenizers.base import Encoding, Tokenizer, tokenizer_from_dict
-from musegen.tokenizers.groove import COUNT_IN_BEATS, G2G_BASS, G2G_DRUMS, G2G_HARMONIC, Part, read_parts
 
 LIBRARY = Path("/usr/share/mma/lib")  # where Debian's `mma` keeps its groove library
 STYLES_FILE = Path(__file__).with_name("mma_styles.json")

@@ -6,7 +6,7 @@ into one stream. Songs are split by song id, 5% validation (hashed, so stable ac
 POP909's MIDI grid is offset from the music (538 of the 68,731 annotated downbeats of its duple
 songs lie on the file's own bar lines), so each song is first synchronised to its
 beat annotations (`beat_midi.txt`: time in seconds, a flag every 2 beats, a downbeat flag), as
-the Pop1K7 pipeline synchronised its transcriptions to tracked beats: `musegen.beats.synchronise`
+the Pop1K7 pipeline synchronised its transcriptions to tracked beats: `musegen.music.beats.synchronise`
 makes every annotated bar a 4/4 bar, then the re-timed score is encoded. Songs whose annotated
 bars are mostly not 4 beats long (28 of them, with bars of 6 beats: triple meter) cannot be
 4/4 bars and are skipped and counted, as are songs without usable annotations.
@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from musegen.beats import synchronise
 from musegen.errors import DataError
-from musegen.midi import load_score
+from musegen.music.beats import synchronise
+from musegen.music.midi import load_score
 from musegen.tokenizers.base import Encoding, Tokenizer, tokenizer_from_dict
 
 from .common import Item

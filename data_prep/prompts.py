@@ -15,7 +15,7 @@ from pathlib import Path
 import miditoolkit
 
 from musegen.io import atomic_path
-from musegen.tokenizers.constants import TICKS_PER_BEAT as TPQ
+from musegen.music.constants import TICKS_PER_BEAT as TPQ
 
 # I - V - vi - IV in C major: (bass root, chord pitches) per bar.
 POP_PROGRESSION = [(48, [60, 64, 67]), (43, [59, 62, 67]), (45, [60, 64, 69]), (41, [60, 65, 69])]

@@ -19,7 +19,7 @@ import miditoolkit
 from . import schemas
 from .errors import MidiError
 from .io import write_json
-from .tokenizers.constants import BEATS_PER_BAR, MAX_BARS, TICKS_PER_BEAT
+from .music.constants import BEATS_PER_BAR, MAX_BARS, TICKS_PER_BEAT
 
 SIXTEENTHS_PER_BAR = 4 * BEATS_PER_BAR
 TICKS_PER_SIXTEENTH = TICKS_PER_BEAT // 4

@@ -22,7 +22,7 @@ import symusic
 
 from .errors import DiskFullError, MusegenError, ResourceError
 from .io import atomic_path, printable, read_head
-from .midi import load_score
+from .music.midi import load_score
 from .plots import pyplot, save_png
 
 INSTALL_HINT = "apt-get install fluidsynth fluid-soundfont-gm"

@@ -41,11 +41,11 @@ from . import mirex, schemas
 from .device import check_fits, device_memory, resolve_device
 from .errors import ConfigError, MidiError, MusegenError, NumericError, TokenError
 from .io import atomic_path, check_regular, write_json
-from .midi import MIDI_SUFFIXES
+from .music.constants import MAX_BARS
+from .music.midi import MIDI_SUFFIXES
 from .precision import Choice, step_choice
 from .render import PROMPT_END_MARKER, pianoroll_png, render_wav
 from .tokenizers.base import Grammar, Tokenizer
-from .tokenizers.constants import MAX_BARS
 
 FINISH_LIMIT = 256  # most tokens sampled past the length while waiting for a note to end
 MAX_TOKENS_PER_BAR = 1024  # safety cap on --bars generation

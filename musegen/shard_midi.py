@@ -10,7 +10,7 @@ from tqdm import tqdm
 
 from .errors import DataError, TokenError
 from .io import atomic_path
-from .midi import MIDI_SUFFIXES
+from .music.midi import MIDI_SUFFIXES
 from .shards import Shards, resolve_split
 
 

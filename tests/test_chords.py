@@ -1,4 +1,4 @@
-"""musegen.chords must label beats as chorder's Dechorder does (Pop1K7's chords came from it)."""
+"""musegen.music.chords must label beats as chorder's Dechorder does (Pop1K7's chords came from it)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from chorder import Dechorder
 from conftest import pop909_files
 from miditoolkit.midi import containers, parser
 
-from musegen.chords import QUALITIES, detect_chords
+from musegen.music.chords import QUALITIES, detect_chords
 
 
 def _notes_of(path):
@@ -130,7 +130,7 @@ def test_a_range_of_beats_gets_the_labels_the_whole_song_gives_them(pop909_songs
 
 
 def test_windows_counted_in_small_chunks_give_the_same_labels(pop909_songs, monkeypatch):
-    from musegen import chords
+    from musegen.music import chords
 
     notes = _notes_of(pop909_songs[1])
     whole = _ours(*notes)

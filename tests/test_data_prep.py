@@ -18,8 +18,8 @@ from conftest import pop909_files
 
 from data_prep import chorales, pop1k7
 from data_prep.download import extract, fetch, zenodo_file
-from musegen.beats import synchronise
 from musegen.errors import DataError
+from musegen.music.beats import synchronise
 from musegen.shards import Shards
 from musegen.tokenizers.remi import RemiTokenizer
 

@@ -17,8 +17,8 @@ import pytest
 import symusic
 from conftest import FULL_GOLDEN, GOLDEN, POP909
 
-from musegen.chords import QUALITIES, ROOT_NAMES, detect_chords
-from musegen.midi import read_midi
+from musegen.music.chords import QUALITIES, ROOT_NAMES, detect_chords
+from musegen.music.midi import read_midi
 from musegen.tokenizers.remi import RemiTokenizer
 
 TOK = RemiTokenizer()

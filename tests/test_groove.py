@@ -576,7 +576,7 @@ def test_cli_show_reports_bad_file_in_one_line(tmp_path):
 
 
 def test_a_piece_longer_than_max_bars_is_refused():
-    from musegen.tokenizers.constants import MAX_BARS
+    from musegen.music.constants import MAX_BARS
 
     far = beats(4 * MAX_BARS)  # one bass note held past bar MAX_BARS: a fuzzed huge delta-time
     data = midi_bytes([DRUMS, (33, False, [(40, 0, far)])])

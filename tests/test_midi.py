@@ -9,7 +9,7 @@ import pytest
 import symusic
 
 from musegen.errors import MidiError
-from musegen.midi import MAX_MIDI_BYTES, find_midi_files, load_score, read_midi
+from musegen.music.midi import MAX_MIDI_BYTES, find_midi_files, load_score, read_midi
 
 
 def test_loads_real_pop909_song(pop909_songs):

@@ -10,12 +10,10 @@ import numpy as np
 import pytest
 from conftest import DATA
 
+from musegen.music.roles import BASS_PROGRAMS, merged_notes, read_trio
 from musegen.tokenizers.groove import (
-    BASS_PROGRAMS,
     UNITS_PER_BEAT,
     GrooveTokenizer,
-    merged_notes,
-    read_trio,
     round_half_even,
 )
 

@@ -1,4 +1,4 @@
-"""POP909 synchronised to its beat annotations (musegen.beats, data_prep.pop909).
+"""POP909 synchronised to its beat annotations (musegen.music.beats, data_prep.pop909).
 
 Measured on the re-timed score, independently of the synchroniser's arithmetic: where each
 annotated downbeat falls (a bar line?) and whether every note kept its time in seconds.
@@ -13,8 +13,8 @@ import pytest
 import symusic
 
 from data_prep.pop909 import annotations, not_in_four, song_files
-from musegen.beats import beat_ticks, synchronise
 from musegen.errors import DataError
+from musegen.music.beats import beat_ticks, synchronise
 from musegen.tokenizers.remi import RemiTokenizer
 
 BAR = 4 * 480

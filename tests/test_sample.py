@@ -393,7 +393,8 @@ def test_a_groove_sampler_keeps_the_bass_monophonic_one_event_late(models, promp
     a bass note that a later one began over ends at the next time anything happens, so the
     sounding bass notes never span more than two onsets; without it they pile up. The tokens
     stay a piece the grammar accepts either way."""
-    from musegen.tokenizers.groove import N_PITCH, NOTE_OFF, OTHER, TIME_SHIFT
+    from musegen.music.roles import OTHER
+    from musegen.tokenizers.groove import N_PITCH, NOTE_OFF, TIME_SHIFT
 
     # bass and drum note_ons and shifts; no note-offs, no other-track notes, no End
     tok, prompt, samples = _constant_logit_samples(
@@ -671,8 +672,8 @@ def test_cli_help_states_every_bound():
     from typer.testing import CliRunner
 
     from musegen.cli import app
+    from musegen.music.constants import MAX_BARS
     from musegen.sample import MAX_LENGTH, MAX_THREADS, SEED_MAX, TEMPERATURE_RANGE, TOP_P_RANGE
-    from musegen.tokenizers.constants import MAX_BARS
 
     text = " ".join(CliRunner().invoke(app, ["sample", "--help"], terminal_width=400).output.split())
     for bound in (

@@ -59,11 +59,12 @@ from .. import schemas
 from ..device import resolve_device
 from ..errors import ConfigError, DataError, MusegenError, TokenError
 from ..io import write_json, write_text
+from ..music.constants import BEATS_PER_BAR
+from ..music.midi import Part
+from ..music.roles import assign_roles
 from ..plots import pyplot, save_png
 from ..shard_midi import piece_stem
 from ..tokenizers.base import Tokenizer
-from ..tokenizers.constants import BEATS_PER_BAR
-from ..tokenizers.groove import Part, assign_roles
 from .style import Notes, cosine, profiles
 
 STEPS_PER_BEAT = 4  # 16th notes
@@ -326,7 +327,7 @@ def split_pieces(
     or of every MIDI file under a folder without a shard index (real music that is not in any
     corpus; each file encoded by the model's tokenizer, named by its path in the folder; `split`
     is then not used)."""
-    from ..midi import MIDI_SUFFIXES
+    from ..music.midi import MIDI_SUFFIXES
     from ..shards import INDEX, Shards
 
     folder = Path(data_dir)

@@ -38,8 +38,8 @@ from tqdm import tqdm
 
 from ..errors import ConfigError, DataError, MusegenError, TokenError
 from ..io import write_json
+from ..music.constants import BEATS_PER_BAR
 from ..tokenizers.base import Tokenizer
-from ..tokenizers.constants import BEATS_PER_BAR
 from .continuation import NoteTable, _json_safe
 from .style import ROLES
 

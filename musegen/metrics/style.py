@@ -41,11 +41,11 @@ import numpy as np
 
 from ..errors import ConfigError, MidiError, MusegenError
 from ..io import write_text
-from ..midi import find_midi_files
+from ..music.constants import BEATS_PER_BAR
+from ..music.midi import find_midi_files
+from ..music.roles import merged_notes, read_trio
 from ..plots import pyplot, save_png
 from ..render import PROMPT_END_MARKER
-from ..tokenizers.constants import BEATS_PER_BAR
-from ..tokenizers.groove import merged_notes, read_trio
 
 BINS_PER_BEAT = 6
 TIME_BINS = 24  # 4 beats of onset difference / onset within the bar

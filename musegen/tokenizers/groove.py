@@ -20,47 +20,35 @@ on a tick other than 0 always has a shift before it, even at the time of the eve
 (a "restating" shift). Same-pitch notes may overlap; decoding ends the oldest (first in, first
 out), as the reference's decoder. Zero-length notes are kept.
 
-Reading a file (`read_parts`) follows MusPy 0.3.0: one part per (MIDI track, channel, program),
-note_offs close the oldest note_on of their channel and pitch, notes still sounding at the end
-of their track end there. Where merged parts make notes of one track and pitch cross, they are
-paired first in, first out before encoding (`crossing_notes` in the report), so that the ids
-decode to the notes they came from. Track roles (`assign_roles`):
-- Groove2Groove layout (every track with notes named `BB Bass`, `BB Drums`, `BB Guitar`,
-  `BB Piano` or `BB Strings`): roles by name, same names merged, and the 2-bar count-in these
-  files start with is dropped (notes whose onset rounds before bar 3 are left out);
-- musegen's own layout (`Bass`, `Drums` on the drum channel, `Other`, as `decode` writes): by name;
-- any other file: drums are the drum-channel tracks; bass is the busiest track with a GM bass
-  program (32-39), else with "bass" in its name, else the lowest (mean pitch) melodic track.
-"Other" is the busiest remaining harmonic track (ties: the first by name, or in file order).
+Reading a file (`musegen.music.midi.read_parts`) follows MusPy 0.3.0; the roles of its tracks
+are `musegen.music.roles`' (by Groove2Groove names, musegen's names, or inferred; a Groove2Groove
+count-in is dropped). "Other" is the busiest remaining harmonic track (ties: the first by name,
+or in file order). Where merged parts make notes of one track and pitch cross, they are paired
+first in, first out before encoding (`crossing_notes` in the report), so that the ids decode to
+the notes they came from.
 The tokens hold neither velocity, programs nor tempo: `encode(...).report["meta"]` keeps the
 programs and tempo changes, and `decode(ids, meta)` writes them back.
 """
 
 from __future__ import annotations
 
-import io
 import os
 import random
-import re
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import miditoolkit
-import mido
 import numpy as np
 
 from ..errors import MidiError, TokenError
-from ..midi import load_score
+from ..music.constants import BEATS_PER_BAR, MAX_BARS, TICKS_PER_BEAT
+from ..music.midi import Parsed, Part
+from ..music.roles import BASS, DRUMS, OTHER, ROLE_NAMES, TRACKS, Roles, merged_notes, read_trio
 from .base import Encoding, Grammar, Tokenizer
-from .constants import BEATS_PER_BAR, MAX_BARS, TICKS_PER_BEAT
 
 UNITS_PER_BEAT = 12
 MAX_SHIFT_BEATS = 2
 BAR_UNITS = BEATS_PER_BAR * UNITS_PER_BEAT
-TRACKS = {1: "bass", 2: "drums", 3: "other"}
-BASS, DRUMS, OTHER = 1, 2, 3
-BASS_PROGRAMS = range(32, 40)  # General MIDI: acoustic bass .. synth bass 2
 
 N_PITCH = 128
 NOTE_ON = 0
@@ -73,13 +61,6 @@ START = END + 1  # 793, the reference's BOS
 PAD = START + 1  # 794
 N_NOTES = NOTE_OFF  # number of (track, pitch) slots
 
-# Groove2Groove's track names (Band-in-a-Box exports) and the names `decode` writes.
-G2G_BASS, G2G_DRUMS = "BB Bass", "BB Drums"
-G2G_HARMONIC = ("BB Guitar", "BB Piano", "BB Strings")
-G2G_NAMES = frozenset((G2G_BASS, G2G_DRUMS) + G2G_HARMONIC)
-COUNT_IN_BEATS = 8  # Groove2Groove files open with a 2-bar count-in
-ROLE_NAMES = {BASS: "Bass", DRUMS: "Drums", OTHER: "Other"}
-BASS_NAME = re.compile("bass", re.IGNORECASE)
 
 DEFAULT_VELOCITY = 100
 DEFAULT_TEMPO = 120.0
@@ -129,180 +110,6 @@ def _pitched_slots() -> np.ndarray:
 _PITCHED = _pitched_slots()
 
 
-# ---- reading MIDI as MusPy 0.3.0 does ------------------------------------------------------------
-
-
-@dataclass
-class Part:
-    """The notes of one (MIDI track, channel, program): int64 rows (onset, offset, pitch,
-    velocity) in ticks."""
-
-    name: str | None
-    program: int
-    is_drum: bool
-    notes: np.ndarray
-
-
-@dataclass
-class Parsed:
-    """A MIDI file's parts and the time-stamped facts the groove tools use (ticks)."""
-
-    name: str
-    tpq: int
-    parts: list[Part]
-    tempos: list[tuple[int, float]] = field(default_factory=list)  # (tick, quarter notes per minute)
-    time_signatures: list[tuple[int, int, int]] = field(default_factory=list)  # (tick, numerator, denominator)
-    markers: list[tuple[int, str]] = field(default_factory=list)
-
-
-def read_parts(source: str | os.PathLike | bytes, restrike_ends: bool = False) -> Parsed:
-    """Parse a MIDI file (path or bytes) into parts, one-line MidiError for unusable input.
-
-    A note-off ends the oldest sounding note of its pitch. With `restrike_ends`, a note-on of a
-    pitch that is still sounding on its channel ends it first, as a synthesiser plays it: MMA's
-    strummed tracks re-strike a string without a note-off, which the default pairing would read
-    as a note lasting to the end of the track."""
-    load_score(source)  # missing, empty, not MIDI, corrupt, no notes: one line each
-    name = "<bytes>" if isinstance(source, (bytes, bytearray)) else str(source)
-    data = bytes(source) if isinstance(source, (bytes, bytearray)) else Path(source).read_bytes()
-    try:
-        midi = mido.MidiFile(file=io.BytesIO(data))
-    except Exception as exc:  # mido signals corruption with assorted exception types
-        text = str(exc).strip().splitlines()
-        raise MidiError(f"{name}: corrupt MIDI ({text[0] if text else type(exc).__name__})") from None
-    if midi.type == 2:
-        raise MidiError(f"{name}: MIDI type 2 (independent sequences) is not supported")
-    parsed = Parsed(name, int(midi.ticks_per_beat), [])
-    for index, track in enumerate(midi.tracks):
-        parsed.parts.extend(
-            _track_parts(track, parsed, named=midi.type == 1 and index > 0, restrike_ends=restrike_ends)
-        )
-    return parsed
-
-
-def _track_parts(track, parsed: Parsed, named: bool, restrike_ends: bool) -> list[Part]:
-    """The parts of one MIDI track; its meta events go to `parsed`. A type-1 file's first track
-    names the song, not a part (MusPy's rule)."""
-    time, name = 0, None
-    programs = [0] * 16
-    sounding: dict[tuple[int, int], list[tuple[int, int]]] = {}  # (channel, pitch) -> [(onset, velocity)]
-    found: dict[tuple[int, int], list[tuple[int, int, int, int]]] = {}  # (program, channel) -> notes
-
-    def end(channel: int, pitch: int, notes) -> None:
-        """End the sounding `notes` [(onset, velocity)] of `pitch` on `channel` at the current time."""
-        found.setdefault((programs[channel], channel), []).extend(
-            (onset, time, pitch, velocity) for onset, velocity in notes
-        )
-
-    for msg in track:
-        time += msg.time
-        kind = msg.type
-        if kind == "note_on" and msg.velocity > 0:
-            waiting = sounding.setdefault((msg.channel, msg.note), [])
-            if restrike_ends:
-                end(msg.channel, msg.note, waiting)
-                waiting.clear()
-            waiting.append((time, msg.velocity))
-        elif kind in ("note_off", "note_on"):
-            waiting = sounding.setdefault((msg.channel, msg.note), [])
-            if waiting:
-                end(msg.channel, msg.note, [waiting.pop(0)])
-        elif kind == "program_change":
-            programs[msg.channel] = msg.program
-        elif kind == "set_tempo" and msg.tempo > 0:  # 0 microseconds per beat: no tempo at all
-            parsed.tempos.append((time, mido.tempo2bpm(msg.tempo)))
-        elif kind == "time_signature":
-            parsed.time_signatures.append((time, msg.numerator, msg.denominator))
-        elif kind == "marker":
-            parsed.markers.append((time, msg.text))
-        elif kind == "track_name" and named:
-            name = msg.name
-        elif kind == "end_of_track":
-            break
-    for (channel, pitch), waiting in sounding.items():  # still sounding: they end with the track
-        end(channel, pitch, waiting)
-    return [
-        Part(name, program, channel == 9, np.array(notes, dtype=np.int64).reshape(-1, 4))
-        for (program, channel), notes in found.items()
-    ]
-
-
-def layout_of(parts: list[Part]) -> str:
-    """ "g2g" (Groove2Groove names), "musegen" (the names `decode` writes) or "inferred"."""
-    playing = [p for p in parts if len(p.notes)]
-    names = {p.name for p in playing}
-    if names and names <= G2G_NAMES:
-        return "g2g"
-    if names and names <= set(ROLE_NAMES.values()) and all(p.is_drum == (p.name == ROLE_NAMES[DRUMS]) for p in playing):
-        return "musegen"
-    return "inferred"
-
-
-def drop_count_in(parsed: Parsed, beats: int = COUNT_IN_BEATS) -> tuple[Parsed, int]:
-    """The file without its first `beats` beats, as the reference drops a Groove2Groove count-in
-    on its 12-per-beat grid: a note is kept when its onset rounds to the cut or later (so it may
-    start up to half a grid unit before it). Tempo: the one in effect at the cut starts the piece.
-    Returns the shifted file and the number of notes left out."""
-    cut = beats * parsed.tpq
-    parts, dropped = [], 0
-    for part in parsed.parts:
-        keep = 2 * UNITS_PER_BEAT * (part.notes[:, 0] - cut) + parsed.tpq >= 0
-        dropped += int((~keep).sum())
-        notes = part.notes[keep].copy()
-        notes[:, :2] -= cut
-        parts.append(replace(part, notes=notes))
-    before = [qpm for tick, qpm in parsed.tempos if tick <= cut]
-    tempos = ([(0, before[-1])] if before else []) + [(tick - cut, qpm) for tick, qpm in parsed.tempos if tick > cut]
-    markers = [(tick - cut, text) for tick, text in parsed.markers if tick >= cut]
-    return replace(parsed, parts=parts, tempos=tempos, markers=markers), dropped
-
-
-@dataclass
-class Roles:
-    """Which parts play each role; `harmonic` lists the candidates for "other" (one list of
-    parts per candidate track, in priority order for ties)."""
-
-    layout: str
-    bass: list[Part]
-    drums: list[Part]
-    harmonic: list[list[Part]]
-
-    def busiest(self) -> list[Part]:
-        """The harmonic candidate with the most notes (the first one on ties); [] if none."""
-        counts = [sum(len(p.notes) for p in group) for group in self.harmonic]
-        return self.harmonic[int(np.argmax(counts))] if counts and max(counts) else []
-
-
-def assign_roles(parts: list[Part], layout: str | None = None) -> Roles:
-    """Bass, drums and the harmonic candidates of a file's parts (see the module docstring)."""
-    playing = [p for p in parts if len(p.notes)]
-    layout = layout or layout_of(parts)
-    if layout == "g2g":
-        named = lambda name: [p for p in playing if p.name == name]
-        return Roles(layout, named(G2G_BASS), named(G2G_DRUMS), [named(name) for name in G2G_HARMONIC if named(name)])
-    if layout == "musegen":
-        named = lambda role: [p for p in playing if p.name == ROLE_NAMES[role]]
-        return Roles(layout, named(BASS), named(DRUMS), [named(OTHER)] if named(OTHER) else [])
-    drums = [p for p in playing if p.is_drum]
-    melodic = [p for p in playing if not p.is_drum]
-    bass = _infer_bass(melodic)
-    return Roles(layout, [bass] if bass else [], drums, [[p] for p in melodic if p is not bass])
-
-
-def _infer_bass(melodic: list[Part]) -> Part | None:
-    """A GM bass program, else "bass" in the name (the busiest of either), else the lowest."""
-    for rule in (lambda p: p.program in BASS_PROGRAMS, lambda p: bool(p.name and BASS_NAME.search(p.name))):
-        found = [p for p in melodic if rule(p)]
-        if found:
-            return max(found, key=lambda p: len(p.notes))
-    return min(melodic, key=lambda p: float(np.mean(p.notes[:, 2])), default=None)
-
-
-def merged_notes(parts: list[Part]) -> np.ndarray:
-    """The rows of several parts as one array (onset, offset, pitch, velocity)."""
-    return np.concatenate([p.notes for p in parts]) if parts else np.zeros((0, 4), dtype=np.int64)
-
-
 def check_meter(parsed: Parsed) -> None:
     """4-beat bars only: 2/4 and 2/2 pair up into them, 3/4 or 6/8 do not."""
     for tick, numerator, denominator in parsed.time_signatures:
@@ -311,17 +118,6 @@ def check_meter(parsed: Parsed) -> None:
                 f"{parsed.name}: time signature {numerator}/{denominator} at tick {tick}; "
                 "the groove tokenizer needs 4/4 (or 2/4, 2/2)"
             )
-
-
-def read_trio(source: str | os.PathLike | bytes) -> tuple[Parsed, Roles, int]:
-    """A file's parts (without the count-in of a Groove2Groove file), their roles, and how many
-    count-in notes were left out."""
-    parsed = read_parts(source)
-    layout = layout_of(parsed.parts)
-    dropped = 0
-    if layout == "g2g":
-        parsed, dropped = drop_count_in(parsed)
-    return parsed, assign_roles(parsed.parts, layout), dropped
 
 
 # ---- the tokenizer ---------------------------------------------------------------------------------

@@ -33,16 +33,15 @@ import miditoolkit
 import numpy as np
 
 from ..errors import TokenError
+from ..music.roles import DRUMS, TRACKS
 from .base import Encoding, Grammar, Tokenizer
 from .groove import (
     BAR_UNITS,
     DEFAULT_VELOCITY,
-    DRUMS,
     N_NOTES,
     N_PITCH,
     N_SHIFTS,
     TIME_SHIFT,
-    TRACKS,
     GrooveTokenizer,
     bar_starts_at,
     shift_target,

@@ -41,11 +41,11 @@ import miditoolkit
 import numpy as np
 import symusic
 
-from ..chords import QUALITIES, ROOT_NAMES, detect_chords
 from ..errors import ConfigError, MidiError, TokenError
-from ..midi import read_midi
+from ..music.chords import QUALITIES, ROOT_NAMES, detect_chords
+from ..music.constants import BEATS_PER_BAR, DEFAULT_BPM, MAX_BARS, TICKS_PER_BEAT
+from ..music.midi import read_midi
 from .base import Encoding, Tokenizer
-from .constants import BEATS_PER_BAR, DEFAULT_BPM, MAX_BARS, TICKS_PER_BEAT
 from .remi_grammar import RemiGrammar
 
 # The tempos that occur in Pop1K7: the step-3 grid from 32 to 224 bpm, kept where a value occurred.

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 
 from ..errors import TokenError
+from ..music.constants import MAX_BARS
 from .base import Grammar
-from .constants import MAX_BARS
 
 if TYPE_CHECKING:
     from .remi import RemiTokenizer

@@ -14,15 +14,18 @@ Bounds, checked before the parser runs:
 
 from __future__ import annotations
 
+import io
 import os
 import struct
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import mido
 import numpy as np
 import symusic
 
-from .errors import MidiError
-from .io import printable, read_input
+from ..errors import MidiError
+from ..io import printable, read_input
 
 MIDI_SUFFIXES = (".mid", ".midi", ".MID", ".MIDI")
 MAX_MIDI_BYTES = 16 * 2**20
@@ -167,3 +170,101 @@ def find_midi_files(folder: str | os.PathLike) -> list[Path]:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
+
+
+# ---- reading a file as parts, as MusPy 0.3.0 does -------------------------------------------------
+
+
+@dataclass
+class Part:
+    """The notes of one (MIDI track, channel, program): int64 rows (onset, offset, pitch,
+    velocity) in ticks."""
+
+    name: str | None
+    program: int
+    is_drum: bool
+    notes: np.ndarray
+
+
+@dataclass
+class Parsed:
+    """A MIDI file's parts and the time-stamped facts the groove tools use (ticks)."""
+
+    name: str
+    tpq: int
+    parts: list[Part]
+    tempos: list[tuple[int, float]] = field(default_factory=list)  # (tick, quarter notes per minute)
+    time_signatures: list[tuple[int, int, int]] = field(default_factory=list)  # (tick, numerator, denominator)
+    markers: list[tuple[int, str]] = field(default_factory=list)
+
+
+def read_parts(source: str | os.PathLike | bytes, restrike_ends: bool = False) -> Parsed:
+    """Parse a MIDI file (path or bytes) into parts, one-line MidiError for unusable input.
+
+    A note-off ends the oldest sounding note of its pitch. With `restrike_ends`, a note-on of a
+    pitch that is still sounding on its channel ends it first, as a synthesiser plays it: MMA's
+    strummed tracks re-strike a string without a note-off, which the default pairing would read
+    as a note lasting to the end of the track."""
+    load_score(source)  # missing, empty, not MIDI, corrupt, no notes: one line each
+    name = "<bytes>" if isinstance(source, (bytes, bytearray)) else str(source)
+    data = bytes(source) if isinstance(source, (bytes, bytearray)) else Path(source).read_bytes()
+    try:
+        midi = mido.MidiFile(file=io.BytesIO(data))
+    except Exception as exc:  # mido signals corruption with assorted exception types
+        text = str(exc).strip().splitlines()
+        raise MidiError(f"{name}: corrupt MIDI ({text[0] if text else type(exc).__name__})") from None
+    if midi.type == 2:
+        raise MidiError(f"{name}: MIDI type 2 (independent sequences) is not supported")
+    parsed = Parsed(name, int(midi.ticks_per_beat), [])
+    for index, track in enumerate(midi.tracks):
+        parsed.parts.extend(
+            _track_parts(track, parsed, named=midi.type == 1 and index > 0, restrike_ends=restrike_ends)
+        )
+    return parsed
+
+
+def _track_parts(track, parsed: Parsed, named: bool, restrike_ends: bool) -> list[Part]:
+    """The parts of one MIDI track; its meta events go to `parsed`. A type-1 file's first track
+    names the song, not a part (MusPy's rule)."""
+    time, name = 0, None
+    programs = [0] * 16
+    sounding: dict[tuple[int, int], list[tuple[int, int]]] = {}  # (channel, pitch) -> [(onset, velocity)]
+    found: dict[tuple[int, int], list[tuple[int, int, int, int]]] = {}  # (program, channel) -> notes
+
+    def end(channel: int, pitch: int, notes) -> None:
+        """End the sounding `notes` [(onset, velocity)] of `pitch` on `channel` at the current time."""
+        found.setdefault((programs[channel], channel), []).extend(
+            (onset, time, pitch, velocity) for onset, velocity in notes
+        )
+
+    for msg in track:
+        time += msg.time
+        kind = msg.type
+        if kind == "note_on" and msg.velocity > 0:
+            waiting = sounding.setdefault((msg.channel, msg.note), [])
+            if restrike_ends:
+                end(msg.channel, msg.note, waiting)
+                waiting.clear()
+            waiting.append((time, msg.velocity))
+        elif kind in ("note_off", "note_on"):
+            waiting = sounding.setdefault((msg.channel, msg.note), [])
+            if waiting:
+                end(msg.channel, msg.note, [waiting.pop(0)])
+        elif kind == "program_change":
+            programs[msg.channel] = msg.program
+        elif kind == "set_tempo" and msg.tempo > 0:  # 0 microseconds per beat: no tempo at all
+            parsed.tempos.append((time, mido.tempo2bpm(msg.tempo)))
+        elif kind == "time_signature":
+            parsed.time_signatures.append((time, msg.numerator, msg.denominator))
+        elif kind == "marker":
+            parsed.markers.append((time, msg.text))
+        elif kind == "track_name" and named:
+            name = msg.name
+        elif kind == "end_of_track":
+            break
+    for (channel, pitch), waiting in sounding.items():  # still sounding: they end with the track
+        end(channel, pitch, waiting)
+    return [
+        Part(name, program, channel == 9, np.array(notes, dtype=np.int64).reshape(-1, 4))
+        for (program, channel), notes in found.items()
+    ]

@@ -20,8 +20,8 @@ from __future__ import annotations
 import numpy as np
 import symusic
 
-from .errors import DataError
-from .tokenizers.constants import BEATS_PER_BAR, TICKS_PER_BEAT
+from ..errors import DataError
+from .constants import BEATS_PER_BAR, TICKS_PER_BEAT
 
 
 def beat_ticks(downbeat: np.ndarray, tpq: int = TICKS_PER_BEAT) -> np.ndarray:

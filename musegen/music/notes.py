@@ -1,0 +1,152 @@
+"""The one note table: every note of a piece as columns, with its tracks, roles and meter.
+
+Times are integer ticks at `tpq` ticks per beat, as the file has them; `beats(...)` converts.
+Each note points at its track (`track`, an index into `tracks`); a track carries its MIDI name,
+program, drum flag and role ("bass", "drums", "other", or "" where no role was assigned).
+Tokenizers, metrics, render and data_prep all read pieces into this table.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from .constants import BEATS_PER_BAR
+from .midi import Parsed, Part, read_parts
+from .roles import BASS, DRUMS, TRACKS, assign_roles
+
+ROLES = tuple(TRACKS.values())  # ("bass", "drums", "other")
+
+
+@dataclass(frozen=True)
+class Track:
+    name: str | None
+    program: int
+    is_drum: bool
+    role: str = ""
+
+
+@dataclass
+class NoteTable:
+    tpq: int
+    start: np.ndarray  # int64 ticks
+    end: np.ndarray
+    pitch: np.ndarray
+    velocity: np.ndarray
+    track: np.ndarray  # index into `tracks`
+    tracks: list[Track] = field(default_factory=list)
+    tempos: list[tuple[int, float]] = field(default_factory=list)  # (tick, quarter notes per minute)
+    time_signatures: list[tuple[int, int, int]] = field(default_factory=list)  # (tick, numerator, denominator)
+    markers: list[tuple[int, str]] = field(default_factory=list)
+
+    # ---- building ----------------------------------------------------------------------------------
+
+    @classmethod
+    def empty(cls, tpq: int) -> NoteTable:
+        none = np.zeros(0, dtype=np.int64)
+        return cls(tpq, none, none, none, none, none)
+
+    @classmethod
+    def from_parsed(cls, parsed: Parsed, by_role: bool = True) -> NoteTable:
+        """A file read by `read_parts`, one track per part. `by_role`: each track gets its role by
+        `musegen.music.roles`; otherwise the piece is one pitched stream ("other", drums "drums"),
+        so that a piano's several tracks are never split into roles."""
+        roles = _part_roles(parsed, by_role)
+        tracks = [Track(p.name, p.program, p.is_drum, role) for p, role in zip(parsed.parts, roles)]
+        rows = [p.notes for p in parsed.parts]
+        index = [np.full(len(p.notes), i, dtype=np.int64) for i, p in enumerate(parsed.parts)]
+        notes = np.concatenate(rows) if rows else np.zeros((0, 4), dtype=np.int64)
+        track = np.concatenate(index) if index else np.zeros(0, dtype=np.int64)
+        return cls(
+            parsed.tpq,
+            notes[:, 0],
+            notes[:, 1],
+            notes[:, 2],
+            notes[:, 3],
+            track,
+            tracks,
+            list(parsed.tempos),
+            list(parsed.time_signatures),
+            list(parsed.markers),
+        )
+
+    @classmethod
+    def read(cls, source: str | os.PathLike | bytes, by_role: bool = True) -> NoteTable:
+        """A MIDI file (path or bytes); a one-line MidiError for unusable input."""
+        return cls.from_parsed(read_parts(source), by_role)
+
+    @classmethod
+    def from_miditoolkit(cls, midi, by_role: bool = True) -> NoteTable:
+        """A `miditoolkit.MidiFile` (what the tokenizers' `decode` returns)."""
+        parts = [
+            Part(
+                inst.name,
+                inst.program,
+                inst.is_drum,
+                np.array([(n.start, n.end, n.pitch, n.velocity) for n in inst.notes], dtype=np.int64).reshape(-1, 4),
+            )
+            for inst in midi.instruments
+        ]
+        parsed = Parsed(
+            "<midi>",
+            int(midi.ticks_per_beat),
+            parts,
+            [(int(t.time), float(t.tempo)) for t in midi.tempo_changes],
+            [(int(s.time), int(s.numerator), int(s.denominator)) for s in midi.time_signature_changes],
+            [(int(m.time), m.text) for m in midi.markers],
+        )
+        return cls.from_parsed(parsed, by_role)
+
+    # ---- reading -----------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    def beats(self, ticks: np.ndarray) -> np.ndarray:
+        """Ticks as (float) beats."""
+        return ticks / self.tpq
+
+    @property
+    def role(self) -> np.ndarray:
+        """Each note's role (its track's)."""
+        roles = np.array([t.role for t in self.tracks], dtype=object)
+        return roles[self.track] if len(self) else np.zeros(0, dtype=object)
+
+    def select(self, keep: np.ndarray) -> NoteTable:
+        """The notes where `keep` (a mask or indices) holds; tracks and meter stay."""
+        return replace(
+            self,
+            start=self.start[keep],
+            end=self.end[keep],
+            pitch=self.pitch[keep],
+            velocity=self.velocity[keep],
+            track=self.track[keep],
+        )
+
+    def in_role(self, role: str) -> NoteTable:
+        return self.select(self.role == role)
+
+    def pitched(self) -> NoteTable:
+        drums = np.array([t.is_drum for t in self.tracks], dtype=bool)
+        return self.select(~drums[self.track]) if len(self) else self
+
+    def onsets_in(self, first_bar: float, bars: float) -> NoteTable:
+        """The notes whose onset lies in bars [first_bar, first_bar + bars)."""
+        lo, hi = first_bar * BEATS_PER_BAR * self.tpq, (first_bar + bars) * BEATS_PER_BAR * self.tpq
+        return self.select((self.start >= lo) & (self.start < hi))
+
+    def first_bar(self) -> int | None:
+        return int(self.start.min() // (BEATS_PER_BAR * self.tpq)) if len(self) else None
+
+    def last_onset_bar(self) -> int | None:
+        return int(self.start.max() // (BEATS_PER_BAR * self.tpq)) if len(self) else None
+
+
+def _part_roles(parsed: Parsed, by_role: bool) -> list[str]:
+    if not by_role:
+        return ["drums" if p.is_drum else "other" for p in parsed.parts]
+    roles = assign_roles(parsed.parts)
+    role_of = {id(p): TRACKS[r] for r, group in ((BASS, roles.bass), (DRUMS, roles.drums)) for p in group}
+    return [role_of.get(id(p), "other") for p in parsed.parts]

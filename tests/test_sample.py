@@ -24,19 +24,12 @@ from tiny_models import tiny_checkpoint, tiny_model
 
 from musegen.cli import main
 from musegen.errors import MidiError
+from musegen.generation.constraints import keep_type_mass
+from musegen.generation.loop import filter_logits, generate
+from musegen.generation.outputs import new_notes, write_samples
+from musegen.generation.prompt import Prompt, load_prompt, prompt_from_ids, with_ending
+from musegen.generation.settings import SampleSettings
 from musegen.render import PROMPT_END_MARKER
-from musegen.sample import (
-    Prompt,
-    SampleSettings,
-    filter_logits,
-    generate,
-    keep_type_mass,
-    load_prompt,
-    new_notes,
-    prompt_from_ids,
-    with_ending,
-    write_samples,
-)
 from musegen.tokenizers import Tokenizer, tokenizer_from_dict
 
 KINDS = sorted(Tokenizer.registry)
@@ -671,7 +664,8 @@ def test_cli_help_states_every_bound():
     from typer.testing import CliRunner
 
     from musegen.cli import app
-    from musegen.sample import MAX_LENGTH, MAX_THREADS, SEED_MAX, TEMPERATURE_RANGE, TOP_P_RANGE
+    from musegen.generation.resources import MAX_THREADS
+    from musegen.generation.settings import MAX_LENGTH, SEED_MAX, TEMPERATURE_RANGE, TOP_P_RANGE
     from musegen.tokenizers.constants import MAX_BARS
 
     text = " ".join(CliRunner().invoke(app, ["sample", "--help"], terminal_width=400).output.split())

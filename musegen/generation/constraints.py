@@ -34,7 +34,7 @@ class Run:
     grammar: Grammar
     budget: int  # new tokens before a piece may end
     device: torch.device
-    _types: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)
+    _types: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict, init=False, repr=False)
 
     def type_ids(self, token_type: str, width: int) -> torch.Tensor:
         """bool over the model's `width` ids, on the run's device: the ids of one token type."""
@@ -88,10 +88,11 @@ class HoldEnds(Constraint):
     length"), unless nothing else is allowed."""
 
     def allow(self, run: Run, row: Row, allowed: np.ndarray) -> np.ndarray:
-        if row.new >= run.budget:
+        ends = list(run.tokenizer.end_ids)
+        if row.new >= run.budget or not allowed[ends].any():
             return allowed
         held = allowed.copy()
-        held[list(run.tokenizer.end_ids)] = False
+        held[ends] = False
         return held if held.any() else allowed
 
 

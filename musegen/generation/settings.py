@@ -28,7 +28,7 @@ class SampleSettings:
     top_k: int = 0  # 0: off
     num_samples: int = 1
     seed: int | None = None  # None: drawn at random and recorded
-    grammar: bool = True  # the grammar's constraints (mask, end hold, finishing) are applied
+    grammar: bool = True  # the grammar's constraints are applied (GrammarMask, HoldEnds, Finish, NoteOffMass)
     prompt_bars: int | None = None
     precision: str = "auto"  # of the model's steps: "auto" is the fastest here (musegen.precision)
     keep_note_offs: bool = True  # with the grammar: the mask keeps the model's note-off share (NoteOffMass)

@@ -1,17 +1,13 @@
 """Constraints on what the sampler may draw: each is one object in the chain the settings carry
 (`SampleSettings.chain`), applied by the loop in order at every step.
 
-A constraint has two hooks, both optional:
-- `allow(run, row, allowed)`: narrow the ids one sample may draw next (bool over the model's ids;
-  return a new array, or `allowed` itself when nothing changes). The loop starts each live row
-  from every id and passes the result of one constraint to the next.
-- `reweight(run, logits, allowed)`: reshape the batch's logits (rows x ids) once every `allow`
-  has run, knowing the final mask; the ids left out of `allowed` are dropped afterwards anyway.
-
-Then temperature, top-k and top-p (`loop.filter_logits`) and the draw. The grammar's rules are
-four such constraints (GrammarMask, HoldEnds, Finish, NoteOffMass); a new one is a class here (or
-anywhere: `SampleSettings(constraints=(...))` takes any) and, to be on by default, an entry in
-`SampleSettings.chain`.
+A constraint has two hooks (`Constraint.allow`: narrow one sample's mask; `Constraint.reweight`:
+reshape the batch's logits once the masks are known); after them come temperature, top-k and
+top-p (`loop.filter_logits`) and the draw. The grammar's rules are four such constraints
+(GrammarMask, HoldEnds, Finish, NoteOffMass). A new one is a subclass of `Constraint`, here or
+anywhere, given as `SampleSettings(constraints=(...))`; to be on by default it is also an entry
+in `SampleSettings.chain`. Without a prompt the first token is the grammar's opening one, drawn
+before the chain runs.
 """
 
 from __future__ import annotations
@@ -68,9 +64,14 @@ class Constraint:
     """One link of the sampling chain; the default hooks leave everything as it is."""
 
     def allow(self, run: Run, row: Row, allowed: np.ndarray) -> np.ndarray:
+        """The ids `row` may draw next, narrowed from `allowed` (bool over the model's ids): a new
+        array, or `allowed` itself when nothing changes. Called for the rows not yet done, in
+        chain order, each constraint on the previous one's mask, the first on every id."""
         return allowed
 
     def reweight(self, run: Run, logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+        """The batch's logits (rows x the model's ids) reshaped once every row's mask is known
+        (`allowed`, the same shape); the ids left out of `allowed` are dropped after the chain."""
         return logits
 
 

@@ -21,7 +21,7 @@ standard library's tokenize.)
    each snapshot (`set_state`) are timed in interleaved rounds. "prefix" is what the reference
    code did: one full forward over all tokens so far for every new token (fp32), timed at 512
    and 2048 only (at 8192 one re-run alone takes minutes on a CPU).
-3. sampler: `musegen.sample.generate` (grammar mask, nucleus sampling, REMI) from scratch in the
+3. sampler: `musegen.generation.loop.generate` (grammar mask, nucleus sampling, REMI) from scratch in the
    default precision; the time of every model step is recorded, so the per-token rate of the
    first and the last quarter of one run can be compared: flat when the state has constant size.
 4. families: the same step latencies for each other attention family (relative, synthesizer,
@@ -54,11 +54,13 @@ from bench.common import (
     timed_peak,
 )
 from musegen.device import native_bf16
+from musegen.generation.loop import generate
+from musegen.generation.prompt import Prompt
+from musegen.generation.settings import SampleSettings
 from musegen.model import MusicPerformer, preset
 from musegen.model.families import FAMILIES
 from musegen.model.streaming import prepared_weights, step_kernels
 from musegen.precision import STEP_C, Choice, step_choice
-from musegen.sample import Prompt, SampleSettings, generate
 from musegen.tokenizers import tokenizer_from_dict
 
 POSITIONS = (512, 2048, 8192)

@@ -133,7 +133,9 @@ def template_section(model, train_len: int, out: Path, seed: int) -> list[dict]:
 
 
 def generated_sequence(model, tokenizer, length: int, seed: int, progress: bool) -> torch.Tensor:
-    from .sample import Prompt, SampleSettings, generate
+    from .generation.loop import generate
+    from .generation.prompt import Prompt
+    from .generation.settings import SampleSettings
 
     samples, _ = generate(
         model,

@@ -2,7 +2,7 @@
 
 Audio goes through the FluidSynth command-line program (not a Python binding) so that the only
 requirement is the Debian/Homebrew package, and a General MIDI soundfont. The piano roll marks
-where the prompt ends when the MIDI carries musegen's prompt-end marker (see `musegen.sample`).
+where the prompt ends when the MIDI carries musegen's prompt-end marker (see `musegen.generation.outputs`).
 """
 
 from __future__ import annotations

@@ -157,7 +157,7 @@ FileName = Annotated[str, Field(pattern=r"^[^./\x00][^/\x00]*$", max_length=255)
 
 
 class PublishJournal(BaseModel):
-    """`sample`'s record of an output set being moved in (musegen.sample.output_set)."""
+    """`sample`'s record of an output set being moved in (musegen.generation.outputs.output_set)."""
 
     model_config = STRICT
     manifest: FileName

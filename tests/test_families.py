@@ -14,12 +14,14 @@ from train_fixtures import prepare_pop909
 
 from musegen.cli import main
 from musegen.errors import ConfigError
+from musegen.generation.loop import generate
+from musegen.generation.prompt import Prompt
+from musegen.generation.settings import SampleSettings
 from musegen.metrics import attention as att
 from musegen.model import ModelConfig, MusicPerformer, preset
 from musegen.model.config import SYNTHESIZER_VARIANTS
 from musegen.model.families import Aaren, RelativeAttention, Synthesizer, prefix_scan
 from musegen.model.transformer import SelfAttention
-from musegen.sample import Prompt, SampleSettings, generate
 from musegen.tokenizers import tokenizer_from_dict
 from musegen.train import build_config, train
 

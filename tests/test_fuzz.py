@@ -22,8 +22,9 @@ from fuzz import log_line, mutants, trio_midi, write_corpus
 
 from musegen.checkpoint import save_checkpoint
 from musegen.errors import MusegenError
+from musegen.generation.batch import sample_to_folder
+from musegen.generation.settings import SampleSettings
 from musegen.model import MusicPerformer, preset
-from musegen.sample import SampleSettings, sample_to_folder
 from musegen.tokenizers import tokenizer_from_dict
 
 REPO = Path(__file__).resolve().parents[1]

@@ -21,7 +21,10 @@ from tiny_models import tiny_model
 from tokenizer_properties import check_decode_total, closed_walk
 
 from musegen.errors import DataError, TokenError
-from musegen.sample import SampleSettings, generate, load_prompt, new_notes, write_samples
+from musegen.generation.loop import generate
+from musegen.generation.outputs import new_notes, write_samples
+from musegen.generation.prompt import load_prompt
+from musegen.generation.settings import SampleSettings
 from musegen.shards import Shards
 from musegen.tokenizers import load_tokenizer, tokenizer_from_dict
 from musegen.tokenizers.groove import GrooveTokenizer

@@ -6,9 +6,12 @@ import pytest
 import torch
 
 from musegen.errors import ConfigError
+from musegen.generation.loop import generate
+from musegen.generation.prompt import Prompt
+from musegen.generation.resources import DEFAULT_CPU_THREADS
+from musegen.generation.settings import SampleSettings
 from musegen.model import MusicPerformer, preset
 from musegen.model.attention import CHUNK, chunked_kernel
-from musegen.sample import DEFAULT_CPU_THREADS, Prompt, SampleSettings, generate
 from musegen.tokenizers import tokenizer_from_dict
 
 

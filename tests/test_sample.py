@@ -11,6 +11,7 @@ import shutil
 import tempfile
 import wave
 from collections import Counter
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import miditoolkit
@@ -24,19 +25,12 @@ from tiny_models import tiny_checkpoint, tiny_model
 
 from musegen.cli import main
 from musegen.errors import MidiError
+from musegen.generation.constraints import Constraint, keep_type_mass
+from musegen.generation.loop import filter_logits, generate
+from musegen.generation.outputs import new_notes, write_samples
+from musegen.generation.prompt import Prompt, load_prompt, prompt_from_ids, with_ending
+from musegen.generation.settings import SampleSettings
 from musegen.render import PROMPT_END_MARKER
-from musegen.sample import (
-    Prompt,
-    SampleSettings,
-    filter_logits,
-    generate,
-    keep_type_mass,
-    load_prompt,
-    new_notes,
-    prompt_from_ids,
-    with_ending,
-    write_samples,
-)
 from musegen.tokenizers import Tokenizer, tokenizer_from_dict
 
 KINDS = sorted(Tokenizer.registry)
@@ -303,6 +297,46 @@ def test_sampling_frequencies_follow_the_nucleus():
     freq = torch.bincount(draws, minlength=4).float() / len(draws)
     assert freq[2:].sum() == 0
     assert freq[0].item() == pytest.approx(0.5 / 0.8, abs=0.015)
+
+
+@dataclass(frozen=True)
+class ForbidToken(Constraint):
+    """A constraint from outside the package: one id is never drawn."""
+
+    token: int
+
+    def allow(self, run, row, allowed):
+        allowed = allowed.copy()
+        allowed[self.token] = False
+        return allowed
+
+
+NOTE_PREFIX = {"remi": "Note_Pitch_", "groove": "NoteOn_", "groove-dur": "Note_"}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_constraint_carried_by_the_settings_holds_and_the_grammar_still_does(models, kind):
+    """The pitch an unconstrained run draws most is never drawn once a constraint forbids it,
+    with the grammar's constraints still in force (valid samples of the full length) and without
+    the grammar too; the summary records the constraint."""
+    model, tok = models[kind]
+    settings = SampleSettings(length=256, num_samples=8, seed=5)
+    free, _ = generate(model, tok, EMPTY, settings, progress=False)
+    drawn = Counter(t for s in free for t in s.ids.tolist() if tok.vocab[t].startswith(NOTE_PREFIX[kind]))
+    token, count = drawn.most_common(1)[0]
+    assert count >= 8
+    chained = replace(settings, constraints=(ForbidToken(token),))
+    samples, stats = generate(model, tok, EMPTY, chained, progress=False)
+    assert stats["invalid"] == 0
+    for sample in samples:
+        assert token not in sample.ids.tolist()
+        assert sample.valid and sample.new_tokens >= 256
+    assert sum(tok.vocab[t].startswith(NOTE_PREFIX[kind]) for s in samples for t in s.ids.tolist()) > 8 * 4
+    loose, stats = generate(model, tok, EMPTY, replace(chained, grammar=False), progress=False)
+    assert stats["grammar_violations"] > 0  # the grammar's mask is off, the added constraint is not
+    assert all(token not in sample.ids.tolist() for sample in loose)
+    assert chained.record()["constraints"] == [f"ForbidToken(token={token})"]
+    assert "constraints" not in settings.record()
 
 
 def test_keep_type_mass_gives_the_type_the_models_share():
@@ -672,8 +706,9 @@ def test_cli_help_states_every_bound():
     from typer.testing import CliRunner
 
     from musegen.cli import app
+    from musegen.generation.resources import MAX_THREADS
+    from musegen.generation.settings import MAX_LENGTH, SEED_MAX, TEMPERATURE_RANGE, TOP_P_RANGE
     from musegen.music.constants import MAX_BARS
-    from musegen.sample import MAX_LENGTH, MAX_THREADS, SEED_MAX, TEMPERATURE_RANGE, TOP_P_RANGE
 
     text = " ".join(CliRunner().invoke(app, ["sample", "--help"], terminal_width=400).output.split())
     for bound in (

@@ -15,7 +15,9 @@ import miditoolkit
 import pytest
 from tiny_models import tiny_checkpoint
 
-from musegen.sample import SCRATCH_PREFIX, SampleSettings, sample_to_folder
+from musegen.generation.batch import sample_to_folder
+from musegen.generation.outputs import SCRATCH_PREFIX
+from musegen.generation.settings import SampleSettings
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 SETTINGS = SampleSettings(length=16, seed=1, prompt_bars=4)
@@ -117,7 +119,9 @@ def test_scratch_folders_of_killed_runs_are_removed_by_the_next_run(checkpoint, 
 KILLED_WHILE_PUBLISHING = textwrap.dedent("""
     import os, signal, sys
     from pathlib import Path
-    import musegen.sample as sample
+    from musegen.generation import outputs
+    from musegen.generation.batch import sample_to_folder
+    from musegen.generation.settings import SampleSettings
 
     checkpoint, out, prompt, kill_at = sys.argv[1], Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
     moved, real_replace = [], os.replace
@@ -128,9 +132,8 @@ KILLED_WHILE_PUBLISHING = textwrap.dedent("""
             if len(moved) == kill_at:
                 os.kill(os.getpid(), signal.SIGKILL)
         real_replace(src, dst)
-    sample.os.replace = replace
-    sample.sample_to_folder(checkpoint, out, sample.SampleSettings(length=16, seed=5, num_samples=3), prompt,
-                            progress=False)
+    outputs.os.replace = replace
+    sample_to_folder(checkpoint, out, SampleSettings(length=16, seed=5, num_samples=3), prompt, progress=False)
 """)
 
 

@@ -307,7 +307,8 @@ PROPERTY_SETTINGS = settings(
 
 
 def _sample_summary(checkpoint: Path, out: Path) -> Path:
-    from musegen.sample import SampleSettings, sample_to_folder
+    from musegen.generation.batch import sample_to_folder
+    from musegen.generation.settings import SampleSettings
 
     sample_to_folder(checkpoint, out, SampleSettings(length=8, seed=0, num_samples=2), None, progress=False)
     return out / "sample.json"
@@ -318,7 +319,7 @@ def _read_checkpoint(config: Path):
 
 
 def _read_sample_summary(path: Path):
-    from musegen.sample import _set_files  # what a rerun reads to replace the set
+    from musegen.generation.outputs import _set_files  # what a rerun reads to replace the set
 
     schemas.read(path, "sample summary")
     return _set_files(path)

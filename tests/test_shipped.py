@@ -5,7 +5,9 @@ from pathlib import Path
 import pytest
 
 from musegen.checkpoint import load_checkpoint
-from musegen.sample import SampleSettings, generate, load_prompt
+from musegen.generation.loop import generate
+from musegen.generation.prompt import load_prompt
+from musegen.generation.settings import SampleSettings
 
 CHECKPOINTS = Path(__file__).resolve().parents[1] / "checkpoints"
 SHIPPED = sorted(p.parent for p in CHECKPOINTS.glob("*/model.safetensors"))

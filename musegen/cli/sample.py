@@ -75,7 +75,8 @@ def sample(
     ),
 ):
     """Continue a MIDI prompt (or start from scratch) with a trained checkpoint."""
-    from musegen.sample import SampleSettings, sample_to_folder
+    from musegen.generation.batch import sample_to_folder
+    from musegen.generation.settings import SampleSettings
 
     settings = SampleSettings(
         length=length,

@@ -387,7 +387,10 @@ def continue_piece(
 ) -> dict[str, Any]:
     """Sample one piece's continuations, write them as MIDI, and measure them beside the real span
     and the floor: the piece's record for pieces.jsonl."""
-    from ..sample import SampleSettings, generate, prompt_from_ids, write_samples
+    from ..generation.loop import generate
+    from ..generation.outputs import write_samples
+    from ..generation.prompt import prompt_from_ids
+    from ..generation.settings import SampleSettings
 
     prompt = prompt_from_ids(tokenizer, piece.ids, bars=piece.span_start, source=piece.name)
     seed = settings.seed + index

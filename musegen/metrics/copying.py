@@ -44,7 +44,7 @@ from .continuation import NoteTable, _json_safe
 from .style import ROLES
 
 if TYPE_CHECKING:
-    from ..sample import Prompt
+    from ..generation.prompt import Prompt
 
 PATTERN_BARS = 2
 PROMPT_REPEATS = 2  # the prompt: the pattern played this many times
@@ -306,7 +306,7 @@ class Prepared:
 def prepare(tokenizer: Tokenizer, pattern: Pattern) -> Prepared:
     """The pattern's prompt (played PROMPT_REPEATS times, encoded) and its loop; DataError when
     the tokenizer does not keep its PROMPT_BARS bars."""
-    from ..sample import load_prompt
+    from ..generation.prompt import load_prompt
 
     prompt = load_prompt(tokenizer, looped(pattern, PROMPT_BARS))
     if prompt.bars != PROMPT_BARS:
@@ -354,7 +354,9 @@ def evaluate_copy(
     every score, the table) and samples/<model>/ (the continuations as MIDI)."""
     from ..checkpoint import load_checkpoint
     from ..device import resolve_device
-    from ..sample import SampleSettings, generate, write_samples
+    from ..generation.loop import generate
+    from ..generation.outputs import write_samples
+    from ..generation.settings import SampleSettings
 
     settings = (settings or CopySettings()).checked()
     if pieces < 0:

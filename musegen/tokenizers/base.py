@@ -124,7 +124,7 @@ class Tokenizer(abc.ABC):
     # The sampler's temperature and nucleus (top-p) when the user gives none.
     sampling_defaults: ClassVar[Mapping[str, float]] = {"temperature": 1.0, "top_p": 1.0}
     # The type of the tokens that end a sounding note, where notes end by a token of their own
-    # (not by a duration): the sampler keeps the model's share of it (`sample.keep_type_mass`).
+    # (not by a duration): the sampler keeps the model's share of it (`generation.constraints.NoteOffMass`).
     note_off_type: ClassVar[str | None] = None
     registry: ClassVar[dict[str, type["Tokenizer"]]] = {}
     # Training augmentation: keyword arguments of musegen.data.Augmenter (none: the data as it is).

@@ -1,0 +1,143 @@
+"""Constraints on what the sampler may draw: each is one object in the chain the settings carry
+(`SampleSettings.chain`), applied by the loop in order at every step.
+
+A constraint has two hooks (`Constraint.allow`: narrow one sample's mask; `Constraint.reweight`:
+reshape the batch's logits once the masks are known); after them come temperature, top-k and
+top-p (`loop.filter_logits`) and the draw. The grammar's rules are four such constraints
+(GrammarMask, HoldEnds, Finish, NoteOffMass). A new one is a subclass of `Constraint`, here or
+anywhere, given as `SampleSettings(constraints=(...))`; to be on by default it is also an entry
+in `SampleSettings.chain`. Without a prompt the first token is the grammar's opening one, drawn
+before the chain runs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..tokenizers.base import Grammar, Tokenizer
+
+
+@dataclass
+class Run:
+    """What every row of one sampling run follows: the tokenizer, its grammar and the length."""
+
+    tokenizer: Tokenizer
+    grammar: Grammar
+    budget: int  # new tokens before a piece may end
+    device: torch.device
+    _types: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict, init=False, repr=False)
+
+    def type_ids(self, token_type: str, width: int) -> torch.Tensor:
+        """bool over the model's `width` ids, on the run's device: the ids of one token type."""
+        if (token_type, width) not in self._types:
+            ids = np.zeros(width, dtype=bool)
+            type_of = self.tokenizer.token_type_ids()
+            ids[: len(type_of)] = type_of == list(self.tokenizer.token_types).index(token_type)
+            self._types[token_type, width] = torch.from_numpy(ids).to(self.device)
+        return self._types[token_type, width]
+
+
+@dataclass
+class Row:
+    """One sample being written: what constraints read (`ids`, `state`, `new`, `allowed`) and the
+    loop's bookkeeping."""
+
+    ids: list[int]  # the tokens given (prompt, or the first token) and those sampled
+    base: int  # how many of `ids` were given
+    base_state: Any  # the grammar state after the given tokens
+    target_bar: int | None  # --bars: the bar whose start ends the sample
+    state: Any = None  # the grammar state after `ids`; None once the grammar rejected a token
+    allowed: np.ndarray | None = None  # bool over the vocabulary: what the grammar allows next
+    new: int = 0  # tokens sampled after the given ones
+    done: bool = False
+    closed: bool = False
+    violation: int | None = None  # index of the first token the grammar rejected
+    queued: list[int] = field(default_factory=list)  # written at the next steps instead of the drawn tokens
+
+
+class Constraint:
+    """One link of the sampling chain; the default hooks leave everything as it is."""
+
+    def allow(self, run: Run, row: Row, allowed: np.ndarray) -> np.ndarray:
+        """The ids `row` may draw next, narrowed from `allowed` (bool over the model's ids): a new
+        array, or `allowed` itself when nothing changes. Called for the rows not yet done, in
+        chain order, each constraint on the previous one's mask, the first on every id."""
+        return allowed
+
+    def reweight(self, run: Run, logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+        """The batch's logits (rows x the model's ids) reshaped once every row's mask is known
+        (`allowed`, the same shape); the ids left out of `allowed` are dropped after the chain."""
+        return logits
+
+
+class GrammarMask(Constraint):
+    """Only what the grammar allows after the row's tokens (never ids past the vocabulary: PAD)."""
+
+    def allow(self, run: Run, row: Row, allowed: np.ndarray) -> np.ndarray:
+        narrowed = np.zeros_like(allowed)
+        narrowed[: len(row.allowed)] = allowed[: len(row.allowed)] & row.allowed
+        return narrowed
+
+
+class HoldEnds(Constraint):
+    """Before the requested length, no end token (the reference code's "no EOS before the
+    length"), unless nothing else is allowed."""
+
+    def allow(self, run: Run, row: Row, allowed: np.ndarray) -> np.ndarray:
+        ends = list(run.tokenizer.end_ids)
+        if row.new >= run.budget or not allowed[ends].any():
+            return allowed
+        held = allowed.copy()
+        held[ends] = False
+        return held if held.any() else allowed
+
+
+class Finish(Constraint):
+    """Past the requested length: of the allowed tokens, those after which the piece can close,
+    when there are any (e.g. a note's last token), so the sample ends as soon as it cleanly can."""
+
+    def allow(self, run: Run, row: Row, allowed: np.ndarray) -> np.ndarray:
+        if row.new < run.budget:
+            return allowed
+        grammar, closing = run.grammar, np.zeros_like(allowed)
+        for tok in np.flatnonzero(allowed):
+            closing[tok] = grammar.can_close(grammar.step(row.state, int(tok)))
+        return closing if closing.any() else allowed
+
+
+class NoteOffMass(Constraint):
+    """Where notes end by a token of their own (`Tokenizer.note_off_type`), the mask keeps the
+    model's share of note-offs (`keep_type_mass`)."""
+
+    def reweight(self, run: Run, logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+        if run.tokenizer.note_off_type is None:
+            return logits
+        return keep_type_mass(logits, allowed, run.type_ids(run.tokenizer.note_off_type, logits.shape[-1]))
+
+
+def keep_type_mass(logits: torch.Tensor, allowed: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+    """Logits whose masked softmax gives the `kept` ids (bool over the ids: one token type) the
+    probability the model gave the whole type, spread over its allowed ids as the model spreads
+    it, and the other allowed ids the rest, in their own proportions. Rows where no id of the type
+    is allowed, or nothing else is, come back as they are.
+
+    Why: a model can know that a note ends here without knowing which notes sound. Teacher-forced
+    on test pieces, the groove model gives note-offs 30% of its mass where they are 28% of the
+    tokens, but much of it on pitches that are not sounding; the plain mask hands that to
+    note-ons and shifts (16% left), so samples hold notes for beats."""
+    logp = logits.float().log_softmax(-1)
+    kept = kept.to(logits.device)
+
+    def log_mass(where: torch.Tensor) -> torch.Tensor:
+        return logp.masked_fill(~where, -math.inf).logsumexp(-1, keepdim=True)
+
+    share = log_mass(kept.expand_as(allowed))  # log p(type)
+    ours, others = log_mass(allowed & kept), log_mass(allowed & ~kept)
+    rest = torch.log1p(-share.exp().clamp_max(1.0))  # log (1 - p(type))
+    moved = torch.where(kept, logp + share - ours, logp + rest - others)
+    return torch.where(torch.isfinite(ours) & torch.isfinite(others), moved, logp)

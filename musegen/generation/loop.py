@@ -1,0 +1,287 @@
+"""The sampling loop: a batch of samples advanced together, one token per step, each drawn under
+the settings' chain of constraints (musegen.generation.constraints), then temperature, top-k and
+nucleus (top-p).
+
+Generation runs the model in recurrent mode (`model.streaming`): the SPE noise, gate noise and
+random features are drawn once per batch and held fixed, so every step costs the same whatever
+the length. Each sample is tracked by one `Row` (its tokens, its grammar state, what the grammar
+allows next). With the grammar on, the mask removes what the grammar rejects before sampling
+(never rejection), and the end tokens are held back until the requested length. When the length
+is reached in the middle of a note, sampling goes on under the finishing mask until the grammar
+says the piece can close, then the grammar's closing tokens are appended. With `--bars`, a sample
+stops where the tokenizer's `bar_starts` lists the first bar past the requested ones, and is
+closed there. Nothing here knows a tokenizer's kind: the sampling defaults, end tokens and
+decoding facts come from the `Tokenizer` API.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from ..errors import NumericError
+from ..precision import step_choice
+from ..tokenizers.base import Grammar, Tokenizer
+from .constraints import Constraint, Row, Run
+from .prompt import Prompt, walked
+from .resources import DEFAULT_CPU_THREADS, check_memory, check_threads, checked_device, cpu_threads
+from .settings import MAX_TOKENS_PER_BAR, SampleSettings
+
+FINISH_LIMIT = 256  # most tokens sampled past the length while waiting for a note to end
+
+
+@dataclass
+class Sample:
+    ids: np.ndarray  # prompt + continuation (+ closing tokens)
+    prompt_len: int
+    new_tokens: int  # sampled after the prompt, including any sampled while finishing a note
+    closed: bool  # ended by the grammar's closing tokens or the model's own end
+    violation: int | None  # index of the first token the grammar rejects (only without the mask)
+
+    @property
+    def valid(self) -> bool:
+        return self.violation is None and self.closed
+
+
+def filter_logits(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """Temperature, then top-k, then nucleus (top-p): dropped tokens get -inf. The most likely
+    token always survives, so a row with any finite logit stays sampleable."""
+    logits = logits.float() / temperature
+    if top_k and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, -math.inf)
+    if top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(-1)
+        before = probs.cumsum(-1) - probs  # mass of the more likely tokens
+        sorted_logits = sorted_logits.masked_fill(before >= top_p, -math.inf)
+        logits = torch.full_like(logits, -math.inf).scatter(-1, order, sorted_logits)
+    return logits
+
+
+def generate(
+    model: torch.nn.Module,
+    tokenizer: Tokenizer,
+    prompt: Prompt,
+    settings: SampleSettings,
+    device: str | torch.device = "cpu",
+    progress: bool = True,
+    threads: int | None = None,
+) -> tuple[list[Sample], dict[str, Any]]:
+    """Sample `settings.num_samples` continuations of `prompt` in one batch.
+
+    `threads`: torch CPU threads while sampling (default DEFAULT_CPU_THREADS on CPU).
+    Returns the samples and run statistics (tokens/s of the sampling loop, counts).
+    """
+    check_threads(threads)
+    device = checked_device(device)
+    if threads is None and device.type == "cpu":
+        threads = DEFAULT_CPU_THREADS
+    model.for_inference(settings.precision)  # a ConfigError for an unknown precision
+    with cpu_threads(threads):
+        return _generate(model, tokenizer, prompt, settings.resolved(tokenizer), device, progress)
+
+
+@dataclass
+class _Rows:
+    """How the rows of one run move: a token written, the grammar stepped, the row ended."""
+
+    run: Run
+    prefixed: bool = False  # the grammar's sampling prefixes are written (SampleSettings.mono_bass)
+
+    @property
+    def grammar(self) -> Grammar:
+        return self.run.grammar
+
+    def start(self, ids: list[int], state, target_bar: int | None) -> Row:
+        allowed = self.grammar.sampling_mask(state)
+        row = Row(list(ids), len(ids), state, target_bar, state, allowed)
+        row.done = row.closed = not allowed.any()  # a prompt that is a whole piece, end included
+        return row
+
+    def written(self, row: Row, drawn: int) -> int:
+        """The token a row writes now: the next queued one while the grammar allows it, else the
+        drawn one, or the first of the tokens the grammar puts before it (`sampling_prefix`; the
+        rest and the drawn token are queued)."""
+        if row.state is None:
+            return drawn
+        if row.queued:
+            token = row.queued.pop(0)
+            if self.grammar.allowed(row.state)[token]:
+                return token
+            row.queued.clear()  # the drawn token no longer fits after its prefix: this step's draw stands
+        prefix = self.grammar.sampling_prefix(row.state, drawn) if self.prefixed else []
+        if not prefix:
+            return drawn
+        row.queued = prefix[1:] + [drawn]
+        return prefix[0]
+
+    def advance(self, row: Row, token: int) -> None:
+        """Append a drawn token and decide whether the row is done."""
+        row.ids.append(token)
+        row.new += 1
+        grammar = self.grammar
+        if row.state is not None and grammar.accepts(row.state, token):
+            row.state = grammar.step(row.state, token)
+        elif row.state is not None:
+            row.state, row.violation = None, len(row.ids) - 1
+        if row.state is None:
+            row.done = row.new >= self.run.budget  # a broken sample runs to the length, for comparison
+            return
+        allowed = grammar.sampling_mask(row.state)
+        if not allowed.any():  # the piece has ended
+            row.done = row.closed = True
+        elif row.target_bar is not None and len(self.run.tokenizer.bar_starts(row.ids)) > row.target_bar:
+            self.stop_at_bar(row)
+        elif row.new >= self.run.budget and grammar.can_close(row.state):
+            self.close(row)
+        else:
+            row.allowed = allowed
+
+    def stop_at_bar(self, row: Row) -> None:
+        """Cut the row where its target bar starts and close it. Where the piece cannot close at
+        the cut (it ends in silence or on a bare position), cut back to the last place it can,
+        never into the given tokens (walking the new tokens only)."""
+        cut = max(self.run.tokenizer.bar_starts(row.ids)[row.target_bar], row.base)
+        trail = self.grammar.states(row.ids[row.base : cut], row.base_state)
+        closable = next((k for k in range(len(trail) - 1, -1, -1) if self.grammar.can_close(trail[k])), None)
+        keep = len(trail) - 1 if closable is None else closable
+        del row.ids[row.base + keep :]
+        row.state, row.done = trail[keep], True
+        if closable is not None:
+            self.close(row)
+
+    def close(self, row: Row) -> None:
+        """End the row with the grammar's closing tokens (its state stays the one they follow)."""
+        row.ids.extend(int(t) for t in self.grammar.close(row.state))
+        row.done = row.closed = True
+
+
+def _start(grammar: Grammar, prompt: Prompt, seed: int) -> tuple[list[int], Any]:
+    """The tokens sampling starts from and their grammar state: the prompt, or without one the
+    grammar's first token (drawn uniformly when there is a choice)."""
+    ids = [int(t) for t in prompt.ids]
+    if ids:
+        return ids, prompt.state
+    first = np.flatnonzero(grammar.allowed(grammar.start()))
+    token = int(first[torch.randint(len(first), (1,), generator=torch.Generator().manual_seed(seed))])
+    return [token], grammar.step(grammar.start(), token)
+
+
+def _generate(model, tokenizer: Tokenizer, prompt: Prompt, s: SampleSettings, device: torch.device, progress: bool):
+    """The batch loop. Each row carries its own given tokens, their grammar state and its target
+    bar, so rows could come from different prompts; what is missing for that is ingesting each
+    row's prompt into its own streaming state (rows at different positions)."""
+    grammar = tokenizer.grammar()
+    prompt = walked(tokenizer, prompt)
+    start_ids, start_state = _start(grammar, prompt, s.seed)
+    budget = s.length if s.length else s.bars * MAX_TOKENS_PER_BAR
+    model.config.check_length(len(start_ids) + (s.length or 0), "the prompt plus --length")
+    check_memory(model, s.num_samples, len(start_ids) + budget + FINISH_LIMIT, device)
+    run, chain = Run(tokenizer, grammar, budget, device), s.chain()
+    moves = _Rows(run, prefixed=s.grammar and s.mono_bass)
+    target = None if s.bars is None else prompt.bars + s.bars
+    rows = [moves.start(start_ids, start_state, target) for _ in range(s.num_samples)]
+    limit = model.config.max_positions  # synthesizer attention reads at most max_len positions
+    gen = torch.Generator(device=device).manual_seed(s.seed)
+    bar = tqdm(
+        total=len(rows) * budget if s.length else None,
+        unit="tok",
+        unit_scale=True,
+        desc="sampling",
+        disable=not progress,
+        leave=False,
+    )
+    choice = step_choice(s.precision, model, len(rows))  # timed before the clock starts, where not cached
+    started = time.perf_counter()
+    with (
+        bar,
+        torch.inference_mode(),
+        model.streaming(len(rows), seed=s.seed, choice=choice),
+    ):  # (the bar is cleared on errors too)
+        logits = _ingest(model, start_ids, len(rows), device)
+        for _ in range(budget + FINISH_LIMIT):
+            active = [row for row in rows if not row.done]
+            if not active:
+                break
+            tokens = _draw(logits, rows, run, chain, s, gen)
+            for b, row in enumerate(rows):
+                if not row.done:
+                    tokens[b] = token = moves.written(row, int(tokens[b]))
+                    moves.advance(row, token)
+            bar.update(len(active))
+            if limit is not None and model.position >= limit and all(r.done or r.new >= budget for r in rows):
+                break  # only notes to finish are left, past the last position: they stay unfinished
+            logits = model.step(tokens.to(device))  # past the last position: a ConfigError
+        state_bytes = model.state_bytes // len(rows)
+    elapsed = time.perf_counter() - started
+    samples = [
+        Sample(np.array(r.ids, dtype=np.int64), len(prompt.ids), r.new, r.closed and r.violation is None, r.violation)
+        for r in rows
+    ]
+    return samples, {**_stats(samples, elapsed, state_bytes), "precision": choice.record()}
+
+
+def _draw(
+    logits: torch.Tensor,
+    rows: list[Row],
+    run: Run,
+    chain: tuple[Constraint, ...],
+    s: SampleSettings,
+    gen: torch.Generator,
+) -> torch.Tensor:
+    """One token per row: the chain's masks (rows that are done may draw anything: the token is
+    ignored), the chain's reweighting, then temperature, top-k and top-p."""
+    allow = np.ones(tuple(logits.shape), dtype=bool)  # the model may have more ids than the vocabulary (PAD)
+    for b, row in enumerate(rows):
+        if not row.done:
+            for constraint in chain:
+                allow[b] = constraint.allow(run, row, allow[b])
+    allowed = torch.from_numpy(allow).to(logits.device)
+    for constraint in chain:
+        logits = constraint.reweight(run, logits, allowed)
+    filtered = filter_logits(logits.masked_fill(~allowed, -math.inf), s.temperature, s.top_k, s.top_p)
+    probs = filtered.softmax(-1)
+    no_mass = ~torch.isfinite(probs).all(-1) | ~(probs.sum(-1) > 0)
+    live = torch.tensor([not row.done for row in rows], device=probs.device)
+    if (no_mass & live).any():
+        b = int((no_mass & live).nonzero()[0])
+        raise NumericError(
+            f"the model's next-token distribution for sample {b} after {len(rows[b].ids)} "
+            f"tokens has no finite mass (its logits are {_logit_kinds(logits[b])}): the "
+            "checkpoint's weights make its activations overflow; nothing drawn"
+        )
+    probs[no_mass] = 1.0  # rows already done draw a token that is ignored
+    return torch.multinomial(probs, 1, generator=gen).squeeze(1)
+
+
+def _logit_kinds(logits: torch.Tensor) -> str:
+    kinds = [name for name, found in (("NaN", logits.isnan().any()), ("inf", logits.isinf().any())) if found]
+    return " and ".join(kinds) or "all masked"
+
+
+def _stats(samples: list[Sample], elapsed: float, state_bytes: int) -> dict[str, Any]:
+    new = sum(x.new_tokens for x in samples)
+    return {
+        "seconds": round(elapsed, 3),
+        "new_tokens": int(new),
+        "tokens_per_second": round(new / max(elapsed, 1e-9), 1),
+        "state_bytes": int(state_bytes),  # per sample, at the end: what each step reads and updates
+        "invalid": sum(not x.valid for x in samples),
+        "grammar_violations": sum(x.violation is not None for x in samples),
+        "unfinished": sum(x.violation is None and not x.closed for x in samples),
+    }
+
+
+def _ingest(model, prompt_ids: list[int], batch: int, device, chunk: int = 512) -> torch.Tensor:
+    """Feed the prompt to the streaming model in parallel chunks; the logits after its last token."""
+    ids = torch.tensor(prompt_ids, dtype=torch.long, device=device).expand(batch, -1)
+    for t0 in range(0, len(prompt_ids), chunk):
+        logits = model.step(ids[:, t0 : t0 + chunk])
+    return logits[:, -1]

@@ -1,0 +1,153 @@
+"""A prompt to continue: encoded by the checkpoint's tokenizer and cut after whole bars.
+
+The kept bars are closed as a piece of their own and opened again, so the continuation starts in
+a new bar (REMI keeps the `Bar` that opens it) and never writes into the prompt's last bar. The
+prompt is walked by the grammar once and decoded once; `Prompt` carries its end state.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import miditoolkit
+import numpy as np
+
+from .. import mirex
+from ..errors import MidiError, MusegenError, TokenError
+from ..io import check_regular
+from ..tokenizers.base import Grammar, Tokenizer
+
+
+@dataclass
+class Prompt:
+    """A token sequence to continue, open at its end (its closing tokens removed)."""
+
+    ids: np.ndarray
+    report: dict[str, Any] = field(default_factory=dict)  # the tokenizer's encoding report
+    source: str | None = None
+    state: Any = None  # the grammar state after `ids`; None: walked when first needed
+    bars: int | None = None  # whole bars before the continuation; None: counted when first needed
+    piece: miditoolkit.MidiFile | None = None  # the prompt alone, closed and decoded
+    mirex_offset: int | None = None  # JSON prompts: added to a decoded 16th to get the JSON's time
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """What decoding needs beyond the tokens (the encoding report's `meta`)."""
+        return self.report.get("meta") or {}
+
+
+def load_prompt(tokenizer: Tokenizer, source: str | os.PathLike | bytes | None, bars: int | None = None) -> Prompt:
+    """Encode a prompt (MIDI file or bytes, or a MIREX task .json) with the checkpoint's tokenizer,
+    keep its first `bars` whole bars (all by default) and open its end."""
+    if source is None:
+        return Prompt(np.zeros(0, dtype=np.int64))
+    if isinstance(source, (bytes, bytearray)):
+        encoding = tokenizer.encode(source)
+        return prompt_from_ids(tokenizer, encoding.ids, bars, encoding.report)
+    path = Path(source)
+    check_regular(path, "prompt")  # a FIFO would block the read
+    if path.suffix.lower() != ".json":
+        encoding = tokenizer.encode(path)
+        return prompt_from_ids(tokenizer, encoding.ids, bars, encoding.report, str(path))
+    notes = mirex.read_prompt(path)
+    try:
+        encoding = tokenizer.encode(mirex.prompt_midi(notes))
+    except MusegenError as exc:  # the tokenizer names the MIDI it was given "<bytes>"
+        raise type(exc)(str(exc).replace("<bytes>", str(path), 1)) from None
+    prompt = prompt_from_ids(tokenizer, encoding.ids, bars, encoding.report, str(path))
+    return replace(prompt, mirex_offset=mirex.origin_offset(notes, prompt.piece))
+
+
+def prompt_from_ids(
+    tokenizer: Tokenizer, ids, bars: int | None = None, report: dict[str, Any] | None = None, source: str | None = None
+) -> Prompt:
+    """A prompt from an encoded piece: its first `bars` bars (all by default), closed as a piece
+    of their own and opened again, so that the continuation begins a new bar."""
+    name = source or "the prompt"
+    grammar = tokenizer.grammar()
+    ids = [int(t) for t in tokenizer.check_ids(ids)]
+    try:
+        states = grammar.states(ids)
+    except TokenError as exc:
+        raise TokenError(f"{name}: the tokenizer produced tokens its own grammar rejects ({exc})") from None
+    content = _content_end(grammar, ids, states)
+    starts = tokenizer.bar_starts(ids[:content])
+    whole = len(starts) if bars is None else min(bars, len(starts))
+    if whole < len(starts):  # cut at a bar line: time moves to it, and what sounds ends there
+        kept = ids[: starts[whole]]
+        kept += tokenizer.to_bar_line(states[starts[whole]], whole)
+        state = grammar.states(kept[starts[whole] :], states[starts[whole]])[-1]
+    else:
+        kept, state = ids[:content], states[content]
+    opened, state, closed = _reopen(grammar, kept, state)
+    report = dict(report or {})
+    piece = tokenizer.decode(closed, report.get("meta"))
+    if not any(inst.notes for inst in piece.instruments):
+        raise MidiError(_no_notes(tokenizer, name, ids, report, bars))
+    return Prompt(np.asarray(opened, dtype=np.int64), report, source, state, whole, piece)
+
+
+def _no_notes(tokenizer: Tokenizer, name: str, ids: list[int], report: dict[str, Any], bars: int | None) -> str:
+    """Why a prompt holds no notes: none the tokenizer could represent, or none before the cut."""
+    whole = tokenizer.decode(ids, report.get("meta"))
+    onsets = [n.start for inst in whole.instruments for n in inst.notes]
+    if bars is None or not onsets:
+        return f"{name}: the prompt holds no notes the {tokenizer.kind} tokenizer can represent"
+    first = min(onsets) // (4 * whole.ticks_per_beat) + 1
+    return (
+        f"{name}: the prompt's first {bars} bars hold no notes; its first note comes in bar {first} "
+        f"(--prompt-bars {first} or more)"
+    )
+
+
+def _content_end(grammar: Grammar, ids: list[int], states: list) -> int:
+    """Where the piece's music ends: before the longest tail of `ids` that is (the start of) the
+    grammar's closing tokens at that point. A closing is short (one note-off per sounding note
+    at most), so only the last vocab_size + 1 tokens are searched."""
+    end = len(ids)
+    for k in range(len(ids) - 1, max(len(ids) - grammar.vocab_size - 2, -1), -1):
+        if grammar.can_close(states[k]):
+            closing = [int(t) for t in grammar.close(states[k])]
+            if ids[k:] == closing[: len(ids) - k]:
+                end = k
+    return end
+
+
+def _reopen(grammar: Grammar, ids: list[int], state) -> tuple[list[int], Any, list[int]]:
+    """`ids` closed as a piece, then opened by its shortest closing tail: (open ids, their
+    state, closed ids). Where the piece cannot close there, it stays as it is."""
+    if not grammar.can_close(state):
+        return ids, state, ids
+    tail = [int(t) for t in grammar.close(state)]
+    trail = grammar.states(tail, state)
+    for j in range(len(tail) - 1, -1, -1):
+        if grammar.can_close(trail[j]) and [int(t) for t in grammar.close(trail[j])] == tail[j:]:
+            return ids + tail[:j], trail[j], ids + tail
+    return ids, state, ids + tail
+
+
+def walked(tokenizer: Tokenizer, prompt: Prompt) -> Prompt:
+    """The prompt with its end state and bar count (for a Prompt built from bare ids)."""
+    if prompt.state is not None and prompt.bars is not None:
+        return prompt
+    grammar = tokenizer.grammar()
+    ids = [int(t) for t in tokenizer.check_ids(prompt.ids)]
+    states = grammar.states(ids)
+    bars = len(tokenizer.bar_starts(ids[: _content_end(grammar, ids, states)])) if ids else 0
+    return replace(prompt, state=states[-1], bars=bars)
+
+
+def with_ending(grammar: Grammar, ids) -> list[int]:
+    """`ids` followed by the grammar's closing tokens, where the piece can close there."""
+    state = grammar.states(ids)[-1]
+    return [int(t) for t in ids] + ([int(t) for t in grammar.close(state)] if grammar.can_close(state) else [])
+
+
+def with_piece(tokenizer: Tokenizer, prompt: Prompt) -> Prompt:
+    """The prompt with its decoded piece (for a Prompt built from bare ids)."""
+    if prompt.piece is not None or not len(prompt.ids):
+        return prompt
+    return replace(prompt, piece=tokenizer.decode(with_ending(tokenizer.grammar(), prompt.ids), prompt.meta))

@@ -29,10 +29,10 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from . import schemas
-from .checkpoint import read_checkpoint_config, save_checkpoint
-from .errors import CheckpointError, FormatError, TrainingError
-from .io import atomic_path, write_json, write_text
+from .. import schemas
+from ..checkpoint import read_checkpoint_config, save_checkpoint
+from ..errors import CheckpointError, FormatError, TrainingError
+from ..io import atomic_path, write_json, write_text
 
 CHECKPOINTS = "checkpoints"
 STATE_JSON, STATE_TENSORS = "trainer_state.json", "trainer_state.safetensors"
@@ -269,7 +269,7 @@ def _tensor_names_problem(tensors: dict[str, torch.Tensor]) -> str | None:
 
 
 # How the optimiser computes, not what it has learnt: the resuming process decides (a run saved
-# before the trainer used fused Adam, or on another device, resumes with today's kernel).
+# with other kernel settings, e.g. `fused: null`, or on another device, resumes with its own).
 KERNEL_KEYS = ("fused", "foreach", "capturable", "differentiable")
 
 

@@ -423,11 +423,13 @@ def test_init_fine_tunes_from_an_exported_model_with_a_fresh_optimiser(pop20, pr
         tuned = _losses(run)
         assert max(tuned.values()) < min(first_losses) - 1.0, (tuned, first_losses)
         saved = json.loads((run / "train_config.json").read_text())
-        assert saved["init"] == saved["config"]["init"] == str(exported) and saved["config"]["seq_len"] == 32
+        # recorded by name: the exported model's folder, and the run's checkpoint it came from
+        assert saved["init"] == saved["config"]["init"] == exported.name and saved["config"]["seq_len"] == 32
         start_record = json.loads((run / "log.jsonl").read_text().splitlines()[0])
-        assert start_record["event"] == "start" and start_record["init"] == str(exported)
+        assert start_record["event"] == "start" and start_record["init"] == exported.name
         assert start_record["precision"]["path"] in ("fp32", "bf16") and start_record["precision"]["reason"]
-        assert load_checkpoint(latest_checkpoint(run))[3]["init"] == str(exported)
+        assert load_checkpoint(latest_checkpoint(run))[3]["init"] == exported.name
+        assert load_checkpoint(exported)[3]["exported_from"] == "run/checkpoints/step-00000040"
     # the same command with --resume continues the fine-tuning run; its new lr takes effect
     assert (
         _cli(
@@ -572,10 +574,20 @@ def test_constructing_a_trainer_writes_nothing_and_running_it_writes_the_run(pop
     assert trainer.learner.step == 2 and _state_of(run) == before
     trainer.run()
     saved = json.loads((run / "train_config.json").read_text())
-    assert (
-        saved["resumed_from"] == str(run / "checkpoints" / "step-00000002")
-        and [s for s, _ in checkpoint_dirs(run)][-1] == 4
-    )
+    assert saved["resumed_from"] == "checkpoints/step-00000002" and [s for s, _ in checkpoint_dirs(run)][-1] == 4
+
+
+def test_the_run_records_folders_by_name_not_by_this_machines_paths(pop20, two_steps):
+    """A checkpoint travels: its metadata and the run's config name the data and the run, not
+    where they lay on the machine that trained it."""
+    saved = json.loads((two_steps / "train_config.json").read_text())
+    assert (saved["config"]["data"], saved["config"]["out"]) == (pop20.name, two_steps.name)
+    for _, folder in checkpoint_dirs(two_steps):
+        meta = load_checkpoint(folder)[3]
+        assert meta["data"] == pop20.name and "init" not in meta
+    texts = [(two_steps / "train_config.json").read_text()]
+    texts += [(folder / "config.json").read_text() for _, folder in checkpoint_dirs(two_steps)]
+    assert not any(str(two_steps.parent) in text or str(pop20) in text for text in texts)
 
 
 @pytest.mark.parametrize("case", list(TAMPERED_STATES))

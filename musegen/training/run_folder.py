@@ -45,6 +45,16 @@ COUNTERS = ("nonfinite_total", "nonfinite_streak", "tokens_seen")
 # ---- checkpoint folders ----------------------------------------------------------------------
 
 
+def recorded_name(folder: str | os.PathLike) -> str:
+    """How a run's records name a folder: a run's checkpoint as `<run>/checkpoints/step-NNNNNNNN`,
+    anything else (a data folder, a run, an exported model) by its own name; never an absolute path,
+    which would mean nothing on another machine."""
+    path = Path(folder).resolve()
+    if path.parent.name == CHECKPOINTS and path.name.startswith("step-"):
+        return f"{path.parent.parent.name}/{CHECKPOINTS}/{path.name}"
+    return path.name
+
+
 def checkpoint_dirs(run: str | os.PathLike) -> list[tuple[int, Path]]:
     """(step, folder) of the run's checkpoint folders, oldest first (complete or not)."""
     root = Path(run) / CHECKPOINTS

@@ -1,5 +1,6 @@
 """What a run writes into its folder (main process only; the layout is in run_folder.py): its
-config, the log, validation curves, checkpoints. Nothing is written before `open`."""
+config, the log, validation curves, checkpoints. Nothing is written before `open`. Folders are
+recorded by `recorded_name`, so the files hold no path of the machine that wrote them."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from ..precision import Choice
 from ..tokenizers.base import Tokenizer
 from .learner import Learner
 from .processes import Processes
-from .run_folder import RUN_CONFIG, RunLog, clean_leftovers, write_checkpoint
+from .run_folder import RUN_CONFIG, RunLog, clean_leftovers, recorded_name, write_checkpoint
 from .settings import TrainConfig
 
 
@@ -25,7 +26,7 @@ class RunWriter:
     def __init__(self, cfg: TrainConfig, procs: Processes, tokenizer: Tokenizer, latest: Path | None):
         self.cfg, self.procs, self.tokenizer, self.latest = cfg, procs, tokenizer, latest
         self.run_dir = Path(cfg.out)
-        self.init = cfg.init or None
+        self.init = recorded_name(cfg.init) if cfg.init else None
         self.log: RunLog | None = None
 
     def open(self, learner: Learner, command: str, batching: tuple[int, int], precision: Choice) -> None:
@@ -34,15 +35,16 @@ class RunWriter:
         cfg, procs, resumed = self.cfg, self.procs, self.latest is not None
         if procs.main:
             clean_leftovers(self.run_dir)
+            settings = {**cfg.to_dict(), "data": recorded_name(cfg.data), "out": recorded_name(cfg.out)}
             write_json(
                 self.run_dir / RUN_CONFIG,
                 {
-                    "config": cfg.to_dict(),
+                    "config": {**settings, "init": self.init or ""},
                     "command": command,
                     "world_size": procs.world,
                     "micro_batch": batching[0],
                     "accumulation": batching[1],
-                    "resumed_from": str(self.latest) if resumed else None,
+                    "resumed_from": self.latest.relative_to(self.run_dir).as_posix() if resumed else None,
                     "init": self.init,
                 },
             )
@@ -83,7 +85,7 @@ class RunWriter:
         meta = {
             "train_len": cfg.seq_len,
             "preset": cfg.preset,
-            "data": cfg.data,
+            "data": recorded_name(cfg.data),
             "tokenizer": self.tokenizer.kind,
             "step": learner.step,
             "train_loss": loss if math.isfinite(loss) else None,  # JSON has no NaN

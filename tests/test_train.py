@@ -23,7 +23,7 @@ from train_fixtures import prepare_pop909
 
 from musegen.checkpoint import load_checkpoint
 from musegen.cli import main
-from musegen.errors import ConfigError
+from musegen.errors import ConfigError, FormatError
 from musegen.model import MusicPerformer
 from musegen.shards import write_shards
 from musegen.tokenizers.groove import GrooveTokenizer
@@ -109,6 +109,7 @@ def test_config_layers_preset_file_and_sets(tmp_path):
 @pytest.mark.parametrize(
     "setting",
     [
+        "lr=5",
         "lr=inf",
         "lr=1e30",
         "lr=nan",
@@ -117,7 +118,9 @@ def test_config_layers_preset_file_and_sets(tmp_path):
         "steps=0",
         "steps=10000000000",
         "seq_len=10000000",
+        "seq_len=0",
         "batch_size=0",
+        "batch_size=-1",
         "batch_size=100000",
         "grad_clip=-1",
         "grad_clip=inf",
@@ -130,16 +133,20 @@ def test_config_layers_preset_file_and_sets(tmp_path):
         "workers=1000",
     ],
 )
-def test_numeric_settings_out_of_their_bounds_are_refused(setting):
+def test_numeric_settings_out_of_their_bounds_are_refused(setting, tmp_path, capsys):
     key = setting.split("=")[0]
     low, high = LIMITS[key]
-    with pytest.raises(
-        ConfigError,
-        match=rf"^{key} must be in {re.escape(format_limit(low))}\.\."
-        rf"{re.escape(format_limit(high))}, got ",
-    ):
+    message = rf"^{key} must be in {re.escape(format_limit(low))}\.\.{re.escape(format_limit(high))}, got "
+    with pytest.raises(FormatError, match=message):
         build_config("tiny", "d", "o", sets=[setting])
     build_config("tiny", "d", "o", sets=[f"{key}={high}"] + (["lr=1"] if key == "lr_floor" else []))  # the bound is in
+    # the CLI: one line and exit 2, as for a model setting out of its bounds, before anything is written
+    capsys.readouterr()
+    code = _cli(["train", "--data", tmp_path, "--out", tmp_path / "run", "--set", setting])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and re.search(message, err[0].removeprefix("error: ")), err
+    assert not (tmp_path / "run").exists()
+    assert _cli(["train", "--data", tmp_path, "--out", tmp_path / "run", "--set", "model.n_features=0"]) == 2
 
 
 def test_the_bounds_are_documented():

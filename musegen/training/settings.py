@@ -12,7 +12,7 @@ from typing import Any, Iterable
 from .. import schemas
 from ..checkpoint import read_checkpoint_config
 from ..data import CROP_CHOICES, SAMPLING_CHOICES
-from ..errors import ConfigError
+from ..errors import ConfigError, FormatError
 from ..model.config import ModelConfig, preset, replace_checked
 
 # Inclusive bounds of the numeric settings. Values past them are typos, or runs that can only
@@ -86,7 +86,7 @@ class TrainConfig:
     seed: int = 0
 
     def __post_init__(self):
-        checks = [
+        choices = [
             (self.sampling in SAMPLING_CHOICES, f"sampling must be one of {SAMPLING_CHOICES}, got {self.sampling!r}"),
             (self.crop in CROP_CHOICES + ("auto",), f"crop must be 'auto' or one of {CROP_CHOICES}, got {self.crop!r}"),
             (self.optimizer in ("adam", "adamw"), f"optimizer must be 'adam' or 'adamw', got {self.optimizer!r}"),
@@ -95,15 +95,16 @@ class TrainConfig:
                 f"precision must be auto, fp32 or bf16, got {self.precision!r}",
             ),
         ]
-        for key, (low, high) in LIMITS.items():
-            value = getattr(self, key)
-            checks.append(
-                (low <= value <= high, f"{key} must be in {format_limit(low)}..{format_limit(high)}, got {value!r}")
-            )
-        checks.append((self.lr_floor <= self.lr, f"lr_floor {self.lr_floor!r} must not exceed lr {self.lr!r}"))
-        for ok, message in checks:
+        for ok, message in choices:
             if not ok:
                 raise ConfigError(message)
+        # A number out of its bounds is a FormatError (exit 2), as a ModelConfig's is.
+        for key, (low, high) in LIMITS.items():
+            value = getattr(self, key)
+            if not low <= value <= high:
+                raise FormatError(f"{key} must be in {format_limit(low)}..{format_limit(high)}, got {value!r}")
+        if not self.lr_floor <= self.lr:
+            raise FormatError(f"lr_floor {self.lr_floor!r} must not exceed lr {self.lr!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

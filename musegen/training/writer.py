@@ -35,11 +35,11 @@ class RunWriter:
         cfg, procs, resumed = self.cfg, self.procs, self.latest is not None
         if procs.main:
             clean_leftovers(self.run_dir)
-            settings = {**cfg.to_dict(), "data": recorded_name(cfg.data), "out": recorded_name(cfg.out)}
+            names = {"data": recorded_name(cfg.data), "out": recorded_name(cfg.out), "init": self.init or ""}
             write_json(
                 self.run_dir / RUN_CONFIG,
                 {
-                    "config": {**settings, "init": self.init or ""},
+                    "config": {**cfg.to_dict(), **names},
                     "command": command,
                     "world_size": procs.world,
                     "micro_batch": batching[0],

@@ -102,7 +102,7 @@ def training_choice(
 def training_update(model, ids: torch.Tensor, bf16: bool) -> Callable[[], None]:
     """One full update of `model` on `ids` [B, N + 1] as `musegen train` runs it (its loss, its
     optimiser, dropout on), with its own optimiser."""
-    from .train import make_optimizer, next_token_nll
+    from .training.optim import make_optimizer, next_token_nll
 
     optimizer = make_optimizer(model.parameters(), "adam", 1e-4, 0.0, ids.device)
 

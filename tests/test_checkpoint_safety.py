@@ -21,7 +21,9 @@ from musegen.cli import main
 from musegen.errors import CheckpointError, FormatError
 from musegen.model import MusicPerformer, preset
 from musegen.tokenizers import tokenizer_from_dict
-from musegen.train import build_config, latest_checkpoint, train
+from musegen.training.run_folder import latest_checkpoint
+from musegen.training.settings import build_config
+from musegen.training.trainer import train
 
 REPO = Path(__file__).resolve().parents[1]
 PICKLE_NAMES = ("model.pt", "trainer_state.pt", "optimizer.pt", "pytorch_model.bin", "rng_state.pkl")

@@ -2,10 +2,11 @@
 
 import subprocess
 import sys
+from pathlib import Path
 
 import torch
 
-from musegen.checkpoint import load_checkpoint, save_checkpoint
+from musegen.checkpoint import load_checkpoint, read_checkpoint_config, save_checkpoint
 from musegen.model import MusicPerformer, preset
 from musegen.tokenizers.remi import RemiTokenizer
 
@@ -42,6 +43,7 @@ def test_export_halves_the_weights_and_keeps_the_model(tmp_path):
     loaded, tok2, config2, meta = load_checkpoint(shipped)
     assert config2 == config and tok2.to_dict() == tok.to_dict()
     assert meta["step"] == 7 and meta["dtype"] == "fp16"
+    assert meta["exported_from"] == "run"  # the source by name, not by this machine's path
     ids = torch.randint(0, tok.vocab_size, (1, 32))
     with loaded.streaming(1, seed=0):
         a = loaded.step(ids)
@@ -58,3 +60,15 @@ def test_export_rejects_bad_dtype_and_missing_checkpoint(tmp_path):
             text=True,
         )
         assert result.returncode == 1 and message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_shipped_models_name_their_data_and_source_runs_without_machine_paths():
+    shipped = sorted(p.parent for p in (Path(__file__).resolve().parents[1] / "checkpoints").glob("*/config.json"))
+    assert [p.name for p in shipped] == ["groove", "groove-dur", "pop"]
+    for folder in shipped:
+        _, meta = read_checkpoint_config(folder)
+        assert meta["data"] in ("mma-groove", "mma-groove-dur", "pop909"), meta
+        for key in ("init", "exported_from"):
+            if key in meta:  # `<run>/checkpoints/step-NNNNNNNN`
+                run, checkpoints, step = meta[key].split("/")
+                assert run and checkpoints == "checkpoints" and step.startswith("step-"), meta

@@ -875,7 +875,7 @@ def test_divergent_training_stops_in_one_line_and_keeps_a_good_checkpoint(tiny_d
         "ckpt_every=10",
         area="training",
     )
-    record("training", run, None if run.rc == 1 else "a run at lr=1e6 must stop with one line")
+    record("training", run, None if run.rc == 2 else "lr=1e6 must be refused in one line, exit 2 (out of lr's bounds)")
 
 
 def test_evaluate_loss_with_a_huge_max_len_is_one_line(checkpoints, tiny_data, tmp_path):

@@ -23,7 +23,8 @@ from musegen.model.config import SYNTHESIZER_VARIANTS
 from musegen.model.families import Aaren, RelativeAttention, Synthesizer, prefix_scan
 from musegen.model.transformer import SelfAttention
 from musegen.tokenizers import tokenizer_from_dict
-from musegen.train import build_config, train
+from musegen.training.settings import build_config
+from musegen.training.trainer import train
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

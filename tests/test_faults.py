@@ -33,9 +33,9 @@ from musegen.cli import main
 from musegen.generation.batch import sample_to_folder
 from musegen.generation.settings import SampleSettings
 from musegen.model import MusicPerformer, preset
-from musegen.run_folder import checkpoint_dirs, is_complete, latest_checkpoint
 from musegen.shards import Shards
 from musegen.tokenizers import tokenizer_from_dict
+from musegen.training.run_folder import checkpoint_dirs, is_complete, latest_checkpoint
 
 FAULTS = Counter()  # (area, "injected" | "intact") -> count
 TINY_RUN = ["seq_len=32", "batch_size=2", "workers=0", "valid_every=0", "log_every=1", "ckpt_every=1", "keep=2"]
@@ -264,7 +264,7 @@ def full_disk_safetensors(monkeypatch, module, name: str) -> None:
 
 def test_training_survives_a_full_disk_at_the_real_writes(data, tmp_path, capsys, monkeypatch):
     from musegen import checkpoint as checkpoint_module
-    from musegen import run_folder
+    from musegen.training import run_folder
 
     run = tmp_path / "run"
     train_args = lambda steps: [

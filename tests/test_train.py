@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -22,21 +23,16 @@ from train_fixtures import prepare_pop909
 
 from musegen.checkpoint import load_checkpoint
 from musegen.cli import main
-from musegen.errors import ConfigError
+from musegen.errors import ConfigError, FormatError
 from musegen.model import MusicPerformer
-from musegen.run_folder import checkpoint_dirs, is_complete, latest_checkpoint
 from musegen.shards import write_shards
 from musegen.tokenizers.groove import GrooveTokenizer
-from musegen.train import (
-    LIMITS,
-    TrainConfig,
-    build_config,
-    format_limit,
-    lr_factor,
-    make_optimizer,
-    next_token_nll,
-    train,
-)
+from musegen.training.loader import load_training_data
+from musegen.training.optim import lr_factor, make_optimizer, next_token_nll
+from musegen.training.processes import setup_processes
+from musegen.training.run_folder import checkpoint_dirs, is_complete, latest_checkpoint
+from musegen.training.settings import LIMITS, TrainConfig, build_config, format_limit
+from musegen.training.trainer import Trainer, train
 
 TINY = [
     "--preset",
@@ -113,6 +109,7 @@ def test_config_layers_preset_file_and_sets(tmp_path):
 @pytest.mark.parametrize(
     "setting",
     [
+        "lr=5",
         "lr=inf",
         "lr=1e30",
         "lr=nan",
@@ -121,7 +118,9 @@ def test_config_layers_preset_file_and_sets(tmp_path):
         "steps=0",
         "steps=10000000000",
         "seq_len=10000000",
+        "seq_len=0",
         "batch_size=0",
+        "batch_size=-1",
         "batch_size=100000",
         "grad_clip=-1",
         "grad_clip=inf",
@@ -134,16 +133,20 @@ def test_config_layers_preset_file_and_sets(tmp_path):
         "workers=1000",
     ],
 )
-def test_numeric_settings_out_of_their_bounds_are_refused(setting):
+def test_numeric_settings_out_of_their_bounds_are_refused(setting, tmp_path, capsys):
     key = setting.split("=")[0]
     low, high = LIMITS[key]
-    with pytest.raises(
-        ConfigError,
-        match=rf"^{key} must be in {re.escape(format_limit(low))}\.\."
-        rf"{re.escape(format_limit(high))}, got ",
-    ):
+    message = rf"^{key} must be in {re.escape(format_limit(low))}\.\.{re.escape(format_limit(high))}, got "
+    with pytest.raises(FormatError, match=message):
         build_config("tiny", "d", "o", sets=[setting])
     build_config("tiny", "d", "o", sets=[f"{key}={high}"] + (["lr=1"] if key == "lr_floor" else []))  # the bound is in
+    # the CLI: one line and exit 2, as for a model setting out of its bounds, before anything is written
+    capsys.readouterr()
+    code = _cli(["train", "--data", tmp_path, "--out", tmp_path / "run", "--set", setting])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and re.search(message, err[0].removeprefix("error: ")), err
+    assert not (tmp_path / "run").exists()
+    assert _cli(["train", "--data", tmp_path, "--out", tmp_path / "run", "--set", "model.n_features=0"]) == 2
 
 
 def test_the_bounds_are_documented():
@@ -353,7 +356,7 @@ def test_ctrl_c_writes_a_checkpoint_and_exits_130_and_a_second_run_is_locked_out
 
 
 def test_a_partial_last_log_line_is_dropped_on_resume(pop20, tmp_path, capsys):
-    """A full disk (or a kill) mid-write leaves half a line; every later --resume used to fail on it."""
+    """A full disk (or a kill) mid-write leaves half a line; the next --resume drops it and goes on."""
     common = ["--data", pop20, *TINY, *CONSTANT_LR, "--set", "ckpt_every=2"]
     straight, cut = tmp_path / "straight", tmp_path / "cut"
     assert _cli(["train", "--out", straight, *common, "--set", "steps=4"]) == 0
@@ -427,11 +430,13 @@ def test_init_fine_tunes_from_an_exported_model_with_a_fresh_optimiser(pop20, pr
         tuned = _losses(run)
         assert max(tuned.values()) < min(first_losses) - 1.0, (tuned, first_losses)
         saved = json.loads((run / "train_config.json").read_text())
-        assert saved["init"] == saved["config"]["init"] == str(exported) and saved["config"]["seq_len"] == 32
+        # recorded by name: the exported model's folder, and the run's checkpoint it came from
+        assert saved["init"] == saved["config"]["init"] == exported.name and saved["config"]["seq_len"] == 32
         start_record = json.loads((run / "log.jsonl").read_text().splitlines()[0])
-        assert start_record["event"] == "start" and start_record["init"] == str(exported)
+        assert start_record["event"] == "start" and start_record["init"] == exported.name
         assert start_record["precision"]["path"] in ("fp32", "bf16") and start_record["precision"]["reason"]
-        assert load_checkpoint(latest_checkpoint(run))[3]["init"] == str(exported)
+        assert load_checkpoint(latest_checkpoint(run))[3]["init"] == exported.name
+        assert load_checkpoint(exported)[3]["exported_from"] == "run/checkpoints/step-00000040"
     # the same command with --resume continues the fine-tuning run; its new lr takes effect
     assert (
         _cli(
@@ -542,6 +547,56 @@ def two_steps(pop20, tmp_path_factory) -> Path:
     return run
 
 
+def _trainer(cfg, resume: bool) -> Trainer:
+    procs, device = setup_processes(cfg.device)
+    data = load_training_data(cfg)
+    model_cfg = dataclasses.replace(cfg.model, vocab_size=data.tokenizer.vocab_size)
+    return Trainer(cfg, procs, device, data, model_cfg, None, resume, "musegen train")
+
+
+def _state_of(folder: Path) -> dict[str, tuple]:
+    """Every path under `folder`: whether it is a folder, its modification time, its bytes."""
+    return {
+        str(p.relative_to(folder)): (p.is_dir(), p.stat().st_mtime_ns, None if p.is_dir() else p.read_bytes())
+        for p in folder.rglob("*")
+    }
+
+
+def test_constructing_a_trainer_writes_nothing_and_running_it_writes_the_run(pop20, two_steps, tmp_path):
+    sets = ["seq_len=64", "batch_size=2", "workers=0", "valid_every=0", "precision=fp32", "ckpt_every=2"]
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    trainer = _trainer(build_config("tiny", pop20, fresh, sets=sets + ["steps=1"]), resume=False)
+    assert list(fresh.iterdir()) == []
+    assert _trainer(build_config("tiny", pop20, tmp_path / "absent", sets=sets), resume=False)
+    assert not (tmp_path / "absent").exists()
+    assert trainer.run()["step"] == 1
+    assert {p.name for p in fresh.iterdir()} - {"tensorboard"} == {"checkpoints", "log.jsonl", "train_config.json"}
+    assert [s for s, _ in checkpoint_dirs(fresh)] == [0, 1]
+    # a resumed run reads and checks the checkpoint at construction, and still writes nothing
+    run = tmp_path / "run"
+    shutil.copytree(two_steps, run)
+    before = _state_of(run)
+    trainer = _trainer(build_config("tiny", pop20, run, sets=sets + ["steps=4"]), resume=True)
+    assert trainer.learner.step == 2 and _state_of(run) == before
+    trainer.run()
+    saved = json.loads((run / "train_config.json").read_text())
+    assert saved["resumed_from"] == "checkpoints/step-00000002" and [s for s, _ in checkpoint_dirs(run)][-1] == 4
+
+
+def test_the_run_records_folders_by_name_not_by_this_machines_paths(pop20, two_steps):
+    """A checkpoint travels: its metadata and the run's config name the data and the run, not
+    where they lay on the machine that trained it."""
+    saved = json.loads((two_steps / "train_config.json").read_text())
+    assert (saved["config"]["data"], saved["config"]["out"]) == (pop20.name, two_steps.name)
+    for _, folder in checkpoint_dirs(two_steps):
+        meta = load_checkpoint(folder)[3]
+        assert meta["data"] == pop20.name and "init" not in meta
+    texts = [(two_steps / "train_config.json").read_text()]
+    texts += [(folder / "config.json").read_text() for _, folder in checkpoint_dirs(two_steps)]
+    assert not any(str(two_steps.parent) in text or str(pop20) in text for text in texts)
+
+
 @pytest.mark.parametrize("case", list(TAMPERED_STATES))
 def test_a_tampered_trainer_state_is_refused_before_anything_is_written(case, two_steps, pop20, tmp_path, capsys):
     run = tmp_path / "run"
@@ -560,9 +615,9 @@ def test_a_tampered_trainer_state_is_refused_before_anything_is_written(case, tw
     assert after == before
 
 
-def test_a_run_saved_with_another_optimiser_kernel_resumes_with_todays(two_steps, pop20, tmp_path):
-    """Runs saved before the trainer used fused Adam wrote `fused: null` in their param groups.
-    How the optimiser computes is the resuming process's choice, not the run's state."""
+def test_a_run_saved_with_another_optimiser_kernel_resumes_with_this_processs(two_steps, pop20, tmp_path):
+    """A run saved with other optimiser kernel settings (`fused: null` in its param groups) resumes
+    with this process's: how the optimiser computes is not part of the run's state."""
     run = tmp_path / "run"
     shutil.copytree(two_steps, run)
     state_json = run / "checkpoints" / "step-00000002" / "trainer_state.json"
@@ -635,7 +690,7 @@ def test_non_finite_losses_stop_the_run_and_keep_the_good_checkpoint(pop20, tmp_
 
 
 def test_a_run_that_ends_diverged_exits_non_zero(pop20, tmp_path, capsys, monkeypatch):
-    """Fewer steps than max_nonfinite: the run used to end with exit 0 on skipped updates."""
+    """Fewer steps than max_nonfinite: a run whose last updates were skipped still exits non-zero."""
     run = tmp_path / "run"
     _diverge_after(monkeypatch, 2)
     code = _cli(
@@ -765,7 +820,7 @@ def groove_data(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def out_of_vocabulary(pop20, tmp_path_factory) -> Path:
-    """REMI shards with one id past the vocabulary (it used to surface as an IndexError)."""
+    """REMI shards with one id past the vocabulary: refused in one line, not an IndexError mid-run."""
     from musegen.shards import Shards
 
     shards = Shards(pop20)

@@ -21,11 +21,14 @@ def export(
 
     from musegen.checkpoint import export_checkpoint
     from musegen.errors import ConfigError
+    from musegen.training.run_folder import recorded_name
 
     if dtype not in DTYPES:
         raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     torch_dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
-    folder = export_checkpoint(checkpoint, out, torch_dtype, {"exported_from": str(checkpoint), "dtype": dtype})
+    folder = export_checkpoint(
+        checkpoint, out, torch_dtype, {"exported_from": recorded_name(checkpoint), "dtype": dtype}
+    )
     size = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
     typer.echo(f"wrote {folder} ({size / 2**20:.1f} MiB)")
 

@@ -10,6 +10,14 @@ from typing import List, Optional
 
 import typer
 
+from musegen.errors import MusegenError
+
+
+class StoppedOnRequest(MusegenError):
+    """A run that Ctrl-C or SIGTERM ended after its checkpoint: exit 130, as for an interrupted command."""
+
+    exit_code = 130
+
 
 def train(
     data: Path = typer.Option(..., "--data", help="Prepared shards folder (`musegen data prepare`)."),
@@ -42,9 +50,8 @@ def train(
     ),
 ):
     """Train a Performer on prepared data; Ctrl-C saves a checkpoint, --resume continues exactly."""
-    from musegen.cli import fail
-    from musegen.train import build_config
-    from musegen.train import train as run_training
+    from musegen.training.settings import build_config
+    from musegen.training.trainer import train as run_training
 
     cfg = build_config(preset, data, out, config, set_, device, init)
     command = shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]])
@@ -52,10 +59,8 @@ def train(
     if os.environ.get("RANK", "0") != "0":
         return  # under torchrun, the main process reports
     if result["stopped"]:
-        fail(
-            f"stopped at step {result['step']} on request; checkpoint {result['checkpoint']} "
-            f"(add --resume to continue)",
-            130,
+        raise StoppedOnRequest(
+            f"stopped at step {result['step']} on request; checkpoint {result['checkpoint']} (add --resume to continue)"
         )
     valid = result["valid"]
     line = f"step {result['step']}: loss {result['loss']:.4f}"

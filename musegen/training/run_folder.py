@@ -29,10 +29,10 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from . import schemas
-from .checkpoint import read_checkpoint_config, save_checkpoint
-from .errors import CheckpointError, FormatError, TrainingError
-from .io import atomic_path, write_json, write_text
+from .. import schemas
+from ..checkpoint import read_checkpoint_config, save_checkpoint
+from ..errors import CheckpointError, FormatError, TrainingError
+from ..io import atomic_path, write_json, write_text
 
 CHECKPOINTS = "checkpoints"
 STATE_JSON, STATE_TENSORS = "trainer_state.json", "trainer_state.safetensors"
@@ -43,6 +43,16 @@ COUNTERS = ("nonfinite_total", "nonfinite_streak", "tokens_seen")
 
 
 # ---- checkpoint folders ----------------------------------------------------------------------
+
+
+def recorded_name(folder: str | os.PathLike) -> str:
+    """How a run's records name a folder: a run's checkpoint as `<run>/checkpoints/step-NNNNNNNN`,
+    anything else (a data folder, a run, an exported model) by its own name; never an absolute path,
+    which would mean nothing on another machine."""
+    path = Path(folder).resolve()
+    if path.parent.name == CHECKPOINTS and path.name.startswith("step-"):
+        return f"{path.parent.parent.name}/{CHECKPOINTS}/{path.name}"
+    return path.name
 
 
 def checkpoint_dirs(run: str | os.PathLike) -> list[tuple[int, Path]]:
@@ -269,7 +279,7 @@ def _tensor_names_problem(tensors: dict[str, torch.Tensor]) -> str | None:
 
 
 # How the optimiser computes, not what it has learnt: the resuming process decides (a run saved
-# before the trainer used fused Adam, or on another device, resumes with today's kernel).
+# with other kernel settings, e.g. `fused: null`, or on another device, resumes with its own).
 KERNEL_KEYS = ("fused", "foreach", "capturable", "differentiable")
 
 

@@ -36,9 +36,9 @@ from .device import check_fits, resolve_device
 from .errors import CheckpointError, ConfigError, DataError, TrainingError
 from .io import write_json
 from .metrics.loss import position_nll, summarize, write_position_nll
-from .model import MusicPerformer
 from .model.config import ModelConfig, preset, replace_checked
-from .precision import Choice, training_choice
+from .model.transformer import MusicPerformer
+from .precision import Choice
 from .run_folder import (
     RUN_CONFIG,
     RunLock,
@@ -51,6 +51,7 @@ from .run_folder import (
 )
 from .shards import Shards, resolve_split
 from .tokenizers.base import Tokenizer
+from .train_precision import training_choice
 
 # Inclusive bounds of the numeric settings. Values past them are typos, or runs that can only
 # diverge (lr=1e30) or never end (steps=1e12). docs/training.md lists them (a test compares).

@@ -6,7 +6,8 @@ import sys
 import torch
 
 from musegen.checkpoint import load_checkpoint, save_checkpoint
-from musegen.model import MusicPerformer, preset
+from musegen.model.config import preset
+from musegen.model.transformer import MusicPerformer
 from musegen.tokenizers.remi import RemiTokenizer
 
 

@@ -15,10 +15,9 @@ from train_fixtures import prepare_pop909
 from musegen.cli import main
 from musegen.errors import ConfigError
 from musegen.metrics import attention as att
-from musegen.model import ModelConfig, MusicPerformer, preset
-from musegen.model.config import SYNTHESIZER_VARIANTS
+from musegen.model.config import SYNTHESIZER_VARIANTS, ModelConfig, preset
 from musegen.model.families import Aaren, RelativeAttention, Synthesizer, prefix_scan
-from musegen.model.transformer import SelfAttention
+from musegen.model.transformer import MusicPerformer, SelfAttention
 from musegen.sample import Prompt, SampleSettings, generate
 from musegen.tokenizers import tokenizer_from_dict
 from musegen.train import build_config, train

@@ -30,7 +30,8 @@ from train_fixtures import prepare_pop909
 from musegen import io as musegen_io
 from musegen.checkpoint import load_checkpoint, save_checkpoint
 from musegen.cli import main
-from musegen.model import MusicPerformer, preset
+from musegen.model.config import preset
+from musegen.model.transformer import MusicPerformer
 from musegen.run_folder import checkpoint_dirs, is_complete, latest_checkpoint
 from musegen.sample import SampleSettings, sample_to_folder
 from musegen.shards import Shards

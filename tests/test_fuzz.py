@@ -22,7 +22,8 @@ from fuzz import log_line, mutants, trio_midi, write_corpus
 
 from musegen.checkpoint import save_checkpoint
 from musegen.errors import MusegenError
-from musegen.model import MusicPerformer, preset
+from musegen.model.config import preset
+from musegen.model.transformer import MusicPerformer
 from musegen.sample import SampleSettings, sample_to_folder
 from musegen.tokenizers import tokenizer_from_dict
 

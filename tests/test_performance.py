@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from musegen.errors import ConfigError
-from musegen.model import MusicPerformer, preset
 from musegen.model.attention import CHUNK, chunked_kernel
+from musegen.model.config import preset
+from musegen.model.transformer import MusicPerformer
 from musegen.sample import DEFAULT_CPU_THREADS, Prompt, SampleSettings, generate
 from musegen.tokenizers import tokenizer_from_dict
 

@@ -18,7 +18,8 @@ from tiny_models import tiny_checkpoint
 import musegen.sample
 from musegen.checkpoint import load_checkpoint
 from musegen.errors import CheckpointError, MusegenError, TokenError
-from musegen.model import MusicPerformer, preset
+from musegen.model.config import preset
+from musegen.model.transformer import MusicPerformer
 from musegen.sample import SampleSettings, generate, load_prompt, new_notes, write_samples
 from musegen.tokenizers import RepresentationError, Tokenizer, load_tokenizer, tokenizer_from_dict
 from musegen.tokenizers.base import Encoding, Grammar

@@ -23,7 +23,7 @@ from train_fixtures import prepare_pop909
 from musegen.checkpoint import load_checkpoint
 from musegen.cli import main
 from musegen.errors import ConfigError
-from musegen.model import MusicPerformer
+from musegen.model.transformer import MusicPerformer
 from musegen.run_folder import checkpoint_dirs, is_complete, latest_checkpoint
 from musegen.shards import write_shards
 from musegen.tokenizers.groove import GrooveTokenizer

@@ -1,13 +1,12 @@
-"""What precision "auto" runs in here: decided by timing the candidates once, then remembered
-(the training candidates are musegen.train_precision's).
+"""What precision "auto" runs in here: decided by timing the candidates once, then remembered.
 
 A CPU's flags do not say whether bf16 pays. With AVX512-BF16 listed, AMD's Zen 4 and Zen 5
 multiply bf16 matrices 2-4x faster than fp32, while an Intel Xeon without AMX does it no faster
 and trains at 0.70x fp32 in bf16 (docs/performance.md). So on first use on a machine:
 - training times full updates (the trainer's loss and optimiser) of a fresh model of the run's
-  config, at the run's batch and length, in fp32 and under bf16 autocast;
+  config, at the run's batch and length, in fp32 and under bf16 autocast (musegen.train_precision);
 - sampling times the single-token step at the session's batch in fp32, in bf16 as PyTorch runs
-  it, and in bf16 through step.c (musegen/model/step.c) where it builds;
+  it, and in bf16 through step.c (musegen/model/c_step.py) where it builds (`step_choice`);
 and the fastest is kept in `~/.cache/musegen/precision.json`, keyed by the CPU, the torch
 threads, the torch and musegen versions and the shapes. A measurement takes seconds on an idle
 machine (a few updates, a few dozen steps) and says so on stderr. `MUSEGEN_PRECISION=fp32` or

@@ -170,7 +170,7 @@ class Layers:
 
     def __init__(self, kernels: ctypes.CDLL, step):
         self.kernels = kernels
-        feature_map = step.features
+        feature_map = step.features[0]  # the same map and sizes in every layer
         self.shape = CTYPES["shape"](
             batch=step.batch,
             heads=step.H,

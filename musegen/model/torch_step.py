@@ -177,13 +177,12 @@ class RecurrentStep:
             )
             for layer in model.layers
         ]
-        self.features = model.layers[0].attention.features
-        self.feature_constants = [
-            None if (k := layer.attention.features.constants()) is None else k.detach() for layer in model.layers
-        ]
+        self.features = [layer.attention.features for layer in model.layers]
+        self.feature_constants = [None if (k := f.constants()) is None else k.detach() for f in self.features]
         self.width = c.spe_realizations if model.spe else self.D  # of the queries and keys the feature map takes
         self.sums = [
-            torch.zeros(self.H * batch_size, self.features.size, self.D + 1, device=model.device) for _ in model.layers
+            torch.zeros(self.H * batch_size, features.size, self.D + 1, device=model.device)
+            for features in self.features
         ]
         self.use_noise(noise)
         self._mixed = None  # the [2, H, D, R] buffer of a layer's gated codes
@@ -249,8 +248,8 @@ class RecurrentStep:
             if gate is not None:
                 codes = self._mixed = gate_codes(codes, *gate, out=self._mixed)
             qk = torch.bmm(qk, codes.view(2 * H, D, -1))
-        constants = self.feature_constants[layer]
-        phi_q, phi_k = self.features(qk[:H], True, constants), self.features(qk[H:], False, constants)
+        features, constants = self.features[layer], self.feature_constants[layer]
+        phi_q, phi_k = features(qk[:H], True, constants), features(qk[H:], False, constants)
         values = projected[:, 2 * H * D :].view(B, H, D + 1).transpose(0, 1)
         sums = self.sums[layer]
         sums.addcmul_(phi_k.reshape(H * B, -1, 1), values.reshape(H * B, 1, D + 1))  # += phi(k) [v, 1]

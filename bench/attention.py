@@ -19,8 +19,8 @@ import torch
 from torch.nn import functional as F
 
 from bench.common import add_machine_options, apply_machine_options, describe, peak_memory_mib, seconds
-from musegen.model import preset
 from musegen.model.attention import causal_linear_attention, fast_transformers_available
+from musegen.model.config import preset
 from musegen.model.families import FAMILIES
 
 HEADS, FEATURES, WIDTH = 8, 128, 64

@@ -57,9 +57,11 @@ from musegen.device import native_bf16
 from musegen.generation.loop import generate
 from musegen.generation.prompt import Prompt
 from musegen.generation.settings import SampleSettings
-from musegen.model import MusicPerformer, preset
+from musegen.model.c_step import step_kernels
+from musegen.model.config import preset
 from musegen.model.families import FAMILIES
-from musegen.model.streaming import prepared_weights, step_kernels
+from musegen.model.torch_step import prepared_weights
+from musegen.model.transformer import MusicPerformer
 from musegen.precision import STEP_C, Choice, step_choice
 from musegen.tokenizers import tokenizer_from_dict
 

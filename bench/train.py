@@ -34,9 +34,10 @@ import torch
 
 from bench.common import add_machine_options, apply_machine_options, describe, peak_memory_mib, seconds
 from musegen.metrics.compare import read_jsonl
-from musegen.model import MusicPerformer, preset
 from musegen.model.attention import fast_transformers_available
-from musegen.precision import training_choice, training_update
+from musegen.model.config import preset
+from musegen.model.transformer import MusicPerformer
+from musegen.training.precision import training_choice, training_update
 
 REPO = Path(__file__).resolve().parents[1]
 # name: (model overrides, precision)

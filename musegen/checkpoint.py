@@ -87,7 +87,7 @@ def load_checkpoint(folder: str | os.PathLike, device: str | torch.device = "cpu
     Nothing is allocated from the files' word alone: the config's sizes are bounded, and the
     weight file's header (names and shapes) must match a model built on the meta device, which
     allocates nothing, before any tensor is read or the real model is built."""
-    from .model import MusicPerformer
+    from .model.transformer import MusicPerformer
 
     folder = Path(folder)
     config, meta = read_checkpoint_config(folder)

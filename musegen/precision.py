@@ -4,9 +4,9 @@ A CPU's flags do not say whether bf16 pays. With AVX512-BF16 listed, AMD's Zen 4
 multiply bf16 matrices 2-4x faster than fp32, while an Intel Xeon without AMX does it no faster
 and trains at 0.70x fp32 in bf16 (docs/performance.md). So on first use on a machine:
 - training times full updates (the trainer's loss and optimiser) of a fresh model of the run's
-  config, at the run's batch and length, in fp32 and under bf16 autocast;
+  config, at the run's batch and length, in fp32 and under bf16 autocast (musegen.training.precision);
 - sampling times the single-token step at the session's batch in fp32, in bf16 as PyTorch runs
-  it, and in bf16 through step.c (musegen/model/step.c) where it builds;
+  it, and in bf16 through step.c (musegen/model/c_step.py) where it builds (`step_choice`);
 and the fastest is kept in `~/.cache/musegen/precision.json`, keyed by the CPU, the torch
 threads, the torch and musegen versions and the shapes. A measurement takes seconds on an idle
 machine (a few updates, a few dozen steps) and says so on stderr. `MUSEGEN_PRECISION=fp32` or
@@ -30,10 +30,12 @@ from typing import Callable
 
 import torch
 
-from . import __version__
+from . import __version__, schemas
 from .device import check_precision, cpu_flags, cpu_name, native_bf16
 from .errors import ConfigError, MusegenError
 from .io import write_json
+from .model import c_step
+from .model.torch_step import RecurrentStep, forget_prepared
 
 ENV = "MUSEGEN_PRECISION"
 ENV_VALUES = ("fp32", "bf16", "measure")
@@ -81,47 +83,10 @@ def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def training_choice(
-    precision: str, config, batch: int, length: int, device: torch.device, quiet: bool = False
-) -> Choice:
-    """fp32 or bf16 autocast for training `config` at batch x length on `device` (`quiet`:
-    nothing on stderr while timing)."""
-
-    def candidates():
-        from .model import MusicPerformer
-
-        torch.manual_seed(0)
-        model = MusicPerformer(config).to(device).train()
-        ids = torch.randint(0, config.vocab_size - 1, (batch, length + 1), device=device)
-        return {"fp32": training_update(model, ids, False), "bf16": training_update(model, ids, True)}
-
-    what = f"training {_digest(config.to_dict())} at batch {batch} x {length}"
-    return _choose(precision, device, what, "bf16", candidates, rounds=(2, 5), budget=3.0, quiet=quiet)
-
-
-def training_update(model, ids: torch.Tensor, bf16: bool) -> Callable[[], None]:
-    """One full update of `model` on `ids` [B, N + 1] as `musegen train` runs it (its loss, its
-    optimiser, dropout on), with its own optimiser."""
-    from .training.optim import make_optimizer, next_token_nll
-
-    optimizer = make_optimizer(model.parameters(), "adam", 1e-4, 0.0, ids.device)
-
-    def update():
-        with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=bf16):
-            logits = model(ids[:, :-1])
-        (next_token_nll(logits, ids[:, 1:]) / ids[:, 1:].numel()).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    return update
-
-
 def step_choice(precision: str, model, batch: int, quiet: bool = False) -> Choice:
     """fp32, bf16 or STEP_C for `model`'s single-token steps at `batch` sequences."""
-    from .model import streaming
-
-    fast = streaming.RecurrentStep.supports(model.config)
-    c_step = fast and streaming.step_kernels(model.device) is not None
+    fast = RecurrentStep.supports(model.config)
+    with_c = c_step.supports(model.config) and c_step.step_kernels(model.device) is not None
 
     built = []
 
@@ -131,30 +96,30 @@ def step_choice(precision: str, model, batch: int, quiet: bool = False) -> Choic
         noise = model.draw_noise(torch.Generator(model.device).manual_seed(0))
         tokens = torch.zeros(batch, dtype=torch.long, device=model.device)
         steps = {
-            "fp32": streaming.RecurrentStep(model, batch, noise, torch.float32),
-            "bf16": streaming.RecurrentStep(model, batch, noise, torch.bfloat16, use_kernels=False),
+            "fp32": RecurrentStep(model, batch, noise, torch.float32),
+            "bf16": RecurrentStep(model, batch, noise, torch.bfloat16, use_kernels=False),
         }
-        if c_step:
-            steps[STEP_C] = streaming.RecurrentStep(model, batch, noise, torch.bfloat16)
+        if with_c:
+            steps[STEP_C] = RecurrentStep(model, batch, noise, torch.bfloat16)
         return {name: torch.no_grad()(lambda step=step: step(tokens, 0)) for name, step in steps.items()}
 
-    what = f"the step of {_digest(model.config.to_dict())} at batch {batch}"
-    choice = _choose(
+    what = f"the step of {digest(model.config.to_dict())} at batch {batch}"
+    choice = choose(
         precision,
         model.device,
         what,
-        STEP_C if c_step else "bf16",
+        STEP_C if with_c else "bf16",
         candidates if fast else None,
         rounds=(5, 30),
         budget=1.5,
         quiet=quiet,
     )
     if built:
-        streaming.forget_prepared(model)  # the candidates' weights: the session prepares what it uses
+        forget_prepared(model)  # the candidates' weights: the session prepares what it uses
     return choice
 
 
-def _choose(
+def choose(
     precision: str,
     device: torch.device,
     what: str,
@@ -220,8 +185,6 @@ def measure(candidates: dict[str, Callable[[], object]], rounds: tuple[int, int]
 
 
 def _read_cache() -> dict:
-    from . import schemas  # here: schemas reads ModelConfig, whose package imports this module
-
     try:
         entries = schemas.read(cache_file(), "precision cache")
     except (OSError, MusegenError):  # none yet, or unreadable: time again and write it anew
@@ -229,5 +192,6 @@ def _read_cache() -> dict:
     return {key: entry.model_dump() for key, entry in entries.items()}
 
 
-def _digest(config: dict) -> str:
+def digest(config: dict) -> str:
+    """A short name for a model config, for the cache's keys."""
     return "model " + hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:10]

@@ -7,13 +7,13 @@ import torch
 
 from musegen.model.attention import (
     EPS,
-    FeatureMap,
     causal_linear_attention,
     chunked_kernel,
     fast_transformers_available,
     fast_transformers_kernel,
     softmax_attention,
 )
+from musegen.model.features import FEATURE_MAPS, Favor
 
 B, H, M, DV = 2, 3, 8, 5
 
@@ -86,7 +86,7 @@ def test_performer_features_estimate_the_softmax_kernel():
     x, y = torch.randn(20, 8) * 0.6, torch.randn(20, 8) * 0.6
     errors = []
     for n_features in (512, 8192):
-        fm = FeatureMap("performer", in_dim=8, n_features=n_features)
+        fm = Favor(8, n_features)
         exact = torch.exp(fm.temperature * x @ y.T)
         estimate = fm(x, is_query=False) @ fm(y, is_query=False).T
         errors.append(((estimate - exact).abs() / exact).mean().item())
@@ -99,7 +99,7 @@ def test_performer_attention_approaches_softmax_attention():
     T, width = 40, 16
     q, k, v = torch.randn(1, 2, T, width) * 0.5, torch.randn(1, 2, T, width) * 0.5, torch.randn(1, 2, T, 4)
     exact, _ = softmax_attention(q, k, v, scale=width**-0.5)
-    fm = FeatureMap("performer", in_dim=width, n_features=16_384)
+    fm = Favor(width, 16_384)
     approx, _ = causal_linear_attention(fm(q, True), fm(k, False), v)
     assert (approx - exact).abs().max() < 0.05
 
@@ -108,7 +108,7 @@ def test_performer_features_are_the_favor_formula():
     """phi(k) = exp(w.k' - |k'|^2/2) / sqrt(M) with k' = k temperature^(1/2) over [w, -w];
     phi(q) is the same up to a per-query factor, with max 1 (the shift by the row max)."""
     torch.manual_seed(3)
-    fm = FeatureMap("performer", in_dim=8, n_features=32)
+    fm = Favor(8, 32)
     x = torch.randn(5, 8, dtype=torch.float64) * 2
     fm.projection.data = fm.projection.double()
     xs = x * fm.temperature**0.5
@@ -122,7 +122,7 @@ def test_performer_features_are_the_favor_formula():
 def test_query_stabiliser_cancels_in_the_normalisation():
     """Row-max shifting of query features must not change the attention output."""
     torch.manual_seed(1)
-    fm = FeatureMap("performer", in_dim=8, n_features=32)
+    fm = Favor(8, 32)
     q, k, v = torch.randn(1, 1, 20, 8), torch.randn(1, 1, 20, 8), torch.randn(1, 1, 20, 3)
     shifted, _ = causal_linear_attention(fm(q, True), fm(k, False), v)
     plain, _ = causal_linear_attention(fm(q, False), fm(k, False), v)
@@ -131,12 +131,12 @@ def test_query_stabiliser_cancels_in_the_normalisation():
 
 @pytest.mark.parametrize("kind", ["relu", "elu"])
 def test_plain_feature_maps_are_nonnegative(kind):
-    phi = FeatureMap(kind, in_dim=8, n_features=8)(torch.randn(50, 8), is_query=True)
+    phi = FEATURE_MAPS[kind](8, 8)(torch.randn(50, 8), is_query=True)
     assert (phi >= 0).all() and (phi > 0).any()
 
 
 def test_redraw_changes_only_when_asked():
-    fm = FeatureMap("performer", in_dim=16, n_features=64)
+    fm = Favor(16, 64)
     before = fm.projection.clone()
     x = torch.randn(3, 16)
     assert torch.equal(fm(x, True), fm(x, True))

@@ -19,7 +19,8 @@ from train_fixtures import prepare_pop909
 from musegen.checkpoint import export_checkpoint, load_checkpoint, save_checkpoint
 from musegen.cli import main
 from musegen.errors import CheckpointError, FormatError
-from musegen.model import MusicPerformer, preset
+from musegen.model.config import preset
+from musegen.model.transformer import MusicPerformer
 from musegen.tokenizers import tokenizer_from_dict
 from musegen.training.run_folder import latest_checkpoint
 from musegen.training.settings import build_config
@@ -347,7 +348,7 @@ def test_tampered_training_state_is_refused_on_resume(case, run, tmp_path, capsy
 def test_shapes_are_compared_before_the_real_model_is_built(checkpoint, tmp_path, monkeypatch):
     """A mismatched weight file is refused having built the model only on the meta device (which
     allocates nothing), and an oversized config before building it at all."""
-    import musegen.model as model_module
+    import musegen.model.transformer as model_module
 
     folder = copy(checkpoint, tmp_path / "c")
     _smaller_model(folder / "model.safetensors")

@@ -15,7 +15,8 @@ from musegen.errors import DataError
 from musegen.metrics.compare import compare, compare_style_drops, read_style_rows, read_training
 from musegen.metrics.loss import evaluate_loss
 from musegen.metrics.style import evaluate_style
-from musegen.model import MusicPerformer, preset
+from musegen.model.config import preset
+from musegen.model.transformer import MusicPerformer
 from musegen.shards import Shards
 
 

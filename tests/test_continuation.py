@@ -35,7 +35,8 @@ from musegen.metrics.continuation import (
     style_metrics,
     usable_pieces,
 )
-from musegen.model import MusicPerformer, preset
+from musegen.model.config import preset
+from musegen.model.transformer import MusicPerformer
 from musegen.shards import Shards
 from musegen.tokenizers.groove import GrooveTokenizer
 

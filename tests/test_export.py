@@ -7,7 +7,8 @@ from pathlib import Path
 import torch
 
 from musegen.checkpoint import load_checkpoint, read_checkpoint_config, save_checkpoint
-from musegen.model import MusicPerformer, preset
+from musegen.model.config import preset
+from musegen.model.transformer import MusicPerformer
 from musegen.tokenizers.remi import RemiTokenizer
 
 

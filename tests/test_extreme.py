@@ -37,7 +37,8 @@ from fuzz import log_line
 from train_fixtures import prepare_pop909
 
 from musegen.checkpoint import save_checkpoint
-from musegen.model import MusicPerformer, preset
+from musegen.model.config import preset
+from musegen.model.transformer import MusicPerformer
 from musegen.tokenizers import tokenizer_from_dict
 
 REPO = Path(__file__).resolve().parents[1]

@@ -18,10 +18,9 @@ from musegen.generation.loop import generate
 from musegen.generation.prompt import Prompt
 from musegen.generation.settings import SampleSettings
 from musegen.metrics import attention as att
-from musegen.model import ModelConfig, MusicPerformer, preset
-from musegen.model.config import SYNTHESIZER_VARIANTS
+from musegen.model.config import SYNTHESIZER_VARIANTS, ModelConfig, preset
 from musegen.model.families import Aaren, RelativeAttention, Synthesizer, prefix_scan
-from musegen.model.transformer import SelfAttention
+from musegen.model.transformer import MusicPerformer, SelfAttention
 from musegen.tokenizers import tokenizer_from_dict
 from musegen.training.settings import build_config
 from musegen.training.trainer import train

@@ -32,7 +32,8 @@ from musegen.checkpoint import load_checkpoint, save_checkpoint
 from musegen.cli import main
 from musegen.generation.batch import sample_to_folder
 from musegen.generation.settings import SampleSettings
-from musegen.model import MusicPerformer, preset
+from musegen.model.config import preset
+from musegen.model.transformer import MusicPerformer
 from musegen.shards import Shards
 from musegen.tokenizers import tokenizer_from_dict
 from musegen.training.run_folder import checkpoint_dirs, is_complete, latest_checkpoint

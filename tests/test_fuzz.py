@@ -24,7 +24,8 @@ from musegen.checkpoint import save_checkpoint
 from musegen.errors import MusegenError
 from musegen.generation.batch import sample_to_folder
 from musegen.generation.settings import SampleSettings
-from musegen.model import MusicPerformer, preset
+from musegen.model.config import preset
+from musegen.model.transformer import MusicPerformer
 from musegen.tokenizers import tokenizer_from_dict
 
 REPO = Path(__file__).resolve().parents[1]

@@ -13,8 +13,9 @@ from musegen.checkpoint import save_checkpoint
 from musegen.cli import main
 from musegen.inspect import inspect_checkpoint, shown_layers
 from musegen.metrics import attention as att
-from musegen.model import MusicPerformer, preset
+from musegen.model.config import preset
 from musegen.model.spe import ConvSPE, SineSPE, SPEFilter
+from musegen.model.transformer import MusicPerformer
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -12,7 +12,8 @@ from train_fixtures import prepare_pop909
 from musegen.checkpoint import save_checkpoint
 from musegen.errors import CheckpointError, DataError
 from musegen.metrics.loss import evaluate_loss, position_nll, summarize
-from musegen.model import MusicPerformer, preset
+from musegen.model.config import preset
+from musegen.model.transformer import MusicPerformer
 from musegen.shards import Shards
 
 

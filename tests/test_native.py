@@ -7,15 +7,17 @@ import pytest
 import torch
 
 from musegen.device import cpu_flags
-from musegen.model import MusicPerformer, native, preset, streaming, transformer
-from musegen.model.transformer import _HASH_BLOCK, Dropout
+from musegen.model import c_step, dropout, native, torch_step
+from musegen.model.config import preset
+from musegen.model.dropout import _HASH_BLOCK, Dropout
+from musegen.model.transformer import MusicPerformer
 
 needs_compiler = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
 
 
 def eager(monkeypatch):
     """Within this context, as on a machine where no kernel builds."""
-    monkeypatch.setattr(transformer.native, "library", lambda name: None)
+    monkeypatch.setattr(dropout.native, "library", lambda name: None)
 
 
 @needs_compiler
@@ -101,21 +103,21 @@ def test_torch_compile_runs_the_cpu_dropout_as_it_is(dtype):
 
 
 # --- step.c: the bf16 single-token step ---------------------------------------------------------
-NATIVE_STEP = streaming.step_kernels(torch.device("cpu"))
+NATIVE_STEP = c_step.step_kernels(torch.device("cpu"))
 
 
 @pytest.fixture(params=["native", "portable"])
 def step_kernel(request, monkeypatch):
     """step.c built for this CPU (where it has AVX512-BF16), and its portable build, which runs
     on any CPU (its bf16 products emulated in plain C); the bf16 step runs the one given."""
-    library = NATIVE_STEP if request.param == "native" else streaming.step_library(portable=True)
+    library = NATIVE_STEP if request.param == "native" else c_step.step_library(portable=True)
     if library is None:
         pytest.skip(
             "step.c's native build needs AVX512-BF16 and a C compiler"
             if request.param == "native"
             else "needs a C compiler"
         )
-    monkeypatch.setattr(streaming, "step_kernels", lambda device: library)
+    monkeypatch.setattr(c_step, "step_kernels", lambda device: library)
     return library
 
 
@@ -132,27 +134,38 @@ def test_without_avx512_bf16_step_c_builds_portable_and_the_step_stays_in_pytorc
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(native, "FLAG_SETS", (["-O3"],))  # the baseline instruction set of the compiler's target
     monkeypatch.setattr(native, "library", native.library.__wrapped__)  # built anew, with these flags
-    assert streaming.step_library().step_interface(b"NATIVE_BF16") == 0
-    assert streaming.step_kernels(torch.device("cpu")) is None  # emulated bf16 is no faster than PyTorch
+    assert c_step.step_library().step_interface(b"NATIVE_BF16") == 0
+    assert c_step.step_kernels(torch.device("cpu")) is None  # emulated bf16 is no faster than PyTorch
 
 
 @needs_compiler
 def test_the_interface_python_assumes_is_checked_when_step_c_loads(monkeypatch):
-    library = streaming.step_library(portable=True)
-    assert len(streaming._interface()) > 30
-    assert all(library.step_interface(name.encode()) == value for name, value in streaming._interface().items())
+    library = c_step.step_library(portable=True)
+    assert len(c_step.interface()) > 30
+    assert all(library.step_interface(name.encode()) == value for name, value in c_step.interface().items())
     assert library.step_interface(b"no such name") == -1
-    monkeypatch.setattr(streaming, "_TILE", (8, 16))
+    built = c_step.header()
+    monkeypatch.setattr(c_step, "header", lambda: built)  # the library as built, Python's side changed:
+    monkeypatch.setattr(c_step, "TILE", (8, 16))
     with pytest.raises(RuntimeError, match="disagree on their interface: COLUMNS: C 32, Python 16"):
-        streaming.step_library(portable=True)
-    monkeypatch.undo()
+        c_step.step_library(portable=True)
+    monkeypatch.setattr(c_step, "TILE", (8, 32))
 
-    class NormWithoutEps(ctypes.Structure):  # a field that Python forgot
+    class NormWithoutEps(ctypes.Structure):  # a struct whose ctypes side lost a field
         _fields_ = [("weight", ctypes.c_void_p), ("bias", ctypes.c_void_p)]
 
-    monkeypatch.setattr(streaming, "_KernelNorm", NormWithoutEps)
+    monkeypatch.setitem(c_step.CTYPES, "norm", NormWithoutEps)
     with pytest.raises(RuntimeError, match="sizeof norm: C 24, Python 16"):
-        streaming.step_library(portable=True)
+        c_step.step_library(portable=True)
+
+
+@needs_compiler
+def test_step_c_is_built_from_the_interface_python_declares(monkeypatch):
+    """A declaration changed in c_step.py is what the library is built with: one place to change."""
+    monkeypatch.setattr(c_step, "TILE", (8, 16))
+    library = c_step.step_library(portable=True)
+    assert library.step_interface(b"COLUMNS") == 16
+    assert library.step_interface(b"FEATURE_ELU") == 2 and library.step_interface(b"ACTIVATION_GELU") == 1
 
 
 @pytest.mark.skipif(NATIVE_STEP is None, reason="compares with the native build: needs AVX512-BF16")
@@ -169,11 +182,11 @@ def test_the_portable_build_computes_the_native_builds_bits(monkeypatch, variant
     tokens = torch.randint(0, 333, (3, 20), generator=torch.Generator().manual_seed(1))
 
     def logits(library):
-        monkeypatch.setattr(streaming, "step_kernels", lambda device: library)
+        monkeypatch.setattr(c_step, "step_kernels", lambda device: library)
         with model.streaming(3, seed=5):
             return torch.stack([model.step(tokens[:, t]) for t in range(tokens.shape[1])], dim=1)
 
-    assert torch.equal(logits(NATIVE_STEP), logits(streaming.step_library(portable=True)))
+    assert torch.equal(logits(NATIVE_STEP), logits(c_step.step_library(portable=True)))
 
 
 @pytest.mark.parametrize("batch", [1, 2, 3, 8])  # one sequence, a pair, a pair and one, four pairs
@@ -184,7 +197,7 @@ def test_linear_bf16_is_the_bf16_product_summed_in_fp32(step_kernel, batch, n_ou
     generator = torch.Generator().manual_seed(n_out + n_in + batch)
     weight, bias = torch.randn(n_out, n_in, generator=generator), torch.randn(n_out, generator=generator)
     x, residual = torch.randn(batch, n_in, generator=generator) * 3, torch.randn(batch, n_out, generator=generator)
-    linear = streaming._Linear(weight, bias, torch.bfloat16, kernels=step_kernel)
+    linear = torch_step.Linear(weight, bias, torch.bfloat16, kernels=step_kernel)
     rounded_x, rounded_w = x.bfloat16().double(), weight.bfloat16().double()
     expected = rounded_x @ rounded_w.T + bias.double()
     scale = (rounded_x.abs() @ rounded_w.abs().T).max()
@@ -211,7 +224,7 @@ def attention_inputs(model, batch: int, magnitude: float, seed: int = 0):
     """A session's step with random projections (values followed by their constant 1), SPE codes
     of position 9 and a random positive state, as a layer's attention sees them."""
     generator = torch.Generator().manual_seed(seed)
-    step = streaming.RecurrentStep(model, batch, model.draw_noise(generator), torch.bfloat16)
+    step = torch_step.RecurrentStep(model, batch, model.draw_noise(generator), torch.bfloat16)
     H, D = step.H, step.D
     projected = torch.randn(batch, 2 * H * D + H * (D + 1), generator=generator) * magnitude
     projected[:, 2 * H * D :].view(batch, H, D + 1)[..., D] = 1
@@ -239,19 +252,19 @@ def test_the_attention_kernel_computes_the_pytorch_attention(step_kernel, varian
     model = MusicPerformer(preset("tiny", **variant)).eval()
     step, projected, codes = attention_inputs(model, batch, magnitude)
     before = [sums.clone() for sums in step.sums]
-    H, D, width = step.H, step.D, step._kernel_shape.width
+    H, D, width = step.H, step.D, step.c_layers.shape.width
     out = torch.empty(batch, H * D)
-    layer = step._kernel_layers[1]
+    layer = step.c_layers.layers[1]
     status = step_kernel.linear_attention_step(
         projected.data_ptr(),
         None if codes is None else codes.data_ptr(),
         layer.wet,
         layer.dry_eps,
         layer.projection,
-        step._kernel_shape.kind,
-        step._kernel_shape.log_scale,
-        step._kernel_shape.key_scale,
-        step._kernel_shape.eps,
+        step.c_layers.shape.feature_map,
+        step.c_layers.shape.log_scale,
+        step.c_layers.shape.key_scale,
+        step.c_layers.shape.eps,
         layer.sums,
         out.data_ptr(),
         batch,
@@ -298,6 +311,6 @@ def test_kernel_steps_follow_the_pytorch_steps(step_kernel, monkeypatch, variant
             return torch.stack([model.step(tokens[:, t]) for t in range(tokens.shape[1])], dim=1)
 
     kernel = logits()
-    monkeypatch.setattr(streaming, "step_kernels", lambda device: None)
+    monkeypatch.setattr(c_step, "step_kernels", lambda device: None)
     pytorch = logits()
     assert (kernel - pytorch).abs().max() <= 2e-3 * pytorch.abs().max()

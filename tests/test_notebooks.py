@@ -15,7 +15,8 @@ from train_fixtures import prepare_pop909
 from musegen.checkpoint import save_checkpoint
 from musegen.metrics.loss import evaluate_loss
 from musegen.metrics.style import evaluate_style
-from musegen.model import MusicPerformer, preset
+from musegen.model.config import preset
+from musegen.model.transformer import MusicPerformer
 from musegen.shards import Shards
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"

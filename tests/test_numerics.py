@@ -12,8 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from musegen.model import MusicPerformer, preset
-from musegen.model.attention import FeatureMap, causal_linear_attention, chunked_kernel
+from musegen.model.attention import causal_linear_attention, chunked_kernel
+from musegen.model.config import preset
+from musegen.model.features import Favor
+from musegen.model.transformer import MusicPerformer
 from musegen.tokenizers import tokenizer_from_dict
 
 LONG = 16384
@@ -23,7 +25,7 @@ SCALES = (1e-6, 1.0, 1e3, 1e6)
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def key_feature_bound(fm: FeatureMap) -> float:
+def key_feature_bound(fm: Favor) -> float:
     """max over x of w.x' - |x'|^2/2 is |w|^2/2, so every key feature is at most
     exp(max_j |w_j|^2 / 2) / sqrt(M), whatever the input: no overflow is possible."""
     return math.exp(float((fm.projection**2).sum(0).max()) / 2) / math.sqrt(fm.n_features)
@@ -32,7 +34,7 @@ def key_feature_bound(fm: FeatureMap) -> float:
 @pytest.mark.parametrize("scale", SCALES)
 def test_performer_features_are_bounded_for_any_input(scale):
     torch.manual_seed(0)
-    fm = FeatureMap("performer", 16, 32)
+    fm = Favor(16, 32)
     x = torch.randn(4, 2, 512, 16, dtype=torch.float64) * scale
     x[0, 0, :8] = 0.0  # and exact zeros
     keys, queries = fm(x.float(), is_query=False), fm(x.float(), is_query=True)
@@ -49,7 +51,7 @@ def test_performer_features_are_bounded_for_any_input(scale):
 @pytest.mark.parametrize("scale", SCALES)
 def test_attention_over_16k_positions_is_finite_and_a_convex_mix_of_values(scale):
     torch.manual_seed(1)
-    fm = FeatureMap("performer", 16, 32)
+    fm = Favor(16, 32)
     q, k = (torch.randn(1, 2, LONG, 16) * scale for _ in range(2))
     v = torch.randn(1, 2, LONG, 8)
     y, (S, z) = causal_linear_attention(fm(q, True), fm(k, False), v)
@@ -65,7 +67,7 @@ def test_bf16_denominators_do_not_overflow_at_16k_worst_case_keys():
     """Every key at the feature bound, every query feature at 1: the largest denominator any
     input can produce at 16k positions stays far inside bf16's range (~3.4e38), but not fp16's."""
     torch.manual_seed(2)
-    fm = FeatureMap("performer", 16, 32)
+    fm = Favor(16, 32)
     bound = key_feature_bound(fm)
     q = torch.ones(1, 1, LONG, 32)
     k = torch.full((1, 1, LONG, 32), bound)

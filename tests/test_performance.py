@@ -10,8 +10,9 @@ from musegen.generation.loop import generate
 from musegen.generation.prompt import Prompt
 from musegen.generation.resources import DEFAULT_CPU_THREADS
 from musegen.generation.settings import SampleSettings
-from musegen.model import MusicPerformer, preset
 from musegen.model.attention import CHUNK, chunked_kernel
+from musegen.model.config import preset
+from musegen.model.transformer import MusicPerformer
 from musegen.tokenizers import tokenizer_from_dict
 
 

@@ -10,7 +10,10 @@ import torch
 from musegen import precision
 from musegen.device import cpu_name
 from musegen.errors import ConfigError
-from musegen.model import MusicPerformer, preset, streaming
+from musegen.model import c_step
+from musegen.model.config import preset
+from musegen.model.transformer import MusicPerformer
+from musegen.training import precision as train_precision
 
 CPU = torch.device("cpu")
 # Median seconds per candidate, as measured. "intel": the Xeon (family 6 model 207,
@@ -58,7 +61,7 @@ def tiny():
 def test_training_auto_is_the_faster_fixed_precision(machine, kind, batch, length):
     machine.timings = KINDS[kind]["train"]
     config = preset("tiny")
-    choice = precision.training_choice("auto", config, batch, length, CPU, quiet=True)
+    choice = train_precision.training_choice("auto", config, batch, length, CPU, quiet=True)
     assert machine.offered == [["bf16", "fp32"]]
     assert choice.seconds[choice.path] <= 1.05 * min(machine.timings.values())
     assert choice.path == {"intel": "fp32", "zen4": "bf16"}[kind]
@@ -67,10 +70,10 @@ def test_training_auto_is_the_faster_fixed_precision(machine, kind, batch, lengt
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("batch", [1, 8])
 def test_the_step_auto_is_the_fastest_path_and_the_session_runs_it(machine, monkeypatch, kind, batch):
-    library = streaming.step_kernels(CPU) or streaming.step_library(portable=True)  # any CPU: its portable build
+    library = c_step.step_kernels(CPU) or c_step.step_library(portable=True)  # any CPU: its portable build
     if library is None:
         pytest.skip("step.c does not build here (no C compiler)")
-    monkeypatch.setattr(streaming, "step_kernels", lambda device: library)
+    monkeypatch.setattr(c_step, "step_kernels", lambda device: library)
     machine.timings = KINDS[kind][batch]
     model = tiny().for_inference("auto")
     with model.streaming(batch, seed=1):
@@ -87,45 +90,45 @@ def test_the_step_auto_is_the_fastest_path_and_the_session_runs_it(machine, monk
 def test_a_choice_is_timed_once_then_cached_forced_or_timed_again(machine, monkeypatch, tmp_path, capsys):
     machine.timings = KINDS["intel"]["train"]
     config = preset("tiny")
-    first = precision.training_choice("auto", config, 4, 512, CPU)
+    first = train_precision.training_choice("auto", config, 4, 512, CPU)
     assert first.reason == "timed now" and "precision auto: fp32" in capsys.readouterr().err
-    cached = precision.training_choice("auto", config, 4, 512, CPU)
+    cached = train_precision.training_choice("auto", config, 4, 512, CPU)
     assert cached.path == "fp32" and "cached" in cached.reason and len(machine.offered) == 1
     stored = json.loads(precision.cache_file().read_text())
     assert precision.cache_file().parent == tmp_path / "musegen"
     ((key, entry),) = stored.items()
     assert cpu_name() in key and "batch 4 x 512" in key and entry["path"] == "fp32"
-    precision.training_choice("auto", config, 8, 512, CPU)  # another shape: timed again
+    train_precision.training_choice("auto", config, 8, 512, CPU)  # another shape: timed again
     assert len(machine.offered) == 2
 
     monkeypatch.setenv(precision.ENV, "bf16")
-    forced = precision.training_choice("auto", config, 4, 512, CPU)
+    forced = train_precision.training_choice("auto", config, 4, 512, CPU)
     assert forced.path == "bf16" and forced.reason == "MUSEGEN_PRECISION=bf16" and len(machine.offered) == 2
-    assert precision.training_choice("fp32", config, 4, 512, CPU).path == "fp32"  # asked for beats the variable
+    assert train_precision.training_choice("fp32", config, 4, 512, CPU).path == "fp32"  # asked for beats the variable
     machine.timings = KINDS["zen4"]["train"]  # a new CPU under the same cache entry: re-timed on request
     monkeypatch.setenv(precision.ENV, "measure")
-    assert precision.training_choice("auto", config, 4, 512, CPU).path == "bf16" and len(machine.offered) == 3
+    assert train_precision.training_choice("auto", config, 4, 512, CPU).path == "bf16" and len(machine.offered) == 3
     monkeypatch.delenv(precision.ENV)
-    assert precision.training_choice("auto", config, 4, 512, CPU).path == "bf16"  # the new timing was kept
+    assert train_precision.training_choice("auto", config, 4, 512, CPU).path == "bf16"  # the new timing was kept
 
 
 def test_a_bad_variable_or_precision_is_a_config_error_and_a_broken_cache_is_timed_again(machine, monkeypatch):
     machine.timings = KINDS["zen4"]["train"]
     monkeypatch.setenv(precision.ENV, "fast")
     with pytest.raises(ConfigError, match="MUSEGEN_PRECISION must be one of fp32, bf16, measure"):
-        precision.training_choice("auto", preset("tiny"), 4, 512, CPU)
+        train_precision.training_choice("auto", preset("tiny"), 4, 512, CPU)
     monkeypatch.delenv(precision.ENV)
     with pytest.raises(ConfigError, match="precision must be one of"):
-        precision.training_choice("fp8", preset("tiny"), 4, 512, CPU)
+        train_precision.training_choice("fp8", preset("tiny"), 4, 512, CPU)
     precision.cache_file().parent.mkdir(parents=True)
     precision.cache_file().write_text("{not json")
-    assert precision.training_choice("auto", preset("tiny"), 4, 512, CPU).path == "bf16"
+    assert train_precision.training_choice("auto", preset("tiny"), 4, 512, CPU).path == "bf16"
     assert json.loads(precision.cache_file().read_text())  # rewritten whole
 
 
 def test_without_bf16_arithmetic_nothing_is_timed(machine, monkeypatch):
     monkeypatch.setattr(precision, "native_bf16", lambda device: False)
-    choice = precision.training_choice("auto", preset("tiny"), 4, 512, CPU)
+    choice = train_precision.training_choice("auto", preset("tiny"), 4, 512, CPU)
     assert choice.path == "fp32" and "no bf16" in choice.reason and machine.offered == []
 
 
@@ -136,7 +139,7 @@ def test_real_timings_leave_the_run_as_it_was(monkeypatch, tmp_path):
     monkeypatch.setattr(precision, "native_bf16", lambda device: True)
     torch.manual_seed(5)
     before = torch.get_rng_state()
-    choice = precision.training_choice("auto", preset("tiny"), 2, 32, CPU, quiet=True)
+    choice = train_precision.training_choice("auto", preset("tiny"), 2, 32, CPU, quiet=True)
     assert set(choice.seconds) == {"fp32", "bf16"} and all(s > 0 for s in choice.seconds.values())
     assert torch.equal(torch.get_rng_state(), before)
     model = tiny()

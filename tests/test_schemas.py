@@ -30,7 +30,7 @@ from train_fixtures import prepare_pop909
 from musegen import mirex, schemas
 from musegen.checkpoint import load_checkpoint
 from musegen.errors import FormatError, MusegenError
-from musegen.model import preset
+from musegen.model.config import preset
 from musegen.shards import Shards
 from musegen.tokenizers import Tokenizer, load_tokenizer
 

@@ -22,7 +22,8 @@ from musegen.generation.loop import generate
 from musegen.generation.outputs import new_notes, write_samples
 from musegen.generation.prompt import load_prompt
 from musegen.generation.settings import SampleSettings
-from musegen.model import MusicPerformer, preset
+from musegen.model.config import preset
+from musegen.model.transformer import MusicPerformer
 from musegen.tokenizers import RepresentationError, Tokenizer, load_tokenizer, tokenizer_from_dict
 from musegen.tokenizers.base import Encoding, Grammar
 

@@ -24,7 +24,7 @@ from train_fixtures import prepare_pop909
 from musegen.checkpoint import load_checkpoint
 from musegen.cli import main
 from musegen.errors import ConfigError, FormatError
-from musegen.model import MusicPerformer
+from musegen.model.transformer import MusicPerformer
 from musegen.shards import write_shards
 from musegen.tokenizers.groove import GrooveTokenizer
 from musegen.training.loader import load_training_data

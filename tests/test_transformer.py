@@ -8,10 +8,12 @@ from torch import nn
 from torch.nn import functional as F
 
 from musegen.errors import ConfigError
-from musegen.model import MusicPerformer, preset, streaming
+from musegen.model import c_step
 from musegen.model.attention import EPS, fast_transformers_available
-from musegen.model.streaming import StreamState
-from musegen.model.transformer import _HASH_BLOCK, Dropout, random_words
+from musegen.model.config import preset
+from musegen.model.dropout import _HASH_BLOCK, Dropout, random_words
+from musegen.model.features import FEATURE_MAPS, FeatureMap
+from musegen.model.transformer import MusicPerformer, StreamState
 
 TRAIN_LEN = 16  # "training length" of the tiny models; streaming runs 3x past it
 # bf16 inference (weights and matrix products in bf16, sums and logits in fp32) against the fp32
@@ -67,12 +69,40 @@ def test_recurrent_steps_equal_parallel_pass(variant):
     assert (mixed - parallel).abs().max() <= 1e-4
 
 
+@pytest.fixture
+def softplus_features():
+    """A feature map declared as one class, as a new one would be in features.py."""
+
+    class Softplus(FeatureMap):
+        kind = "softplus"
+
+        def forward(self, x, is_query, constants=None):
+            return F.softplus(x)
+
+    yield Softplus
+    del FEATURE_MAPS[Softplus.kind]
+
+
+@pytest.mark.parametrize("pe", ["sine", "none"])
+def test_a_feature_map_is_one_class_and_both_forms_run_it(softplus_features, pe):
+    """Registered, it is a setting of the config, runs in the parallel pass and in the
+    recurrent step (the PyTorch one: it declares no step.c kernel), and they agree."""
+    model = tiny(attention="softplus", pe=pe).for_inference("bf16")
+    assert isinstance(model.layers[0].attention.features, softplus_features)
+    parallel, recurrent, mixed = three_ways(model.for_inference("fp32"), ids())
+    assert parallel.std(dim=1).mean() > 0.1
+    assert (recurrent - parallel).abs().max() <= 1e-4 and (mixed - parallel).abs().max() <= 1e-4
+    with model.for_inference("bf16").streaming(2, seed=1):
+        assert model._session.fast is not None and model._session.fast.kernels is None
+        assert model.step(ids()[:, 0]).isfinite().all()
+
+
 @pytest.fixture(params=["step.c", "pytorch"])
 def bf16_step(request, monkeypatch):
     """The bf16 single-token step as step.c runs it (where it builds) and as PyTorch runs it."""
     if request.param == "pytorch":
-        monkeypatch.setattr(streaming, "step_kernels", lambda device: None)
-    elif streaming.step_kernels(torch.device("cpu")) is None:
+        monkeypatch.setattr(c_step, "step_kernels", lambda device: None)
+    elif c_step.step_kernels(torch.device("cpu")) is None:
         pytest.skip("step.c does not build here (it needs AVX512-BF16 and a C compiler)")
     return request.param
 

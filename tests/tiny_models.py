@@ -7,7 +7,8 @@ from pathlib import Path
 import torch
 
 from musegen.checkpoint import save_checkpoint
-from musegen.model import MusicPerformer, preset
+from musegen.model.config import preset
+from musegen.model.transformer import MusicPerformer
 from musegen.tokenizers import Tokenizer, tokenizer_from_dict
 
 

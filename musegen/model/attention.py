@@ -1,4 +1,4 @@
-"""Feature maps and causal attention: linear (parallel and recurrent) and exact softmax.
+"""Causal attention: linear (parallel and recurrent) and exact softmax; the feature maps are in features.py.
 
 Causal linear attention (Katharopoulos et al. 2020) with feature map phi:
 
@@ -12,20 +12,17 @@ with T = 1 it is the RNN step S_t = S_{t-1} + phi(k_t) v_t^T, z_t = z_{t-1} + ph
 
 from __future__ import annotations
 
-import math
 from typing import Callable, Optional
 
 import torch
-from torch import nn
 from torch.nn import functional as F
 
 from ..errors import ConfigError
 
 State = tuple[torch.Tensor, torch.Tensor]  # S: [B, H, M, Dv], z: [B, H, M]
 EPS = 1e-6  # denominator guard, as in fast-transformers
-CHUNK = (
-    64  # tuned with bench/attention.py (see docs/performance.md): 64-row GEMMs run ~1.8x the rate of 32-row ones here
-)
+# tuned with bench/attention.py (docs/performance.md): 64-row GEMMs run ~1.8x the rate of 32-row ones
+CHUNK = 64
 
 
 def _empty_state(q: torch.Tensor, v: torch.Tensor) -> State:
@@ -195,63 +192,6 @@ def causal_linear_attention(
         phi_q, phi_k, v = phi_q.to(products), phi_k.to(products), v.to(products)
     num, den, new_state = KERNELS[kernel](phi_q, phi_k, v, state)
     return num / (den[..., None] + EPS), new_state
-
-
-def orthogonal_gaussian(rows: int, cols: int, device=None) -> torch.Tensor:
-    """[rows, cols] whose columns are orthogonal in blocks of `rows`, with the norms of
-    Gaussian vectors, so each column is marginally N(0, I) (Performer's ORF)."""
-    n_blocks = -(-cols // rows)
-    basis, _ = torch.linalg.qr(torch.randn(n_blocks, rows, rows, device=device))
-    norms = torch.randn(n_blocks, rows, rows, device=device).norm(dim=1)  # [n_blocks, rows]
-    blocks = basis * norms[:, None, :]  # scale each orthonormal column
-    return blocks.permute(1, 0, 2).reshape(rows, n_blocks * rows)[:, :cols]
-
-
-class FeatureMap(nn.Module):
-    """phi for linear attention over inputs of width `in_dim`.
-
-    - "performer": FAVOR+ positive random features,
-      phi(x) = exp([w.x', -w.x'] - |x'|^2 / 2) / sqrt(M) with x' = x * temperature^(1/2), so that
-      E[phi(q) . phi(k)] = exp(temperature * q . k); temperature is 1/sqrt(in_dim) as in
-      fast-transformers (with SPE, in_dim = R, which yields the paper's overall 1/sqrt(D)).
-      The projections w are a buffer: saved with the model, frozen unless `redraw()` is called.
-    - "relu": relu(x); "elu": elu(x) + 1 (the linear transformer).
-    """
-
-    def __init__(self, kind: str, in_dim: int, n_features: int):
-        super().__init__()
-        self.kind, self.in_dim, self.n_features = kind, in_dim, n_features
-        self.temperature = in_dim**-0.5
-        if kind == "performer":
-            self.register_buffer("projection", orthogonal_gaussian(in_dim, n_features // 2))
-
-    @torch.no_grad()
-    def redraw(self) -> None:
-        if self.kind == "performer":
-            self.projection.copy_(orthogonal_gaussian(self.in_dim, self.n_features // 2, self.projection.device))
-
-    def signed_projection(self) -> torch.Tensor:
-        """[in_dim, n_features]: [w, -w] * temperature^(1/2), so x @ it gives both halves of the
-        features' exponents (before the norm term) in one matmul."""
-        w = self.projection * math.sqrt(self.temperature)
-        return torch.cat([w, -w], dim=1)
-
-    def key_shift(self, x: torch.Tensor) -> torch.Tensor:
-        """|x'|^2 / 2 + log(M) / 2 for keys x [..., in_dim] -> [..., 1]: the exponent's norm term."""
-        return (x * x).sum(-1, keepdim=True) * (self.temperature / 2) + math.log(self.n_features) / 2
-
-    def forward(self, x: torch.Tensor, is_query: bool) -> torch.Tensor:
-        if self.kind == "relu":
-            return F.relu(x)
-        if self.kind == "elu":
-            return F.elu(x) + 1
-        u = x @ self.signed_projection().to(x.dtype)
-        if is_query:
-            # A per-query constant cancels between numerator and denominator: subtracting the
-            # row max keeps exp() <= 1, and the norm term, constant along the row, cancels in it.
-            # Keys get no such shift; it would not cancel.
-            return (u - u.amax(-1, keepdim=True).detach()).exp_()
-        return (u - self.key_shift(x)).exp_()
 
 
 def softmax_attention(

@@ -9,11 +9,11 @@ from pydantic import ConfigDict, Field, ValidationError
 from pydantic.dataclasses import dataclass
 
 from ..errors import ConfigError, FormatError
+from .features import FEATURE_MAPS
+from .layer import ACTIVATIONS, NORMS
 
 PE_CHOICES = ("ape", "sine", "conv", "none")
-DOT_PRODUCT_ATTENTIONS = ("performer", "relu", "elu", "softmax")  # the ones SPE (and kernel) apply to
 FAMILY_ATTENTIONS = ("relative", "synthesizer", "aaren")  # musegen/model/families.py
-ATTENTION_CHOICES = DOT_PRODUCT_ATTENTIONS + FAMILY_ATTENTIONS
 SYNTHESIZER_VARIANTS = ("dense", "random", "random-fixed", "factorized", "dot")
 KERNEL_CHOICES = ("torch", "fast-transformers")
 
@@ -34,8 +34,8 @@ class ModelConfig:
     n_heads: size(256) = 8
     d_ff: size(65536) = 2048
     dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.1
-    activation: str = "relu"  # "relu" | "gelu"
-    norm: str = "post"  # "post" (reference code) | "pre"
+    activation: str = "relu"  # one of layer.ACTIVATIONS: "relu" | "gelu"
+    norm: str = "post"  # one of layer.NORMS: "post" (reference code) | "pre"
     # Positional encoding: APE adds sinusoids to the embedding; SPE variants replace it.
     pe: str = "sine"  # one of PE_CHOICES
     # How APE enters: "musegen" adds the sinusoids to the embedding (weights N(0, 0.02)) before
@@ -59,6 +59,8 @@ class ModelConfig:
     max_len: size(65536) = 2048  # synthesizer: logits exist for positions < max_len only
 
     def __post_init__(self):
+        # the linear attentions (one per feature map) and softmax: SPE and `kernel` apply to these
+        dot_product = (*FEATURE_MAPS, "softmax")
         checks = [
             (self.pe in PE_CHOICES, f"pe must be one of {PE_CHOICES}, got {self.pe!r}"),
             (
@@ -66,21 +68,21 @@ class ModelConfig:
                 f"ape_input must be 'musegen' or 'reference', got {self.ape_input!r}",
             ),
             (
-                self.attention in ATTENTION_CHOICES,
-                f"attention must be one of {ATTENTION_CHOICES}, got {self.attention!r}",
+                self.attention in dot_product + FAMILY_ATTENTIONS,
+                f"attention must be one of {dot_product + FAMILY_ATTENTIONS}, got {self.attention!r}",
             ),
             (self.kernel in KERNEL_CHOICES, f"kernel must be one of {KERNEL_CHOICES}, got {self.kernel!r}"),
-            (self.norm in ("post", "pre"), f"norm must be 'post' or 'pre', got {self.norm!r}"),
-            (self.activation in ("relu", "gelu"), f"activation must be 'relu' or 'gelu', got {self.activation!r}"),
+            (self.norm in NORMS, f"norm must be 'post' or 'pre', got {self.norm!r}"),
+            (self.activation in ACTIVATIONS, f"activation must be 'relu' or 'gelu', got {self.activation!r}"),
             (self.d_model % self.n_heads == 0, "d_model must be divisible by n_heads"),
             (self.n_features % 2 == 0, "n_features must be even"),
             (
-                self.attention in DOT_PRODUCT_ATTENTIONS or self.pe in ("none", "ape"),
+                self.attention in dot_product or self.pe in ("none", "ape"),
                 f"attention {self.attention!r} takes pe 'none' or 'ape' (SPE applies to "
-                f"{', '.join(DOT_PRODUCT_ATTENTIONS)}), got pe={self.pe!r}",
+                f"{', '.join(dot_product)}), got pe={self.pe!r}",
             ),
             (
-                self.attention in DOT_PRODUCT_ATTENTIONS or self.kernel == "torch",
+                self.attention in dot_product or self.kernel == "torch",
                 f"kernel {self.kernel!r} is a linear-attention kernel; attention {self.attention!r} has none",
             ),
             (
@@ -156,10 +158,10 @@ def replace_checked(obj, overrides: dict[str, Any]):
         clean[key] = value
     try:
         return dataclasses.replace(obj, **clean)
-    except ValidationError as exc:
-        from ..schemas import first_problem
-
-        raise FormatError(f"setting {first_problem(exc)}") from None
+    except ValidationError as exc:  # a bound: each setting is a number, so its value prints short
+        error = exc.errors(include_url=False)[0]
+        message = error["msg"][0].lower() + error["msg"][1:]
+        raise FormatError(f"setting {error['loc'][0]}: {message} (got {error['input']!r})") from None
 
 
 PRESETS: dict[str, dict[str, Any]] = {

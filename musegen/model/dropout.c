@@ -43,7 +43,7 @@ static inline void draw(uint64_t w0, uint64_t seed, uint16_t parts[4 * WORDS]) {
 
 /* dst[i] = src[i] * (0 or scale) for i < n; bf16 (as uint16) when `bf16`, else float32. One
  * thread: a second one would share its core with PyTorch's OpenMP workers, which spin-wait
- * after each parallel region (measured: no faster). */
+ * after each parallel region, so it is no faster. */
 void dropout(const void *src, void *dst, int64_t n, int bf16, uint64_t seed, uint32_t cut, float scale) {
     uint16_t parts[4 * WORDS];
     for (int64_t start = 0; start < n; start += 4 * WORDS) {

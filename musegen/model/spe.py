@@ -213,7 +213,7 @@ class SPEFilter(nn.Module):
         if factors is None:
             return qbar, kbar
         wet, dry_eps = factors[0][:, None, :, None], factors[1][:, None]  # over [H, T, D, R]
-        return wet * qbar + dry_eps, wet * kbar + dry_eps
+        return gate_codes(qbar, wet, dry_eps), gate_codes(kbar, wet, dry_eps)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, codes, eps) -> tuple[torch.Tensor, torch.Tensor]:
         """q, k: [B, H, T, D] -> qhat, khat: [B, H, T, R] in fp32. The products take the codes'
@@ -226,6 +226,13 @@ class SPEFilter(nn.Module):
             return mix_codes(q, qbar), mix_codes(k, kbar)
         wet, dry_eps = factors[0].to(dtype), factors[1].to(dtype)  # [H, D], [H, D, R]: one matrix per head
         return mix_codes(q, qbar, wet, dry_eps), mix_codes(k, kbar, wet, dry_eps)
+
+
+def gate_codes(codes: torch.Tensor, wet: torch.Tensor, dry_eps: torch.Tensor, out=None) -> torch.Tensor:
+    """wet * codes + dry_eps: the codes a gated layer uses (SPEFilter.gate_factors), the factors
+    broadcast over the codes' positions. (The parallel pass applies the same gate to q and k
+    instead, in mix_codes, so that all layers share one copy of the codes.)"""
+    return torch.addcmul(dry_eps, wet, codes, out=out)
 
 
 class _GradientSum:

@@ -1,21 +1,22 @@
-/* The single-token step's CPU kernel (musegen.model.streaming.RecurrentStep): one layer of a
- * linear-attention model for one token of every sequence, in one call.
+/* The single-token step's CPU kernel (musegen/model/c_step.py): one layer of a linear-attention
+ * model for one token of every sequence, in one call.
  *
  * One token through the model reads every weight once and does little arithmetic with it, so a
- * step should take the time memory needs to deliver the weights. In PyTorch it took about twice
- * that: its bf16 matrix-vector product streams the weights at about 2/3 of the bandwidth, and
- * each layer was ~25 small operations, each a dispatch and a pass of its own. Here a layer is
- * one call (layer_step): its norms, its four products (weights in bf16, packed so they arrive as
- * one sequential stream; inputs rounded to bf16 as torch rounds them; sums in fp32 by the CPU's
- * bf16 dot-product instruction), the feed-forward activation, and its attention (SPE codes, gated
- * or not; the feature map; the state update and read-out, in one pass over each head's state).
- * The residual stream, the norms, the attention and its state stay fp32.
+ * step should take the time memory needs to deliver the weights. Here a layer is one call
+ * (layer_step): its norms, its four products (weights in bf16, packed so they arrive as one
+ * sequential stream; inputs rounded to bf16 as torch rounds them; sums in fp32 by the CPU's bf16
+ * dot-product instruction), the feed-forward activation, and its attention (SPE codes, gated or
+ * not; the feature map; the state update and read-out, in one pass over each head's state). The
+ * residual stream, the norms, the attention and its state stay fp32. What it computes is
+ * described once in Python: the layer's order in layer.py, the feature maps in features.py, the
+ * SPE gate in spe.py.
  *
  * Built for AVX512-BF16. Elsewhere, or with -DMUSEGEN_PORTABLE, step_portable.h stands in for
  * the intrinsics in plain C (the same arithmetic, not fast: musegen then runs the PyTorch step,
- * and the tests run this build to check the kernel on any CPU). Loaded by
- * musegen/model/native.py; streaming.py checks the interface below when it loads the library,
- * and tests/test_native.py checks the kernel against PyTorch. */
+ * and the tests run this build to check the kernel on any CPU). Built by musegen/model/native.py
+ * with step_generated.h, which c_step.py writes from its declarations of the interface (the
+ * constants, the structs and step_interface); tests/test_native.py checks the kernel against
+ * PyTorch. */
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -34,8 +35,7 @@ static inline void store_bf16(uint16_t *p, __m512 v) {
 #else
 #include "step_portable.h"
 #endif
-
-enum { ROWS = 8, COLUMNS = 32 }; /* a tile of the packed weights: 8 rows of 32 bf16 (8 cache lines) */
+#include "step_generated.h" /* ROWS x COLUMNS (a tile of the packed weights), the FEATURE_, NORM_ and ACTIVATION_ numbers, the structs */
 
 static int64_t padded(int64_t n, int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
 
@@ -57,7 +57,7 @@ static inline void store16(float *p, __m512 v, int64_t n) {
 
 enum { BLOCK = 64 }; /* rows a block: every sequence passes over a block while it is in cache */
 /* One sequence's product streams the weights from memory: each line is also asked for 8 KB
- * ahead (the hardware prefetcher alone left ~7% of the step's time waiting, measured). */
+ * ahead, as the hardware prefetcher alone leaves the step waiting for memory. */
 enum { AHEAD = 4096 };
 
 /* sum[r] = tile rows r . x for one input (x: `chunks` chunks of 32 bf16). */
@@ -151,7 +151,6 @@ static inline __m512 exp16(__m512 x) {
     return _mm512_scalef_ps(p, n);
 }
 
-enum { PERFORMER = 0, RELU = 1, ELU = 2 }; /* the feature maps, as streaming.FAST_ATTENTIONS orders them */
 enum { SPAN = 8 }; /* vectors of a row's product at once: 8 independent sums keep the FMA units busy */
 
 /* out [n] = x [k] @ m [k, n] (m dense). */
@@ -215,17 +214,17 @@ static void gate_codes(const float *codes, const float *wet, const float *dry_ep
 }
 
 /* phi [rows, features] of queries or keys x [rows, width] (row r at x + r * stride), as
- * attention.FeatureMap. FAVOR+ (`projection` [width, features] = [w, -w] scaled, streaming's
- * signed projection): exp(u - shift) with u = x P + log_scale and shift = max(u) for a query,
- * key_scale * |x|^2 for a key. relu(x), or elu(x) + 1 = x + 1 above 0 and e^x below. */
+ * features.py. FAVOR+ (`projection` [width, features] = [w, -w] scaled, Favor.constants):
+ * exp(u - shift) with u = x P + log_scale and shift = max(u) for a query, key_scale * |x|^2 for
+ * a key. relu(x), or elu(x) + 1 = x + 1 above 0 and e^x below. */
 static void feature_maps(const float *x, int64_t stride, int64_t rows, int64_t width, const float *projection,
-                         int64_t features, int kind, int queries, float log_scale, float key_scale, float *phi) {
-    if (kind != PERFORMER) {
+                         int64_t features, int feature_map, int queries, float log_scale, float key_scale, float *phi) {
+    if (feature_map != FEATURE_PERFORMER) {
         for (int64_t r = 0; r < rows; r++)
             for (int64_t i = 0; i < width; i += 16) {
                 const __m512 v = load16(x + r * stride + i, width - i);
                 const __mmask16 positive = _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_GT_OQ);
-                const __m512 y = kind == RELU ? _mm512_maskz_mov_ps(positive, v)
+                const __m512 y = feature_map == FEATURE_RELU ? _mm512_maskz_mov_ps(positive, v)
                                               : _mm512_mask_blend_ps(positive, exp16(v), _mm512_add_ps(v, _mm512_set1_ps(1.0f)));
                 store16(phi + r * width + i, y, width - i);
             }
@@ -288,7 +287,7 @@ static void update_and_read(float *restrict state, const float *restrict v, cons
  * out [batch, H D] = (phi(q) sums)[:D] / ((phi(q) sums)[D] + eps), in one pass over the sums.
  * Returns -1 when its scratch memory cannot be had, else 0. */
 int linear_attention_step(const float *projected, const float *codes, const float *wet, const float *dry_eps,
-                          const float *projection, int kind, float log_scale, float key_scale, float eps,
+                          const float *projection, int feature_map, float log_scale, float key_scale, float eps,
                           float *sums, float *out, int64_t batch, int64_t heads, int64_t head_dim, int64_t width,
                           int64_t features) {
     const int64_t H = heads, D = head_dim, stride = 2 * H * D + H * (D + 1);
@@ -311,8 +310,8 @@ int linear_attention_step(const float *projected, const float *codes, const floa
             matmul(k, stride, batch, D, codes_k, width, ks);
             q = qs, k = ks, q_stride = width;
         }
-        feature_maps(q, q_stride, batch, width, projection, features, kind, 1, log_scale, key_scale, phi_q);
-        feature_maps(k, q_stride, batch, width, projection, features, kind, 0, log_scale, key_scale, phi_k);
+        feature_maps(q, q_stride, batch, width, projection, features, feature_map, 1, log_scale, key_scale, phi_q);
+        feature_maps(k, q_stride, batch, width, projection, features, feature_map, 0, log_scale, key_scale, phi_k);
         for (int64_t b = 0; b < batch; b++) {
             const float *v = projected + b * stride + 2 * H * D + h * (D + 1);
             update_and_read(sums + (h * batch + b) * features * (D + 1), v, phi_k + b * features, phi_q + b * features,
@@ -354,11 +353,6 @@ static void activate(float *x, int64_t n, int gelu) {
     }
 }
 
-struct norm { /* a LayerNorm's arguments */
-    const float *weight, *bias;
-    float eps;
-};
-
 /* out [rows, n] = (x - mean) / sqrt(variance + eps) * weight + bias, row by row (out may be x). */
 static void layer_norm(const struct norm *norm, const float *x, float *out, int64_t rows, int64_t n) {
     for (int64_t r = 0; r < rows; r++, x += n, out += n) {
@@ -379,34 +373,15 @@ static void layer_norm(const struct norm *norm, const float *x, float *out, int6
     }
 }
 
-struct linear { /* a product's packed weights (see linear_bf16) */
-    const uint16_t *tiles;
-    const float *bias;
-    int64_t n_out, n_in;
-};
-
-struct layer { /* what one layer's step reads, and its state */
-    struct linear qkv, out, ff_in, ff_out;
-    struct norm norm1, norm2;
-    const float *wet, *dry_eps; /* the SPE gate, NULL when ungated */
-    const float *projection;    /* FAVOR+'s signed projection, NULL for relu and elu */
-    float *sums;                /* the attention state [H, batch, features, D + 1] */
-};
-
-struct shape { /* what every layer of a session shares */
-    int64_t batch, heads, head_dim, width, features;
-    int kind, pre_norm, gelu;
-    float log_scale, key_scale, eps;
-};
-
 static int apply(const struct linear *linear, const float *x, const float *residual, float *y, int64_t batch) {
     return linear_bf16(linear->tiles, linear->bias, x, residual, y, batch, linear->n_out, linear->n_in);
 }
 
-/* One layer for one token of every sequence: x [batch, d_model], the residual stream, is
- * updated in place; `codes` are the position's SPE codes (NULL without SPE). Pre-norm:
- * x += attention(norm1(x)), x += feed_forward(norm2(x)); post-norm: x = norm1(x + attention(x)),
- * x = norm2(x + feed_forward(x)). Returns -1 when its scratch memory cannot be had, else 0. */
+/* One layer for one token of every sequence, in layer.py's order: x [batch, d_model], the
+ * residual stream, is updated in place; `codes` are the position's SPE codes (NULL without SPE).
+ * `layer` holds its weights (`projection`: the feature map's constants, NULL for maps without;
+ * `wet`, `dry_eps`: the SPE gate, NULL when ungated; `sums`: the attention state [H, batch,
+ * features, D + 1]). Returns -1 when its scratch memory cannot be had, else 0. */
 int layer_step(const struct layer *layer, const struct shape *shape, const float *codes, float *x) {
     const int64_t B = shape->batch, d_model = layer->out.n_out, HD = shape->heads * shape->head_dim;
     float *scratch = malloc((size_t)(B * (d_model + layer->qkv.n_out + HD + layer->ff_in.n_out)) * sizeof(float));
@@ -414,51 +389,24 @@ int layer_step(const struct layer *layer, const struct shape *shape, const float
         return -1;
     float *h = scratch, *projected = h + B * d_model, *attended = projected + B * layer->qkv.n_out,
           *hidden = attended + B * HD;
+    const int pre_norm = shape->norm == NORM_PRE;
     int status = 0;
-    if (shape->pre_norm)
+    if (pre_norm)
         layer_norm(&layer->norm1, x, h, B, d_model);
-    status |= apply(&layer->qkv, shape->pre_norm ? h : x, NULL, projected, B);
-    status |= linear_attention_step(projected, codes, layer->wet, layer->dry_eps, layer->projection, shape->kind,
+    status |= apply(&layer->qkv, pre_norm ? h : x, NULL, projected, B);
+    status |= linear_attention_step(projected, codes, layer->wet, layer->dry_eps, layer->projection, shape->feature_map,
                                     shape->log_scale, shape->key_scale, shape->eps, layer->sums, attended, B,
                                     shape->heads, shape->head_dim, shape->width, shape->features);
     status |= apply(&layer->out, attended, x, x, B);
-    if (shape->pre_norm)
+    if (pre_norm)
         layer_norm(&layer->norm2, x, h, B, d_model);
     else
         layer_norm(&layer->norm1, x, x, B, d_model);
-    status |= apply(&layer->ff_in, shape->pre_norm ? h : x, NULL, hidden, B);
-    activate(hidden, B * layer->ff_in.n_out, shape->gelu);
+    status |= apply(&layer->ff_in, pre_norm ? h : x, NULL, hidden, B);
+    activate(hidden, B * layer->ff_in.n_out, shape->activation == ACTIVATION_GELU);
     status |= apply(&layer->ff_out, hidden, x, x, B);
-    if (!shape->pre_norm)
+    if (!pre_norm)
         layer_norm(&layer->norm2, x, x, B, d_model);
     free(scratch);
     return status ? -1 : 0;
-}
-
-/* The interface Python mirrors (streaming.py's ctypes structs, tile shape and feature-map
- * numbers): every size, offset and constant it relies on, by name, for it to compare when it
- * loads the library; -1 for a name not listed. */
-#define FIELD(type, name) {#type "." #name, offsetof(struct type, name)}
-static const struct {
-    const char *name;
-    int64_t value;
-} INTERFACE[] = {
-    {"ROWS", ROWS}, {"COLUMNS", COLUMNS}, {"PERFORMER", PERFORMER}, {"RELU", RELU}, {"ELU", ELU},
-    {"NATIVE_BF16", NATIVE_BF16},
-    {"sizeof linear", sizeof(struct linear)}, FIELD(linear, tiles), FIELD(linear, bias), FIELD(linear, n_out),
-    FIELD(linear, n_in),
-    {"sizeof norm", sizeof(struct norm)}, FIELD(norm, weight), FIELD(norm, bias), FIELD(norm, eps),
-    {"sizeof layer", sizeof(struct layer)}, FIELD(layer, qkv), FIELD(layer, out), FIELD(layer, ff_in),
-    FIELD(layer, ff_out), FIELD(layer, norm1), FIELD(layer, norm2), FIELD(layer, wet), FIELD(layer, dry_eps),
-    FIELD(layer, projection), FIELD(layer, sums),
-    {"sizeof shape", sizeof(struct shape)}, FIELD(shape, batch), FIELD(shape, heads), FIELD(shape, head_dim),
-    FIELD(shape, width), FIELD(shape, features), FIELD(shape, kind), FIELD(shape, pre_norm), FIELD(shape, gelu),
-    FIELD(shape, log_scale), FIELD(shape, key_scale), FIELD(shape, eps),
-};
-
-int64_t step_interface(const char *name) {
-    for (size_t i = 0; i < sizeof INTERFACE / sizeof INTERFACE[0]; i++)
-        if (strcmp(INTERFACE[i].name, name) == 0)
-            return INTERFACE[i].value;
-    return -1;
 }

@@ -13,12 +13,14 @@ from torch import nn
 from ..device import check_precision
 from ..errors import NumericError
 from ..precision import Choice, step_choice
-from . import native
-from .attention import FeatureMap, causal_linear_attention, softmax_attention
+from .attention import causal_linear_attention, softmax_attention
 from .config import ModelConfig, parse_redraw
+from .dropout import Dropout
 from .families import FAMILIES
+from .features import FEATURE_MAPS
+from .layer import ACTIVATIONS, residual_branches
 from .spe import ConvSPE, SineSPE, SPEFilter, share_codes
-from .streaming import RecurrentStep, StreamState, clone_states
+from .torch_step import RecurrentStep
 
 
 def sinusoids(t0: int, t1: int, width: int, device=None) -> torch.Tensor:
@@ -38,95 +40,6 @@ class Noise:
     gates: list = field(default_factory=list)
 
 
-class _Scaled(torch.autograd.Function):
-    """x * keep, the gradient likewise; `keep` (0 or the scale, in x's dtype) is saved instead of x."""
-
-    @staticmethod
-    def forward(ctx, x, keep):
-        ctx.save_for_backward(keep)
-        return torch.mul(x, keep)
-
-    @staticmethod
-    def backward(ctx, grad):
-        (keep,) = ctx.saved_tensors
-        return torch.mul(grad, keep), None
-
-
-# SplitMix64 (Steele, Lea and Flood 2014) constants, as the signed int64 torch computes with
-_GOLDEN, _MIX1, _MIX2 = -0x61C8864680B583EB, -0x40A7B892E31B1A47, -0x6B2FB644ECCEEE15
-_HASH_BLOCK = 1 << 18  # words hashed at a time: 2 MB, so a block's passes stay in the core's cache
-
-
-def random_words(n: int) -> torch.Tensor:
-    """n random int64 words: SplitMix64's output for counters 0..n-1 from a seed drawn from
-    torch's generator (so `torch.manual_seed` fixes them). A dozen vectorised passes over cached
-    blocks, on every thread: about twice as fast as `random_`, whose generator is serial.
-    Arithmetic shifts are masked into the logical shifts SplitMix64 specifies; products wrap."""
-    seed = int(torch.empty((), dtype=torch.int64).random_())
-    words = torch.empty(n, dtype=torch.int64)
-    for start in range(0, n, _HASH_BLOCK):
-        z = words[start : start + _HASH_BLOCK]
-        torch.arange(start, start + len(z), dtype=torch.int64, out=z).mul_(_GOLDEN).add_(seed)
-        for shift, multiplier in ((30, _MIX1), (27, _MIX2), (31, None)):
-            z.bitwise_xor_(z.bitwise_right_shift(shift).bitwise_and_((1 << (64 - shift)) - 1))
-            if multiplier is not None:
-                z.mul_(multiplier)
-    return words
-
-
-class _NativeDropout(torch.autograd.Function):
-    """x * (0 or scale) by dropout.c in one pass; the backward draws the same mask again from
-    the seed, so nothing is saved."""
-
-    @staticmethod
-    def forward(ctx, x, seed: int, cut: int, scale: float):
-        ctx.mask = seed, cut, scale
-        return _apply_native_mask(x, seed, cut, scale)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad):
-        return _apply_native_mask(grad, *ctx.mask), None, None, None
-
-
-def _apply_native_mask(x: torch.Tensor, seed: int, cut: int, scale: float) -> torch.Tensor:
-    x = x.contiguous()
-    out = torch.empty_like(x)
-    native.library("dropout").dropout(
-        x.data_ptr(), out.data_ptr(), x.numel(), x.dtype == torch.bfloat16, seed, cut, scale
-    )
-    return out
-
-
-class Dropout(nn.Dropout):
-    """nn.Dropout whose CPU mask costs a quarter of a hashed word per element (`random_words`):
-    each 64-bit word gives four 16-bit uniforms, compared with round(p * 2^16) (so the rate is p
-    to 1/65536, and the scale matches the rate exactly). Where the C kernel (dropout.c) builds,
-    hashing, comparing and scaling are one pass and the backward redraws the mask; otherwise
-    the mask is applied as a product with a (0 or scale) tensor in x's dtype, which CPUs
-    vectorise (masked_fill with a bool mask was 10x slower). Both give the same bits. torch's
-    per-element Bernoulli draws were about a tenth of a CPU training step. On other devices,
-    nn.Dropout as it is."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.training or self.p == 0 or x.device.type != "cpu":
-            return super().forward(x)
-        return _cpu_dropout(x, self.p)
-
-
-@torch.compiler.disable  # a ctypes call and drawn seeds: torch.compile runs it as it is, between graphs
-def _cpu_dropout(x: torch.Tensor, p: float) -> torch.Tensor:
-    cut = round(p * 2**16)
-    scale = 2**16 / (2**16 - cut)
-    if x.dtype in (torch.float32, torch.bfloat16) and native.library("dropout") is not None:
-        seed = int(torch.empty((), dtype=torch.int64).random_()) % 2**64  # as random_words draws it
-        # the scale as the eager path rounds it: to x's dtype
-        return _NativeDropout.apply(x, seed, cut, torch.tensor(scale, dtype=x.dtype).item())
-    keep = random_words((x.numel() + 3) // 4).view(torch.int16)[: x.numel()].view(x.shape) >= cut - 2**15
-    # through uint8: a bool -> float conversion is not vectorised, a uint8 one is
-    return _Scaled.apply(x, keep.view(torch.uint8).to(x.dtype).mul_(scale))
-
-
 class SelfAttention(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -143,11 +56,8 @@ class SelfAttention(nn.Module):
         )
         width = config.spe_realizations if uses_spe else self.head_dim  # width of the scored q, k
         self.scale = width**-0.5
-        self.features = (
-            FeatureMap(config.attention, width, config.n_features)
-            if config.attention in ("performer", "relu", "elu")
-            else None
-        )
+        feature_map = FEATURE_MAPS.get(config.attention)
+        self.features = feature_map(width, config.n_features) if feature_map is not None else None
 
     def split(self, projected: torch.Tensor) -> tuple:
         """qkv(x) [B, T, P * d_model] -> q, k, v as [B, H, T, head_dim], None where not projected."""
@@ -189,25 +99,60 @@ class Block(nn.Module):
         self.norm1, self.norm2 = nn.LayerNorm(config.d_model), nn.LayerNorm(config.d_model)
         self.ff = nn.Sequential(
             nn.Linear(config.d_model, config.d_ff),
-            nn.ReLU() if config.activation == "relu" else nn.GELU(),
+            _Activation(ACTIVATIONS[config.activation]),
             Dropout(config.dropout),
             nn.Linear(config.d_ff, config.d_model),
         )
         self.dropout = Dropout(config.dropout)
 
     def forward(self, x, codes, gate_noise, state):
-        if self.pre_norm:
-            y, state = self.attention(self.norm1(x), codes, gate_noise, state)
-            x = x + self.dropout(y)
-            return x + self.dropout(self.ff(self.norm2(x))), state
-        y, state = self.attention(x, codes, gate_noise, state)  # post-norm, as the reference code
-        x = self.norm1(x + self.dropout(y))
-        return self.norm2(x + self.dropout(self.ff(x))), state
+        def attend(h, x):
+            nonlocal state
+            y, state = self.attention(h, codes, gate_noise, state)
+            return x + self.dropout(y)
+
+        def feed_forward(h, x):
+            return x + self.dropout(self.ff(h))
+
+        return residual_branches(x, (attend, feed_forward), (self.norm1, self.norm2), self.pre_norm), state
+
+
+class _Activation(nn.Module):
+    """An activation of layer.ACTIVATIONS as a module of the feed-forward Sequential."""
+
+    def __init__(self, function):
+        super().__init__()
+        self.function = function
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.function(x)
+
+
+@dataclass
+class StreamState:
+    """A snapshot of a streaming session, from `model.get_state()`; `model.set_state(state)`
+    continues from it, as often as wanted. `layers` holds each layer's recurrent state as the
+    parallel pass takes it: (S [B, H, M, Dv], z [B, H, M]) for the linear attentions, the
+    key/value cache for softmax, relative and synthesizer attention, (m, u, w) for aaren."""
+
+    batch_size: int
+    position: int
+    noise: Any
+    layers: list
+
+
+def clone_states(states):
+    """A deep copy of nested lists/tuples of tensors (None stays None)."""
+    if isinstance(states, torch.Tensor):
+        return states.clone()
+    if isinstance(states, (list, tuple)):
+        return type(states)(clone_states(x) for x in states)
+    return states
 
 
 class _Session:
     """A streaming session: frozen noise, position, and every layer's recurrent state, held by
-    the fast single-token step where the model has one (streaming.RecurrentStep), else as the
+    the fast single-token step where the model has one (torch_step.RecurrentStep), else as the
     parallel pass takes it."""
 
     def __init__(self, batch_size: int, noise: Noise, bf16: bool, fast: Optional[RecurrentStep], n_layers: int):
@@ -250,7 +195,7 @@ class MusicPerformer(nn.Module):
     `set_state(state)` continues from a snapshot.
 
     Precision of generation: `model.for_inference("auto" | "fp32" | "bf16")` (default "fp32").
-    In bf16 the weights are read as bf16 (see streaming.py) and block steps run under bf16
+    In bf16 the weights are read as bf16 (see torch_step.py) and block steps run under bf16
     autocast (SPE's products included); the attention sums and logits stay fp32, and the fast
     single-token step applies the SPE codes in fp32. Single-token steps of the
     attentions without a fast step (softmax and the families) stay fp32. The logits then differ from

@@ -15,8 +15,8 @@ import torch
 from ..checkpoint import load_checkpoint
 from ..data import derive_seed
 from ..errors import CheckpointError, ConfigError
-from ..model import MusicPerformer
 from ..model.config import ModelConfig
+from ..model.transformer import MusicPerformer
 from ..tokenizers.base import Tokenizer
 from .optim import lr_factor, make_optimizer, next_token_nll
 from .processes import Processes

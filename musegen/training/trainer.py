@@ -24,11 +24,12 @@ from ..data import derive_seed
 from ..device import check_fits
 from ..errors import CheckpointError, ConfigError, TrainingError
 from ..metrics.loss import position_nll, summarize
-from ..model import MusicPerformer
 from ..model.config import ModelConfig
-from ..precision import Choice, training_choice
+from ..model.transformer import MusicPerformer
+from ..precision import Choice
 from .learner import Learner, compatible_weights
 from .loader import TrainingData, load_training_data, make_loader, resolve_batching
+from .precision import training_choice
 from .processes import Processes, StopRequest, setup_processes
 from .run_folder import RunLock, latest_checkpoint
 from .settings import TrainConfig

@@ -34,8 +34,9 @@ from .checkpoint import load_checkpoint, read_checkpoint_config
 from .data import CROP_CHOICES, SAMPLING_CHOICES, Augmenter, CropDataset, StepBatches, derive_seed
 from .device import check_fits, resolve_device
 from .errors import CheckpointError, ConfigError, DataError, TrainingError
+from .evaluation.loss import position_nll, summarize
+from .evaluation.report import write_position_nll
 from .io import write_json
-from .metrics.loss import position_nll, summarize, write_position_nll
 from .model import MusicPerformer
 from .model.config import ModelConfig, preset, replace_checked
 from .precision import Choice, training_choice

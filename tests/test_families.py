@@ -14,7 +14,7 @@ from train_fixtures import prepare_pop909
 
 from musegen.cli import main
 from musegen.errors import ConfigError
-from musegen.metrics import attention as att
+from musegen.evaluation import attention as att
 from musegen.model import ModelConfig, MusicPerformer, preset
 from musegen.model.config import SYNTHESIZER_VARIANTS
 from musegen.model.families import Aaren, RelativeAttention, Synthesizer, prefix_scan

@@ -1,7 +1,7 @@
 """Measurements of models and music.
 
 - `metric`: the interface every span metric follows (`Metric`, `Span`, `measure`, the statistics);
-- metrics (the math, each importing only `metric` and musegen.music): `span` (a continuation
+- metrics (the math; none imports another, only `metric`): `span` (a continuation
   span's notes, polyphony, pitch and groove; per role), `style` (style profiles and their
   similarity per quarter), `copy_score` (how exactly a bar repeats a loop), `loss` (NLL per
   position and per token type), `attention` (inside a model);

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from bench.common import add_machine_options, apply_machine_options, describe, peak_memory_mib, seconds
-from musegen.metrics.compare import read_jsonl
+from musegen.evaluation.compare import read_jsonl
 from musegen.model.attention import fast_transformers_available
 from musegen.model.config import preset
 from musegen.model.transformer import MusicPerformer

@@ -234,7 +234,7 @@ class CopyModel(BaseModel):
 
 
 class CopyResult(BaseModel):
-    """copy.json of `evaluate copy` (musegen.metrics.copying), as `evaluate groove-targets` reads it."""
+    """copy.json of `evaluate copy` (musegen.evaluation.run_copy), as `evaluate groove-targets` reads it."""
 
     model_config = OPEN
     settings: dict[str, JsonValue]

@@ -12,9 +12,9 @@ from train_fixtures import prepare_pop909
 from musegen.checkpoint import save_checkpoint
 from musegen.cli import main
 from musegen.errors import DataError
-from musegen.metrics.compare import compare, compare_style_drops, read_style_rows, read_training
-from musegen.metrics.loss import evaluate_loss
-from musegen.metrics.style import evaluate_style
+from musegen.evaluation.compare import compare, compare_style_drops, read_style_rows, read_training
+from musegen.evaluation.run_loss import evaluate_loss
+from musegen.evaluation.run_style import evaluate_style
 from musegen.model.config import preset
 from musegen.model.transformer import MusicPerformer
 from musegen.shards import Shards
@@ -138,10 +138,13 @@ def test_run_folders_add_the_compute_each_run_used_and_their_validations(pop, tm
 
 
 def test_continuation_table_puts_each_model_beside_the_real_and_floor_quarters(pop, tmp_path, one_torch_thread):
-    from musegen.metrics.continuation import ContinuationSettings, evaluate_continuation
+    from musegen.evaluation.run_continuation import ContinuationSettings, evaluate_continuation
+    from musegen.generation.settings import SampleSettings
 
     tokenizer = Shards(pop).tokenizer
-    settings = ContinuationSettings(prompt_bars=1, bars=4, samples_per_piece=1, by_quarter=True)
+    settings = ContinuationSettings(
+        prompt_bars=1, sample=SampleSettings(bars=4, num_samples=1, seed=0), by_quarter=True
+    )
     results = {}
     for name, seed in (("a", 0), ("b", 1)):
         torch.manual_seed(seed)

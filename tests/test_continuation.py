@@ -4,6 +4,7 @@ POP909 shards and on a groove corpus built here."""
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import shutil
@@ -20,23 +21,21 @@ from data_prep.common import Item, prepare
 from musegen.checkpoint import save_checkpoint
 from musegen.cli import main
 from musegen.errors import ConfigError, DataError, FormatError
-from musegen.io import read_json
-from musegen.metrics.continuation import (
+from musegen.evaluation.metric import Metric, Span, measure
+from musegen.evaluation.run_continuation import (
+    METRICS,
     ContinuationSettings,
-    NoteTable,
     ResultLog,
     evaluate_continuation,
-    measure,
-    pitch_classes,
-    reference_profiles,
-    role_metrics,
-    sounding,
-    span_metrics,
-    style_metrics,
     usable_pieces,
 )
+from musegen.evaluation.span import pitch_classes, role_metrics, sounding, span_metrics
+from musegen.evaluation.style import reference_profiles, style_metrics
+from musegen.generation.settings import SampleSettings
+from musegen.io import read_json
 from musegen.model.config import preset
 from musegen.model.transformer import MusicPerformer
+from musegen.music.notes import NoteTable
 from musegen.shards import Shards
 from musegen.tokenizers.groove import GrooveTokenizer
 
@@ -59,7 +58,7 @@ PIANO = [(0, 1, 60), (1, 1, 64), (2, 1, 67), (4, 4, 48), (4, 1, 64), (5, 1, 67),
 
 
 def test_every_span_metric_on_a_piece_worked_out_by_hand():
-    notes = NoteTable.from_midi(midi_of({(0, False): PIANO}))
+    notes = NoteTable.from_miditoolkit(midi_of({(0, False): PIANO}))
     prompt = pitch_classes(notes.onsets_in(0, 1))
     m = span_metrics(notes, first_bar=1, bars=2, prompt_classes=prompt)
     assert m["notes per bar"] == 4 / 2
@@ -79,7 +78,7 @@ def test_every_span_metric_on_a_piece_worked_out_by_hand():
 
 def test_polyphony_and_groove_consistency_agree_with_muspy():
     span = [(s - 4, d, p) for s, d, p in PIANO if s >= 4]  # the span alone, starting at 0
-    notes = NoteTable.from_midi(midi_of({(0, False): span}))
+    notes = NoteTable.from_miditoolkit(midi_of({(0, False): span}))
     music = muspy.Music(
         resolution=4, tracks=[muspy.Track(notes=[muspy.Note(int(s * 4), p, int(d * 4)) for s, d, p in span])]
     )
@@ -90,7 +89,7 @@ def test_polyphony_and_groove_consistency_agree_with_muspy():
     assert m["scale consistency"] == pytest.approx(muspy.scale_consistency(music))
     # muspy's rate runs over its piano roll, to the last note's end: a chord of three filling the bar
     chord = [(0, 4, 60), (0, 4, 64), (1, 2, 67), (1, 1, 71)]
-    notes = NoteTable.from_midi(midi_of({(0, False): chord}))
+    notes = NoteTable.from_miditoolkit(midi_of({(0, False): chord}))
     music = muspy.Music(
         resolution=4, tracks=[muspy.Track(notes=[muspy.Note(int(s * 4), p, int(d * 4)) for s, d, p in chord])]
     )
@@ -103,7 +102,7 @@ def test_polyphony_and_groove_consistency_agree_with_muspy():
 
 def test_a_note_sounds_where_it_overlaps_the_grid():
     # held from the prompt into the span; ending exactly on a step edge; shorter than a step
-    notes = NoteTable.from_midi(midi_of({(0, False): [(3, 1.5, 60), (4.25, 0.25, 62), (5.1, 0.05, 64)]}))
+    notes = NoteTable.from_miditoolkit(midi_of({(0, False): [(3, 1.5, 60), (4.25, 0.25, 62), (5.1, 0.05, 64)]}))
     roll = sounding(notes, first_bar=1, bars=1)
     assert np.flatnonzero(roll[:, 60]).tolist() == [0, 1]  # beats 4 to 4.5: steps 0 and 1
     assert np.flatnonzero(roll[:, 62]).tolist() == [1]  # 4.25 to 4.5: step 1 only, not step 2
@@ -114,7 +113,7 @@ def test_a_note_sounds_where_it_overlaps_the_grid():
 
 
 def test_an_empty_span_is_silent_and_has_no_pitch_statistics():
-    notes = NoteTable.from_midi(midi_of({(0, False): [(0, 1, 60)]}))
+    notes = NoteTable.from_miditoolkit(midi_of({(0, False): [(0, 1, 60)]}))
     m = span_metrics(notes, first_bar=1, bars=2, prompt_classes=np.ones(12))
     assert m["notes per bar"] == 0 and m["silent beats"] == 1.0 and m["pitch-class cosine"] == 0.0
     assert m["bars with a low note"] == 0.0 and m["groove consistency"] == 1.0
@@ -142,19 +141,21 @@ def groove_piece(bars: int, bass_pitch: int = 36, swap: bool = False, bass_until
 
 
 def test_role_and_style_metrics_on_a_repeated_groove():
-    notes = NoteTable.from_midi(groove_piece(8, bass_until=7))
+    notes = NoteTable.from_miditoolkit(groove_piece(8, bass_until=7))
     m = role_metrics(notes, first_bar=4, bars=4, roles=["bass", "drums", "other"])
     assert m["bass notes per bar"] == 6 / 4 and m["drums notes per bar"] == 12
     assert m["other notes per bar"] == 3 and m["other median duration"] == 2 and m["bass median duration"] == 1.5
-    style = style_metrics(notes, first_bar=4, bars=4, reference=reference_profiles(notes))
+    style = style_metrics(Span(notes, first_bar=4, bars=4, context={"reference": reference_profiles(notes)}))
     # a repeated bar has the whole piece's onset profiles; the bass is missing from the last quarter
     assert style["style onset-drum Q1"] == [pytest.approx(1.0)]
     assert style["style onset-duration Q1"] == [pytest.approx(1.0), pytest.approx(1.0)]  # bass, other
     assert style["style onset-duration Q4"][0] == 0.0 and style["style time-pitch Q4"][0] == 0.0
     assert 0 < style["style time-pitch Q1"][1] < 1  # one bar's pairs miss the pairs across bar lines
-    values = measure(notes, 4, 4, pitch_classes(notes.pitched().onsets_in(0, 4)), reference_profiles(notes))
+    reference = reference_profiles(notes)
+    context = {"prompt_classes": pitch_classes(notes.pitched().onsets_in(0, 4))}
+    values = measure(METRICS, Span(notes, 4, 4, context | {"reference": reference, "roles": list(reference)}))
     assert {"bass notes per bar", "style onset-drum Q4"} <= set(values)
-    assert "bass notes per bar" not in measure(notes, 4, 4, np.ones(12), None)
+    assert "bass notes per bar" not in measure(METRICS, Span(notes, 4, 4, context))
 
 
 # ---------------------------------------------------------------- the protocol on prepared shards
@@ -175,7 +176,7 @@ def test_pop_protocol_measures_model_real_and_floor(pop, tmp_path, one_torch_thr
     shards = Shards(pop)
     tok = shards.tokenizer
     ckpt = tiny_checkpoint(tmp_path / "ckpt", tok)
-    settings = ContinuationSettings(prompt_bars=1, bars=2, samples_per_piece=2, seed=3)
+    settings = ContinuationSettings(prompt_bars=1, sample=SampleSettings(bars=2, num_samples=2, seed=3))
     out = tmp_path / "eval"
     result = evaluate_continuation(ckpt, pop, out, settings, split="train", limit=3, device="cpu", progress=False)
     assert result["pieces"] == 3 and result["resumed"] == 0
@@ -210,7 +211,7 @@ def test_pop_protocol_measures_model_real_and_floor(pop, tmp_path, one_torch_thr
             ckpt,
             pop,
             out,
-            ContinuationSettings(prompt_bars=1, bars=3),
+            ContinuationSettings(prompt_bars=1, sample=SampleSettings(bars=3, num_samples=2, seed=0)),
             split="train",
             limit=1,
             device="cpu",
@@ -228,17 +229,26 @@ def test_quarters_partition_the_span(pop, tmp_path, one_torch_thread):
     span's counts, and the model's quarters begin at its bar lines, in order."""
     shards = Shards(pop)
     tok = shards.tokenizer
-    piece = usable_pieces(tok, shards.names("train"), shards.pieces("train"), ContinuationSettings(bars=8))[0][0]
-    values = measure(piece.notes, piece.span_start, 8, piece.prompt_classes(), None, by_quarter=True)
+    piece = usable_pieces(
+        tok,
+        shards.names("train"),
+        shards.pieces("train"),
+        ContinuationSettings(sample=SampleSettings(bars=8, num_samples=2, seed=0)),
+    )[0][0]
+    values = measure(METRICS, Span(piece.notes, piece.span_start, 8, piece.context()), by_quarter=True)
     for metric in ("notes per bar", "silent beats", "bars with a low note"):
         quarters = [values[f"{metric} Q{q}"][0] for q in range(1, 5)]
         assert np.mean(quarters) == pytest.approx(values[metric][0])
-        assert quarters[1] == span_metrics(piece.notes, piece.span_start + 2, 2, piece.prompt_classes())[metric]
+        assert (
+            quarters[1] == span_metrics(piece.notes, piece.span_start + 2, 2, piece.context()["prompt_classes"])[metric]
+        )
     with pytest.raises(ConfigError, match="multiple of 4"):
-        ContinuationSettings(bars=6, by_quarter=True).checked()
+        ContinuationSettings(sample=SampleSettings(bars=6, num_samples=2, seed=0), by_quarter=True).checked()
 
     out = tmp_path / "eval"
-    settings = ContinuationSettings(prompt_bars=1, bars=4, samples_per_piece=1, by_quarter=True)
+    settings = ContinuationSettings(
+        prompt_bars=1, sample=SampleSettings(bars=4, num_samples=1, seed=0), by_quarter=True
+    )
     result = evaluate_continuation(
         tiny_checkpoint(tmp_path / "ckpt", tok),
         pop,
@@ -282,14 +292,23 @@ def test_the_result_log_keeps_its_own_settings_and_refuses_foreign_files(tmp_pat
 def test_short_pieces_are_skipped_and_counted(pop, tmp_path):
     shards = Shards(pop)
     usable, skipped = usable_pieces(
-        shards.tokenizer, shards.names("train"), shards.pieces("train"), ContinuationSettings(prompt_bars=4, bars=60)
+        shards.tokenizer,
+        shards.names("train"),
+        shards.pieces("train"),
+        ContinuationSettings(prompt_bars=4, sample=SampleSettings(bars=60, num_samples=2, seed=0)),
     )
     assert len(usable) + len(skipped) == len(shards.names("train")) and usable and skipped
     assert all(why.startswith("too short") for why in skipped.values())
     ckpt = tiny_checkpoint(tmp_path / "ckpt", shards.tokenizer)
     with pytest.raises(DataError, match="no piece"):
         evaluate_continuation(
-            ckpt, pop, tmp_path / "e", ContinuationSettings(bars=10_000), split="valid", device="cpu", progress=False
+            ckpt,
+            pop,
+            tmp_path / "e",
+            ContinuationSettings(sample=SampleSettings(bars=10_000, num_samples=2, seed=0)),
+            split="valid",
+            device="cpu",
+            progress=False,
         )
 
 
@@ -306,7 +325,7 @@ def test_groove_protocol_adds_roles_and_style(tmp_path, one_torch_thread):
         ckpt,
         tmp_path / "data",
         tmp_path / "eval",
-        ContinuationSettings(prompt_bars=2, bars=4, samples_per_piece=1),
+        ContinuationSettings(prompt_bars=2, sample=SampleSettings(bars=4, num_samples=1, seed=0)),
         split="test",
         device="cpu",
         progress=False,
@@ -389,7 +408,7 @@ def test_a_folder_of_midi_files_is_continued_tune_by_tune(tmp_path, one_torch_th
         ckpt,
         folder,
         tmp_path / "eval",
-        ContinuationSettings(prompt_bars=2, bars=2, samples_per_piece=1),
+        ContinuationSettings(prompt_bars=2, sample=SampleSettings(bars=2, num_samples=1, seed=0)),
         device="cpu",
         progress=False,
     )
@@ -400,7 +419,7 @@ def test_a_folder_of_midi_files_is_continued_tune_by_tune(tmp_path, one_torch_th
     for path in tunes:
         record = records[path.stem]
         assert record["floor_piece"] == next(p.stem for p in tunes if p != path)
-        notes = NoteTable.from_midi(tok.decode(tok.encode(path).ids))  # the tune as the tokenizer reads it
+        notes = NoteTable.from_miditoolkit(tok.decode(tok.encode(path).ids))  # the tune as the tokenizer reads it
         span = notes.select(notes.role == "bass").onsets_in(record["span_start_bar"], 2)
         assert record["real"]["bass notes per bar"] == [len(span) / 2]
         assert record["span_start_bar"] == notes.first_bar() + 3  # pickup bar + 2 prompt bars
@@ -411,3 +430,43 @@ def test_a_folder_of_midi_files_is_continued_tune_by_tune(tmp_path, one_torch_th
         evaluate_continuation(
             ckpt, tmp_path / "empty", tmp_path / "e2", ContinuationSettings(), device="cpu", progress=False
         )
+
+
+class NotesAboveMiddleC(Metric):
+    """A metric written against the public interface only: pitched onsets above middle C per bar."""
+
+    needs = ("prompt_classes",)  # declared, so spans without that context are not measured
+
+    def compute(self, span: Span) -> dict[str, float]:
+        onsets = span.notes.pitched().onsets_in(span.first_bar, span.bars)
+        return {"notes above middle C per bar": int((onsets.pitch > 60).sum()) / span.bars}
+
+
+def test_a_metric_added_through_the_interface_is_measured_and_reported_like_the_built_in_ones(
+    pop, tmp_path, one_torch_thread
+):
+    shards = Shards(pop)
+    tok = shards.tokenizer
+    settings = ContinuationSettings(
+        prompt_bars=1, sample=SampleSettings(bars=4, num_samples=1, seed=0), by_quarter=True
+    )
+    ckpt, out = tiny_checkpoint(tmp_path / "ckpt", tok), tmp_path / "eval"
+    metrics = METRICS + (NotesAboveMiddleC(),)
+    evaluate_continuation(
+        ckpt, pop, out, settings, split="train", limit=2, device="cpu", progress=False, metrics=metrics
+    )
+    usable = usable_pieces(tok, shards.names("train"), shards.pieces("train"), settings)[0][:2]
+    by_hand = []  # the real spans, counted on the decoded notes
+    for piece in usable:
+        first = piece.span_start * 4 * piece.notes.tpq
+        span = piece.notes.select((piece.notes.start >= first) & (piece.notes.start < first + 16 * piece.notes.tpq))
+        by_hand.append(int((span.pitch > 60).sum()) / 4)
+    assert max(by_hand) > 0
+    rows = {row[0]: row for row in csv.reader((out / "continuation.csv").open())}
+    assert float(rows["notes above middle C per bar"][3]) == pytest.approx(np.mean(by_hand), abs=1e-3)  # real_mean
+    assert rows["notes above middle C per bar"][-1] == "2"  # model_n: one sample a piece
+    quarters = (out / "continuation_quarters.md").read_text()
+    assert "| notes above middle C per bar | mean |" in quarters
+    assert read_json(out / "run.json")["metrics"][-1] == "NotesAboveMiddleC"
+    with pytest.raises(ConfigError, match=r"other settings \(metrics\)"):  # no mixing with the built-in set
+        evaluate_continuation(ckpt, pop, out, settings, split="train", limit=2, device="cpu", progress=False)

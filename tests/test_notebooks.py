@@ -13,8 +13,8 @@ from nbclient import NotebookClient
 from train_fixtures import prepare_pop909
 
 from musegen.checkpoint import save_checkpoint
-from musegen.metrics.loss import evaluate_loss
-from musegen.metrics.style import evaluate_style
+from musegen.evaluation.run_loss import evaluate_loss
+from musegen.evaluation.run_style import evaluate_style
 from musegen.model.config import preset
 from musegen.model.transformer import MusicPerformer
 from musegen.shards import Shards

@@ -758,7 +758,7 @@ def test_cli_prompt_folder_continues_each_file_and_skips_bad_ones(checkpoints, p
     seeds = [json.loads((tmp_path / "out" / sub / "0.json").read_text())["settings"]["seed"] for sub in "ab"]
     assert seeds == [3, 5]  # prompt i of the sorted list gets seed + i (a/broken.mid is i = 1)
     # The style evaluation pairs each continuation with the prompt file it came from.
-    from musegen.metrics.style import evaluate_style
+    from musegen.evaluation.run_style import evaluate_style
 
     result = evaluate_style(tmp_path / "out", prompts, tmp_path / "style.csv")
     assert result["pieces"] == 2 and not result["unmatched"]

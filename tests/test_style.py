@@ -15,7 +15,8 @@ import symusic
 from conftest import GOLDEN
 
 from musegen.cli import main
-from musegen.metrics import style
+from musegen.evaluation import run_style, style
+from musegen.evaluation.metric import cosine
 from musegen.render import PROMPT_END_MARKER
 
 TPQ = 480
@@ -37,13 +38,14 @@ def write_midi(path, tracks, marker_beat=None, tpq=TPQ):
 
 
 def notes_of(triples, tpq=TPQ):
-    """(start beat, duration beats, pitch) -> Notes in ticks (beats given as exact fractions)."""
+    """(start beat, duration beats, pitch) -> one role's notes in ticks (beats given as exact fractions)."""
     s, d, p = (list(x) for x in zip(*triples))
     ticks = lambda beats: np.array([int(Fraction(b) * tpq) for b in beats], dtype=np.int64)
-    return style.Notes(tpq, ticks(s), ticks(d), np.array(p, dtype=np.int64))
+    start = ticks(s)
+    return style.role_notes("other", tpq, start, start + ticks(d), np.array(p, dtype=np.int64))
 
 
-def brute_time_pitch(notes: style.Notes) -> np.ndarray:
+def brute_time_pitch(notes) -> np.ndarray:
     """Every ordered pair, binned in exact fractions of a beat: the definition, at n^2 cost."""
     hist = np.zeros((24, 41), dtype=np.int64)
     for a, b in itertools.permutations(range(len(notes)), 2):
@@ -110,12 +112,8 @@ def test_pairs_are_bounded_to_four_beats_for_a_long_file():
     """60,000 notes, one per half beat: an n^2 matrix would need 28 GB; each note pairs with the
     next 7 only (dt 0.5 .. 3.5 beats)."""
     n = 60_000
-    notes = style.Notes(
-        TPQ,
-        np.arange(n, dtype=np.int64) * TPQ // 2,
-        np.full(n, TPQ // 4, dtype=np.int64),
-        np.full(n, 60, dtype=np.int64),
-    )
+    start = np.arange(n, dtype=np.int64) * TPQ // 2
+    notes = style.role_notes("other", TPQ, start, start + TPQ // 4, np.full(n, 60, dtype=np.int64))
     hist = style.time_pitch_profile(notes)
     assert hist.sum() == 7 * n - 28
     assert hist[3:22:3, 20].tolist() == [n - k for k in range(1, 8)]
@@ -130,8 +128,8 @@ def test_onset_duration_bins_by_hand():
 
 def test_similarity_rules():
     ones, zeros = np.ones((2, 2)), np.zeros((2, 2))
-    assert math.isnan(style.cosine(zeros, ones))
-    assert style.cosine(np.array([1.0, 0.0]), np.array([1.0, 1.0])) == pytest.approx(1 / math.sqrt(2))
+    assert math.isnan(cosine(zeros, ones))
+    assert cosine(np.array([1.0, 0.0]), np.array([1.0, 1.0])) == pytest.approx(1 / math.sqrt(2))
     assert style.similarity(zeros, ones) == 0.0, "an empty segment scores 0"
     assert math.isnan(style.similarity(ones, zeros)), "nothing to compare with"
 
@@ -140,7 +138,7 @@ def test_similarity_rules():
 
 
 def test_a_groove2groove_piece_finds_its_bass_by_name():
-    by_role, marker = style.read_piece(BOSSA)
+    by_role, marker = run_style.read_piece(BOSSA)
     score = symusic.Score(str(BOSSA))
     bass = next(t for t in score.tracks if t.name == "BB Bass")
     assert bass.program == 26 and marker is None
@@ -150,21 +148,21 @@ def test_a_groove2groove_piece_finds_its_bass_by_name():
     assert len(by_role["drums"]) == len(drums.notes) - 8, "the count-in's 8 clicks are gone"
     guitar = next(t for t in score.tracks if t.name == "BB Guitar")
     assert len(by_role["other"]) == len(guitar.notes)
-    rows = style.score_piece(BOSSA, BOSSA, n_segments=2)
+    rows = run_style.score_piece(BOSSA, BOSSA, n_segments=2)
     assert {r["track"] for r in rows} == {"bass", "drums", "other"}
     assert all(r["similarity"] > 0.5 for r in rows)
 
 
 def test_other_is_the_busiest_harmonic_track_or_all_merged():
     soul = GOLDEN / "groove_spe" / "mma_Soul.mid"  # Strings 40, Piano 306, Guitar 332 notes
-    busiest, _ = style.read_piece(soul)
-    merged, _ = style.read_piece(soul, other="merged")
+    busiest, _ = run_style.read_piece(soul)
+    merged, _ = run_style.read_piece(soul, other="merged")
     score = symusic.Score(str(soul))
     count = {t.name: len(t.notes) for t in score.tracks}
     assert len(busiest["other"]) == count["BB Guitar"]
     assert len(merged["other"]) == count["BB Guitar"] + count["BB Piano"] + count["BB Strings"]
     with pytest.raises(Exception, match="--other"):
-        style.read_piece(soul, other="loudest")
+        run_style.read_piece(soul, other="loudest")
 
 
 def test_bass_by_program_then_by_name_then_lowest(tmp_path):
@@ -181,9 +179,9 @@ def test_bass_by_program_then_by_name_then_lowest(tmp_path):
         ],
     )
     lowest = write_midi(tmp_path / "c.mid", [piano, drums, (0, False, [(b, 1, 40) for b in range(2)], "Pad")])
-    assert style.read_piece(program)[0]["bass"].pitch.tolist() == [80] * 4
-    assert style.read_piece(named)[0]["bass"].pitch.tolist() == [76] * 4
-    assert style.read_piece(lowest)[0]["bass"].pitch.tolist() == [40] * 2
+    assert run_style.read_piece(program)[0]["bass"].pitch.tolist() == [80] * 4
+    assert run_style.read_piece(named)[0]["bass"].pitch.tolist() == [76] * 4
+    assert run_style.read_piece(lowest)[0]["bass"].pitch.tolist() == [40] * 2
 
 
 # ---------------------------------------------------------------- scoring pieces
@@ -198,7 +196,7 @@ def test_identical_pieces_score_one(tmp_path):
             (0, True, [(k / 2, 0.1, 36 + k % 3) for k in range(16)]),
         ],
     )
-    rows = style.score_piece(piece, piece, n_segments=1)
+    rows = run_style.score_piece(piece, piece, n_segments=1)
     assert {(r["track"], r["metric"]) for r in rows} == {
         ("other", "time-pitch"),
         ("other", "onset-duration"),
@@ -212,7 +210,7 @@ def test_identical_pieces_score_one(tmp_path):
 def test_disjoint_bins_score_zero(tmp_path):
     a = write_midi(tmp_path / "a.mid", [(0, False, bar_a(0) + bar_a(1))])
     b = write_midi(tmp_path / "b.mid", [(0, False, bar_b(0) + bar_b(1))])
-    rows = style.score_piece(a, b, n_segments=1)
+    rows = run_style.score_piece(a, b, n_segments=1)
     assert len(rows) == 2 and all(r["similarity"] == 0.0 for r in rows)
     # ... while each pattern alone does have notes in its profiles
     assert all(r["generated_notes"] == 8 and r["reference_notes"] == 8 for r in rows)
@@ -223,19 +221,19 @@ def test_an_empty_segment_scores_zero_and_is_counted(tmp_path):
     drums = (0, True, [(b, 0.1, 36) for b in range(24)])
     gen = write_midi(tmp_path / "gen.mid", [drums, (0, False, bar_a(2) + [(9, 3, 64)])], marker_beat=8)
     ref = write_midi(tmp_path / "ref.mid", [drums, (0, False, bar_a(0) + bar_a(1))])
-    rows = style.score_piece(gen, ref)
+    rows = run_style.score_piece(gen, ref)
     other = [r for r in rows if r["metric"] == "onset-duration"]
     assert [r["similarity"] for r in other][1:] == [0.0, 0.0, 0.0]
-    assert style.medians(rows)["onset-duration"][1:] == [0.0, 0.0, 0.0]
-    assert style.empty_shares(rows)["onset-duration"] == [0.0, 1.0, 1.0, 1.0]
-    assert style.empty_shares(rows)["onset-drum"] == [0.0, 0.0, 0.0, 0.0]
+    assert run_style.medians(rows)["onset-duration"][1:] == [0.0, 0.0, 0.0]
+    assert run_style.empty_shares(rows)["onset-duration"] == [0.0, 1.0, 1.0, 1.0]
+    assert run_style.empty_shares(rows)["onset-drum"] == [0.0, 0.0, 0.0, 0.0]
 
 
 def test_transposed_piece_keeps_time_pitch_profile(pop909_songs, tmp_path):
     score = symusic.Score(str(pop909_songs[0]))
     score.shift_pitch(5).dump_midi(str(tmp_path / "up.mid"))
-    original, _ = style.read_piece(pop909_songs[0], other="merged")
-    shifted, _ = style.read_piece(tmp_path / "up.mid", other="merged")
+    original, _ = run_style.read_piece(pop909_songs[0], other="merged")
+    shifted, _ = run_style.read_piece(tmp_path / "up.mid", other="merged")
     assert set(original) == set(shifted) == {"bass", "other"}
     for role in original:
         a, b = style.time_pitch_profile(original[role]), style.time_pitch_profile(shifted[role])
@@ -251,7 +249,7 @@ def test_quarters_of_the_continuation_follow_the_marker(tmp_path):
     gen = write_midi(tmp_path / "gen" / "song_000.mid", [(0, False, notes)], marker_beat=8)
     write_midi(tmp_path / "ref" / "song.mid", [(0, False, bar_a(0))])
     write_midi(tmp_path / "ref" / "other.mid", [(0, False, bar_b(0))])
-    rows = style.score_piece(gen, tmp_path / "ref" / "song.mid")
+    rows = run_style.score_piece(gen, tmp_path / "ref" / "song.mid")
     onset = [r["similarity"] for r in rows if r["metric"] == "onset-duration"]
     assert onset == pytest.approx([1, 1, 0, 0])
     pitch = [r["similarity"] for r in rows if r["metric"] == "time-pitch"]
@@ -279,13 +277,13 @@ def test_quarters_of_the_continuation_follow_the_marker(tmp_path):
 
 def test_match_reference_by_folder_and_longest_stem_prefix(tmp_path):
     refs = {name: tmp_path / name for name in ("song.mid", "song_2.mid", "other.mid", "funk/0.mid", "jazz/0.mid")}
-    assert style.match_reference("song_000.mid", refs) == refs["song.mid"]
-    assert style.match_reference("song_2_001.mid", refs) == refs["song_2.mid"]
-    assert style.match_reference("songbook_000.mid", refs) is None
-    assert style.match_reference("jazz/0_000.mid", refs) == refs["jazz/0.mid"]  # same stem, other folder
-    assert style.match_reference("funk/0_003.mid", refs) == refs["funk/0.mid"]
-    assert style.match_reference("0_000.mid", refs) is None
-    assert style.match_reference("x.mid", {"a.mid": refs["song.mid"]}) == refs["song.mid"]
+    assert run_style.match_reference("song_000.mid", refs) == refs["song.mid"]
+    assert run_style.match_reference("song_2_001.mid", refs) == refs["song_2.mid"]
+    assert run_style.match_reference("songbook_000.mid", refs) is None
+    assert run_style.match_reference("jazz/0_000.mid", refs) == refs["jazz/0.mid"]  # same stem, other folder
+    assert run_style.match_reference("funk/0_003.mid", refs) == refs["funk/0.mid"]
+    assert run_style.match_reference("0_000.mid", refs) is None
+    assert run_style.match_reference("x.mid", {"a.mid": refs["song.mid"]}) == refs["song.mid"]
 
 
 # ---------------------------------------------------------------- the command

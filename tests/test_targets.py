@@ -18,9 +18,10 @@ from tiny_models import tiny_checkpoint
 
 from data_prep.common import Item, prepare
 from musegen.cli import main
-from musegen.metrics.continuation import ContinuationSettings, evaluate_continuation
-from musegen.metrics.copying import CopySettings, evaluate_copy
-from musegen.metrics.targets import MMA_PIECES, ContinuationRun, groove_targets, midi_checks, mma_checks
+from musegen.evaluation.run_continuation import ContinuationSettings, evaluate_continuation
+from musegen.evaluation.run_copy import CopySettings, evaluate_copy
+from musegen.evaluation.targets import MMA_PIECES, ContinuationRun, groove_targets, midi_checks, mma_checks
+from musegen.generation.settings import SampleSettings
 from musegen.tokenizers.groove import GrooveTokenizer
 
 MMA_FILES = sorted((GOLDEN / "groove_spe").glob("mma_*.mid"))[:6]
@@ -34,13 +35,13 @@ def runs(tmp_path_factory, one_torch_thread):
     items = [Item(name=p.stem, path=p, group=p.stem) for p in MMA_FILES]
     prepare(GrooveTokenizer(), items, root / "data", {"test": 1.0}, workers=1, split_of=lambda group: "test")
     ckpt = tiny_checkpoint("groove", root / "ckpt")
-    settings = ContinuationSettings(prompt_bars=2, bars=4, samples_per_piece=2)
+    settings = ContinuationSettings(prompt_bars=2, sample=SampleSettings(bars=4, num_samples=2, seed=0))
     evaluate_continuation(ckpt, root / "data", root / "mma", settings, split="test", device="cpu", progress=False)
     evaluate_continuation(
         ckpt,
         FREEDOOM,
         root / "midi",
-        ContinuationSettings(prompt_bars=2, bars=4, samples_per_piece=1),
+        ContinuationSettings(prompt_bars=2, sample=SampleSettings(bars=4, num_samples=1, seed=0)),
         device="cpu",
         progress=False,
     )

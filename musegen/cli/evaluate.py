@@ -35,7 +35,7 @@ def style(
     ),
 ):
     """Time-pitch and onset-duration style similarity per track and segment (paper Fig. 5)."""
-    from musegen.metrics.style import check_segments, evaluate_style
+    from musegen.evaluation.run_style import check_segments, evaluate_style
 
     n_segments = check_segments(segments)
     out = out or generated
@@ -79,8 +79,8 @@ def loss(
 ):
     """Teacher-forced NLL per token position, within and beyond the training length (paper Fig. 3),
     and per token type beside baselines counted on the training split."""
-    from musegen.metrics.compare import fmt
-    from musegen.metrics.loss import evaluate_loss
+    from musegen.evaluation.report import fmt
+    from musegen.evaluation.run_loss import evaluate_loss
 
     result = evaluate_loss(checkpoint, data, max_len, split=split, out_dir=out)
     for key, value in result.items():
@@ -128,20 +128,20 @@ def continuation(
 ):
     """Continue held-out pieces (pickup bar + N bars in, M bars out, as MIREX 2025) and compare the
     continuations with the real bars and with another piece's: a table (CSV + Markdown) and a plot."""
-    from musegen.metrics.continuation import ContinuationSettings, evaluate_continuation
+    from musegen.evaluation.run_continuation import ContinuationSettings, evaluate_continuation
+    from musegen.generation.settings import SampleSettings
 
-    settings = ContinuationSettings(
-        prompt_bars=prompt_bars,
+    sample = SampleSettings(
         bars=bars,
-        samples_per_piece=samples_per_piece,
+        num_samples=samples_per_piece,
         seed=seed,
         temperature=temperature,
         top_p=top_p,
         top_k=top_k,
         keep_note_offs=keep_note_offs,
         mono_bass=mono_bass,
-        by_quarter=by_quarter,
     )
+    settings = ContinuationSettings(prompt_bars=prompt_bars, sample=sample, by_quarter=by_quarter)
     result = evaluate_continuation(
         checkpoint, data, out, settings, split=split, limit=pieces, device=device, threads=threads
     )
@@ -183,7 +183,7 @@ def copy(
     role by how exactly it repeats the pattern (1: a perfect loop), beside the loop itself and an
     unrelated pattern."""
     from musegen.errors import ConfigError
-    from musegen.metrics.copying import CopySettings, evaluate_copy
+    from musegen.evaluation.run_copy import CopySettings, evaluate_copy
 
     checkpoints = {}
     for item in checkpoint:
@@ -218,7 +218,7 @@ def groove_targets(
     """Issue #28's "done when" for a groove model: each criterion, its target, the measured, real and floor
     values and pass/fail, from the outputs given."""
     from musegen.errors import ConfigError
-    from musegen.metrics.targets import groove_targets as build
+    from musegen.evaluation.targets import groove_targets as build
 
     if mma is None and midi is None and copy_test is None:
         raise ConfigError("give at least one of --mma, --midi and --copy")
@@ -239,7 +239,7 @@ def compare(
 ):
     """Several models side by side: NLL within/beyond L with all curves in one plot, style medians and box plots."""
     from musegen.errors import ConfigError
-    from musegen.metrics.compare import compare as compare_runs
+    from musegen.evaluation.compare import compare as compare_runs
 
     runs = {}
     for item in run:

@@ -1,4 +1,5 @@
-"""Teacher-forced NLL per token position (the paper's Fig. 3): does a model extrapolate?
+"""Teacher-forced NLL per token position (the paper's Fig. 3): does a model extrapolate? And per
+token type, beside count baselines. `musegen.evaluation.run_loss` runs it on a checkpoint.
 
 Each held-out piece is read from its start, up to `max_len` predicted tokens. Position t is
 the NLL (nats) of token t+1 given tokens 0..t. "within" averages the positions below the
@@ -8,18 +9,14 @@ training length, "extrapolation" the positions from it on; both weight every tok
 from __future__ import annotations
 
 import math
-import os
-from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 import torch
 
-from ..device import resolve_device
-from ..errors import ConfigError, DataError, TokenError
-from ..io import write_text
-from ..plots import pyplot, save_png
+from ..errors import TokenError
 from ..tokenizers.base import Tokenizer
+from .metric import nan_mean
 
 
 def position_nll(
@@ -30,10 +27,10 @@ def position_nll(
     The model's own random draws (SPE noise, features) come from a generator seeded with
     `seed`, so repeated validations of one model agree; the caller's RNG state is untouched.
     """
-    return _position_sums(token_nll(model, pieces, max_len, pad_id, batch_size, seed), max_len)
+    return position_sums(token_nll(model, pieces, max_len, pad_id, batch_size, seed), max_len)
 
 
-def _position_sums(per_piece: Sequence[np.ndarray], max_len: int) -> tuple[np.ndarray, np.ndarray]:
+def position_sums(per_piece: Sequence[np.ndarray], max_len: int) -> tuple[np.ndarray, np.ndarray]:
     sums, counts = np.zeros(max_len, dtype=np.float64), np.zeros(max_len, dtype=np.int64)
     for nll in per_piece:
         sums[: len(nll)] += nll
@@ -118,36 +115,6 @@ def summarize(sums: np.ndarray, counts: np.ndarray, train_len: int) -> dict[str,
         "train_len": int(train_len),
         "max_len": int(len(sums)),
     }
-
-
-def write_position_nll(
-    out_dir: str | os.PathLike, name: str, sums: np.ndarray, counts: np.ndarray, train_len: int, title: str = ""
-) -> dict[str, Path]:
-    """`<name>.csv` (position, nll, count) and `<name>.png` (NLL against position), atomically."""
-    plt = pyplot()
-
-    out_dir = Path(out_dir)
-    nll = np.divide(sums, counts, out=np.full(len(sums), np.nan), where=counts > 0)
-    rows = ["position,nll,count"] + [
-        f"{t},{'' if np.isnan(v) else f'{v:.6f}'},{c}" for t, (v, c) in enumerate(zip(nll, counts))
-    ]
-    csv_path, png_path = out_dir / f"{name}.csv", out_dir / f"{name}.png"
-    write_text(csv_path, "\n".join(rows) + "\n")
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    ax.plot(np.arange(len(nll)), nll, lw=0.5, alpha=0.4, label="per position")
-    window = max(1, len(nll) // 64)  # a running mean shows the trend through per-token noise
-    if window > 1 and np.isfinite(nll).sum() >= window:
-        smooth = np.convolve(np.nan_to_num(nll), np.ones(window) / window, mode="valid")
-        ax.plot(np.arange(len(smooth)) + window // 2, smooth, lw=1.5, label=f"running mean ({window})")
-    if train_len < len(nll):
-        ax.axvline(train_len, color="k", ls="--", lw=1, label="training length")
-    ax.set_xlabel("token position")
-    ax.set_ylabel("NLL (nats)")
-    ax.set_title(title or name)
-    ax.legend(loc="upper right", fontsize=8)
-    fig.tight_layout()
-    save_png(fig, png_path, dpi=110)
-    return {"csv": csv_path, "png": png_path}
 
 
 # ---- NLL per token type, beside baselines ------------------------------------------------------
@@ -258,7 +225,7 @@ def type_nll_rows(
     flat = {name: np.concatenate(parts) if parts else np.zeros(0) for name, parts in columns.items()}
     total = len(flat["model"])
     rows = [
-        {"type": "all", "tokens": total, "share": 1.0 if total else math.nan, "model": _mean(flat["model"])}
+        {"type": "all", "tokens": total, "share": 1.0 if total else math.nan, "model": nan_mean(flat["model"])}
         | {c: math.nan for c in TYPE_COLUMNS[4:]}
     ]
     for k, name in enumerate(tokenizer.token_types):
@@ -266,78 +233,6 @@ def type_nll_rows(
         if pick.any():
             rows.append(
                 {"type": name, "tokens": int(pick.sum()), "share": pick.sum() / total}
-                | {c: _mean(flat[c][pick]) for c in TYPE_COLUMNS[3:]}
+                | {c: nan_mean(flat[c][pick]) for c in TYPE_COLUMNS[3:]}
             )
     return rows
-
-
-def _mean(values: np.ndarray) -> float:
-    finite = values[np.isfinite(values)]
-    return float(finite.mean()) if len(finite) else math.nan
-
-
-def write_type_nll(
-    out_dir: str | os.PathLike, name: str, rows: list[dict[str, Any]], position_type: str | None
-) -> dict[str, Path]:
-    """`<name>.md` (the per-type table and what each column means) and `<name>.csv`."""
-    from .compare import fmt, write_table  # (compare imports this module)
-
-    note = (
-        "NLL in nats per token. model: -log p(token); model_given_type: -log p(token | its type). "
-        "The baselines know the type and are counted on the training split: unigram; conditional: "
-        + (
-            f"a {position_type} token given the previous {position_type} token in its bar (or the bar "
-            "start), any other token given the previous token; "
-            if position_type
-            else "a token given the previous token; "
-        )
-        + "uniform_allowed: a uniform guess among the tokens of that type the grammar allows there."
-    )
-    cells = [[r["type"], str(r["tokens"])] + [fmt(r[c]) for c in TYPE_COLUMNS[2:]] for r in rows]
-    write_table(Path(out_dir), name, list(TYPE_COLUMNS), cells, note)
-    return {"csv": Path(out_dir) / f"{name}.csv", "md": Path(out_dir) / f"{name}.md"}
-
-
-def evaluate_loss(
-    checkpoint_dir: str | os.PathLike,
-    data_dir: str | os.PathLike,
-    max_len: int,
-    split: str = "valid",
-    out_dir: str | os.PathLike | None = None,
-    batch_size: int = 4,
-    device: str | torch.device | None = None,
-) -> dict[str, Any]:
-    """Per-position and per-token-type NLL of a checkpoint on a prepared split.
-
-    The training length comes from the checkpoint's metadata (`train_len`, written by
-    `musegen train`); without it every position counts as "within". The per-type baselines are
-    counted on the folder's train split (left empty when it has none). With `out_dir`:
-    `nll_<split>.csv/.png` (per position) and `token_types_<split>.csv/.md` (per type).
-    """
-    from ..checkpoint import load_checkpoint
-    from ..shards import Shards
-
-    if not 1 <= max_len <= MAX_SCORED_LEN:
-        raise ConfigError(f"--max-len must be within 1..{MAX_SCORED_LEN:,}, got {max_len:,}")
-    device = resolve_device(device)
-    model, tokenizer, _, meta = load_checkpoint(checkpoint_dir, device=device)
-    shards = Shards(data_dir)
-    split, pieces = shards.pieces_for(split, tokenizer)
-    if not pieces:
-        raise DataError(f"{data_dir}: split {split!r} holds no pieces")
-    train_len = int(meta.get("train_len") or max_len)
-    scored = token_nll(model, pieces, max_len, tokenizer.pad_id, batch_size, type_of=tokenizer.token_type_ids())
-    sums, counts = _position_sums([nll for nll, _ in scored], max_len)
-    baselines = TypeBaselines(tokenizer, shards.pieces("train")) if "train" in shards.splits else None
-    types = type_nll_rows(tokenizer, pieces, scored, baselines)
-    result = summarize(sums, counts, train_len) | {"pieces": len(pieces), "split": split, "types": types}
-    if out_dir is not None:
-        files = write_position_nll(
-            out_dir, f"nll_{split}", sums, counts, train_len, title=f"{Path(checkpoint_dir).name} on {split}"
-        )
-        files |= {
-            f"types_{k}": v
-            for k, v in write_type_nll(out_dir, f"token_types_{split}", types, tokenizer.position_type).items()
-        }
-        result["files"] = {k: str(v) for k, v in files.items()}
-    return result

@@ -8,12 +8,8 @@ chord rhythm, at several tempos). The prompt is the pattern played twice (4 bars
 the model's tokenizer; the model continues it for N bars with the normal sampler and its default
 settings.
 
-Each continuation bar b is compared, role by role (bass, drums, other, as the groove tokenizer
-finds them), with the prompt's bar of the same phase (b mod 2), as the tokenizer gave it back:
-the F1 of their (onset tick within the bar, pitch) sets, 2 |A & B| / (|A| + |B|). A bar where
-neither plays in that role is left out; a role's score is the mean over the other bars (so a
-loop that plays the pattern exactly scores 1, silence or a transposed copy 0, a copy one step
-late 0). A role that neither the pattern nor the continuation plays is not scored.
+Each continuation bar is scored role by role against the prompt's bar of the same phase, as the
+tokenizer gave it back (`musegen.evaluation.copy_score`: 1 for an exact loop, 0 for silence).
 
 Two rows bracket the models' (per tokenizer, since they go through its encoding):
 - *ceiling*: the pattern itself looped on for the same bars, encoded and decoded like the
@@ -39,9 +35,11 @@ from tqdm import tqdm
 from ..errors import ConfigError, DataError, MusegenError, TokenError
 from ..io import write_json
 from ..music.constants import BEATS_PER_BAR
+from ..music.notes import ROLES, NoteTable
 from ..tokenizers.base import Tokenizer
-from .continuation import NoteTable, _json_safe
-from .style import ROLES
+from .copy_score import CopyScore, Loop
+from .metric import Span, nan_mean
+from .report import fmt, json_safe, write_table
 
 if TYPE_CHECKING:
     from ..generation.prompt import Prompt
@@ -139,7 +137,7 @@ def corpus_patterns(data_dir: str | os.PathLike, split: str, limit: int) -> tupl
         except TokenError as exc:
             skipped[name] = f"cannot decode: {str(exc).splitlines()[0]}"
             continue
-        notes = NoteTable.from_midi(midi)
+        notes = NoteTable.from_miditoolkit(midi)
         first = notes.first_bar()
         if first is None or any(not len(notes.onsets_in(first + k, 1)) for k in range(PATTERN_BARS)):
             skipped[name] = f"fewer than {PATTERN_BARS} playing bars from its first note"
@@ -237,61 +235,8 @@ def built_patterns() -> list[Pattern]:
 # ---- scoring --------------------------------------------------------------------------------------
 
 
-def bar_keys(notes: NoteTable, role: str, bar: int, tpq: int) -> set[tuple[int, int]]:
-    """(onset tick within the bar at `tpq` ticks a beat, pitch) of `role`'s notes starting in `bar`."""
-    mine = notes.select(notes.role == role).onsets_in(bar, 1)
-    ticks = np.rint((mine.start - bar * BEATS_PER_BAR) * tpq).astype(np.int64)
-    return set(zip(ticks.tolist(), mine.pitch.tolist()))
-
-
-def f1(found: set, wanted: set) -> float:
-    """2 |found & wanted| / (|found| + |wanted|); NaN when both are empty."""
-    total = len(found) + len(wanted)
-    return 2 * len(found & wanted) / total if total else math.nan
-
-
-@dataclass
-class Loop:
-    """What a continuation should repeat: per role, the (onset, pitch) set of each pattern bar,
-    read from the prompt's last repeat as the tokenizer gave it back."""
-
-    tpq: int
-    bars: dict[str, list[set[tuple[int, int]]]]
-
-    @classmethod
-    def of(cls, prompt_piece: miditoolkit.MidiFile, roles: tuple[str, ...]) -> "Loop":
-        notes = NoteTable.from_midi(prompt_piece)
-        first = PROMPT_BARS - PATTERN_BARS  # a multiple of PATTERN_BARS: bar b has phase b mod 2
-        return cls(
-            notes.tpq,
-            {role: [bar_keys(notes, role, first + k, notes.tpq) for k in range(PATTERN_BARS)] for role in roles},
-        )
-
-    def bar_scores(self, notes: NoteTable, first_bar: int, bars: int) -> dict[str, list[float]]:
-        """Per role: the F1 of each bar first_bar .. first_bar + bars - 1 against the pattern's bar
-        of the same phase (NaN where neither plays)."""
-        return {
-            role: [
-                f1(bar_keys(notes, role, b, self.tpq), wanted[b % PATTERN_BARS])
-                for b in range(first_bar, first_bar + bars)
-            ]
-            for role, wanted in self.bars.items()
-        }
-
-    def scores(self, notes: NoteTable, first_bar: int, bars: int) -> dict[str, float]:
-        """Per role: the mean of `bar_scores` over the bars where either plays (NaN where neither
-        ever does)."""
-        return {role: nan_mean(values) for role, values in self.bar_scores(notes, first_bar, bars).items()}
-
-
-def nan_mean(values) -> float:
-    """The mean of the values that are not NaN; NaN if none."""
-    values = [v for v in values if not math.isnan(v)]
-    return float(np.mean(values)) if values else math.nan
-
-
 def silence() -> NoteTable:
-    return NoteTable.from_midi(miditoolkit.MidiFile())
+    return NoteTable.from_miditoolkit(miditoolkit.MidiFile())
 
 
 @dataclass
@@ -311,14 +256,15 @@ def prepare(tokenizer: Tokenizer, pattern: Pattern) -> Prepared:
     prompt = load_prompt(tokenizer, looped(pattern, PROMPT_BARS))
     if prompt.bars != PROMPT_BARS:
         raise DataError(f"the {tokenizer.kind} tokenizer keeps {prompt.bars} of its {PROMPT_BARS} prompt bars")
-    return Prepared(pattern, prompt, Loop.of(prompt.piece, tokenizer.roles))
+    notes = NoteTable.from_miditoolkit(prompt.piece)
+    return Prepared(pattern, prompt, Loop.of(notes, PROMPT_BARS - PATTERN_BARS, PATTERN_BARS, tokenizer.roles))
 
 
 def loop_scores(tokenizer: Tokenizer, loop: Loop, pattern: Pattern, bars: int) -> dict[str, float]:
     """The scores of `pattern` played on past the prompt (encoded and decoded by the tokenizer),
     measured against `loop`: the ceiling for the loop's own pattern, a floor for another."""
     midi = tokenizer.decode(tokenizer.encode(looped(pattern, PROMPT_BARS + bars)).ids)
-    return loop.scores(NoteTable.from_midi(midi), PROMPT_BARS, bars)
+    return loop.scores(NoteTable.from_miditoolkit(midi), PROMPT_BARS, bars)
 
 
 # ---- the test over checkpoints --------------------------------------------------------------------
@@ -396,14 +342,11 @@ def evaluate_copy(
             write_samples(samples, tokenizer, item.prompt, out_dir / "samples" / name, _stem(item.pattern.name))
             for j, sample in enumerate(samples):
                 try:
-                    notes = NoteTable.from_midi(tokenizer.decode(sample.ids))
+                    notes = NoteTable.from_miditoolkit(tokenizer.decode(sample.ids))
                 except TokenError:  # nothing usable written: no credit
                     notes = silence()
-                by_bar = item.loop.bar_scores(notes, item.prompt.bars, settings.bars)
-                rows.append(
-                    _row(item.pattern, j, {role: nan_mean(v) for role, v in by_bar.items()})
-                    | {"by_bar": [nan_mean(bar) for bar in zip(*by_bar.values())]}
-                )
+                span = Span(notes, item.prompt.bars, settings.bars, {"loop": item.loop})
+                rows.append(_row(item.pattern, j, CopyScore().compute(span)))
         models[name] = {
             "checkpoint": str(folder),
             "tokenizer": tokenizer.kind,
@@ -471,8 +414,6 @@ def _report(
     data_dir,
     split: str,
 ) -> dict[str, Any]:
-    from .compare import fmt, write_table
-
     several = len({kind for kind, _ in baselines.values()}) > 1
     table = []
     for name, run in models.items():
@@ -526,5 +467,5 @@ def _report(
         "models": models,
         "baselines": {kind: rows for kind, rows in baselines.values()},
     }
-    write_json(out_dir / "copy.json", _json_safe(result))
+    write_json(out_dir / "copy.json", json_safe(result))
     return result | {"files": {kind: str(out_dir / f"copy.{kind}") for kind in ("md", "csv", "json")}}

@@ -28,7 +28,8 @@ from .. import schemas
 from ..errors import DataError
 from ..io import write_json
 from .compare import read_jsonl
-from .continuation import pooled_values, summary_rows
+from .report import fmt, write_table
+from .run_continuation import pooled_values, summary_rows
 
 MMA_PIECES, MMA_SAMPLES, PROMPT_BARS = 60, 2, 2
 STYLE_TARGETS = {"time-pitch": 0.6, "onset-duration": 0.5, "onset-drum": 0.7}
@@ -103,46 +104,33 @@ def mma_checks(run: ContinuationRun) -> list[Check]:
         )
     ]
     for metric, least in STYLE_TARGETS.items():
-        model, real, floor = run.statistic(f"style {metric} Q1", "median")
         checks.append(
-            Check(part, f"style {metric} Q1 (median, empty = 0)", f">= {least}", model, real, floor, model >= least)
+            _compared(
+                run, part, f"style {metric} Q1", "median", " (median, empty = 0)", f">= {least}", _at_least(least)
+            )
         )
     for role in PITCHED_ROLES:
-        model, real, floor = run.statistic(f"{role} notes per bar", "mean")
         checks.append(
-            Check(
+            _compared(
+                run,
                 part,
-                f"{role} notes per bar (mean)",
+                f"{role} notes per bar",
+                "mean",
+                " (mean)",
                 f"real +-{NOTES_TOLERANCE:.0%}",
-                model,
-                real,
-                floor,
-                real > 0 and abs(model / real - 1) <= NOTES_TOLERANCE,
+                lambda model, real, floor: real > 0 and abs(model / real - 1) <= NOTES_TOLERANCE,
             )
         )
-    for role in PITCHED_ROLES:
-        model, real, floor = run.statistic(f"{role} median duration", "median")
-        checks.append(
-            Check(
-                part,
-                f"{role} median duration, beats (median)",
-                f"within {MMA_DURATION_RATIO}x of real",
-                model,
-                real,
-                floor,
-                _within_ratio(model, real, MMA_DURATION_RATIO),
-            )
-        )
-    model, real, floor = run.statistic("mean pitch", "mean")
+    checks += _duration_checks(run, part, MMA_DURATION_RATIO, f"{MMA_DURATION_RATIO}")
     checks.append(
-        Check(
+        _compared(
+            run,
             part,
-            "mean pitch (mean)",
+            "mean pitch",
+            "mean",
+            " (mean)",
             f"real +-{PITCH_TOLERANCE:g} semitones",
-            model,
-            real,
-            floor,
-            abs(model - real) <= PITCH_TOLERANCE,
+            lambda model, real, floor: abs(model - real) <= PITCH_TOLERANCE,
         )
     )
     return checks
@@ -151,34 +139,47 @@ def mma_checks(run: ContinuationRun) -> list[Check]:
 def midi_checks(run: ContinuationRun) -> list[Check]:
     """The criteria on real multi-track MIDI that is not MMA."""
     part = f"real MIDI ({run.pieces} pieces x {run.settings.get('samples_per_piece')})"
-    checks = []
-    for role in PITCHED_ROLES:
-        model, real, floor = run.statistic(f"{role} median duration", "median")
-        checks.append(
-            Check(
-                part,
-                f"{role} median duration, beats (median)",
-                f"within {MIDI_DURATION_RATIO:g}x of real",
-                model,
-                real,
-                floor,
-                _within_ratio(model, real, MIDI_DURATION_RATIO),
-            )
-        )
+    checks = _duration_checks(run, part, MIDI_DURATION_RATIO, f"{MIDI_DURATION_RATIO:g}")
     for metric in STYLE_TARGETS:
-        model, real, floor = run.statistic(f"style {metric} Q1", "median")
         checks.append(
-            Check(
+            _compared(
+                run,
                 part,
-                f"style {metric} Q1 (median, empty = 0)",
+                f"style {metric} Q1",
+                "median",
+                " (median, empty = 0)",
                 "> floor (an unrelated piece)",
-                model,
-                real,
-                floor,
-                model > floor,
+                lambda model, real, floor: model > floor,
             )
         )
     return checks
+
+
+def _compared(run: ContinuationRun, part: str, metric: str, statistic: str, how: str, target: str, passes) -> Check:
+    """The check of one statistic of a metric: the model's, real and floor values, and whether
+    `passes(model, real, floor)`. `how` follows the metric's name in the criterion."""
+    model, real, floor = run.statistic(metric, statistic)
+    return Check(part, f"{metric}{how}", target, model, real, floor, passes(model, real, floor))
+
+
+def _at_least(least: float):
+    return lambda model, real, floor: model >= least
+
+
+def _duration_checks(run: ContinuationRun, part: str, ratio: float, shown: str) -> list[Check]:
+    """The pitched roles' median durations (the median over spans) within `ratio` of the real ones."""
+    return [
+        _compared(
+            run,
+            part,
+            f"{role} median duration",
+            "median",
+            ", beats (median)",
+            f"within {shown}x of real",
+            lambda model, real, floor: _within_ratio(model, real, ratio),
+        )
+        for role in PITCHED_ROLES
+    ]
 
 
 def read_copy(folder: str | os.PathLike) -> dict[str, Any]:
@@ -226,8 +227,6 @@ def write_targets(
 ) -> dict[str, Path]:
     """done_when.md (the table, then `note`), .csv and .json (every check, numbers unrounded, and
     `runs`: the settings of the runs measured)."""
-    from .compare import fmt, write_table
-
     out_dir = Path(out_dir)
     verdict = {True: "pass", False: "FAIL", None: "-"}
     cells = [
@@ -296,7 +295,7 @@ def groove_targets(
         "measured: the model's value (for the copy test: its mean; real: the ceiling, the prompt's own loop; "
         "floor: an unrelated pattern's loop). real: the pieces' own continuation bars; floor: another piece's "
         "bars after its own prompt. Definitions: docs/evaluation.md; criteria: issue #28 and "
-        "musegen/metrics/targets.py. The docs criterion is for a reader to check."
+        "musegen/evaluation/targets.py. The docs criterion is for a reader to check."
     )
     if missing:
         note += f" Not run: {', '.join(missing)}."

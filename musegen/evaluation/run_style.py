@@ -1,25 +1,10 @@
-"""Style similarity of generated continuations (Cífka et al. 2019/2020; paper Fig. 5; docs/method.md).
+"""`musegen evaluate style`: generated continuations scored against their reference pieces with
+the style profiles of `musegen.evaluation.style` (paper Fig. 5; docs/method.md).
 
-A *style profile* is a 2-D histogram of note statistics; two pieces are compared by the cosine
-similarity of their profiles. Times are integer ticks and every bin is computed exactly from
-them (a 1/6-beat bin is `6 * ticks // ticks_per_beat`), so notes on a triplet or 1/12-beat grid
-never slip into the bin below. Bars are 4 beats, as in the paper's data.
-
-- time-pitch (24 x 41): for each ordered pair of distinct notes (a, b) of one track with
-  0 <= onset(b) - onset(a) < 4 beats: (onset difference in 1/6-beat bins) x (pitch(b) - pitch(a)
-  in -20..20); notes that start together count in both orders. Only notes within 4 beats of
-  each other are paired, so time and memory grow with those pairs, not with the square of the
-  notes.
-- onset-duration (24 x 12): (onset mod 4 beats in 1/6-beat bins) x (duration over 0..2 beats in
-  1/6-beat bins; exactly 2 beats counts in the last bin, longer notes are not counted). The
-  reference code took the onset in ticks here; it is in beats.
-- onset-drum (24 x 128), drums only, replacing both: (onset mod 4 beats) x (drum pitch).
-
-Tracks are compared by role, found as the groove tokenizer finds them: by name in a
-Groove2Groove file (whose 2-bar count-in is left out) or one `decode` wrote, else drums on the
-drum channel and bass by GM program 32-39, else a bass-like name, else the lowest track. "other"
-is the single busiest harmonic track, as the reference scores it (`other="merged"`: all of them).
-
+Tracks are compared by role (`musegen.music.roles`): by name in a Groove2Groove file (whose 2-bar
+count-in is left out) or one `decode` wrote, else drums on the drum channel and bass by GM
+program 32-39, else a bass-like name, else the lowest track. "other" is the single busiest
+harmonic track, as the reference scores it (`other="merged"`: all of them).
 A generated piece's continuation (from musegen's prompt-end marker on, or the whole piece
 without one) is cut into equal-duration segments by onset; each segment's profile is scored
 against the whole reference piece of the same role. A segment that is empty (or too short for
@@ -30,133 +15,30 @@ beside each median, so a model that stops playing cannot look good.
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import ConfigError, MidiError, MusegenError
-from ..io import write_text
 from ..music.constants import BEATS_PER_BAR
 from ..music.midi import find_midi_files
+from ..music.notes import NoteTable
 from ..music.roles import merged_notes, read_trio
-from ..plots import pyplot, save_png
 from ..render import PROMPT_END_MARKER
+from .report import plot_segments, write_rows_csv
+from .style import METRICS, ROLES, profiles, role_notes, similarity
 
-BINS_PER_BEAT = 6
-TIME_BINS = 24  # 4 beats of onset difference / onset within the bar
-WINDOW_BEATS = 4
-PITCH_RANGE = 20
-DURATION_BINS = 12  # 0..2 beats
-METRICS = ("time-pitch", "onset-duration", "onset-drum")
-ROLES = ("bass", "drums", "other")
 OTHER_CHOICES = ("busiest", "merged")
 MAX_SEGMENTS = 64  # segments of a continuation; more would cut it finer than its notes
 BASELINE_PROMPT_BARS = 2  # the baselines' "continuation" starts where the protocol's prompt ends
 
 
-@dataclass
-class Notes:
-    """One role's notes: integer tick arrays and the ticks per beat they are counted in."""
-
-    tpq: int
-    start: np.ndarray
-    duration: np.ndarray
-    pitch: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.start)
-
-    def select(self, keep: np.ndarray) -> "Notes":
-        return Notes(self.tpq, self.start[keep], self.duration[keep], self.pitch[keep])
-
-    @classmethod
-    def empty(cls, tpq: int) -> "Notes":
-        none = np.zeros(0, dtype=np.int64)
-        return cls(tpq, none, none, none)
-
-
-def time_pitch_profile(notes: Notes) -> np.ndarray:
-    """Pairs within 4 beats, swept by lag over notes sorted by onset; notes with the same onset
-    and pitch are counted once with their multiplicity, so stacked duplicates cost nothing."""
-    keys, counts = np.unique(np.stack([notes.start, notes.pitch], 1), axis=0, return_counts=True)
-    start, pitch = keys[:, 0], keys[:, 1]  # sorted by onset, then pitch
-    window = WINDOW_BEATS * notes.tpq
-    hist = np.zeros((TIME_BINS, 2 * PITCH_RANGE + 1), dtype=np.int64)
-    _add_pairs(
-        hist, np.zeros(len(keys), dtype=np.int64), np.zeros(len(keys), dtype=np.int64), counts * (counts - 1), notes.tpq
-    )  # equal notes: every ordered pair of them
-    for lag in range(1, len(keys)):
-        dt = start[lag:] - start[:-lag]
-        near = dt < window
-        if not near.any():
-            break  # onsets are sorted: a longer lag only moves further apart
-        weight = (counts[lag:] * counts[:-lag])[near]
-        interval = (pitch[lag:] - pitch[:-lag])[near]
-        _add_pairs(hist, dt[near], interval, weight, notes.tpq)
-        together = dt[near] == 0  # notes that start together also pair the other way round
-        _add_pairs(hist, dt[near][together], -interval[together], weight[together], notes.tpq)
-    return hist
-
-
-def _add_pairs(hist: np.ndarray, dt: np.ndarray, interval: np.ndarray, weight: np.ndarray, tpq: int) -> None:
-    keep = (np.abs(interval) <= PITCH_RANGE) & (weight > 0)
-    np.add.at(hist, (_bins(dt[keep], tpq), interval[keep] + PITCH_RANGE), weight[keep])
-
-
-def onset_duration_profile(notes: Notes) -> np.ndarray:
-    keep = notes.duration <= 2 * notes.tpq
-    hist = np.zeros((TIME_BINS, DURATION_BINS), dtype=np.int64)
-    durations = np.minimum(_bins(notes.duration[keep], notes.tpq), DURATION_BINS - 1)  # 2 beats: last bin
-    np.add.at(hist, (_onset_bins(notes.select(keep)), durations), 1)
-    return hist
-
-
-def onset_drum_profile(notes: Notes) -> np.ndarray:
-    hist = np.zeros((TIME_BINS, 128), dtype=np.int64)
-    np.add.at(hist, (_onset_bins(notes), notes.pitch), 1)
-    return hist
-
-
-def _bins(ticks: np.ndarray, tpq: int) -> np.ndarray:
-    """1/6-beat bins of non-negative tick counts, exactly."""
-    return (BINS_PER_BEAT * np.asarray(ticks, dtype=np.int64)) // tpq
-
-
-def _onset_bins(notes: Notes) -> np.ndarray:
-    return _bins(np.mod(notes.start, BEATS_PER_BAR * notes.tpq), notes.tpq)
-
-
-def profiles(notes: Notes, role: str) -> dict[str, np.ndarray]:
-    if role == "drums":
-        return {"onset-drum": onset_drum_profile(notes)}
-    return {"time-pitch": time_pitch_profile(notes), "onset-duration": onset_duration_profile(notes)}
-
-
-def cosine(a: np.ndarray, b: np.ndarray) -> float:
-    """Cosine similarity of two histograms; NaN when either is empty."""
-    na, nb = np.linalg.norm(a), np.linalg.norm(b)
-    if na == 0 or nb == 0:
-        return math.nan
-    return float(np.dot(a.ravel().astype(float), b.ravel().astype(float)) / (na * nb))
-
-
-def similarity(generated: np.ndarray, reference: np.ndarray) -> float:
-    """The score of a segment's profile: NaN when the reference has nothing to compare with,
-    0 when the segment has nothing (it played nothing in that role), else the cosine."""
-    if not reference.any():
-        return math.nan
-    return cosine(generated, reference) if generated.any() else 0.0
-
-
 # ---- reading pieces ---------------------------------------------------------------------------------
 
 
-def read_piece(path: str | os.PathLike, other: str = "busiest") -> tuple[dict[str, Notes], int | None]:
+def read_piece(path: str | os.PathLike, other: str = "busiest") -> tuple[dict[str, NoteTable], int | None]:
     """Notes per role (ticks) and the prompt end tick (None without a marker)."""
     if other not in OTHER_CHOICES:
         raise ConfigError(f"--other must be one of {', '.join(OTHER_CHOICES)}, got {other!r}")
@@ -167,21 +49,23 @@ def read_piece(path: str | os.PathLike, other: str = "busiest") -> tuple[dict[st
         rows = merged_notes(parts)
         if len(rows):
             start = np.maximum(rows[:, 0], 0)  # a count-in cut may leave an onset half a grid unit early
-            by_role[role] = Notes(parsed.tpq, start, rows[:, 1] - start, rows[:, 2])
+            by_role[role] = role_notes(role, parsed.tpq, start, rows[:, 1], rows[:, 2])
     ends = [tick for tick, text in parsed.markers if text == PROMPT_END_MARKER]
     return by_role, (max(ends[0], 0) if ends else None)
 
 
-def continuation_segments(by_role: dict[str, Notes], start: int | None, n_segments: int = 4) -> list[dict[str, Notes]]:
+def continuation_segments(
+    by_role: dict[str, NoteTable], start: int | None, n_segments: int = 4
+) -> list[dict[str, NoteTable]]:
     """The notes from `start` (default: the first onset) to the last note end, cut into
     `n_segments` spans of equal duration by onset (the last onset belongs to the last span)."""
     check_segments(n_segments)
     if start is None:
         start = min((int(n.start.min()) for n in by_role.values() if len(n)), default=0)
     cont = {role: n.select(n.start >= start) for role, n in by_role.items()}
-    end = max((int((n.start + n.duration).max()) for n in cont.values() if len(n)), default=start)
+    end = max((int(n.end.max()) for n in cont.values() if len(n)), default=start)
     span = max(end - start, 1)
-    segments: list[dict[str, Notes]] = [{} for _ in range(n_segments)]
+    segments: list[dict[str, NoteTable]] = [{} for _ in range(n_segments)]
     for role, n in cont.items():
         index = np.minimum((n.start - start) * n_segments // span, n_segments - 1)
         for k in range(n_segments):
@@ -204,7 +88,7 @@ def check_segments(n_segments) -> int:
 # ---- scoring --------------------------------------------------------------------------------------
 
 
-def score_segments(segments: list[dict[str, Notes]], reference: dict[str, Notes]) -> list[dict]:
+def score_segments(segments: list[dict[str, NoteTable]], reference: dict[str, NoteTable]) -> list[dict]:
     """One row per (role, metric, segment) for the roles the reference has."""
     rows = []
     for role in ROLES:
@@ -212,7 +96,7 @@ def score_segments(segments: list[dict[str, Notes]], reference: dict[str, Notes]
             continue  # nothing to compare this role's output with
         ref_profiles = profiles(reference[role], role)
         for index, segment in enumerate(segments, start=1):
-            notes = segment.get(role, Notes.empty(reference[role].tpq))
+            notes = segment.get(role, NoteTable.empty(reference[role].tpq))
             for metric, profile in profiles(notes, role).items():
                 rows.append(
                     {
@@ -267,7 +151,7 @@ def baseline_rows(references: dict[str, Path], n_segments: int = 4, other: str =
     return rows
 
 
-def _after_prompt(by_role: dict[str, Notes], n_segments: int) -> list[dict[str, Notes]]:
+def _after_prompt(by_role: dict[str, NoteTable], n_segments: int) -> list[dict[str, NoteTable]]:
     """A reference played on from where the protocol's prompt ends, in segments."""
     tpq = next(iter(by_role.values())).tpq
     return continuation_segments(by_role, BASELINE_PROMPT_BARS * BEATS_PER_BAR * tpq, n_segments)
@@ -336,9 +220,9 @@ def evaluate_style(
             f"{generated_dir}: no generated file could be scored against a reference in "
             f"{reference_dir}{reason} (name references like the prompt: song.mid for song_000.mid)"
         )
-    write_csv(out_csv, rows)
+    write_rows_csv(out_csv, rows)
     if out_png is not None:
-        boxplot_png(rows, out_png, n_segments)
+        plot_segments(_per_segment_values(rows, n_segments), out_png)
     result = {
         "pieces": len(generated) - len(unmatched) - len(skipped),
         "unmatched": unmatched,
@@ -349,7 +233,7 @@ def evaluate_style(
     }
     if baselines:
         extra = baseline_rows(used, n_segments, other)
-        write_csv(Path(out_csv).with_name(Path(out_csv).stem + "_baselines.csv"), extra)
+        write_rows_csv(Path(out_csv).with_name(Path(out_csv).stem + "_baselines.csv"), extra)
         result["baselines"] = {
             kind: {"medians": medians(part, n_segments), "empty": empty_shares(part, n_segments)}
             for kind in ("ceiling", "floor")
@@ -391,28 +275,10 @@ def empty_shares(rows: list[dict], n_segments: int = 4) -> dict[str, list[float]
     return out
 
 
-def write_csv(path: str | os.PathLike, rows: list[dict]) -> None:
-    buffer = io.StringIO()
-    fields = list(dict.fromkeys(key for row in rows for key in row)) if rows else ["generated"]
-    writer = csv.DictWriter(buffer, fieldnames=fields, lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    write_text(path, buffer.getvalue())
-
-
-def boxplot_png(rows: list[dict], path: str | os.PathLike, n_segments: int = 4) -> None:
-    """One panel per metric, one box per segment of the continuation (paper Fig. 5)."""
-    plt = pyplot()
-
-    metrics = [m for m in METRICS if any(r["metric"] == m for r in rows)]
-    fig, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 3.5), squeeze=False)
-    for ax, metric in zip(axes[0], metrics):
-        data = [[r["similarity"] for r in v] for v in _per_segment(rows, metric, n_segments)]
-        ax.boxplot([d if d else [math.nan] for d in data], showfliers=False)
-        ax.set_xticks(range(1, n_segments + 1), [f"Q{s}" for s in range(1, n_segments + 1)])
-        ax.set_ylim(0, 1)
-        ax.set_title(metric)
-        ax.set_xlabel("segment of the continuation")
-    axes[0][0].set_ylabel("cosine similarity to reference")
-    fig.tight_layout()
-    save_png(fig, path)
+def _per_segment_values(rows: list[dict], n_segments: int) -> dict[str, list[list[float]]]:
+    """{metric: [the similarities of each segment]} for the metrics the rows score."""
+    return {
+        metric: [[r["similarity"] for r in v] for v in _per_segment(rows, metric, n_segments)]
+        for metric in METRICS
+        if any(r["metric"] == metric for r in rows)
+    }

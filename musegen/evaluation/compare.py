@@ -11,7 +11,6 @@ where they validated as they trained, their NLL within and beyond the training l
 from __future__ import annotations
 
 import csv
-import io
 import math
 import os
 from collections import defaultdict
@@ -22,10 +21,19 @@ import numpy as np
 
 from .. import schemas
 from ..errors import DataError, FormatError
-from ..io import write_text
-from ..plots import pyplot, save_png
 from .loss import summarize
-from .style import METRICS, empty_shares, medians
+from .report import (
+    fmt,
+    plot_grouped_segments,
+    plot_position_nll,
+    plot_quarters,
+    plot_validation,
+    read_position_nll,
+    write_table,
+)
+from .run_continuation import mean_positions
+from .run_style import empty_shares, medians
+from .style import METRICS
 
 
 def labelled_paths(spec: str | None, default: dict[str, Path]) -> dict[str, Path]:
@@ -50,53 +58,6 @@ def _the_one(folder: Path, pattern: str, command: str) -> Path:
     if len(found) != 1:
         raise DataError(f"{folder}: expected one {pattern} from `{command}`, found {len(found)}")
     return found[0]
-
-
-# --- NLL per position (paper Fig. 3) ---------------------------------------------------------
-
-
-def read_position_nll(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
-    """(NLL, token count) for every position of a CSV written by `musegen evaluate loss`; the NLL
-    is NaN at positions no piece reached."""
-    with open(path, newline="", encoding="utf-8") as f:
-        rows = list(csv.DictReader(f))
-    if not any(r.get("nll") for r in rows):
-        raise DataError(f"{path}: no per-position NLL rows (expected a `musegen evaluate loss` CSV)")
-    return (
-        np.array([float(r["nll"]) if r["nll"] else math.nan for r in rows]),
-        np.array([int(r["count"]) for r in rows]),
-    )
-
-
-def plot_position_nll(
-    curves: dict[str, str | os.PathLike], train_len: int | None, path: str | os.PathLike, smooth: int = 32
-) -> dict[str, dict[str, float]]:
-    """Several models' NLL against position in one figure (paper Fig. 3), with a running mean of
-    `smooth` positions; returns each model's mean of the per-position NLL within and beyond
-    `train_len` (positions weigh the same; `musegen evaluate loss` weighs tokens)."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    summary = {}
-    for label, csv_path in curves.items():
-        nll, counts = read_position_nll(csv_path)
-        positions = np.flatnonzero(counts > 0)
-        nll = nll[positions]
-        window = max(1, min(smooth, len(nll)))
-        trend = np.convolve(nll, np.ones(window) / window, mode="valid")
-        ax.plot(positions[window - 1 :], trend, lw=1.2, label=label)
-        split = train_len if train_len is not None else int(positions.max()) + 1
-        summary[label] = {
-            "within": float(nll[positions < split].mean()) if (positions < split).any() else math.nan,
-            "beyond": float(nll[positions >= split].mean()) if (positions >= split).any() else math.nan,
-        }
-    if train_len is not None:
-        ax.axvline(train_len, color="k", ls="--", lw=1, label="training length")
-    ax.set_xlabel("token position")
-    ax.set_ylabel(f"NLL (nats, running mean of {smooth})")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    save_png(fig, Path(path))
-    return summary
 
 
 # --- style similarity (paper Fig. 5) ----------------------------------------------------------
@@ -125,33 +86,21 @@ def plot_style_comparison(
     rows = {label: p if isinstance(p, list) else read_style_rows(p) for label, p in tables.items()}
     segments = max(r["segment"] for table in rows.values() for r in table)
     metrics = [m for m in METRICS if any(r["metric"] == m for table in rows.values() for r in table)]
-    plt = pyplot()
-    fig, axes = plt.subplots(1, len(metrics), figsize=(4.5 * len(metrics), 3.6), squeeze=False)
-    width = 0.8 / len(rows)
-    for ax, metric in zip(axes[0], metrics):
-        for i, (label, table) in enumerate(rows.items()):
-            data = [
+    values = {
+        label: {
+            metric: [
                 [
                     r["similarity"]
                     for r in table
                     if r["metric"] == metric and r["segment"] == s and not math.isnan(r["similarity"])
                 ]
-                or [math.nan]
                 for s in range(1, segments + 1)
             ]
-            positions = np.arange(1, segments + 1) - 0.4 + width * (i + 0.5)
-            box = ax.boxplot(data, positions=positions, widths=width * 0.9, showfliers=False, patch_artist=True)
-            for patch in box["boxes"]:
-                patch.set_facecolor(f"C{i}")
-            ax.plot([], [], color=f"C{i}", lw=6, label=label)
-        ax.set_xticks(range(1, segments + 1), [f"Q{s}" for s in range(1, segments + 1)])
-        ax.set_ylim(0, 1)
-        ax.set_title(metric)
-        ax.set_xlabel("segment of the continuation")
-        ax.legend(fontsize=7)
-    axes[0][0].set_ylabel("cosine similarity to reference")
-    fig.tight_layout()
-    save_png(fig, Path(path))
+            for metric in metrics
+        }
+        for label, table in rows.items()
+    }
+    plot_grouped_segments(values, path)
     return {label: medians(table, segments) for label, table in rows.items()}
 
 
@@ -262,47 +211,8 @@ def compare_validation(trends: dict[str, list[dict[str, float]]], out_dir: Path)
             for v in trend
         ],
     )
-    plt = pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
-    for name, trend in trends.items():
-        steps = [v["step"] for v in trend]
-        (line,) = left.plot(steps, [v["within"] for v in trend], marker="o", ms=3, label=f"{name} within L")
-        left.plot(
-            steps,
-            [v["beyond"] for v in trend],
-            marker="o",
-            ms=3,
-            ls="--",
-            color=line.get_color(),
-            label=f"{name} beyond L",
-        )
-        right.plot(steps, [v["beyond"] - v["within"] for v in trend], marker="o", ms=3, label=name)
-    left.set(xlabel="training step", ylabel="validation NLL (nats)")
-    right.set(xlabel="training step", ylabel="beyond L - within L (nats)")
-    right.axhline(0, color="k", lw=0.8)
-    left.legend(fontsize=7)
-    right.legend(fontsize=8)
-    fig.tight_layout()
-    save_png(fig, out_dir / "validation.png")
+    plot_validation(trends, out_dir / "validation.png")
     return trends
-
-
-def fmt(value: float, digits: int = 3) -> str:
-    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
-
-
-def _markdown(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
-
-
-def write_table(out_dir: Path, name: str, header: list[str], rows: list[list[str]], note: str = "") -> None:
-    """`<name>.md` (the table, then `note`) and `<name>.csv` (the table) in `out_dir`."""
-    write_text(out_dir / f"{name}.md", _markdown(header, rows) + (f"\n{note}\n" if note else ""))
-    buffer = io.StringIO()  # the csv module quotes cells such as "3,329,869"
-    csv.writer(buffer, lineterminator="\n").writerows([header] + rows)
-    write_text(out_dir / f"{name}.csv", buffer.getvalue())
 
 
 def compare_loss(runs: dict[str, Path], train_len: int, out_dir: Path) -> list[dict[str, Any]]:
@@ -460,8 +370,6 @@ def read_quarters(path: Path) -> dict[str, dict[tuple[str, str], list[float]]]:
 
 def mean_quarter_starts(folder: Path) -> list[float]:
     """Mean token position where each quarter of the model's continuations begins (pieces.jsonl)."""
-    from .continuation import mean_positions
-
     means = mean_positions(read_jsonl(folder / "pieces.jsonl", "piece record"))
     return [math.nan] * 4 if means is None else means[:4].tolist()
 
@@ -470,8 +378,6 @@ def compare_continuation(runs: dict[str, Path], out_dir: Path) -> dict[str, dict
     """Each model's continuation metrics per quarter (means and medians) beside the real and floor
     spans' (taken from the first model's evaluation: every model continued the same pieces), with
     the mean token position where the model's quarters begin (table; the figure draws medians)."""
-    from .continuation import plot_quarters
-
     paths = {
         name: _the_one(folder, "continuation_quarters.csv", "musegen evaluate continuation --by-quarter")
         for name, folder in runs.items()

@@ -82,7 +82,10 @@ def create_app(out: Path, models: Models) -> Starlette:
         else:
             name = q.get("name", "")
         path = await run_in_threadpool(store.save_prompt, session(request), name, bytes(body))
-        view = await run_in_threadpool(jobs.prompt_view, models, q.get("model", ""), path)
+        try:
+            view = await run_in_threadpool(jobs.prompt_view, models, q.get("model", ""), path)
+        except MusegenError as exc:  # named as the user named it, not by the folder it is kept in
+            raise type(exc)(error_message(exc).replace(str(path), path.name)) from None
         return JSONResponse({"prompt": path.parent.name, "name": path.name, **view})
 
     async def generate(request: Request):
@@ -161,7 +164,7 @@ def create_app(out: Path, models: Models) -> Starlette:
         Route("/files/{run}/{name}", run_file),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
-    app = Starlette(routes=routes, exception_handlers={MusegenError: failure, Exception: failure})
+    app = Starlette(routes=routes, exception_handlers={MusegenError: failure, OSError: failure, Exception: failure})
     app.state.pool = pool
     return app
 

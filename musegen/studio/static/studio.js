@@ -42,7 +42,11 @@ function draw(canvas, view, only) {
   ctx.fillStyle = "#f0f2f6";
   for (let p = low; p <= high; p++) if ([1, 3, 6, 8, 10].includes(p % 12)) ctx.fillRect(0, y(p), w, rowH);
   ctx.strokeStyle = "#d5dae3";
-  for (let t = 0; t <= end; t += bar) { ctx.beginPath(); ctx.moveTo(x(t) + 0.5, 0); ctx.lineTo(x(t) + 0.5, h); ctx.stroke(); }
+  ctx.fillStyle = "#8a94a6"; ctx.font = "11px system-ui";
+  for (let t = 0, n = 1; t <= end; t += bar, n++) {
+    ctx.beginPath(); ctx.moveTo(x(t) + 0.5, 0); ctx.lineTo(x(t) + 0.5, h); ctx.stroke();
+    if (h > 200 && t < end) ctx.fillText(String(n), x(t) + 3, 11); // bar numbers on the large roll
+  }
   const box = (n, color) => { ctx.fillStyle = color; ctx.fillRect(x(n[0]), y(n[2]), Math.max(2, x(n[1]) - x(n[0]) - 1), rowH - 1); };
   const promptEnd = view.promptEnd ?? 0;
   view.promptNotes.forEach((n) => box(n, "#8a94a6"));
@@ -77,7 +81,7 @@ function toggleKeep(key) {
 }
 
 function sampleCards(count, run) {
-  const box = $("samples");
+  const box = $("cards");
   box.innerHTML = "";
   for (let i = 0; i < count; i++) {
     const card = document.createElement("div");
@@ -135,7 +139,7 @@ async function loadPrompt(query, body, label) {
     const end = prompt.notes.length ? Math.max(...prompt.notes.map((n) => n[1])) : 0;
     state.view = { ticksPerBeat: prompt.ticks_per_beat, promptNotes: prompt.notes, promptEnd: end,
                    total: (prompt.bars + Number($("bars").value || 0)) * 4 * prompt.ticks_per_beat, samples: [] };
-    $("samples").innerHTML = "";
+    $("cards").innerHTML = "";
     redraw();
   } catch (err) {
     state.prompt = null;
@@ -164,7 +168,7 @@ function onEvent(event, req) {
     const bars = state.prompt ? state.prompt.bars : 0;
     state.view = state.view || { ticksPerBeat: tpb, promptNotes: [], promptEnd: 0 };
     state.view.total = (bars + req.bars) * 4 * state.view.ticksPerBeat;
-    if (!state.view.samples.length || $("samples").children.length !== event.samples.length) {
+    if (!state.view.samples.length || $("cards").children.length !== event.samples.length) {
       state.view.samples = event.samples.map((notes) => ({ notes }));
       sampleCards(event.samples.length);
     }
@@ -186,7 +190,7 @@ async function generate() {
   state.controller = new AbortController();
   $("generate").disabled = true; $("stop").disabled = false; $("progress").value = 0;
   if (state.view) state.view.samples = [];
-  $("samples").innerHTML = "";
+  $("cards").innerHTML = "";
   setStatus("starting…");
   try {
     const response = await fetch(api("/api/generate"), {

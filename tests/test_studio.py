@@ -21,6 +21,7 @@ from starlette.testclient import TestClient
 
 from musegen import schemas
 from musegen.generation.settings import SampleSettings
+from musegen.studio import jobs
 from musegen.studio.models import EXAMPLES, Models
 from musegen.studio.server import create_app
 
@@ -231,3 +232,29 @@ def test_ten_runs_at_once_each_get_their_own_results_and_the_page_stays_responsi
     for session, result in zip(sessions, results):
         assert len(list((tmp_path / "out" / session).glob(f"{result['run']}/*.mid"))) == 1
     assert waits and max(waits) < 1.0, waits  # the event loop answers while ten runs sample
+
+
+def test_a_page_that_stops_ends_its_run_and_nothing_is_written(models, tmp_path, monkeypatch):
+    ended = []
+    generate_run = jobs.generate_run
+
+    def watched(*args, **kwargs):
+        try:
+            return generate_run(*args, **kwargs)
+        except BaseException as exc:
+            ended.append(type(exc))
+            raise
+
+    monkeypatch.setattr(jobs, "generate_run", watched)
+    with serving(create_app(tmp_path / "out", models)) as base, httpx.Client(base_url=base, timeout=60) as http:
+        request = {"model": "pop", "bars": 64, "samples": 8, "seed": 1}  # minutes of sampling
+        with http.stream("POST", f"/api/generate?session={A}", json=request) as response:
+            for line in response.iter_lines():
+                if json.loads(line)["event"] == "notes":
+                    break  # the page presses Stop: its request is closed
+        deadline = time.perf_counter() + 30
+        while not ended and time.perf_counter() < deadline:
+            time.sleep(0.05)
+        assert ended == [jobs.Stopped]
+        assert http.get(f"/api/results?session={A}").json()["results"] == []
+    assert not [p for p in (tmp_path / "out").rglob("*") if p.is_file()]

@@ -5,6 +5,7 @@ driven in a browser in test_studio_browser.py)."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import json
 import socket
@@ -198,14 +199,28 @@ def test_an_upload_name_cannot_choose_where_it_is_written(client, tmp_path):
 
 
 def test_a_full_disk_gets_one_line(client, monkeypatch):
-    import errno
-
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr("musegen.studio.store.write_bytes", full)
     answer = upload(client, A, EXAMPLE, (EXAMPLES / EXAMPLE).read_bytes())
     assert answer.status_code == 507 and answer.json()["error"].startswith("disk full")
+
+
+def test_a_disk_that_fills_during_a_run_gets_one_line_and_leaves_no_run(client, tmp_path, monkeypatch):
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("musegen.generation.batch.write_json", full)  # the run's summary, written last
+    got = events(client, A, model="pop", bars=1, seed=2)
+    assert got[-1] == {"event": "error", "error": "disk full: the studio's --out folder has no space left"}
+    assert client.get(f"/api/results?session={A}").json()["results"] == []
+
+
+def test_an_unknown_model_keeps_no_upload(client, tmp_path):
+    answer = upload(client, A, EXAMPLE, (EXAMPLES / EXAMPLE).read_bytes(), model="nope")
+    assert answer.status_code == 400 and "unknown model 'nope'; choose one of: pop" in answer.json()["error"]
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").rglob("*.mid"))
 
 
 def test_ten_runs_at_once_each_get_their_own_results_and_the_page_stays_responsive(models, tmp_path):

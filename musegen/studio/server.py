@@ -63,6 +63,7 @@ def create_app(out: Path, models: Models) -> Starlette:
 
     async def upload(request: Request):
         q = request.query_params
+        models.tokenizer(q.get("model", ""))  # an unknown model is refused before anything is kept
         length = int(request.headers.get("content-length") or 0)
         if length > MAX_UPLOAD_BYTES:
             raise RequestError(

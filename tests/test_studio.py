@@ -103,6 +103,9 @@ def test_a_run_streams_notes_and_is_written_as_sample_writes_it(client, tmp_path
     midi = client.get(f"/files/{done['run']}/pop_progression_000.mid?session={A}")
     assert midi.status_code == 200 and midi.content[:4] == b"MThd"
     assert client.get(f"/files/{done['run']}/pop_progression_000.mid?session={B}").status_code == 400
+    task = client.get(f"/files/{done['run']}/pop_progression_000.json?session={A}").json()["generation"]
+    continuation = [n for n in done["samples"][0]["notes"] if n[0] >= done["samples"][0]["prompt_end"]]
+    assert len(task) == len(continuation) and min(n["start"] for n in task) >= 4 * 16  # after the 4 prompt bars
     detail = client.get(f"/api/runs/{done['run']}?session={A}").json()
     assert detail["views"] == done["samples"]
 

@@ -10,12 +10,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import miditoolkit
+
+from .. import mirex
 from ..errors import ConfigError, MusegenError
 from ..generation.batch import sample_prompt
 from ..generation.prompt import load_prompt
 from ..generation.settings import SampleSettings
 from ..music.midi import load_score
-from ..render import prompt_end_seconds
+from ..render import PROMPT_END_MARKER, prompt_end_seconds
 from .models import Models
 
 MAX_BARS = 64  # a page's run: long enough to listen to, short enough to wait for
@@ -85,7 +88,7 @@ def run_view(folder: Path, summary: dict[str, Any]) -> list[dict[str, Any]]:
     views = []
     for record in summary["samples"]:
         score = load_score(folder / record["midi"])
-        ends = [m.time for m in score.markers if m.text == "musegen:prompt_end"]
+        ends = [m.time for m in score.markers if m.text == PROMPT_END_MARKER]
         notes = sorted(
             [n.time, n.time + n.duration, n.pitch, i] for i, track in enumerate(score.tracks) for n in track.notes
         )
@@ -100,6 +103,16 @@ def run_view(folder: Path, summary: dict[str, Any]) -> list[dict[str, Any]]:
             }
         )
     return views
+
+
+def mirex_generation(midi_path: Path) -> dict[str, Any]:
+    """A sample's continuation as MIREX task JSON, for a sample whose prompt was a MIDI file (a
+    task prompt's run has its own, written by `musegen sample`): the notes from the prompt-end
+    marker on, in 16ths from the piece's start."""
+    midi = miditoolkit.MidiFile(str(midi_path))
+    ends = [m.time for m in midi.markers if m.text == PROMPT_END_MARKER]
+    notes = [n for inst in midi.instruments for n in inst.notes if n.start >= (ends[0] if ends else 0)]
+    return {"generation": mirex.generation(notes, midi.ticks_per_beat, 0)}
 
 
 def generate_run(

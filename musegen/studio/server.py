@@ -148,6 +148,10 @@ def create_app(out: Path, models: Models) -> Starlette:
             midi = store.file(sid, run, name[: -len(".wav")] + ".mid")
             if not midi.with_suffix(".wav").is_file():
                 await run_in_threadpool(render_wav, midi, midi.with_suffix(".wav"))
+        if name.endswith(".json") and not (store.run(sid, run) / name).exists():  # a MIDI prompt's sample
+            midi = store.file(sid, run, name[: -len(".json")] + ".mid")
+            body = await run_in_threadpool(jobs.mirex_generation, midi)
+            return JSONResponse(body, headers={"Content-Disposition": f'attachment; filename="{midi.stem}.json"'})
         path = store.file(sid, run, name)
         return FileResponse(path, filename=path.name)
 

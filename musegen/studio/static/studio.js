@@ -108,7 +108,7 @@ function addPlayers(run) {
       <button class="keep" type="button">Keep</button></div>
       <div class="row">Download: <a href="${file(sample.files.midi)}" download>MIDI</a>
       <a href="${file(stem + ".wav")}" download>WAV</a>
-      ${sample.files.json ? `<a href="${file(sample.files.json)}" download>MIREX JSON</a>` : ""}</div>`;
+      <a href="${file(sample.files.json || stem + ".json")}" download>MIREX JSON</a></div>`;
     const audio = row.querySelector("audio");
     audio.addEventListener("play", () => { state.selected = i; redraw(); });
     audio.addEventListener("ended", () => {

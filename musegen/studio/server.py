@@ -64,24 +64,19 @@ def create_app(out: Path, models: Models) -> Starlette:
     async def upload(request: Request):
         q = request.query_params
         models.tokenizer(q.get("model", ""))  # an unknown model is refused before anything is kept
-        length = int(request.headers.get("content-length") or 0)
-        if length > MAX_UPLOAD_BYTES:
-            raise RequestError(
-                f"{q.get('name', 'the file')}: {length:,} bytes, more than the {MAX_UPLOAD_BYTES:,} a prompt may have"
-            )
+        name, length = q.get("name", ""), request.headers.get("content-length", "")
+        too_big = f"{name or 'the file'}: more than the {MAX_UPLOAD_BYTES:,} bytes a prompt may have"
+        if length.isdigit() and int(length) > MAX_UPLOAD_BYTES:
+            raise RequestError(too_big)  # refused before it is read
         body = bytearray()
         async for chunk in request.stream():
             body += chunk
             if len(body) > MAX_UPLOAD_BYTES:
-                raise RequestError(
-                    f"{q.get('name', 'the file')}: more than the {MAX_UPLOAD_BYTES:,} bytes a prompt may have"
-                )
+                raise RequestError(too_big)
         if q.get("example"):
             if q["example"] not in examples():
                 raise RequestError(f"no example prompt {q['example'][:80]!r}")
             name, body = q["example"], examples()[q["example"]].read_bytes()
-        else:
-            name = q.get("name", "")
         path = await run_in_threadpool(store.save_prompt, session(request), name, bytes(body))
         try:
             view = await run_in_threadpool(jobs.prompt_view, models, q.get("model", ""), path)
@@ -104,9 +99,6 @@ def create_app(out: Path, models: Models) -> Starlette:
         if not pending.acquire(blocking=False):
             raise RequestError("the studio is busy: too many runs are waiting; try again in a minute")
         run, folder = store.new_run(session(request))
-        return StreamingResponse(_stream(run, folder, job), media_type="application/x-ndjson")
-
-    async def _stream(run: str, folder: Path, job: jobs.Request):
         loop, events, stop = asyncio.get_running_loop(), asyncio.Queue(), threading.Event()
         put = lambda event: loop.call_soon_threadsafe(events.put_nowait, event)
 
@@ -123,7 +115,10 @@ def create_app(out: Path, models: Models) -> Starlette:
                 pending.release()
                 put(None)
 
-        pool.submit(work)
+        pool.submit(work)  # here, not in the stream: its slot is given back even if the stream never starts
+        return StreamingResponse(_stream(run, events, stop), media_type="application/x-ndjson")
+
+    async def _stream(run: str, events: asyncio.Queue, stop: threading.Event):
         try:
             yield _line({"event": "queued", "run": run})
             while (event := await events.get()) is not None:

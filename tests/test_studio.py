@@ -8,7 +8,11 @@ import contextlib
 import errno
 import io
 import json
+import os
+import re
 import socket
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -276,3 +280,35 @@ def test_a_page_that_stops_ends_its_run_and_nothing_is_written(models, tmp_path,
         assert ended == [jobs.Stopped]
         assert http.get(f"/api/results?session={A}").json()["results"] == []
     assert not [p for p in (tmp_path / "out").rglob("*") if p.is_file()]
+
+
+def studio_command(*args: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "musegen", "studio", *args]
+    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_musegen_studio_serves_the_page_on_127_0_0_1_and_prints_its_address(tmp_path):
+    server = studio_command("--port", "0", "--out", str(tmp_path / "out"))
+    try:
+        url = re.fullmatch(r"musegen studio: (http://127\.0\.0\.1:\d+/) .*", server.stdout.readline().strip()).group(1)
+        page = httpx.get(url, timeout=30)
+        assert page.status_code == 200 and "<title>musegen studio</title>" in page.text
+        names = [m["name"] for m in httpx.get(url + "api/models", timeout=30).json()["models"]]
+        assert names == ["groove", "groove-dur", "pop"]  # the shipped checkpoints
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--checkpoint", "no-such-folder"], "error: no-such-folder: checkpoint folder not found"),
+        (["--port", "70000"], "error: --port must be within 0..65535, got 70000"),
+    ],
+)
+def test_musegen_studio_refuses_a_bad_option_in_one_line(tmp_path, args, message):
+    done = studio_command(*args, "--out", str(tmp_path / "out"))
+    _, err = done.communicate(timeout=120)
+    assert done.returncode == 1 and err.strip() == message

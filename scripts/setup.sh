@@ -14,8 +14,9 @@ for arg in "$@"; do
   esac
 done
 
-# System packages: FluidSynth + a General MIDI soundfont (audio), MMA (groove corpus synthesis).
-apt_packages=(fluidsynth fluid-soundfont-gm mma)
+# System packages: FluidSynth + a General MIDI soundfont (audio), MMA (groove corpus synthesis),
+# Chromium and its WebDriver (the studio's browser test drives the page in headless Chromium).
+apt_packages=(fluidsynth fluid-soundfont-gm mma chromium chromium-driver)
 if ! dpkg -s "${apt_packages[@]}" >/dev/null 2>&1; then
   sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
   $sudo apt-get update -qq

@@ -35,9 +35,9 @@ app = typer.Typer(
 
 
 def _register_commands() -> None:
-    from . import data, evaluate, export, inspect, render, sample, train
+    from . import data, evaluate, export, inspect, render, sample, studio, train
 
-    for module in (data, train, export, sample, render, evaluate, inspect):
+    for module in (data, train, export, sample, render, evaluate, inspect, studio):
         module.register(app)
 
 

@@ -8,7 +8,7 @@ import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from tqdm import tqdm
@@ -74,7 +74,7 @@ def sample_to_folder(
                     f"{prompt_path}: its output {prompt_path.name} would overwrite the input "
                     f"{prompt_path.name}; choose another --out"
                 )
-        return _sample_prompt(
+        return sample_prompt(
             **run, out_dir=out_dir, stem=stem, settings=settings, prompt_path=prompt_path, progress=progress
         )
     return _sample_folder(run, Path(prompt_path), out_dir, settings, progress)
@@ -94,7 +94,7 @@ def _sample_folder(
             continue
         try:
             done.append(
-                _sample_prompt(
+                sample_prompt(
                     **run,
                     out_dir=folder,
                     stem=stems[path],
@@ -179,7 +179,7 @@ def output_stems(jobs: list[tuple[Path, Path]], inputs: list[Path], reserved: Pa
     return stems
 
 
-def _sample_prompt(
+def sample_prompt(
     model,
     tokenizer,
     checkpoint,
@@ -192,10 +192,14 @@ def _sample_prompt(
     pianoroll: bool,
     threads: int | None,
     progress: bool,
+    on_step: Callable[[list[list[int]]], None] | None = None,
 ) -> dict[str, Any]:
-    """Continue one prompt (or none) with a loaded model; write its output set and <stem>.json."""
+    """Continue one prompt (or none) with a loaded model; write its output set and <stem>.json.
+    `on_step` is passed to `generate` (musegen studio shows the notes while they are drawn)."""
     prompt = load_prompt(tokenizer, prompt_path, settings.prompt_bars)
-    samples, stats = generate(model, tokenizer, prompt, settings, device=device, progress=progress, threads=threads)
+    samples, stats = generate(
+        model, tokenizer, prompt, settings, device=device, progress=progress, threads=threads, on_step=on_step
+    )
     with output_set(out_dir, f"{stem}.json") as scratch:
         records = write_samples(samples, tokenizer, prompt, scratch, stem, audio, pianoroll)
         summary = {

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -73,10 +73,13 @@ def generate(
     device: str | torch.device = "cpu",
     progress: bool = True,
     threads: int | None = None,
+    on_step: Callable[[list[list[int]]], None] | None = None,
 ) -> tuple[list[Sample], dict[str, Any]]:
     """Sample `settings.num_samples` continuations of `prompt` in one batch.
 
     `threads`: torch CPU threads while sampling (default DEFAULT_CPU_THREADS on CPU).
+    `on_step`: called after each step with every row's tokens so far (prompt included; not to be
+    modified), e.g. to show a continuation while it is drawn; what it raises ends the run.
     Returns the samples and run statistics (tokens/s of the sampling loop, counts).
     """
     check_threads(threads)
@@ -85,7 +88,7 @@ def generate(
         threads = DEFAULT_CPU_THREADS
     model.for_inference(settings.precision)  # a ConfigError for an unknown precision
     with cpu_threads(threads):
-        return _generate(model, tokenizer, prompt, settings.resolved(tokenizer), device, progress)
+        return _generate(model, tokenizer, prompt, settings.resolved(tokenizer), device, progress, on_step)
 
 
 @dataclass
@@ -174,7 +177,9 @@ def _start(grammar: Grammar, prompt: Prompt, seed: int) -> tuple[list[int], Any]
     return [token], grammar.step(grammar.start(), token)
 
 
-def _generate(model, tokenizer: Tokenizer, prompt: Prompt, s: SampleSettings, device: torch.device, progress: bool):
+def _generate(
+    model, tokenizer: Tokenizer, prompt: Prompt, s: SampleSettings, device: torch.device, progress: bool, on_step=None
+):
     """The batch loop. Each row carries its own given tokens, their grammar state and its target
     bar, so rows could come from different prompts; what is missing for that is ingesting each
     row's prompt into its own streaming state (rows at different positions)."""
@@ -216,6 +221,8 @@ def _generate(model, tokenizer: Tokenizer, prompt: Prompt, s: SampleSettings, de
                     tokens[b] = token = moves.written(row, int(tokens[b]))
                     moves.advance(row, token)
             bar.update(len(active))
+            if on_step is not None:
+                on_step([row.ids for row in rows])
             if limit is not None and model.position >= limit and all(r.done or r.new >= budget for r in rows):
                 break  # only notes to finish are left, past the last position: they stay unfinished
             logits = model.step(tokens.to(device))  # past the last position: a ConfigError

@@ -1,0 +1,90 @@
+"""musegen studio, as a page sees it: how soon the first generated note arrives after pressing
+Generate, and how long 12 bars take, with the shipped pop model and its example prompt.
+
+    python -m bench.studio              # 4 runs of 12 bars, one sample each (run from the repository root)
+    python -m bench.studio --bars 4 --runs 2
+
+The studio is started as a user starts it (`musegen studio --port 0`, only the pop checkpoint
+offered besides the shipped ones' loading) and driven over HTTP; times are from sending the request
+to the event that carries the note (first note) or the finished run (total). The first run of a
+worker thread also copies the model for it, so it is reported apart from the others' median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from bench.common import cpu_name
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = "pop_progression.mid"
+SESSION = "0" * 32
+
+
+def start_studio(out: Path) -> tuple[subprocess.Popen, str]:
+    command = [sys.executable, "-m", "musegen", "studio", "--port", "0", "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    server = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    line = server.stdout.readline()
+    found = re.search(r"http://\S+/", line)
+    if not found:
+        server.kill()
+        raise SystemExit(f"the studio did not start: {line.strip() or server.stderr.read().strip()}")
+    return server, found.group(0)
+
+
+def one_run(http: httpx.Client, prompt: dict, bars: int, seed: int) -> tuple[float, float]:
+    """(seconds to the first generated note, seconds to the finished run)."""
+    continuation = prompt["bars"] * 4 * prompt["ticks_per_beat"]
+    request = {"model": "pop", "prompt": prompt["prompt"], "bars": bars, "samples": 1, "seed": seed}
+    started, first = time.perf_counter(), None
+    with http.stream("POST", f"/api/generate?session={SESSION}", json=request) as response:
+        for line in response.iter_lines():
+            event = json.loads(line)
+            if event["event"] == "notes" and first is None:
+                if any(note[0] >= continuation for note in event["samples"][0]):
+                    first = time.perf_counter() - started
+            elif event["event"] == "error":
+                raise SystemExit(event["error"])
+            elif event["event"] == "done":
+                return first, time.perf_counter() - started
+    raise SystemExit("the run ended without a result")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bars", type=int, default=12)
+    parser.add_argument("--runs", type=int, default=4)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as out:
+        server, url = start_studio(Path(out))
+        try:
+            with httpx.Client(base_url=url, timeout=600) as http:
+                example = f"/api/prompts?session={SESSION}&model=pop&example={EXAMPLE}"
+                prompt = http.post(example).json()
+                times = [one_run(http, prompt, args.bars, seed) for seed in range(args.runs)]
+        finally:
+            server.terminate()
+            server.wait(30)
+    print(f"musegen studio, pop model, {EXAMPLE}, {args.bars} bars, 1 sample; {cpu_name()}, {os.cpu_count()} cores")
+    print(f"{'run':<24}{'first note (s)':>16}{f'{args.bars} bars (s)':>14}")
+    print(f"{'first (copies the model)':<24}{times[0][0]:>16.2f}{times[0][1]:>14.2f}")
+    if len(times) > 1:
+        rest = times[1:]
+        first, total = statistics.median(t[0] for t in rest), statistics.median(t[1] for t in rest)
+        print(f"{f'median of {len(rest)} more':<24}{first:>16.2f}{total:>14.2f}")
+
+
+if __name__ == "__main__":
+    main()

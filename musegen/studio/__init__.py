@@ -1,0 +1,8 @@
+"""`musegen studio`: a local web page to continue a prompt and hear the result.
+
+- `store`: the --out folder, one sub-folder per browser session (uploaded prompts, one folder per
+  run written as `musegen sample` writes it), and the names a request may use in it;
+- `models`: the checkpoints offered by name, one copy of each model per worker thread;
+- `jobs`: one generation run in a worker thread, its notes reported while they are drawn;
+- `server`: the Starlette app (JSON API, the streamed run, files, the static page in static/).
+"""

@@ -1,0 +1,162 @@
+"""One generation run of the studio, done in a worker thread: the prompt is continued and written
+as `musegen sample` writes it (musegen.generation.batch.sample_prompt), and while the samples are
+drawn their notes so far are reported a few times a second."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import miditoolkit
+
+from .. import mirex
+from ..errors import ConfigError, MusegenError
+from ..generation.batch import sample_prompt
+from ..generation.prompt import load_prompt
+from ..generation.settings import SampleSettings
+from ..music.midi import load_score
+from ..render import PROMPT_END_MARKER, prompt_end_seconds
+from .models import Models
+
+MAX_BARS = 64  # a page's run: long enough to listen to, short enough to wait for
+MAX_SAMPLES = 8
+REPORT_EVERY = 0.1  # seconds between two reports of the notes drawn so far
+
+
+class Stopped(Exception):
+    """The page went away or pressed Stop: the run ends and writes nothing."""
+
+
+@dataclass
+class Request:
+    model: str
+    prompt: Path | None
+    bars: int = 8
+    temperature: float | None = None
+    top_p: float | None = None
+    samples: int = 1
+    seed: int | None = None
+
+    @classmethod
+    def parse(cls, body: Any, prompt: Path | None) -> "Request":
+        """A request from the page's JSON, each value of its declared type (ConfigError otherwise)."""
+        if not isinstance(body, dict):
+            raise ConfigError("a generation request must be a JSON object")
+        kinds = {"bars": int, "samples": int, "seed": int, "temperature": float, "top_p": float}
+        values = {}
+        for name, kind in kinds.items():
+            value = body.get(name)
+            if value is None or value == "":
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
+                raise ConfigError(
+                    f"{name} must be {'a whole number' if kind is int else 'a number'}, got {value!r}"[:120]
+                )
+            values[name] = kind(value)
+        return cls(model=str(body.get("model", "")), prompt=prompt, **values)
+
+    def settings(self) -> SampleSettings:
+        if not 1 <= self.bars <= MAX_BARS:
+            raise ConfigError(f"bars must be within 1..{MAX_BARS} in the studio, got {self.bars}")
+        if not 1 <= self.samples <= MAX_SAMPLES:
+            raise ConfigError(f"samples must be within 1..{MAX_SAMPLES} in the studio, got {self.samples}")
+        return SampleSettings(
+            bars=self.bars, temperature=self.temperature, top_p=self.top_p, num_samples=self.samples, seed=self.seed
+        )
+
+
+def notes_of(midi) -> list[list[int]]:
+    """[start, end, pitch, track] of every note of a decoded piece (miditoolkit), by onset."""
+    rows = [[int(n.start), int(n.end), int(n.pitch), i] for i, inst in enumerate(midi.instruments) for n in inst.notes]
+    return sorted(rows)
+
+
+def prompt_view(models: Models, model: str, path: Path) -> dict[str, Any]:
+    """What the page draws of a prompt: its notes as the model's tokenizer reads them."""
+    tokenizer = models.tokenizer(model)
+    prompt = load_prompt(tokenizer, path)
+    piece = prompt.piece
+    return {"notes": notes_of(piece), "ticks_per_beat": piece.ticks_per_beat, "bars": int(prompt.bars)}
+
+
+def run_view(folder: Path, summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each sample of a finished run as the page draws and plays it: its notes (from its MIDI
+    file), where the prompt ends in ticks and in seconds, and its files."""
+    views = []
+    for record in summary["samples"]:
+        score = load_score(folder / record["midi"])
+        ends = [m.time for m in score.markers if m.text == PROMPT_END_MARKER]
+        notes = sorted(
+            [n.time, n.time + n.duration, n.pitch, i] for i, track in enumerate(score.tracks) for n in track.notes
+        )
+        views.append(
+            {
+                "index": record["index"],
+                "notes": notes,
+                "ticks_per_beat": score.ticks_per_quarter,
+                "prompt_end": ends[0] if ends else None,
+                "prompt_end_seconds": prompt_end_seconds(score),
+                "files": {k: record[k] for k in ("midi", "json") if record.get(k)},
+            }
+        )
+    return views
+
+
+def mirex_generation(midi_path: Path) -> dict[str, Any]:
+    """A sample's continuation as MIREX task JSON, for a sample whose prompt was a MIDI file (a
+    task prompt's run has its own, written by `musegen sample`): the notes from the prompt-end
+    marker on, in 16ths from the piece's start."""
+    midi = miditoolkit.MidiFile(str(midi_path))
+    ends = [m.time for m in midi.markers if m.text == PROMPT_END_MARKER]
+    notes = [n for inst in midi.instruments for n in inst.notes if n.start >= (ends[0] if ends else 0)]
+    return {"generation": mirex.generation(notes, midi.ticks_per_beat, 0)}
+
+
+def generate_run(
+    models: Models,
+    request: Request,
+    out_dir: Path,
+    report: Callable[[dict[str, Any]], None],
+    stop: threading.Event,
+) -> dict[str, Any]:
+    """Continue `request.prompt` into `out_dir`; `report` gets {"progress", "samples": notes per
+    sample} while sampling. Returns the run's summary (as `musegen sample` writes it)."""
+    model, tokenizer = models.for_this_thread(request.model)
+    settings = request.settings().resolved(tokenizer)
+    prompt = load_prompt(tokenizer, request.prompt)
+    last = 0.0
+
+    def on_step(rows: list[list[int]]) -> None:
+        nonlocal last
+        if stop.is_set():
+            raise Stopped
+        now = time.monotonic()
+        if now - last < REPORT_EVERY and last:
+            return
+        last = now
+        drawn = min(len(tokenizer.bar_starts(ids)) for ids in rows) - (prompt.bars or 0)
+        try:
+            samples = [notes_of(tokenizer.decode(ids, prompt.meta)) for ids in rows]
+        except MusegenError:  # a note cut open by the step: shown at the next report
+            return
+        report({"progress": max(0.0, min(1.0, drawn / settings.bars)), "samples": samples})
+
+    stem = request.prompt.stem if request.prompt else "sample"
+    return sample_prompt(
+        model,
+        tokenizer,
+        checkpoint=models.folders[request.model],
+        device="cpu",
+        out_dir=out_dir,
+        stem=stem,
+        settings=settings,
+        prompt_path=request.prompt,
+        audio=False,
+        pianoroll=False,
+        threads=None,
+        progress=False,
+        on_step=on_step,
+    )

@@ -1,0 +1,275 @@
+// musegen studio: the page. No framework and no build: it talks to its own server only.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const session = localStorage.getItem("musegen-session") || crypto.randomUUID().replaceAll("-", "");
+localStorage.setItem("musegen-session", session);
+const api = (path) => path + (path.includes("?") ? "&" : "?") + "session=" + session;
+const COLORS = ["#3d6fd8", "#d8673d", "#2e9e6b", "#9b4dd6", "#c9a200", "#d63d8a", "#3dacd8", "#7a8a2e"];
+
+const state = {
+  models: [], prompt: null, view: null, // view: {ticksPerBeat, promptNotes, promptEnd, total, samples: [...]}
+  selected: 0, controller: null, run: null,
+};
+
+function showError(message) {
+  $("error").textContent = message;
+  $("error").hidden = !message;
+}
+
+async function json(response) {
+  const body = await response.json().catch(() => ({ error: `the server answered ${response.status}` }));
+  if (!response.ok) throw new Error(body.error || `the server answered ${response.status}`);
+  return body;
+}
+
+function setStatus(text) { $("status").textContent = text; }
+
+// ---- piano roll ----
+function draw(canvas, view, only) {
+  const ctx = canvas.getContext("2d");
+  const w = canvas.width, h = canvas.height;
+  ctx.clearRect(0, 0, w, h);
+  if (!view) return;
+  const samples = only === undefined ? view.samples.map((s, i) => [s, i]) : [[view.samples[only], only]];
+  const all = view.promptNotes.concat(...samples.map(([s]) => (s ? s.notes : [])));
+  const pitches = all.map((n) => n[2]);
+  const low = Math.min(48, ...pitches) - 2, high = Math.max(84, ...pitches) + 2;
+  const bar = 4 * view.ticksPerBeat;
+  const end = Math.max(view.total, ...all.map((n) => n[1]));
+  const x = (t) => (t / end) * w, y = (p) => h - ((p - low + 1) / (high - low + 1)) * h;
+  const rowH = Math.max(2, h / (high - low + 1));
+  ctx.fillStyle = "#f0f2f6";
+  for (let p = low; p <= high; p++) if ([1, 3, 6, 8, 10].includes(p % 12)) ctx.fillRect(0, y(p), w, rowH);
+  ctx.strokeStyle = "#d5dae3";
+  ctx.fillStyle = "#8a94a6"; ctx.font = "11px system-ui";
+  for (let t = 0, n = 1; t <= end; t += bar, n++) {
+    ctx.beginPath(); ctx.moveTo(x(t) + 0.5, 0); ctx.lineTo(x(t) + 0.5, h); ctx.stroke();
+    if (h > 200 && t < end) ctx.fillText(String(n), x(t) + 3, 11); // bar numbers on the large roll
+  }
+  const box = (n, color) => { ctx.fillStyle = color; ctx.fillRect(x(n[0]), y(n[2]), Math.max(2, x(n[1]) - x(n[0]) - 1), rowH - 1); };
+  const promptEnd = view.promptEnd ?? 0;
+  view.promptNotes.forEach((n) => box(n, "#8a94a6"));
+  for (const [sample, i] of samples) {
+    if (!sample) continue;
+    ctx.globalAlpha = only === undefined && i !== state.selected ? 0.35 : 1;
+    sample.notes.forEach((n) => { if (n[0] >= promptEnd || !view.promptNotes.length) box(n, COLORS[i % COLORS.length]); });
+    ctx.globalAlpha = 1;
+  }
+  if (view.promptNotes.length) {
+    ctx.strokeStyle = "#1d2330"; ctx.setLineDash([4, 3]);
+    ctx.beginPath(); ctx.moveTo(x(promptEnd) + 0.5, 0); ctx.lineTo(x(promptEnd) + 0.5, h); ctx.stroke();
+    ctx.setLineDash([]);
+  }
+}
+
+function redraw() {
+  draw($("roll"), state.view);
+  document.querySelectorAll(".sample").forEach((card) => {
+    const i = Number(card.dataset.index);
+    card.classList.toggle("selected", i === state.selected);
+    draw(card.querySelector("canvas"), state.view, i);
+  });
+}
+
+// ---- samples ----
+function kept() { return JSON.parse(localStorage.getItem("musegen-kept") || "[]"); }
+function toggleKeep(key) {
+  const list = kept(), at = list.indexOf(key);
+  at < 0 ? list.push(key) : list.splice(at, 1);
+  localStorage.setItem("musegen-kept", JSON.stringify(list));
+}
+
+function sampleCards(count, run) {
+  const box = $("cards");
+  box.innerHTML = "";
+  for (let i = 0; i < count; i++) {
+    const card = document.createElement("div");
+    card.className = "sample"; card.dataset.index = i;
+    card.innerHTML = `<h3 style="color:${COLORS[i % COLORS.length]}">Sample ${i + 1}</h3><canvas width="680" height="110"></canvas>`;
+    card.querySelector("canvas").onclick = () => { state.selected = i; redraw(); };
+    box.appendChild(card);
+  }
+  if (run) addPlayers(run);
+  redraw();
+}
+
+function addPlayers(run) {
+  document.querySelectorAll(".sample").forEach((card) => {
+    const i = Number(card.dataset.index), sample = state.view.samples[i];
+    if (!sample || !sample.files) return;
+    const stem = sample.files.midi.replace(/\.mid$/, "");
+    const file = (name) => api(`/files/${run}/${name}`);
+    const key = `${run}/${i}`;
+    card.classList.toggle("kept", kept().includes(key));
+    const row = document.createElement("div");
+    row.innerHTML = `<audio controls preload="none" src="${file(stem + ".wav")}"></audio>
+      <div class="row"><label><input type="checkbox" class="loop" checked> loop from the prompt's end</label>
+      <button class="keep" type="button">Keep</button></div>
+      <div class="row">Download: <a href="${file(sample.files.midi)}" download>MIDI</a>
+      <a href="${file(stem + ".wav")}" download>WAV</a>
+      <a href="${file(sample.files.json || stem + ".json")}" download>MIREX JSON</a></div>`;
+    const audio = row.querySelector("audio");
+    audio.addEventListener("play", () => { state.selected = i; redraw(); });
+    audio.addEventListener("ended", () => {
+      if (row.querySelector(".loop").checked) { audio.currentTime = sample.prompt_end_seconds || 0; audio.play(); }
+    });
+    audio.addEventListener("error", () => showError(`sample ${i + 1}: the audio could not be rendered (is FluidSynth installed?)`));
+    row.querySelector(".keep").onclick = () => { toggleKeep(key); card.classList.toggle("kept", kept().includes(key)); loadResults(); };
+    card.appendChild(row);
+  });
+}
+
+function viewOf(samples, ticksPerBeat) {
+  const first = samples[0] || {};
+  const promptEnd = first.prompt_end ?? null;
+  const promptNotes = promptEnd === null ? [] : first.notes.filter((n) => n[0] < promptEnd);
+  const total = Math.max(...samples.map((s) => Math.max(0, ...s.notes.map((n) => n[1]))));
+  return { ticksPerBeat, promptNotes, promptEnd, total, samples: samples.map((s) => ({ ...s, notes: s.notes })) };
+}
+
+// ---- prompt ----
+async function loadPrompt(query, body, label) {
+  showError("");
+  try {
+    const model = $("model").value;
+    const prompt = await json(await fetch(api(`/api/prompts?model=${encodeURIComponent(model)}&${query}`), { method: "POST", body }));
+    state.prompt = prompt;
+    $("prompt-name").textContent = `Prompt: ${prompt.name} (${prompt.bars} bars, ${prompt.notes.length} notes)`;
+    const end = prompt.notes.length ? Math.max(...prompt.notes.map((n) => n[1])) : 0;
+    state.view = { ticksPerBeat: prompt.ticks_per_beat, promptNotes: prompt.notes, promptEnd: end,
+                   total: (prompt.bars + Number($("bars").value || 0)) * 4 * prompt.ticks_per_beat, samples: [] };
+    $("cards").innerHTML = "";
+    redraw();
+  } catch (err) {
+    state.prompt = null;
+    $("prompt-name").textContent = `Not used: ${label}`;
+    showError(err.message);
+  }
+}
+
+function uploadFile(file) {
+  if (file) loadPrompt(`name=${encodeURIComponent(file.name)}`, file, file.name);
+}
+
+// ---- generation ----
+function request() {
+  const number = (id) => ($(id).value === "" ? null : Number($(id).value));
+  return { model: $("model").value, prompt: state.prompt ? state.prompt.prompt : null, bars: number("bars"),
+           samples: number("samples"), temperature: number("temperature"), top_p: number("top_p"), seed: number("seed") };
+}
+
+function onEvent(event, req) {
+  if (event.event === "queued") { state.run = event.run; setStatus("waiting for a free worker…"); }
+  else if (event.event === "started") setStatus("sampling…");
+  else if (event.event === "notes") {
+    $("progress").value = event.progress;
+    const tpb = state.view ? state.view.ticksPerBeat : 480;
+    const bars = state.prompt ? state.prompt.bars : 0;
+    state.view = state.view || { ticksPerBeat: tpb, promptNotes: [], promptEnd: 0 };
+    state.view.total = (bars + req.bars) * 4 * state.view.ticksPerBeat;
+    if (!state.view.samples.length || $("cards").children.length !== event.samples.length) {
+      state.view.samples = event.samples.map((notes) => ({ notes }));
+      sampleCards(event.samples.length);
+    }
+    event.samples.forEach((notes, i) => { state.view.samples[i].notes = notes; });
+    redraw();
+    $("roll").dataset.notes = event.samples.reduce((a, s) => a + s.length, 0); // read by the browser test
+  } else if (event.event === "done") {
+    $("progress").value = 1;
+    showRun(event.run, event.samples);
+    setStatus(`done: ${event.stats.new_tokens} tokens in ${event.stats.seconds} s`);
+    loadResults();
+  } else if (event.event === "stopped") setStatus("stopped");
+  else if (event.event === "error") { showError(event.error); setStatus("failed"); }
+}
+
+async function generate() {
+  showError("");
+  const req = request();
+  state.controller = new AbortController();
+  $("generate").disabled = true; $("stop").disabled = false; $("progress").value = 0;
+  if (state.view) state.view.samples = [];
+  $("cards").innerHTML = "";
+  setStatus("starting…");
+  try {
+    const response = await fetch(api("/api/generate"), {
+      method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(req), signal: state.controller.signal,
+    });
+    if (!response.ok) await json(response);
+    const reader = response.body.getReader(), decoder = new TextDecoder();
+    let buffer = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buffer += decoder.decode(value, { stream: true });
+      let cut;
+      while ((cut = buffer.indexOf("\n")) >= 0) {
+        onEvent(JSON.parse(buffer.slice(0, cut)), req);
+        buffer = buffer.slice(cut + 1);
+      }
+    }
+  } catch (err) {
+    if (err.name === "AbortError") setStatus("stopped"); else { showError(err.message); setStatus("failed"); }
+  } finally {
+    $("generate").disabled = false; $("stop").disabled = true; state.controller = null;
+  }
+}
+
+function showRun(run, samples) {
+  state.run = run; state.selected = 0;
+  state.view = viewOf(samples, samples[0] ? samples[0].ticks_per_beat : 480);
+  sampleCards(samples.length, run);
+}
+
+// ---- earlier results ----
+async function loadResults() {
+  try {
+    const { results } = await json(await fetch(api("/api/results")));
+    const keptRuns = new Set(kept().map((k) => k.split("/")[0]));
+    $("results").innerHTML = "";
+    for (const r of results) {
+      const li = document.createElement("li");
+      const s = r.settings;
+      li.textContent = `${keptRuns.has(r.run) ? "★ " : ""}${r.run.slice(9, 15).replace(/(..)(..)(..)/, "$1:$2:$3")} ${r.stem}: ` +
+        `${r.samples.length} × ${s.bars} bars, T=${s.temperature}, p=${s.top_p}`;
+      li.onclick = async () => {
+        try { const d = await json(await fetch(api(`/api/runs/${r.run}`))); showRun(r.run, d.views); showError(""); }
+        catch (err) { showError(err.message); }
+      };
+      $("results").appendChild(li);
+    }
+  } catch (err) { showError(err.message); }
+}
+
+// ---- start ----
+function showDefaults() {
+  const m = state.models.find((x) => x.name === $("model").value);
+  if (!m) return;
+  $("temperature").placeholder = `${m.defaults.temperature} (default)`;
+  $("top_p").placeholder = `${m.defaults.top_p} (default)`;
+}
+
+async function start() {
+  try {
+    const info = await json(await fetch(api("/api/models")));
+    state.models = info.models;
+    for (const m of info.models) $("model").add(new Option(`${m.name} (${m.tokenizer})`, m.name));
+    for (const e of info.examples) $("example").add(new Option(e, e));
+    $("bars").max = info.max_bars; $("samples").max = info.max_samples;
+    $("model").onchange = () => { state.prompt = null; $("prompt-name").textContent = "No prompt: the model starts from scratch."; showDefaults(); };
+    showDefaults();
+    setStatus("ready");
+  } catch (err) { showError(err.message); }
+  $("file").onchange = (e) => uploadFile(e.target.files[0]);
+  $("example").onchange = (e) => { if (e.target.value) loadPrompt(`example=${encodeURIComponent(e.target.value)}`, null, e.target.value); };
+  const drop = $("drop");
+  drop.ondragover = (e) => { e.preventDefault(); drop.classList.add("over"); };
+  drop.ondragleave = () => drop.classList.remove("over");
+  drop.ondrop = (e) => { e.preventDefault(); drop.classList.remove("over"); uploadFile(e.dataTransfer.files[0]); };
+  $("generate").onclick = generate;
+  $("stop").onclick = () => state.controller && state.controller.abort();
+  loadResults();
+}
+
+start();

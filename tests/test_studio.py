@@ -1,0 +1,314 @@
+"""musegen studio's server: a run streamed and written as `musegen sample` writes it, every bad
+input answered with one line, sessions kept apart, and many runs at once (the page itself is
+driven in a browser in test_studio_browser.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import io
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import miditoolkit
+import pytest
+import uvicorn
+from starlette.testclient import TestClient
+
+from musegen import schemas
+from musegen.generation.settings import SampleSettings
+from musegen.studio import jobs
+from musegen.studio.models import EXAMPLES, Models
+from musegen.studio.server import create_app
+
+ROOT = Path(__file__).resolve().parents[1]
+POP = ROOT / "checkpoints" / "pop"
+EXAMPLE = "pop_progression.mid"
+A, B = "a" * 32, "b" * 32  # two sessions
+
+
+@pytest.fixture(scope="module")
+def models() -> Models:
+    return Models([POP])
+
+
+@pytest.fixture
+def client(models, tmp_path) -> TestClient:
+    return TestClient(create_app(tmp_path / "out", models))
+
+
+@contextlib.contextmanager
+def serving(app):
+    """The app served by uvicorn on a free port of 127.0.0.1, in a thread: yields its base URL."""
+    sock = socket.create_server(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+def upload(client, session: str, name: str, data: bytes, model: str = "pop"):
+    return client.post(f"/api/prompts?session={session}&model={model}&name={name}", content=data)
+
+
+def midi_bytes(numerator: int = 4, notes: bool = True) -> bytes:
+    midi = miditoolkit.MidiFile(ticks_per_beat=480)
+    midi.time_signature_changes = [miditoolkit.TimeSignature(numerator, 4, 0)]
+    inst = miditoolkit.Instrument(0)
+    if notes:
+        inst.notes = [miditoolkit.Note(80, 60 + i % 12, i * 480, i * 480 + 400) for i in range(32)]
+    midi.instruments = [inst]
+    buffer = io.BytesIO()
+    midi.dump(file=buffer)
+    return buffer.getvalue()
+
+
+def events(client, session: str, **request) -> list[dict]:
+    with client.stream("POST", f"/api/generate?session={session}", json=request) as response:
+        assert response.status_code == 200, response.read()
+        return [json.loads(line) for line in response.iter_lines() if line]
+
+
+def test_a_run_streams_notes_and_is_written_as_sample_writes_it(client, tmp_path):
+    prompt = upload(client, A, EXAMPLE, (EXAMPLES / EXAMPLE).read_bytes()).json()
+    assert prompt["bars"] == 4 and len(prompt["notes"]) > 20
+    got = events(client, A, model="pop", prompt=prompt["prompt"], bars=2, samples=2, seed=5)
+    kinds = [e["event"] for e in got]
+    assert kinds[:2] == ["queued", "started"] and kinds[-1] == "done", kinds
+    drawn = [e for e in got if e["event"] == "notes"]
+    assert drawn and all(len(e["samples"]) == 2 for e in drawn)
+    # notes arrive before the run ends, and more of them as it goes on
+    assert len(drawn[-1]["samples"][0]) > len(drawn[0]["samples"][0]) >= len(prompt["notes"])
+    done = got[-1]
+    folder = tmp_path / "out" / A / done["run"]
+    summary = schemas.read(folder / "pop_progression.json", "sample summary")
+    assert [s.midi for s in summary.samples] == ["pop_progression_000.mid", "pop_progression_001.mid"]
+    assert summary.settings["bars"] == 2 and summary.settings["seed"] == 5
+    assert all(v["prompt_end"] > 0 and v["notes"] for v in done["samples"])
+    # what the page lists after a reload, and the files it plays and offers
+    listed = client.get(f"/api/results?session={A}").json()["results"]
+    assert [r["run"] for r in listed] == [done["run"]]
+    assert client.get(f"/api/results?session={B}").json()["results"] == []  # another session sees none of it
+    midi = client.get(f"/files/{done['run']}/pop_progression_000.mid?session={A}")
+    assert midi.status_code == 200 and midi.content[:4] == b"MThd"
+    assert client.get(f"/files/{done['run']}/pop_progression_000.mid?session={B}").status_code == 400
+    task = client.get(f"/files/{done['run']}/pop_progression_000.json?session={A}").json()["generation"]
+    continuation = [n for n in done["samples"][0]["notes"] if n[0] >= done["samples"][0]["prompt_end"]]
+    assert len(task) == len(continuation) and min(n["start"] for n in task) >= 4 * 16  # after the 4 prompt bars
+    detail = client.get(f"/api/runs/{done['run']}?session={A}").json()
+    assert detail["views"] == done["samples"]
+
+
+def test_the_same_seed_gives_what_musegen_sample_gives(client, tmp_path, models):
+    from musegen.generation.batch import sample_to_folder
+
+    prompt = upload(client, A, EXAMPLE, (EXAMPLES / EXAMPLE).read_bytes()).json()
+    done = events(client, A, model="pop", prompt=prompt["prompt"], bars=1, samples=1, seed=9)[-1]
+    studio = (tmp_path / "out" / A / done["run"] / "pop_progression_000.mid").read_bytes()
+    cli = sample_to_folder(POP, tmp_path / "cli", SampleSettings(bars=1, seed=9), EXAMPLES / EXAMPLE, progress=False)
+    assert (tmp_path / "cli" / cli["samples"][0]["midi"]).read_bytes() == studio
+
+
+def test_a_mirex_prompt_gives_mirex_json(client):
+    task = (
+        '{"prompt": ['
+        + ",".join(f'{{"start": {i}, "pitch": {60 + i % 7}, "duration": 2}}' for i in range(0, 64, 2))
+        + "]}"
+    )
+    prompt = upload(client, A, "task.json", task.encode())
+    assert prompt.status_code == 200, prompt.text
+    done = events(client, A, model="pop", prompt=prompt.json()["prompt"], bars=1, seed=1)[-1]
+    assert done["event"] == "done" and done["samples"][0]["files"]["json"] == "task_000.json"
+
+
+BAD_PROMPTS = [
+    ("broken.mid", b"MThd\x00\x00\x00\x06garbage", "corrupt MIDI"),
+    ("waltz.mid", midi_bytes(numerator=3), "time signature 3/4"),
+    ("silence.mid", midi_bytes(notes=False), "no notes"),
+    ("notes.txt", b"hello", "not a MIDI file"),
+    ("empty.mid", b"", "empty"),
+    ("task.json", b'{"prompt": [', "json"),
+]
+
+
+@pytest.mark.parametrize("name,data,message", BAD_PROMPTS, ids=[b[0] for b in BAD_PROMPTS])
+def test_a_bad_prompt_gets_one_line(client, name, data, message):
+    answer = upload(client, A, name, data)
+    assert answer.status_code == 400
+    error = answer.json()["error"]
+    assert message.lower() in error.lower() and "\n" not in error and "Traceback" not in error
+
+
+def test_a_huge_upload_is_refused_before_it_is_read(client):
+    answer = upload(client, A, "huge.mid", b"MThd" + bytes(17 * 2**20))
+    assert answer.status_code == 400 and "more than the 16,777,216" in answer.json()["error"]
+
+
+@pytest.mark.parametrize(
+    "request_,message",
+    [
+        ({"model": "nope"}, "unknown model 'nope'"),
+        ({"model": "../../etc"}, "unknown model"),
+        ({"model": "pop", "bars": 0}, "bars must be within 1..64"),
+        ({"model": "pop", "bars": 2.5}, "bars must be a whole number"),
+        ({"model": "pop", "samples": 99}, "samples must be within 1..8"),
+        ({"model": "pop", "temperature": 500}, "--temperature must be within"),
+        ({"model": "pop", "top_p": 2}, "--top-p must be within"),
+        ({"model": "pop", "seed": -1}, "--seed must be within"),
+        ({"model": "pop", "bars": "many"}, "bars must be a whole number"),
+        ({"model": "pop", "prompt": "0123456789ab"}, "no prompt 0123456789ab"),
+        ({"model": "pop", "prompt": "../../x"}, "not a valid prompt id"),
+    ],
+)
+def test_bad_options_get_one_line(client, request_, message):
+    answer = client.post(f"/api/generate?session={A}", json={"bars": 2, **request_})
+    assert answer.status_code == 400 and message in answer.json()["error"], answer.text
+
+
+@pytest.mark.parametrize(
+    "path,message",
+    [
+        ("/api/results?session=../../etc", "not a valid session id"),
+        (f"/api/runs/%2E%2E?session={A}", "not a valid run id"),
+        (f"/files/20260101-000000-abcdef/%2E%2E?session={A}", "not a valid file name"),
+        (f"/files/20260101-000000-abcdef/.hidden?session={A}", "not a valid file name"),
+        (f"/files/20260101-000000-abcdef/x.mid?session={B}", "no run 20260101-000000-abcdef"),
+    ],
+)
+def test_no_request_reaches_outside_its_session(client, tmp_path, path, message):
+    (tmp_path / "out" / A / "20260101-000000-abcdef").mkdir(parents=True)
+    (tmp_path / "out" / A / "20260101-000000-abcdef" / "x.mid").write_bytes(b"MThd")
+    answer = client.get(path)
+    assert answer.status_code == 400 and message in answer.json()["error"]
+    assert client.get(f"/files/20260101-000000-abcdef/%2E%2E%2F%2E%2E%2Fx.mid?session={A}").status_code == 404
+
+
+def test_an_upload_name_cannot_choose_where_it_is_written(client, tmp_path):
+    answer = upload(client, A, "..%2F..%2F..%2Fevil.mid", (EXAMPLES / EXAMPLE).read_bytes())
+    assert answer.status_code == 200 and answer.json()["name"] == "evil.mid"
+    written = [p for p in (tmp_path / "out").rglob("*.mid")]
+    assert len(written) == 1 and written[0].parent.parent == tmp_path / "out" / A / "prompts"
+
+
+def test_a_full_disk_gets_one_line(client, monkeypatch):
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("musegen.studio.store.write_bytes", full)
+    answer = upload(client, A, EXAMPLE, (EXAMPLES / EXAMPLE).read_bytes())
+    assert answer.status_code == 507 and answer.json()["error"].startswith("disk full")
+
+
+def test_a_disk_that_fills_during_a_run_gets_one_line_and_leaves_no_run(client, tmp_path, monkeypatch):
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("musegen.generation.batch.write_json", full)  # the run's summary, written last
+    got = events(client, A, model="pop", bars=1, seed=2)
+    assert got[-1] == {"event": "error", "error": "disk full: the studio's --out folder has no space left"}
+    assert client.get(f"/api/results?session={A}").json()["results"] == []
+
+
+def test_an_unknown_model_keeps_no_upload(client, tmp_path):
+    answer = upload(client, A, EXAMPLE, (EXAMPLES / EXAMPLE).read_bytes(), model="nope")
+    assert answer.status_code == 400 and "unknown model 'nope'; choose one of: pop" in answer.json()["error"]
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").rglob("*.mid"))
+
+
+def test_ten_runs_at_once_each_get_their_own_results_and_the_page_stays_responsive(models, tmp_path):
+    sessions = [f"{i:032x}" for i in range(10)]
+    with serving(create_app(tmp_path / "out", models)) as base, httpx.Client(base_url=base, timeout=300) as http:
+        prompt = upload(http, sessions[0], EXAMPLE, (EXAMPLES / EXAMPLE).read_bytes()).json()["prompt"]
+
+        def run(i: int) -> dict:
+            request = {"model": "pop", "bars": 1, "seed": i, "prompt": prompt if i == 0 else None}
+            with http.stream("POST", f"/api/generate?session={sessions[i]}", json=request) as response:
+                return [json.loads(line) for line in response.iter_lines() if line][-1]
+
+        with ThreadPoolExecutor(10) as pool:
+            futures = [pool.submit(run, i) for i in range(10)]
+            waits = []
+            while not all(f.done() for f in futures):
+                started = time.perf_counter()
+                assert http.get("/api/models").status_code == 200
+                waits.append(time.perf_counter() - started)
+                time.sleep(0.2)
+            results = [f.result() for f in futures]
+    assert [r["event"] for r in results] == ["done"] * 10, results
+    assert len({r["run"] for r in results}) == 10
+    for session, result in zip(sessions, results):
+        assert len(list((tmp_path / "out" / session).glob(f"{result['run']}/*.mid"))) == 1
+    assert waits and max(waits) < 1.0, waits  # the event loop answers while ten runs sample
+
+
+def test_a_page_that_stops_ends_its_run_and_nothing_is_written(models, tmp_path, monkeypatch):
+    ended = []
+    generate_run = jobs.generate_run
+
+    def watched(*args, **kwargs):
+        try:
+            return generate_run(*args, **kwargs)
+        except BaseException as exc:
+            ended.append(type(exc))
+            raise
+
+    monkeypatch.setattr(jobs, "generate_run", watched)
+    with serving(create_app(tmp_path / "out", models)) as base, httpx.Client(base_url=base, timeout=60) as http:
+        request = {"model": "pop", "bars": 64, "samples": 8, "seed": 1}  # minutes of sampling
+        with http.stream("POST", f"/api/generate?session={A}", json=request) as response:
+            for line in response.iter_lines():
+                if json.loads(line)["event"] == "notes":
+                    break  # the page presses Stop: its request is closed
+        deadline = time.perf_counter() + 30
+        while not ended and time.perf_counter() < deadline:
+            time.sleep(0.05)
+        assert ended == [jobs.Stopped]
+        assert http.get(f"/api/results?session={A}").json()["results"] == []
+    assert not [p for p in (tmp_path / "out").rglob("*") if p.is_file()]
+
+
+def studio_command(*args: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "musegen", "studio", *args]
+    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_musegen_studio_serves_the_page_on_127_0_0_1_and_prints_its_address(tmp_path):
+    server = studio_command("--port", "0", "--out", str(tmp_path / "out"))
+    try:
+        url = re.fullmatch(r"musegen studio: (http://127\.0\.0\.1:\d+/) .*", server.stdout.readline().strip()).group(1)
+        page = httpx.get(url, timeout=30)
+        assert page.status_code == 200 and "<title>musegen studio</title>" in page.text
+        names = [m["name"] for m in httpx.get(url + "api/models", timeout=30).json()["models"]]
+        assert names == ["groove", "groove-dur", "pop"]  # the shipped checkpoints
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--checkpoint", "no-such-folder"], "error: no-such-folder: checkpoint folder not found"),
+        (["--port", "70000"], "error: --port must be within 0..65535, got 70000"),
+    ],
+)
+def test_musegen_studio_refuses_a_bad_option_in_one_line(tmp_path, args, message):
+    done = studio_command(*args, "--out", str(tmp_path / "out"))
+    _, err = done.communicate(timeout=120)
+    assert done.returncode == 1 and err.strip() == message

@@ -1,0 +1,121 @@
+"""musegen studio's page in a real browser (Debian's headless Chromium, driven by Selenium through
+Debian's chromedriver): upload a prompt, generate and see the notes drawn while they are sampled,
+play, download, see the error for a bad file; and no request leaves for another host."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from urllib.parse import urlsplit
+
+import pytest
+from test_studio import EXAMPLE, POP, serving
+
+from musegen.studio.models import EXAMPLES, Models
+from musegen.studio.server import create_app
+
+CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+pytestmark = pytest.mark.skipif(
+    not (CHROMIUM and CHROMEDRIVER), reason="Debian's chromium and chromium-driver are not installed (scripts/setup.sh)"
+)
+
+
+@pytest.fixture
+def browser(tmp_path):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        "--autoplay-policy=no-user-gesture-required",
+        "--window-size=1400,1000",
+        f"--user-data-dir={tmp_path / 'chromium-profile'}",
+    ):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"performance": "ALL"})
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.set_script_timeout(30)
+    driver.execute_cdp_cmd("Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(tmp_path / "dl")})
+    yield driver
+    driver.quit()
+
+
+def wait_for(condition, timeout: float = 120, every: float = 0.05):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = condition()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout} s")
+
+
+def requested_urls(driver) -> list[str]:
+    events = (json.loads(entry["message"])["message"] for entry in driver.get_log("performance"))
+    return [e["params"]["request"]["url"] for e in events if e["method"] == "Network.requestWillBeSent"]
+
+
+def test_the_page_generates_plays_downloads_and_reports_a_bad_file(browser, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    text = lambda id_: browser.find_element(By.ID, id_).text
+    with serving(create_app(tmp_path / "out", Models([POP]))) as base:
+        browser.get(base + "/")
+        wait_for(lambda: text("status") == "ready")
+        browser.find_element(By.ID, "file").send_keys(str(EXAMPLES / EXAMPLE))
+        wait_for(lambda: text("prompt-name").startswith("Prompt: pop_progression.mid (4 bars"))
+        for field, value in (("bars", "6"), ("samples", "2"), ("seed", "3")):
+            browser.find_element(By.ID, field).clear()
+            browser.find_element(By.ID, field).send_keys(value)
+        browser.find_element(By.ID, "generate").click()
+
+        # notes are drawn while the run samples: seen before it is done, with the progress under 1
+        def drawing():
+            seen = browser.execute_script(
+                "return [document.getElementById('roll').dataset.notes, document.getElementById('progress').value,"
+                " document.getElementById('status').textContent]"
+            )
+            return seen if seen[0] and seen[2] == "sampling…" else None
+
+        notes, progress, _ = wait_for(drawing)
+        assert int(notes) > 0 and progress < 1
+        wait_for(lambda: text("status").startswith("done"))
+        cards = browser.find_elements(By.CSS_SELECTOR, ".sample")
+        assert len(cards) == 2
+        wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#results li"))  # listed for a later visit
+
+        # play: the WAV is rendered by the server and the audio element plays it
+        played = browser.execute_async_script(
+            "const done = arguments[0], audio = document.querySelector('.sample audio');"
+            "audio.addEventListener('timeupdate', () => done(audio.currentTime), {once: true});"
+            "audio.addEventListener('error', () => done('error'), {once: true});"
+            "audio.play().catch((e) => done(String(e)));"
+        )
+        assert isinstance(played, (int, float)), played
+
+        # download the MIDI file of sample 1
+        cards[0].find_element(By.LINK_TEXT, "MIDI").click()
+        midi = wait_for(lambda: list((tmp_path / "dl").glob("*.mid")))
+        assert midi[0].read_bytes()[:4] == b"MThd"
+
+        # a bad file: its one-line message in the page
+        broken = tmp_path / "broken.mid"
+        broken.write_bytes(b"MThd\x00\x00\x00\x06garbage")
+        browser.find_element(By.ID, "file").send_keys(str(broken))
+        wait_for(lambda: browser.find_element(By.ID, "error").is_displayed())
+        assert "broken.mid: corrupt MIDI" in text("error")
+
+        urls = requested_urls(browser)
+    hosts = {urlsplit(url).netloc for url in urls if urlsplit(url).scheme in ("http", "https", "ws", "wss")}
+    assert urls and hosts == {urlsplit(base).netloc}, hosts

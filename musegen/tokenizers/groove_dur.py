@@ -35,14 +35,13 @@ import numpy as np
 from ..errors import TokenError
 from ..music.roles import DRUMS, TRACKS
 from .base import Encoding, Grammar, Tokenizer
-from .groove import (
+from .groove import DEFAULT_VELOCITY, GrooveTokenizer
+from .groove_events import (
     BAR_UNITS,
-    DEFAULT_VELOCITY,
     N_NOTES,
     N_PITCH,
     N_SHIFTS,
     TIME_SHIFT,
-    GrooveTokenizer,
     bar_starts_at,
     shift_target,
     shifts_between,

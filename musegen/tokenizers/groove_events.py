@@ -247,7 +247,7 @@ def as_ids(ids, vocab_size: int) -> np.ndarray:
     return arr
 
 
-def content_end(ids: np.ndarray) -> int:
-    """Index just past the last token that belongs to the piece (before End and padding)."""
-    ends = np.flatnonzero(ids == END)
+def content_end(ids: np.ndarray, end: int = END) -> int:
+    """Index just past the last token that belongs to the piece (before `end`, the End id, and padding)."""
+    ends = np.flatnonzero(ids == end)
     return int(ends[0]) if len(ends) else len(ids)

@@ -14,12 +14,12 @@ import re
 from pathlib import Path
 from typing import Any
 
-import miditoolkit
 from tqdm import tqdm
 
 from musegen.errors import DataError
-from musegen.io import atomic_path
+from musegen.io import write_bytes
 from musegen.music.constants import TICKS_PER_BEAT as TPQ
+from musegen.music.notes import NoteTable, Track
 
 from .common import Item
 from .common import prepare as prepare_items
@@ -47,25 +47,22 @@ def to_midi(source: Path, dest: Path) -> None:
     first_bar = score.parts[0].getElementsByClass("Measure")[0]
     pad = float(first_bar.paddingLeft or 0.0)  # the silent part of a pickup bar, in quarters
     ticks = lambda quarters: int(round((float(quarters) + pad) * TPQ))  # noqa: E731
-    midi = miditoolkit.MidiFile(ticks_per_beat=TPQ)
     marks = list(score.flatten().getElementsByClass(tempo.MetronomeMark))
     bpm = (marks[0].getQuarterBPM() if marks else None) or DEFAULT_BPM  # "playback only" marks count too
-    midi.tempo_changes.append(miditoolkit.TempoChange(float(bpm), 0))
-    previous = None  # one event per change; the first also covers the pickup's padding
+    signatures, previous = [], None  # one event per change; the first also covers the pickup's padding
     for ts in score.parts[0].flatten().getElementsByClass(meter.TimeSignature):
         if (ts.numerator, ts.denominator) != previous:
-            at = 0 if previous is None else ticks(ts.offset)
-            midi.time_signature_changes.append(miditoolkit.TimeSignature(ts.numerator, ts.denominator, at))
+            signatures.append((0 if previous is None else ticks(ts.offset), ts.numerator, ts.denominator))
             previous = (ts.numerator, ts.denominator)
+    tracks = []
     for part in score.parts:
-        track = miditoolkit.Instrument(program=52, name=part.partName or "voice")  # GM 53: choir aahs
-        for element in part.flatten().notes:
-            start, end = ticks(element.offset), ticks(element.offset + element.quarterLength)
-            for p in element.pitches:
-                track.notes.append(miditoolkit.Note(VELOCITY, p.midi, start, end))
-        midi.instruments.append(track)
-    with atomic_path(dest) as tmp:
-        midi.dump(str(tmp))
+        notes = [
+            (ticks(element.offset), ticks(element.offset + element.quarterLength), p.midi, VELOCITY)
+            for element in part.flatten().notes
+            for p in element.pitches
+        ]
+        tracks.append((Track(part.partName or "voice", 52, False), notes))  # GM 53: choir aahs
+    write_bytes(dest, NoteTable.of_tracks(TPQ, tracks, [(0, float(bpm))], signatures).midi_bytes())
 
 
 def _convert(job: tuple[Path, Path]) -> tuple[Path, str | None]:

@@ -1,4 +1,4 @@
-"""Any folder of MIDI files -> token shards (REMI by default, groove or groove-dur).
+"""Any folder of MIDI files -> token shards (REMI by default, or any registered tokenizer kind).
 
 Every file is its own group, 5% validation by hashed relative path. Unreadable or unusable
 files (and FIFOs, devices, link loops with a MIDI suffix) are skipped, counted and listed,
@@ -13,12 +13,11 @@ from typing import Any
 from musegen.errors import DataError
 from musegen.io import printable
 from musegen.music.midi import find_midi_files
-from musegen.tokenizers.base import tokenizer_from_dict
+from musegen.tokenizers.base import Tokenizer, tokenizer_from_dict
 
 from .common import Item
 from .common import prepare as prepare_items
 
-KINDS = ("remi", "groove", "groove-dur")
 FRACTIONS = {"validation": 0.05}
 
 
@@ -33,8 +32,8 @@ def prepare(
     if source is None:
         raise DataError("the midi corpus needs --source FOLDER (a folder of MIDI files)")
     kind = tokenizer or "remi"
-    if kind not in KINDS:
-        raise DataError(f"unknown tokenizer {kind!r}; choose one of {', '.join(KINDS)}")
+    if kind not in Tokenizer.registry:
+        raise DataError(f"unknown tokenizer {kind!r}; choose one of {', '.join(Tokenizer.registry)}")
     source = Path(source)
     files = find_midi_files(source)[:limit]
     root = source if source.is_dir() else source.parent

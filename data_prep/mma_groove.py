@@ -61,7 +61,7 @@ from musegen import schemas
 from musegen.errors import DataError, MusegenError
 from musegen.io import atomic_path, write_bytes, write_json
 from musegen.music.midi import Part, read_parts
-from musegen.music.roles import COUNT_IN_BEATS, G2G_BASS, G2G_DRUMS, G2G_HARMONIC
+from musegen.music.roles import COUNT_IN_BEATS, G2G_BASS, G2G_DRUMS, G2G_HARMONIC, TRACKS
 from musegen.tokenizers.base import Encoding, Tokenizer, tokenizer_from_dict
 
 LIBRARY = Path("/usr/share/mma/lib")  # where Debian's `mma` keeps its groove library
@@ -658,8 +658,9 @@ def prepare(
 ) -> dict[str, Any]:
     """`scale`: render scale x PIECES_PER_STYLE pieces per style (the plain ones, then variants).
     A rerun resumes: what is rendered and laid out is reused."""
-    if tokenizer not in (None, "groove", "groove-dur"):
-        raise DataError(f"the mma-groove corpus is tokenised as groove or groove-dur, not {tokenizer!r}")
+    trio = [kind for kind, cls in Tokenizer.registry.items() if set(cls.roles) == set(TRACKS.values())]
+    if tokenizer not in (None, *trio):
+        raise DataError(f"the mma-groove corpus is a trio, tokenised as {' or '.join(trio)}, not {tokenizer!r}")
     if scale < 1:
         raise DataError(f"scale must be at least 1, not {scale}")
     out = Path(out)

@@ -12,10 +12,9 @@ import argparse
 import tempfile
 from pathlib import Path
 
-import miditoolkit
-
-from musegen.io import atomic_path
+from musegen.io import write_bytes
 from musegen.music.constants import TICKS_PER_BEAT as TPQ
+from musegen.music.notes import NoteTable, Track
 
 # I - V - vi - IV in C major: (bass root, chord pitches) per bar.
 POP_PROGRESSION = [(48, [60, 64, 67]), (43, [59, 62, 67]), (45, [60, 64, 69]), (41, [60, 65, 69])]
@@ -38,49 +37,43 @@ POP_MELODY = [
 ]
 
 
-def _midi(tempo: float) -> miditoolkit.MidiFile:
-    midi = miditoolkit.MidiFile(ticks_per_beat=TPQ)
-    midi.tempo_changes = [miditoolkit.TempoChange(tempo, 0)]
-    midi.time_signature_changes = [miditoolkit.TimeSignature(4, 4, 0)]
-    return midi
+def _table(tempo: float, tracks: list[tuple[Track, list[tuple[int, int, int, int]]]]) -> NoteTable:
+    return NoteTable.of_tracks(TPQ, tracks, [(0, float(tempo))], [(0, 4, 4)])
 
 
-def _note(pitch: int, beat: float, beats: float, velocity: int = 80) -> miditoolkit.Note:
+def _note(pitch: int, beat: float, beats: float, velocity: int = 80) -> tuple[int, int, int, int]:
+    """(start, end, pitch, velocity) in ticks."""
     start = int(round(beat * TPQ))
-    return miditoolkit.Note(velocity, pitch, start, start + int(round(beats * TPQ)))
+    return start, start + int(round(beats * TPQ)), pitch, velocity
 
 
-def pop_prompt() -> miditoolkit.MidiFile:
+def pop_prompt() -> NoteTable:
     """Four bars of piano: a I-V-vi-IV progression with a simple melody, 96 bpm."""
-    midi = _midi(96)
-    piano = miditoolkit.Instrument(0, name="PIANO")
+    piano = []
     for bar, (bass, chord) in enumerate(POP_PROGRESSION):
-        piano.notes.append(_note(bass, 4 * bar, 4, 70))
+        piano.append(_note(bass, 4 * bar, 4, 70))
         for beat in (0, 2):  # the chord struck on beats 1 and 3
-            piano.notes += [_note(p, 4 * bar + beat, 2, 64) for p in chord]
-    piano.notes += [_note(p, b, d, 84) for b, p, d in POP_MELODY]
-    midi.instruments = [piano]
-    return midi
+            piano += [_note(p, 4 * bar + beat, 2, 64) for p in chord]
+    piano += [_note(p, b, d, 84) for b, p, d in POP_MELODY]
+    return _table(96, [(Track("PIANO", 0, False), piano)])
 
 
-def groove_prompt() -> miditoolkit.MidiFile:
+def groove_prompt() -> NoteTable:
     """Two bars of a straight rock groove: bass, drums and piano comping, 110 bpm."""
-    midi = _midi(110)
-    bass = miditoolkit.Instrument(33, name="Bass")
-    drums = miditoolkit.Instrument(0, is_drum=True, name="Drums")
-    piano = miditoolkit.Instrument(0, name="Piano")
+    bass, drums, piano = [], [], []
     for bar, (root, chord) in enumerate(POP_PROGRESSION[:2]):
         start = 4 * bar
-        bass.notes += [_note(root - 12, start + b, 0.5, 90) for b in (0, 1.5, 2, 3)]
-        piano.notes += [_note(p, start + b, 0.5, 70) for b in (0.5, 1.5, 2.5, 3.5) for p in chord]
-        drums.notes += [_note(36, start + b, 0.25, 100) for b in (0, 2, 2.5)]  # kick
-        drums.notes += [_note(38, start + b, 0.25, 100) for b in (1, 3)]  # snare
-        drums.notes += [_note(42, start + b / 2, 0.25, 70) for b in range(8)]  # closed hi-hat
-    midi.instruments = [bass, drums, piano]
-    return midi
+        bass += [_note(root - 12, start + b, 0.5, 90) for b in (0, 1.5, 2, 3)]
+        piano += [_note(p, start + b, 0.5, 70) for b in (0.5, 1.5, 2.5, 3.5) for p in chord]
+        drums += [_note(36, start + b, 0.25, 100) for b in (0, 2, 2.5)]  # kick
+        drums += [_note(38, start + b, 0.25, 100) for b in (1, 3)]  # snare
+        drums += [_note(42, start + b / 2, 0.25, 70) for b in range(8)]  # closed hi-hat
+    return _table(
+        110, [(Track("Bass", 33, False), bass), (Track("Drums", 0, True), drums), (Track("Piano", 0, False), piano)]
+    )
 
 
-def chorale_prompt(work: str = "bach/bwv66.6") -> miditoolkit.MidiFile:
+def chorale_prompt(work: str = "bach/bwv66.6") -> NoteTable:
     """A 4/4 Bach chorale from music21's bundled corpus, its four voices merged onto one piano."""
     import music21
 
@@ -88,17 +81,15 @@ def chorale_prompt(work: str = "bach/bwv66.6") -> miditoolkit.MidiFile:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "chorale.mid"
         score.write("midi", fp=str(path))
-        source = miditoolkit.MidiFile(str(path))
-    midi = _midi(source.tempo_changes[0].tempo if source.tempo_changes else 80)
-    scale = TPQ / source.ticks_per_beat
-    piano = miditoolkit.Instrument(0, name="PIANO")
-    for inst in source.instruments:
-        piano.notes += [
-            miditoolkit.Note(n.velocity, n.pitch, int(n.start * scale), int(n.end * scale)) for n in inst.notes
-        ]
-    piano.notes.sort(key=lambda n: (n.start, n.pitch))
-    midi.instruments = [piano]
-    return midi
+        source = NoteTable.read(path, by_role=False)
+    scale = TPQ / source.tpq
+    columns = (source.start, source.end, source.pitch, source.velocity)
+    notes = [
+        (int(start * scale), int(end * scale), pitch, velocity)
+        for start, end, pitch, velocity in zip(*(c.tolist() for c in columns))
+    ]
+    notes.sort(key=lambda n: (n[0], n[2]))
+    return _table(source.tempos[0][1] if source.tempos else 80, [(Track("PIANO", 0, False), notes)])
 
 
 PROMPTS = {"pop_progression.mid": pop_prompt, "groove_rock.mid": groove_prompt, "bach_chorale.mid": chorale_prompt}
@@ -107,8 +98,7 @@ PROMPTS = {"pop_progression.mid": pop_prompt, "groove_rock.mid": groove_prompt, 
 def write_prompts(out: Path) -> list[Path]:
     written = []
     for name, make in PROMPTS.items():
-        with atomic_path(out / name) as tmp:
-            make().dump(str(tmp))
+        write_bytes(out / name, make().midi_bytes())
         written.append(out / name)
     return written
 

@@ -34,7 +34,9 @@ class Augmenter:
     - `max_shift`: transpose by a shift in -max_shift..+max_shift, redrawn until in range (the
       tokenizer decides what a shift leaves alone, e.g. drums).
     Piece-level rewrites (bar skip, track dropout) run before cropping, transposition after it,
-    so the shift only has to fit the pitches of the window.
+    so the shift only has to fit the pitches of the window. The tokenizer methods each one calls
+    are declared on `Tokenizer` (`skip_bars`; `notes`, `drop_tracks`; `transpose`), and a tokenizer
+    that names an augmentation must provide them (`tokenizers.base.AUGMENTATION_NEEDS`).
     """
 
     def __init__(self, tokenizer: Tokenizer, max_shift: int = 0, max_skip_bars: int = 0, track_dropout: float = 0.0):

@@ -9,7 +9,6 @@ one-track piano MIDI file at a fixed TEMPO_BPM and VELOCITY (480 ticks per beat,
 
 from __future__ import annotations
 
-import io
 import os
 from pathlib import Path
 from typing import Iterable, NamedTuple
@@ -20,6 +19,7 @@ from . import schemas
 from .errors import MidiError
 from .io import write_json
 from .music.constants import BEATS_PER_BAR, MAX_BARS, TICKS_PER_BEAT
+from .music.notes import NoteTable, Track
 
 SIXTEENTHS_PER_BAR = 4 * BEATS_PER_BAR
 TICKS_PER_SIXTEENTH = TICKS_PER_BEAT // 4
@@ -51,18 +51,11 @@ def read_prompt(path: str | os.PathLike) -> list[Note]:
 
 def prompt_midi(notes: Iterable[Note]) -> bytes:
     """A MIDI file of the notes: 4/4, TEMPO_BPM, every note at VELOCITY on one piano track."""
-    midi = miditoolkit.MidiFile(ticks_per_beat=TICKS_PER_BEAT)
-    midi.time_signature_changes.append(miditoolkit.TimeSignature(4, 4, 0))
-    midi.tempo_changes.append(miditoolkit.TempoChange(TEMPO_BPM, 0))
-    piano = miditoolkit.Instrument(program=0, is_drum=False, name="Piano")
-    piano.notes = [
-        miditoolkit.Note(VELOCITY, n.pitch, n.start * TICKS_PER_SIXTEENTH, (n.start + n.duration) * TICKS_PER_SIXTEENTH)
-        for n in notes
+    rows = [
+        (n.start * TICKS_PER_SIXTEENTH, (n.start + n.duration) * TICKS_PER_SIXTEENTH, n.pitch, VELOCITY) for n in notes
     ]
-    midi.instruments.append(piano)
-    buffer = io.BytesIO()
-    midi.dump(file=buffer)
-    return buffer.getvalue()
+    piano = Track("Piano", 0, False)
+    return NoteTable.of_tracks(TICKS_PER_BEAT, [(piano, rows)], [(0, TEMPO_BPM)], [(0, 4, 4)]).midi_bytes()
 
 
 def sixteenths(ticks: int, ticks_per_beat: int) -> int:

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from conftest import GOLDEN
 
-from musegen.tokenizers.groove import END, START, TIME_SHIFT, GrooveTokenizer, serialize, token_times
+from musegen.tokenizers.groove import GrooveTokenizer
+from musegen.tokenizers.groove_events import END, START, TIME_SHIFT, serialize, token_times
 
 FOLDER = GOLDEN / "groove_spe"
 CASES = sorted(p for p in FOLDER.glob("*.json") if p.name != "vocab.json")

@@ -15,14 +15,14 @@ from hypothesis import strategies as st
 
 from musegen.errors import MidiError, TokenError
 from musegen.model.config import preset
+from musegen.music.beats import round_half_even
 from musegen.tokenizers import tokenizer_from_dict
-from musegen.tokenizers.groove import (
+from musegen.tokenizers.groove import GrooveTokenizer
+from musegen.tokenizers.groove_events import (
     END,
     START,
     TIME_SHIFT,
     WIDE_SHIFT,
-    GrooveTokenizer,
-    round_half_even,
     serialize,
     shift_id,
     shift_target,

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from tokenizer_properties import check_decode_total, closed_walk
 
 from musegen.errors import TokenError
-from musegen.tokenizers.groove import END, NOTE_OFF, START, TIME_SHIFT, GrooveTokenizer, decode_events, serialize
+from musegen.tokenizers.groove import GrooveTokenizer
+from musegen.tokenizers.groove_events import END, NOTE_OFF, START, TIME_SHIFT, decode_events, serialize
 
 TOK = GrooveTokenizer()
 # No explain phase: on a failure it re-runs the example thousands of times (minutes).

@@ -124,7 +124,8 @@ TEST_PIECE = ["Bar_None", "Beat_0", "Chord_N_N", "Tempo_119"] + NOTE + ["Beat_4"
 
 def test_position_tokens_are_conditioned_on_the_previous_position_in_their_bar():
     from musegen.evaluation.loss import BAR_START, token_contexts
-    from musegen.tokenizers.groove import NOTE_OFF, GrooveTokenizer, note_on_id, serialize, shift_id
+    from musegen.tokenizers.groove import GrooveTokenizer
+    from musegen.tokenizers.groove_events import NOTE_OFF, note_on_id, serialize, shift_id
     from musegen.tokenizers.remi import RemiTokenizer
 
     tok = RemiTokenizer()

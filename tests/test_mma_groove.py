@@ -20,10 +20,11 @@ import symusic
 from data_prep import mma_groove as mg
 from musegen.errors import DataError
 from musegen.io import read_json
+from musegen.music.beats import round_half_even
 from musegen.music.midi import read_parts
 from musegen.music.roles import G2G_NAMES
 from musegen.shards import Shards
-from musegen.tokenizers.groove import GrooveTokenizer, round_half_even
+from musegen.tokenizers.groove import GrooveTokenizer
 
 pytestmark = pytest.mark.skipif(shutil.which("mma") is None, reason="the Debian package mma is not installed")
 

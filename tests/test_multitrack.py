@@ -10,12 +10,10 @@ import numpy as np
 import pytest
 from conftest import DATA
 
+from musegen.music.beats import round_half_even
 from musegen.music.roles import BASS_PROGRAMS, merged_notes, read_trio
-from musegen.tokenizers.groove import (
-    UNITS_PER_BEAT,
-    GrooveTokenizer,
-    round_half_even,
-)
+from musegen.tokenizers.groove import GrooveTokenizer
+from musegen.tokenizers.groove_events import UNITS_PER_BEAT
 
 FOLDER = DATA / "multitrack"
 # file: (bass program, the accompaniment track the tokenizer keeps: its name, else its program)

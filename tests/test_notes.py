@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from conftest import DATA
 
-from musegen.music.notes import NoteTable
+from musegen.music.midi import load_score
+from musegen.music.notes import NoteTable, Track
 from musegen.music.roles import merged_notes, read_trio
 
 TUNES = sorted((DATA / "multitrack").glob("*.mid"))
@@ -47,3 +48,39 @@ def test_bars_and_selection_count_in_beats():
     assert table.onsets_in(1, 1).pitch.tolist() == [62, 63]
     assert table.beats(table.end).tolist() == [1, 3, 5, 7, 9, 11]
     assert len(NoteTable.empty(tpq)) == 0 and NoteTable.empty(tpq).first_bar() is None
+
+
+@pytest.mark.parametrize("path", TUNES, ids=lambda p: p.stem)
+def test_symusic_and_the_parts_reader_give_the_same_notes(path):
+    from_score = NoteTable.from_score(load_score(path))
+    read = NoteTable.read(path)
+    order = lambda t: np.lexsort((t.velocity, t.pitch, t.end, t.start))
+    for column in ("start", "end", "pitch", "velocity"):
+        assert (getattr(read, column)[order(read)] == getattr(from_score, column)[order(from_score)]).all(), column
+    assert from_score.tempos[0] == pytest.approx(read.tempos[0]) and from_score.tpq == read.tpq
+    assert sorted(from_score.role) == sorted(read.role)
+
+
+@pytest.mark.parametrize("path", TUNES, ids=lambda p: p.stem)
+def test_writing_a_table_and_reading_it_back_gives_the_table(path, tmp_path):
+    table = NoteTable.read(path)
+    (tmp_path / "x.mid").write_bytes(table.midi_bytes())
+    back = NoteTable.read(tmp_path / "x.mid")
+    order = lambda t: np.lexsort((t.velocity, t.pitch, t.end, t.start, t.track))
+    for column in ("start", "end", "pitch", "velocity", "track"):
+        assert (getattr(table, column)[order(table)] == getattr(back, column)[order(back)]).all(), column
+    described = lambda t: [(track.name or "", track.program, track.is_drum, track.role) for track in t.tracks]
+    assert described(back) == described(table)
+    assert back.time_signatures == (table.time_signatures or [(0, 4, 4)])  # the writer states MIDI's default
+    assert [tick for tick, _ in back.tempos] == [tick for tick, _ in table.tempos]
+
+
+def test_a_table_written_by_hand_keeps_its_tracks_in_order():
+    piano, drums = Track("Piano", 0, False), Track("Drums", 0, True)
+    table = NoteTable.of_tracks(
+        480, [(piano, [(0, 480, 60, 80), (480, 960, 64, 70)]), (drums, [(0, 60, 36, 100)])], [(0, 96.0)], [(0, 4, 4)]
+    )
+    assert table.track.tolist() == [0, 0, 1] and table.start.tolist() == [0, 480, 0]
+    midi = table.to_miditoolkit()
+    assert [(i.name, i.is_drum, len(i.notes)) for i in midi.instruments] == [("Piano", False, 2), ("Drums", True, 1)]
+    assert midi.tempo_changes[0].tempo == 96.0 and midi.max_tick == 960

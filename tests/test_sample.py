@@ -391,7 +391,8 @@ def test_a_groove_sampler_ends_notes_as_often_as_the_model_says(models, prompt_f
     not know which notes sound. Wherever a sounding note may end, the sampler with the share kept
     ends one about half the time, and about 13 notes sound at once; with the plain mask the mass
     of the silent slots goes to note-ons and shifts, and notes pile up."""
-    from musegen.tokenizers.groove import NOTE_OFF, ONS, TIME_SHIFT
+    from musegen.tokenizers.groove_events import NOTE_OFF, TIME_SHIFT
+    from musegen.tokenizers.groove_grammar import ONS
 
     # p(note-off) = 384 x 1 / (384 x 1 + 384 x 1/2 + 24 x 8) = 1/2
     tok, prompt, samples = _constant_logit_samples(
@@ -428,7 +429,7 @@ def test_a_groove_sampler_keeps_the_bass_monophonic_one_event_late(models, promp
     sounding bass notes never span more than two onsets; without it they pile up. The tokens
     stay a piece the grammar accepts either way."""
     from musegen.music.roles import OTHER
-    from musegen.tokenizers.groove import N_PITCH, NOTE_OFF, TIME_SHIFT
+    from musegen.tokenizers.groove_events import N_PITCH, NOTE_OFF, TIME_SHIFT
 
     # bass and drum note_ons and shifts; no note-offs, no other-track notes, no End
     tok, prompt, samples = _constant_logit_samples(
@@ -777,7 +778,7 @@ def test_a_groove_sampler_never_begins_one_drum_twice_at_one_time(models, prompt
     """A model that wants one drum above all (head bias) would, with the grammar alone, write it
     again and again at one time (the data may hold doubles, so the grammar accepts them) and
     never reach the next bar; the sampling mask allows one per time, and the bars are reached."""
-    from musegen.tokenizers.groove import NOTE_OFF, TIME_SHIFT, WIDE_SHIFT, shift_target
+    from musegen.tokenizers.groove_events import NOTE_OFF, TIME_SHIFT, WIDE_SHIFT, shift_target
 
     model, tok = models["groove"]
     kick = tok.vocab.index("NoteOn_2_36")  # track 2: drums

@@ -3,6 +3,7 @@ representation; representation versions; and a third representation added as one
 
 from __future__ import annotations
 
+import inspect
 import json
 import subprocess
 import sys
@@ -281,3 +282,35 @@ def test_a_new_representation_samples_without_touching_the_sampler(mono, tmp_pat
         assert all(3 * 1920 <= n.start < 5 * 1920 for n in fresh)
     defaults = SampleSettings(length=4).resolved(mono)
     assert (defaults.temperature, defaults.top_p) == (0.9, 0.95)
+
+
+def test_a_new_representation_prepares_a_folder_without_touching_data_prep(mono, tmp_path):
+    from data_prep.folder import prepare
+    from musegen.shards import Shards
+
+    midi = miditoolkit.MidiFile(ticks_per_beat=480)
+    midi.instruments.append(miditoolkit.Instrument(0))
+    midi.instruments[0].notes = [miditoolkit.Note(80, 60 + i % 12, i * 120, i * 120 + 100) for i in range(32)]  # 2 bars
+    (tmp_path / "midi").mkdir()
+    for k in range(3):
+        midi.dump(str(tmp_path / "midi" / f"line{k}.mid"))
+    prepare(tmp_path / "out", source=tmp_path / "midi", workers=1, tokenizer="mono-test")
+    shards = Shards(tmp_path / "out")
+    assert shards.tokenizer.kind == "mono-test"
+    pieces = [ids for split in shards.splits for ids in shards.pieces(split)]
+    assert len(pieces) == 3 and all(len(ids) == 2 * 17 + 1 for ids in pieces)
+
+
+def test_a_representation_provides_what_its_augmentation_calls(mono):
+    from musegen.data import Augmenter
+    from musegen.tokenizers.base import AUGMENTATION_NEEDS
+
+    keywords = list(inspect.signature(Augmenter.__init__).parameters)[2:]  # after self, tokenizer
+    assert sorted(AUGMENTATION_NEEDS) == sorted(keywords)
+    for kind in KINDS:
+        cls = Tokenizer.registry[kind]
+        for key in cls.augmentation:
+            assert all(getattr(cls, m) is not getattr(Tokenizer, m) for m in AUGMENTATION_NEEDS[key]), (kind, key)
+    with pytest.raises(TypeError, match="augmentation 'track_dropout' needs notes, drop_tracks"):
+        type("Dropper", (type(mono),), {"kind": "dropper-test", "version": 1, "augmentation": {"track_dropout": 0.5}})
+    assert "dropper-test" not in Tokenizer.registry

@@ -810,7 +810,7 @@ def groove_data(tmp_path_factory) -> Path:
     rng = np.random.default_rng(0)
     tok = GrooveTokenizer()
     notes = [(1 + i % 3, 40 + int(rng.integers(20)), 6 * i, 6 * i + 5) for i in range(60)]
-    from musegen.tokenizers.groove import serialize
+    from musegen.tokenizers.groove_events import serialize
 
     ids = serialize(np.array(notes))
     out = tmp_path_factory.mktemp("groove")

@@ -24,6 +24,15 @@ from ..errors import DataError
 from .constants import BEATS_PER_BAR, TICKS_PER_BEAT
 
 
+def round_half_even(numerator, denominator: int) -> np.ndarray:
+    """numerator / denominator rounded to the nearest integer, halves to even, exactly, in integers:
+    Python's `round` and numpy's rule, which the reference pipelines apply to tick ratios (groove:
+    `ticks * 12 / resolution`; REMI: onsets and durations on its grid)."""
+    quotient, remainder = np.divmod(np.asarray(numerator, dtype=np.int64), denominator)
+    up = (2 * remainder > denominator) | ((2 * remainder == denominator) & (quotient % 2 == 1))
+    return quotient + up
+
+
 def beat_ticks(downbeat: np.ndarray, tpq: int = TICKS_PER_BEAT) -> np.ndarray:
     """The tick of every annotated beat (first downbeat at tick 0, a pickup before it negative)."""
     downbeats = np.flatnonzero(downbeat)

@@ -8,10 +8,13 @@ Tokenizers, metrics, render and data_prep all read pieces into this table.
 
 from __future__ import annotations
 
+import io
 import os
 from dataclasses import dataclass, field, replace
 
+import miditoolkit
 import numpy as np
+import symusic
 
 from .constants import BEATS_PER_BAR
 from .midi import Parsed, Part, read_parts
@@ -47,6 +50,29 @@ class NoteTable:
     def empty(cls, tpq: int) -> NoteTable:
         none = np.zeros(0, dtype=np.int64)
         return cls(tpq, none, none, none, none, none)
+
+    @classmethod
+    def of_tracks(
+        cls,
+        tpq: int,
+        tracks: list[tuple[Track, list[tuple[int, int, int, int]]]],
+        tempos: list[tuple[int, float]] = (),
+        time_signatures: list[tuple[int, int, int]] = (),
+        markers: list[tuple[int, str]] = (),
+    ) -> NoteTable:
+        """A piece written by hand: each track with its notes as (start, end, pitch, velocity) rows."""
+        rows = [np.array(notes, dtype=np.int64).reshape(-1, 4) for _, notes in tracks]
+        notes = np.concatenate(rows) if rows else np.zeros((0, 4), dtype=np.int64)
+        track = np.repeat(np.arange(len(rows), dtype=np.int64), [len(r) for r in rows])
+        return cls(
+            tpq,
+            *(notes[:, k] for k in range(4)),
+            track,
+            [t for t, _ in tracks],
+            list(tempos),
+            list(time_signatures),
+            list(markers),
+        )
 
     @classmethod
     def from_parsed(cls, parsed: Parsed, by_role: bool = True) -> NoteTable:
@@ -98,6 +124,55 @@ class NoteTable:
             [(int(m.time), m.text) for m in midi.markers],
         )
         return cls.from_parsed(parsed, by_role)
+
+    @classmethod
+    def from_score(cls, score: symusic.Score, by_role: bool = True) -> NoteTable:
+        """A score parsed by symusic (`musegen.music.midi.load_score`), one track per score track.
+        Symusic pairs note-ons and note-offs as miditoolkit does, which REMI's reference pipeline
+        read its files with; tempos are exact (60e6 / microseconds per quarter), those of 0
+        microseconds left out as `read_parts` leaves them out."""
+        parts = []
+        for track in score.tracks:
+            notes = track.notes.numpy()
+            time = notes["time"].astype(np.int64)
+            rows = [time, time + notes["duration"], notes["pitch"], notes["velocity"]]
+            parts.append(Part(track.name, int(track.program), bool(track.is_drum), np.stack(rows, 1).astype(np.int64)))
+        parsed = Parsed(
+            "<score>",
+            int(score.tpq),
+            parts,
+            [(int(t.time), 60e6 / t.mspq) for t in score.tempos if t.mspq > 0],
+            [(int(t.time), int(t.numerator), int(t.denominator)) for t in score.time_signatures],
+            [(int(m.time), m.text) for m in score.markers],
+        )
+        return cls.from_parsed(parsed, by_role)
+
+    # ---- writing -----------------------------------------------------------------------------------
+
+    def to_miditoolkit(self) -> miditoolkit.MidiFile:
+        """The table as a `miditoolkit.MidiFile` (what the tokenizers' `decode` returns, ready to
+        `dump`): one instrument per track in `tracks` order, empty tracks included, each holding its
+        notes in table order; tempos, time signatures and markers as listed."""
+        midi = miditoolkit.MidiFile(ticks_per_beat=self.tpq)
+        midi.instruments = [
+            miditoolkit.Instrument(program=t.program, is_drum=t.is_drum, name=t.name or "") for t in self.tracks
+        ]
+        columns = (self.velocity, self.pitch, self.start, self.end, self.track)
+        for velocity, pitch, start, end, track in zip(*(c.tolist() for c in columns)):
+            midi.instruments[track].notes.append(miditoolkit.Note(velocity, pitch, start, end))
+        midi.tempo_changes = [miditoolkit.TempoChange(float(qpm), int(tick)) for tick, qpm in self.tempos]
+        midi.time_signature_changes = [
+            miditoolkit.TimeSignature(n, d, int(tick)) for tick, n, d in self.time_signatures
+        ]
+        midi.markers = [miditoolkit.Marker(text, int(tick)) for tick, text in self.markers]
+        midi.max_tick = int(self.end.max()) if len(self) else 0
+        return midi
+
+    def midi_bytes(self) -> bytes:
+        """The table as a standard MIDI file (`to_miditoolkit`, dumped)."""
+        buffer = io.BytesIO()
+        self.to_miditoolkit().dump(file=buffer)
+        return buffer.getvalue()
 
     # ---- reading -----------------------------------------------------------------------------------
 

@@ -128,6 +128,7 @@ class Tokenizer(abc.ABC):
     note_off_type: ClassVar[str | None] = None
     registry: ClassVar[dict[str, type["Tokenizer"]]] = {}
     # Training augmentation: keyword arguments of musegen.data.Augmenter (none: the data as it is).
+    # Each key needs the methods AUGMENTATION_NEEDS names for it (checked when the class is made).
     augmentation: ClassVar[dict[str, Any]] = {}
     # Where training crops start under `crop=auto`: a "random" window or the piece's "start".
     default_crop: ClassVar[str] = "random"
@@ -140,6 +141,12 @@ class Tokenizer(abc.ABC):
         if "kind" in cls.__dict__:
             if not isinstance(cls.__dict__.get("version"), int):
                 raise TypeError(f"tokenizer kind {cls.kind!r} must declare an int `version`")
+            for key in cls.augmentation:
+                if key not in AUGMENTATION_NEEDS:
+                    raise TypeError(f"tokenizer kind {cls.kind!r}: unknown augmentation {key!r}")
+                missing = [m for m in AUGMENTATION_NEEDS[key] if getattr(cls, m) is getattr(Tokenizer, m)]
+                if missing:
+                    raise TypeError(f"tokenizer kind {cls.kind!r}: augmentation {key!r} needs {', '.join(missing)}")
             Tokenizer.registry[cls.kind] = cls
 
     vocab: list[str]  # id -> event name
@@ -211,6 +218,25 @@ class Tokenizer(abc.ABC):
         grows as a sampler writes. The sampler relies on this, and on the grammar closing
         ids[:starts[b]] as a piece of b bars (`Grammar.close`)."""
 
+    # ---- piece-level augmentation (musegen.data.Augmenter), for the keys of `augmentation` ----
+
+    def notes(self, ids) -> np.ndarray:
+        """The notes of a token sequence as int rows whose first column is the track (the numbers
+        `drop_tracks` takes); the other columns are the representation's own. Needed for
+        `track_dropout`; a representation without tracks does not provide it."""
+        raise NotImplementedError(f"the {self.kind} tokenizer has no tracks to list")
+
+    def skip_bars(self, ids, n: int) -> np.ndarray | None:
+        """The piece without its first `n` bars, notes sounding across the cut started again at
+        the new beginning; None when the piece has no more than `n` bars. Needed for
+        `max_skip_bars`."""
+        raise NotImplementedError(f"the {self.kind} tokenizer cannot skip bars")
+
+    def drop_tracks(self, ids, tracks) -> np.ndarray:
+        """The piece without any note of `tracks` (track numbers as in `notes`). Needed for
+        `track_dropout`."""
+        raise NotImplementedError(f"the {self.kind} tokenizer has no tracks to drop")
+
     def to_bar_line(self, state, bar: int) -> list[int]:
         """Tokens to append to a piece cut where bar `bar` starts (`ids[:bar_starts(...)[bar]]`,
         whose grammar state is `state`) so that time stands at that bar line with nothing
@@ -228,6 +254,13 @@ class Tokenizer(abc.ABC):
     def save(self, path: str | os.PathLike) -> None:
         write_json(path, self.to_dict())
 
+
+# The methods each key of `Tokenizer.augmentation` calls beyond the abstract ones (`transpose`).
+AUGMENTATION_NEEDS: dict[str, tuple[str, ...]] = {
+    "max_shift": (),
+    "max_skip_bars": ("skip_bars",),
+    "track_dropout": ("notes", "drop_tracks"),
+}
 
 # What to do about data of another representation version, by what holds it.
 REMEDY = "re-prepare the data / retrain"

@@ -35,15 +35,15 @@ import numpy as np
 from ..errors import TokenError
 from ..music.roles import DRUMS, TRACKS
 from .base import Encoding, Grammar, Tokenizer
-from .groove import (
+from .groove import DEFAULT_VELOCITY, GrooveTokenizer
+from .groove_events import (
     BAR_UNITS,
-    DEFAULT_VELOCITY,
     N_NOTES,
     N_PITCH,
     N_SHIFTS,
     TIME_SHIFT,
-    GrooveTokenizer,
     bar_starts_at,
+    content_end,
     shift_target,
     shifts_between,
     token_times,
@@ -156,11 +156,6 @@ def times_after(ids: np.ndarray) -> np.ndarray:
     """The time (grid units) after each token."""
     is_shift = (ids >= SHIFT) & (ids < END)
     return token_times(np.where(is_shift, ids + TO_GROOVE_SHIFT, NOTE))
-
-
-def _content_end(ids: np.ndarray) -> int:
-    ends = np.flatnonzero(ids == END)
-    return int(ends[0]) if len(ends) else len(ids)
 
 
 # ---- the grammar -----------------------------------------------------------------------------------
@@ -294,7 +289,7 @@ class GrooveDurTokenizer(Tokenizer):
         """For each bar the piece reaches, the index of its first token (a shift landing on or
         past its line); bar 0 starts after Start."""
         ids = self.check_ids(ids)
-        return bar_starts_at(times_after(ids), _content_end(ids), bool(len(ids) and ids[0] == START))
+        return bar_starts_at(times_after(ids), content_end(ids, END), bool(len(ids) and ids[0] == START))
 
     def to_bar_line(self, state: DurState, bar: int) -> list[int]:
         """The shifts that move a piece cut where bar `bar` starts to that bar line. Its notes

@@ -33,6 +33,7 @@ bar). Other meters (3/4, 6/8, 5/4, ...) are refused.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -41,20 +42,21 @@ import miditoolkit
 import numpy as np
 import symusic
 
-from ..errors import ConfigError, MidiError, TokenError
-from ..music.chords import QUALITIES, ROOT_NAMES, detect_chords
+from ..errors import MidiError, TokenError
+from ..music.beats import round_half_even
+from ..music.chords import detect_chords
 from ..music.constants import BEATS_PER_BAR, DEFAULT_BPM, MAX_BARS, TICKS_PER_BEAT
 from ..music.midi import read_midi
+from ..music.notes import NoteTable, Track
 from .base import Encoding, Tokenizer
+from .remi_bars import BarGrid
 from .remi_grammar import RemiGrammar
-
-# The tempos that occur in Pop1K7: the step-3 grid from 32 to 224 bpm, kept where a value occurred.
-POP1K7_TEMPOS = (*range(32, 150, 3), 155, 158, 161, 167, 170, 176, 182, 188, 194, 200, 206, 215, 221, 224)
-REFERENCE_TEMPO_GRID = np.arange(32, 225, 3)  # the reference bins tempos to this grid first
-NO_CHORD = "N_N"
+from .remi_vocab import RemiVocab
 
 
-class RemiTokenizer(Tokenizer):
+class RemiTokenizer(RemiVocab, Tokenizer):
+    """REMI over the vocabulary its settings make (`RemiVocab`: the constructor's arguments)."""
+
     kind = "remi"
     augmentation = {"max_shift": 6}  # transpose by -6..+6 semitones, chord roots too
     token_types = {
@@ -71,105 +73,9 @@ class RemiTokenizer(Tokenizer):
     version = 2
     sampling_defaults = {"temperature": 1.2, "top_p": 0.9}  # the paper's pop samples
 
-    def __init__(
-        self,
-        beat_resolution: int = 4,
-        pitch_range: tuple[int, int] = (22, 107),
-        velocity_range: tuple[int, int, int] = (40, 86, 2),
-        max_duration: int = 16,
-        tempos: tuple[int, ...] = POP1K7_TEMPOS,
-        chords: bool = True,
-    ):
-        """`beat_resolution`: grid positions per beat; `pitch_range`: lowest and highest pitch,
-        others are folded in by octaves; `velocity_range`: (lowest, highest, step) of the velocity
-        bins; `max_duration`: longest duration in grid steps; `tempos`: the tempo bins (bpm);
-        `chords`: write Chord tokens."""
-        lo, hi = pitch_range
-        vmin, vmax, vstep = velocity_range
-        # at most 160: decoding keeps the note order inside a cell by starting notes a tick apart,
-        # which needs 3 ticks per cell at 480 ticks per beat
-        if not (
-            isinstance(beat_resolution, int) and 1 <= beat_resolution <= 160 and TICKS_PER_BEAT % beat_resolution == 0
-        ):
-            raise ConfigError(
-                f"beat_resolution must divide {TICKS_PER_BEAT} and be at most 160, got {beat_resolution!r}"
-            )
-        if not (0 <= lo and hi <= 127 and hi - lo >= 11):
-            raise ConfigError(f"pitch_range must lie in 0..127 and span an octave, got {pitch_range!r}")
-        if not (0 < vstep and 0 <= vmin <= vmax <= 127 and (vmax - vmin) % vstep == 0):
-            raise ConfigError(f"velocity_range must be (low, high, step) within 0..127, got {velocity_range!r}")
-        if not (isinstance(max_duration, int) and max_duration >= 1):
-            raise ConfigError(f"max_duration must be a positive number of grid steps, got {max_duration!r}")
-        if not tempos or list(tempos) != sorted(set(tempos)) or min(tempos) <= 0:
-            raise ConfigError("tempos must be increasing positive bpm values")
-        self.beat_resolution = beat_resolution
-        self.pitch_range = (int(lo), int(hi))
-        self.velocity_range = (int(vmin), int(vmax), int(vstep))
-        self.max_duration = max_duration
-        self.tempos = tuple(int(t) for t in tempos)
-        self.chords = bool(chords)
-        self.positions_per_bar = BEATS_PER_BAR * beat_resolution
-        self.ticks_per_position = TICKS_PER_BEAT // beat_resolution
-        # notes of one cell may start this many ticks after the cell and still round into it
-        self.max_note_offset = (self.ticks_per_position - 1) // 2
-        self.velocities = list(range(vmin, vmax + 1, vstep))
-        self._build_vocab()
-        self._grammar: RemiGrammar | None = None
-
-    # ------------------------------------------------------------------ vocabulary
-    def _build_vocab(self) -> None:
-        lo, hi = self.pitch_range
-        chord_names = [f"{r}_{q}" for r in ROOT_NAMES for q in QUALITIES] + [NO_CHORD]
-        names = (
-            ["Bar_None", "EOS_None"]
-            + [f"Beat_{k}" for k in range(self.positions_per_bar)]
-            + [f"Chord_{c}" for c in chord_names]
-            + [f"Tempo_{t}" for t in self.tempos]
-            + [f"Note_Pitch_{p}" for p in range(lo, hi + 1)]
-            + [f"Note_Velocity_{v}" for v in self.velocities]
-            + [f"Note_Duration_{d * self.ticks_per_position}" for d in range(self.max_duration + 1)]
-        )
-        self.vocab = sorted(names) + ["PAD_None"]
-        ids = {name: i for i, name in enumerate(self.vocab)}
-        self.bar_id, self.eos_id = ids["Bar_None"], ids["EOS_None"]
-        self._pad_id = ids["PAD_None"]
-        self.beat_ids = np.array([ids[f"Beat_{k}"] for k in range(self.positions_per_bar)])
-        self.tempo_ids = np.array([ids[f"Tempo_{t}"] for t in self.tempos])
-        self.pitch_ids = np.array([ids[f"Note_Pitch_{p}"] for p in range(lo, hi + 1)])
-        self.velocity_ids = np.array([ids[f"Note_Velocity_{v}"] for v in self.velocities])
-        self.duration_ids = np.array(
-            [ids[f"Note_Duration_{d * self.ticks_per_position}"] for d in range(self.max_duration + 1)]
-        )
-        # chord_ids[root, quality]; the no-chord token sits at [12, 0]
-        self.chord_ids = np.full((13, len(QUALITIES)), -1)
-        for r, root in enumerate(ROOT_NAMES):
-            for q, quality in enumerate(QUALITIES):
-                self.chord_ids[r, q] = ids[f"Chord_{root}_{quality}"]
-        self.no_chord_id = self.chord_ids[12, 0] = ids[f"Chord_{NO_CHORD}"]
-        self.chord_of_name = {name[len("Chord_") :]: i for name, i in ids.items() if name.startswith("Chord_")}
-
-        # Reverse tables: id -> value (or -1), used by decode, transpose and the grammar.
-        size = len(self.vocab)
-        self.beat_of = _inverse(self.beat_ids, size)
-        self.pitch_of = _inverse(self.pitch_ids, size, offset=lo)
-        self.velocity_of = _inverse(self.velocity_ids, size)
-        self.duration_of = _inverse(self.duration_ids, size)
-        self.tempo_of = _inverse(self.tempo_ids, size)
-        self.chord_root_of = np.full(size, -1)
-        self.chord_quality_of = np.full(size, -1)
-        for r in range(12):
-            self.chord_root_of[self.chord_ids[r]] = r
-            self.chord_quality_of[self.chord_ids[r]] = np.arange(len(QUALITIES))
-        self.is_chord = self.chord_root_of >= 0
-        self.is_chord[self.no_chord_id] = True
-
     @property
     def pad_id(self) -> int:
         return self._pad_id
-
-    def name(self, token: int) -> str:
-        """The event name of an id, or the id itself when it is outside the vocabulary."""
-        return self.vocab[token] if 0 <= token < len(self.vocab) else str(token)
 
     def settings(self) -> dict[str, Any]:
         return {
@@ -192,13 +98,14 @@ class RemiTokenizer(Tokenizer):
             else str(source)
         )
         score, length = read_midi(source)
-        grid = BarGrid.of(score, name, self.beat_resolution, self.positions_per_bar)
-        notes = self._notes(score, grid, name)
+        table = NoteTable.from_score(score, by_role=False)
+        grid = BarGrid.of(table, name, self.beat_resolution, self.positions_per_bar)
+        notes = self._notes(table, grid, name)
         first_bar, last_bar = notes.first_bar, notes.last_bar
         size = (last_bar - first_bar + 1) * self.positions_per_bar  # cells from the first bar's start
         origin = first_bar * self.positions_per_bar
-        chords = self._chord_events(score, notes, grid, length) if self.chords else (np.zeros(0, np.int64),) * 2
-        tempos = self._tempo_events(score, grid)
+        chords = self._chord_events(table, notes, grid, length) if self.chords else (np.zeros(0, np.int64),) * 2
+        tempos = self._tempo_events(table, grid)
         header = {}  # cell -> [Chord id, Tempo id] (-1: none): the first event of a cell wins
         for k, (cells, tokens) in enumerate((chords, tempos)):
             cells = np.maximum(cells - origin, 0)
@@ -218,18 +125,15 @@ class RemiTokenizer(Tokenizer):
         }
         return Encoding(np.asarray(out, dtype=np.int32), report)
 
-    def _notes(self, score, grid: "BarGrid", name: str) -> "_Notes":
+    def _notes(self, table: NoteTable, grid: BarGrid, name: str) -> _Notes:
         """The non-drum notes, merged in track order, quantised and put in token order."""
-        tracks = [t.notes.numpy() for t in score.tracks if not t.is_drum and len(t.notes)]
-        if not tracks:
+        pitched = table.pitched()
+        if not len(pitched):
             raise MidiError(f"{name}: only drum notes; REMI needs pitched notes")
-        time, duration, pitch, velocity = (
-            np.concatenate([t[k] for t in tracks]).astype(np.int64) for k in ("time", "duration", "pitch", "velocity")
-        )
-        order = np.lexsort((-pitch, time))  # stable: equal notes keep track order
-        time, duration, pitch, velocity = time[order], duration[order], pitch[order], velocity[order]
-        tpq, res = score.tpq, self.beat_resolution
-        cell = grid.position(_round_half_even(time * res, tpq))
+        pitched = pitched.select(np.lexsort((-pitched.pitch, pitched.start)))  # stable: equal notes keep track order
+        time, duration, pitch, velocity = pitched.start, pitched.end - pitched.start, pitched.pitch, pitched.velocity
+        tpq, res = table.tpq, self.beat_resolution
+        cell = grid.position(round_half_even(time * res, tpq))
         first_bar, last_bar = int(cell[0]) // self.positions_per_bar, int(cell[-1]) // self.positions_per_bar
         if last_bar - first_bar >= MAX_BARS:
             raise MidiError(
@@ -241,21 +145,19 @@ class RemiTokenizer(Tokenizer):
         vmin, _, vstep = self.velocity_range
         steps = np.minimum(duration * res, self.max_duration * tpq)  # capped before rounding
         return _Notes(
-            time=time,
-            end=time + duration,
-            raw_pitch=pitch,
+            read=pitched,
             cell=cell,
             first_bar=first_bar,
             last_bar=last_bar,
             pitch=folded - lo,
-            duration=_round_half_even(steps, tpq),
+            duration=round_half_even(steps, tpq),
             # nearest bin, ties down: floor((v - vmin) / vstep + 1/2 - epsilon)
             velocity=np.clip((2 * (velocity - vmin) + vstep - 1) // (2 * vstep), 0, len(self.velocities) - 1),
             folded=int(np.count_nonzero(folded != pitch)),
             clipped=int(np.count_nonzero(duration * res > self.max_duration * tpq)),
         )
 
-    def _events(self, notes: "_Notes", header: dict[int, list[int]], origin: int) -> list[int]:
+    def _events(self, notes: _Notes, header: dict[int, list[int]], origin: int) -> list[int]:
         triples = np.stack(
             [self.pitch_ids[notes.pitch], self.velocity_ids[notes.velocity], self.duration_ids[notes.duration]], axis=1
         )
@@ -274,29 +176,31 @@ class RemiTokenizer(Tokenizer):
             out.extend(triples[a:b].ravel().tolist())
         return out + [self.bar_id, self.eos_id]
 
-    def _chord_events(self, score, notes: "_Notes", grid: "BarGrid", length: int) -> tuple[np.ndarray, np.ndarray]:
+    def _chord_events(
+        self, table: NoteTable, notes: _Notes, grid: BarGrid, length: int
+    ) -> tuple[np.ndarray, np.ndarray]:
         """(cell, Chord id) of each chord marker, in time order: the file's chord markers when it
         has any (no chord before the first one), else chorder's labels, one marker per change of
         (root, quality, bass)."""
-        tpq = score.tpq
-        marked = [(m.time, self._chord_of_marker(m.text)) for m in score.markers]
+        tpq = table.tpq
+        marked = [(tick, self._chord_of_marker(text)) for tick, text in table.markers]
         marked = sorted(((t, c) for t, c in marked if c is not None), key=lambda m: m[0])
         if marked:
             if marked[0][0] > 0:
                 marked.insert(0, (0, self.no_chord_id))
             ticks, ids = (np.array(a, dtype=np.int64) for a in zip(*marked))
-            beats = _round_half_even(ticks, tpq)
+            beats = round_half_even(ticks, tpq)
         else:
             beats, ids = self._detected_chords(notes, tpq, length)
         return grid.position(beats * self.beat_resolution), ids
 
-    def _detected_chords(self, notes: "_Notes", tpq: int, length: int) -> tuple[np.ndarray, np.ndarray]:
+    def _detected_chords(self, notes: _Notes, tpq: int, length: int) -> tuple[np.ndarray, np.ndarray]:
         """(beat, Chord id) where chorder's label changes, from beat 0 on; chorder labels the beats
         that start before the file's `length` (miditoolkit's max_tick). Only the beats that can
         reach the written bars are labelled: beat 0 (whatever comes before the first bar goes to
         its first cell, and of those the first marker wins) and the beats from two bars before
         the first onset to two bars after the last one."""
-        start, end, pitch = notes.time, notes.end, notes.raw_pitch
+        start, end, pitch = notes.read.start, notes.read.end, notes.read.pitch
         n_beats = -(-length // tpq)
         skip = max(int(start[0]) // tpq - 2 * BEATS_PER_BAR, 0) // 2 * 2  # even: chorder scores beat pairs
         stop = min(n_beats, (int(start[-1]) // tpq + 2 * BEATS_PER_BAR) // 2 * 2)
@@ -322,33 +226,21 @@ class RemiTokenizer(Tokenizer):
         parts = text.split("_")
         return self.chord_of_name.get("_".join(parts[:2])) if len(parts) in (2, 3) else None
 
-    def _tempo_events(self, score, grid: "BarGrid") -> tuple[np.ndarray, np.ndarray]:
+    def _tempo_events(self, table: NoteTable, grid: BarGrid) -> tuple[np.ndarray, np.ndarray]:
         """(cell, Tempo id) of the tempo list miditoolkit reads: 120 bpm at tick 0 unless the file
         sets a tempo there (the last one at tick 0 counts), then each later tempo that differs
         from the one before it."""
         ticks, bpms = [0], [DEFAULT_BPM]
-        for tempo in score.tempos:
-            if tempo.mspq <= 0:
-                continue
-            bpm = 60e6 / tempo.mspq
-            if tempo.time == 0:
+        for tick, bpm in table.tempos:
+            if tick == 0:
                 ticks, bpms = [0], [bpm]
             elif bpm != bpms[-1]:
-                ticks.append(tempo.time)
+                ticks.append(tick)
                 bpms.append(bpm)
         order = np.argsort(ticks, kind="stable")
         ticks = np.asarray(ticks, dtype=np.int64)[order]
-        cells = grid.position(_round_half_even(ticks * self.beat_resolution, score.tpq))
+        cells = grid.position(round_half_even(ticks * self.beat_resolution, table.tpq))
         return cells, self.tempo_ids[self.tempo_bins(np.asarray(bpms)[order])]
-
-    def tempo_bins(self, bpm: np.ndarray) -> np.ndarray:
-        """Index of the Tempo token for each bpm: as the reference, to the nearest step of its
-        3-bpm grid (32..224), then to the nearest tempo of the vocabulary (ties go down). A
-        vocabulary off that grid skips the first step."""
-        bpm = np.asarray(bpm, dtype=np.float64)
-        if np.isin(self.tempos, REFERENCE_TEMPO_GRID).all():
-            bpm = REFERENCE_TEMPO_GRID[_nearest(REFERENCE_TEMPO_GRID, bpm)]
-        return _nearest(np.array(self.tempos, dtype=np.float64), bpm)
 
     # ------------------------------------------------------------------ decode
     def decode(self, ids, meta=None) -> miditoolkit.MidiFile:
@@ -366,21 +258,20 @@ class RemiTokenizer(Tokenizer):
           MIDI readers drop a tempo event that repeats the one in effect."""
         ids = self._checked_ids(ids)
         notes, tempos, chords = self._read(ids)
-        midi = miditoolkit.MidiFile(ticks_per_beat=TICKS_PER_BEAT)
-        midi.time_signature_changes.append(miditoolkit.TimeSignature(4, 4, 0))
-        midi.instruments = _voices(notes)
-        mspq_before = 0
+        start, end, pitch, velocity = np.array(notes, dtype=np.int64).reshape(-1, 4).T
+        track = _voices(start, end, pitch)
+        pianos = [Track("Piano" if k == 0 else f"Piano {k + 1}", 0, False) for k in range(max(track, default=0) + 1)]
+        written, mspq_before = [], 0
         for tick, bpm in tempos:
             mspq = round(60e6 / bpm)
             mspq = mspq + 1 if mspq == mspq_before else mspq
-            midi.tempo_changes.append(miditoolkit.TempoChange(60e6 / mspq, tick))
+            written.append((tick, 60e6 / mspq))
             mspq_before = mspq
-        midi.markers = [miditoolkit.Marker(text, tick) for tick, text in chords]
-        midi.max_tick = max([n.end for n in notes] + [0])
-        return midi
+        table = NoteTable(TICKS_PER_BEAT, start, end, pitch, velocity, track, pianos, written, [(0, 4, 4)], chords)
+        return table.to_miditoolkit()
 
     def _read(self, ids: np.ndarray):
-        """Notes (miditoolkit.Note, in token order), (tick, bpm) tempos and (tick, text) chords."""
+        """Notes (start, end, pitch, velocity in token order), (tick, bpm) tempos and (tick, text) chords."""
         layout = self.grammar().layout
         state = layout.start()
         notes, tempos, chords = [], [], []
@@ -402,7 +293,7 @@ class RemiTokenizer(Tokenizer):
                 last_pitch = pitch
                 # a zero-length note would not sound: bin 0 plays for a quarter of a grid step
                 length = self.duration_of[tok] * self.ticks_per_position or max(self.ticks_per_position // 4, 1)
-                notes.append(miditoolkit.Note(velocity, pitch, tick + offset, tick + offset + int(length)))
+                notes.append((tick + offset, tick + offset + int(length), pitch, velocity))
             elif self.tempo_of[tok] >= 0:
                 tempos.append((tick, self.tempos[self.tempo_of[tok]]))
             elif self.is_chord[tok]:
@@ -421,9 +312,11 @@ class RemiTokenizer(Tokenizer):
 
     # ------------------------------------------------------------------ the rest of the API
     def grammar(self) -> RemiGrammar:
-        if self._grammar is None:
-            self._grammar = RemiGrammar(self)
         return self._grammar
+
+    @functools.cached_property
+    def _grammar(self) -> RemiGrammar:
+        return RemiGrammar(self)
 
     def transpose(self, ids: np.ndarray, shift: int) -> np.ndarray | None:
         ids = np.asarray(ids)
@@ -447,11 +340,9 @@ class RemiTokenizer(Tokenizer):
 
 @dataclass
 class _Notes:
-    """The notes of a piece in token order: ticks and pitch as read, and their tokens' values."""
+    """The notes of a piece in token order: as read (a NoteTable), and their tokens' values."""
 
-    time: np.ndarray
-    end: np.ndarray
-    raw_pitch: np.ndarray
+    read: NoteTable
     cell: np.ndarray  # grid position from the start of the file's first bar
     first_bar: int
     last_bar: int
@@ -462,77 +353,14 @@ class _Notes:
     clipped: int
 
 
-@dataclass
-class BarGrid:
-    """Where bars start: grid steps (from tick 0) map to positions of a grid in which every bar
-    has `bar` cells. A time signature change that moves the bar lines starts a segment: its
-    first step opens a new bar, and the bar before it stays short (padded with silence). A first
-    segment shorter than a bar is a pickup: it ends at the first bar line instead."""
-
-    starts: np.ndarray  # first grid step of each segment
-    origins: np.ndarray  # position of each segment's first step
-
-    @classmethod
-    def of(cls, score, name: str, resolution: int, bar: int) -> "BarGrid":
-        tpq = score.tpq
-        signatures = {}  # tick -> the last time signature at that tick
-        for ts in sorted(score.time_signatures, key=lambda ts: ts.time):
-            signatures[ts.time] = ts
-        restarts = [0]
-        for tick, ts in signatures.items():
-            quarters = ts.numerator * 4 / ts.denominator if ts.denominator else 0
-            if quarters not in (1, 2, 4):
-                raise MidiError(
-                    f"{name}: time signature {ts.numerator}/{ts.denominator} at tick {tick}; "
-                    "REMI needs 4/4 (1/4 and 2/4 are re-barred into 4/4)"
-                )
-            if quarters == 4 and (tick - restarts[-1]) % (BEATS_PER_BAR * tpq):
-                if tick % tpq:
-                    raise MidiError(
-                        f"{name}: time signature {ts.numerator}/{ts.denominator} at tick {tick} "
-                        "starts a bar off the beat; REMI bars start on beats"
-                    )
-                restarts.append(tick)
-        starts = np.array(restarts, dtype=np.int64) // tpq * resolution
-        origins = np.zeros(len(starts), dtype=np.int64)
-        if len(starts) > 1 and starts[1] < bar:  # a pickup
-            origins[0] = bar - starts[1]
-        for k in range(1, len(starts)):
-            origins[k] = -(-(origins[k - 1] + starts[k] - starts[k - 1]) // bar) * bar
-        return cls(starts, origins)
-
-    def position(self, steps: np.ndarray) -> np.ndarray:
-        segment = np.maximum(np.searchsorted(self.starts, steps, side="right") - 1, 0)
-        return self.origins[segment] + np.asarray(steps) - self.starts[segment]
-
-
-def _voices(notes: list[miditoolkit.Note]) -> list[miditoolkit.Instrument]:
-    """Piano tracks holding `notes`, each note on the first track where its pitch is silent."""
-    tracks: list[miditoolkit.Instrument] = []
+def _voices(start: np.ndarray, end: np.ndarray, pitch: np.ndarray) -> np.ndarray:
+    """For each note (in token order), the first piano track where its pitch is silent at its onset."""
+    track = np.zeros(len(start), dtype=np.int64)
     sounding: list[np.ndarray] = []  # per track: the tick up to which each pitch sounds
-    for note in notes:
-        k = next((k for k, until in enumerate(sounding) if until[note.pitch] < note.start), len(tracks))
-        if k == len(tracks):
-            tracks.append(miditoolkit.Instrument(program=0, name="Piano" if k == 0 else f"Piano {k + 1}"))
+    for i, (on, off, key) in enumerate(zip(start.tolist(), end.tolist(), pitch.tolist())):
+        k = next((k for k, until in enumerate(sounding) if until[key] < on), len(sounding))
+        if k == len(sounding):
             sounding.append(np.full(128, -1, dtype=np.int64))
-        tracks[k].notes.append(note)
-        sounding[k][note.pitch] = max(sounding[k][note.pitch], note.end)
-    return tracks or [miditoolkit.Instrument(program=0, name="Piano")]
-
-
-def _round_half_even(num, den: int) -> np.ndarray:
-    """num / den rounded half to even (numpy.round's rule), exactly, in integers."""
-    q, r = np.divmod(np.asarray(num, dtype=np.int64), den)
-    return q + ((2 * r > den) | ((2 * r == den) & (q % 2 == 1)))
-
-
-def _inverse(ids: np.ndarray, size: int, offset: int = 0) -> np.ndarray:
-    """id -> index in `ids` (+ offset), -1 for ids not in the table."""
-    out = np.full(size, -1)
-    out[ids] = np.arange(len(ids)) + offset
-    return out
-
-
-def _nearest(values: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """Index of the nearest of the sorted `values` for each x (ties go to the lower value)."""
-    return np.argmin(np.abs(values[None, :] - np.asarray(x, dtype=np.float64)[:, None]), axis=1)
+        sounding[k][key] = max(sounding[k][key], off)
+        track[i] = k
+    return track

@@ -6,16 +6,14 @@ precomputed table lookup plus a few numpy assignments.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
 from ..errors import TokenError
 from ..music.constants import MAX_BARS
 from .base import Grammar
-
-if TYPE_CHECKING:
-    from .remi import RemiTokenizer
+from .remi_vocab import RemiVocab
 
 # Layout state classes. A layout state is one int: class * (positions_per_bar + 1) + (beat + 1).
 START, BAR, BEAT, CHORD, TEMPO, PITCH, VELOCITY, NOTE, END = range(9)
@@ -28,10 +26,10 @@ class RemiLayout:
     (Pitch, Velocity, Duration) notes; EOS only after a Bar. Every (state, token) -> next state is
     one precomputed table, so `step` is an array lookup."""
 
-    def __init__(self, tok: RemiTokenizer):
+    def __init__(self, tok: RemiVocab):
         self._tok = tok
         self.width = width = tok.positions_per_bar + 1
-        kind = np.full(tok.vocab_size, -1)  # token -> the class of state it leads to
+        kind = np.full(len(tok.vocab), -1)  # token -> the class of state it leads to
         kind[tok.bar_id], kind[tok.eos_id] = BAR, END
         kind[tok.beat_of >= 0] = BEAT
         kind[tok.is_chord] = CHORD
@@ -50,7 +48,7 @@ class RemiLayout:
             NOTE: {PITCH, BEAT, BAR},
             END: set(),
         }
-        table = np.full((9 * width, tok.vocab_size), -1, dtype=np.int32)
+        table = np.full((9 * width, len(tok.vocab)), -1, dtype=np.int32)
         for cls, allowed in follows.items():
             for beat in range(-1, tok.positions_per_bar):
                 state = cls * width + beat + 1
@@ -102,15 +100,15 @@ class RemiGrammar(Grammar):
       a note, and the piece has at most MAX_BARS bars.
     """
 
-    def __init__(self, tok: RemiTokenizer):
-        self.vocab_size = tok.vocab_size
+    def __init__(self, tok: RemiVocab):
+        self.vocab_size = len(tok.vocab)
         self._tok = tok
         self.layout = RemiLayout(tok)
         opening = [[tok.bar_id], [tok.beat_ids[0]]] + ([np.flatnonzero(tok.is_chord)] if tok.chords else [])
         opening.append(tok.tempo_ids)
         self._opening = []
         for tokens in opening:
-            mask = np.zeros(tok.vocab_size, dtype=bool)
+            mask = np.zeros(len(tok.vocab), dtype=bool)
             mask[tokens] = True
             mask.setflags(write=False)
             self._opening.append(mask)

@@ -1,0 +1,132 @@
+"""The layout's rules (docs/ARCHITECTURE.md), checked on the source: no import cycle among
+musegen's modules, counting imports inside functions; no module over 500 lines; the metrics
+know no tokenizer's internals."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "musegen"
+MAX_LINES = 500
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def imported_modules(name: str) -> set[str]:
+    """The musegen modules that importing `name` runs, or that its functions import when called
+    (`if TYPE_CHECKING:` blocks run never and are left out). Importing a.b.c runs a and a.b too;
+    a module's own packages are left out, as Python has them running already."""
+    path = MODULES[name]
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+
+    def add(target: str) -> None:
+        parts = target.split(".")
+        for i in range(1, len(parts) + 1):
+            candidate = ".".join(parts[:i])
+            if candidate in MODULES and not (name == candidate or name.startswith(candidate + ".")):
+                found.add(candidate)
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                add(alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            add(source)
+            for alias in node.names:
+                submodule = f"{source}.{alias.name}"
+                if submodule in MODULES:  # `from package import module`
+                    add(submodule)
+                elif name.startswith(source + "."):  # a name defined by an enclosing package
+                    found.add(source)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text(), str(path)))
+    return found
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+    return found
+
+
+def test_the_cycle_finder_finds_a_cycle_through_a_function_level_import(tmp_path):
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycle_among_musegen_modules():
+    graph = {name: imported_modules(name) for name in MODULES}
+    assert graph["musegen.cli"], "the import graph found no imports: the parser is broken"
+    assert cycles(graph) == []
+
+
+@pytest.mark.parametrize("name", sorted(MODULES), ids=str)
+def test_no_module_is_longer_than_500_lines(name):
+    lines = MODULES[name].read_text().count("\n")
+    assert lines <= MAX_LINES, f"{MODULES[name].relative_to(ROOT)}: {lines} lines"
+
+
+def test_no_evaluation_module_imports_a_tokenizer_module():
+    for name in MODULES:
+        if name.startswith("musegen.evaluation"):
+            imports = imported_modules(name)
+            inside = sorted(m for m in imports if m.startswith("musegen.tokenizers."))
+            assert inside in ([], ["musegen.tokenizers.base"]), f"{name} imports {inside}"

@@ -10,6 +10,7 @@ musegen=("$py" -m musegen)
 if [ -f checkpoints/pop/model.safetensors ]; then
   "${musegen[@]}" sample --checkpoint checkpoints/pop --prompt checkpoints/prompts/pop_progression.mid \
     --bars 16 --num-samples 2 --seed 1 --audio --pianoroll --out out/demo
+  echo "To try prompts in a web page and hear the notes as they are drawn: $py -m musegen studio"
 else
   # No trained model shipped yet: prepare the embedded corpus and show a tokenised example.
   "${musegen[@]}" data prepare chorales --out out/demo/chorales

@@ -13,7 +13,6 @@ worker thread also copies the model for it, so it is reported apart from the oth
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import statistics
@@ -26,6 +25,7 @@ from pathlib import Path
 import httpx
 
 from bench.common import cpu_name
+from musegen import schemas
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = "pop_progression.mid"
@@ -51,7 +51,7 @@ def one_run(http: httpx.Client, prompt: dict, bars: int, seed: int) -> tuple[flo
     started, first = time.perf_counter(), None
     with http.stream("POST", f"/api/generate?session={SESSION}", json=request) as response:
         for line in response.iter_lines():
-            event = json.loads(line)
+            event = schemas.loads(line, "studio event", "the studio's stream").model_dump()
             if event["event"] == "notes" and first is None:
                 if any(note[0] >= continuation for note in event["samples"][0]):
                     first = time.perf_counter() - started

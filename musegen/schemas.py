@@ -7,7 +7,8 @@ model: strict types, no unknown fields where musegen wrote every field, and boun
 from the representation (a MIDI pitch is 0..127) or from what a machine can hold. An invalid file
 is a FormatError: one line naming the file and the first field that is wrong.
 
-The studio's requests have no format here yet: the studio does not exist.
+The studio's stream has a format here (`studio event`); its requests are checked field by field in
+musegen/studio/jobs.py.
 """
 
 from __future__ import annotations
@@ -264,6 +265,13 @@ class Format:
     schema: Any
 
 
+class StudioEvent(BaseModel):
+    """A line of the studio's generation stream (musegen.studio.server), as its clients read it."""
+
+    model_config = OPEN
+    event: Literal["queued", "started", "notes", "done", "stopped", "error"]
+
+
 FORMATS = {
     f.name: f
     for f in (
@@ -284,6 +292,7 @@ FORMATS = {
         Format("piece counts", None, dict[Name, int | float]),  # a kept piece's report counts (data_prep.mma_groove)
         Format("precision cache", None, dict[Name, PrecisionChoice]),
         Format("copy result", None, CopyResult),
+        Format("studio event", None, StudioEvent),
     )
 }
 _ADAPTERS: dict[str, TypeAdapter] = {}

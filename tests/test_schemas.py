@@ -394,6 +394,7 @@ CHECK_ONLY = {  # formats whose real file needs a training run: the schema alone
     },
     "evaluation settings": {"bars": 12, "seed": 0},
     "layout stamp": {"version": 2},
+    "studio event": {"event": "notes", "progress": 0.5, "samples": [[[0, 480, 60, 0]]]},
     "piece counts": {"notes": 120, "count_in_notes": 8},
     "precision cache": {
         "cpu; model": {"path": "bf16-step.c", "seconds": {"fp32": 0.02, "bf16": 0.01}, "date": "2026-11-25"}

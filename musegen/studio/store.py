@@ -14,7 +14,7 @@ from typing import Any
 
 from .. import schemas
 from ..errors import InputFileError, MusegenError
-from ..io import read_json, write_bytes
+from ..io import write_bytes
 from ..music.midi import MAX_MIDI_BYTES, MIDI_SUFFIXES
 
 SESSION = re.compile(r"[0-9a-f]{32}")  # made by the page (crypto.randomUUID without dashes)
@@ -92,10 +92,10 @@ class Store:
         folder = self.run(session, run)
         for path in sorted(folder.glob("*.json")):
             try:
-                schemas.read(path, "sample summary")
+                summary = schemas.read(path, "sample summary")
             except MusegenError:  # a MIREX continuation beside it, not the summary
                 continue
-            return {"run": run, "stem": path.stem, **read_json(path)}
+            return {"run": run, "stem": path.stem, **summary.model_dump(mode="json", by_alias=True)}
         raise RequestError(f"run {run} has no summary (it did not complete)")
 
     def results(self, session: str) -> list[dict[str, Any]]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -18,6 +18,7 @@ from ..errors import ConfigError, MidiError, MusegenError
 from ..io import check_regular, write_json
 from ..music.midi import MIDI_SUFFIXES
 from ..render import INSTALL_HINT, find_soundfont
+from ..tokenizers.base import Tokenizer
 from .loop import generate
 from .outputs import output_set, write_samples, writes
 from .prompt import load_prompt
@@ -52,15 +53,7 @@ def sample_to_folder(
     device = checked_device(device)
     model, tokenizer, _, _ = load_checkpoint(checkpoint, device=device)
     settings = settings.resolved(tokenizer)
-    run = dict(
-        model=model,
-        tokenizer=tokenizer,
-        checkpoint=checkpoint,
-        device=device,
-        audio=audio,
-        pianoroll=pianoroll,
-        threads=threads,
-    )
+    run = Loaded(model, tokenizer, checkpoint, device, audio, pianoroll, threads)
     out_dir = Path(out_dir)
     if prompt_path is None or not Path(prompt_path).is_dir():
         stem = "sample"
@@ -74,14 +67,12 @@ def sample_to_folder(
                     f"{prompt_path}: its output {prompt_path.name} would overwrite the input "
                     f"{prompt_path.name}; choose another --out"
                 )
-        return sample_prompt(
-            **run, out_dir=out_dir, stem=stem, settings=settings, prompt_path=prompt_path, progress=progress
-        )
+        return sample_prompt(run, out_dir, stem, settings, prompt_path, progress)
     return _sample_folder(run, Path(prompt_path), out_dir, settings, progress)
 
 
 def _sample_folder(
-    run: dict[str, Any], prompt_dir: Path, out_dir: Path, settings: SampleSettings, progress: bool
+    run: Loaded, prompt_dir: Path, out_dir: Path, settings: SampleSettings, progress: bool
 ) -> dict[str, Any]:
     files, skipped = _prompt_files(prompt_dir)
     jobs = [(path, out_dir / path.relative_to(prompt_dir).parent) for path in files]
@@ -95,12 +86,7 @@ def _sample_folder(
         try:
             done.append(
                 sample_prompt(
-                    **run,
-                    out_dir=folder,
-                    stem=stems[path],
-                    prompt_path=path,
-                    progress=False,
-                    settings=replace(settings, seed=(settings.seed + i) % (SEED_MAX + 1)),
+                    run, folder, stems[path], replace(settings, seed=(settings.seed + i) % (SEED_MAX + 1)), path
                 )
             )
         except MusegenError as exc:
@@ -113,7 +99,7 @@ def _sample_folder(
     stats = [d["stats"] for d in done]
     seconds, new_tokens = sum(x["seconds"] for x in stats), sum(x["new_tokens"] for x in stats)
     summary = {
-        "checkpoint": str(run["checkpoint"]),
+        "checkpoint": str(run.checkpoint),
         "prompts": str(prompt_dir),
         "continued": len(done),
         "skipped": dict(sorted(skipped.items())),
@@ -179,33 +165,48 @@ def output_stems(jobs: list[tuple[Path, Path]], inputs: list[Path], reserved: Pa
     return stems
 
 
+@dataclass(frozen=True)
+class Loaded:
+    """What every prompt of one run shares: the loaded model, where it came from, and what to write."""
+
+    model: Any
+    tokenizer: Tokenizer
+    checkpoint: str | os.PathLike
+    device: Any  # a torch.device, or its name
+    audio: bool = False
+    pianoroll: bool = False
+    threads: int | None = None
+
+
 def sample_prompt(
-    model,
-    tokenizer,
-    checkpoint,
-    device,
+    run: Loaded,
     out_dir: Path,
     stem: str,
     settings: SampleSettings,
     prompt_path,
-    audio: bool,
-    pianoroll: bool,
-    threads: int | None,
-    progress: bool,
+    progress: bool = False,
     on_step: Callable[[list[list[int]]], None] | None = None,
 ) -> dict[str, Any]:
     """Continue one prompt (or none) with a loaded model; write its output set and <stem>.json.
     `on_step` is passed to `generate` (musegen studio shows the notes while they are drawn)."""
+    tokenizer = run.tokenizer
     prompt = load_prompt(tokenizer, prompt_path, settings.prompt_bars)
     samples, stats = generate(
-        model, tokenizer, prompt, settings, device=device, progress=progress, threads=threads, on_step=on_step
+        run.model,
+        tokenizer,
+        prompt,
+        settings,
+        device=run.device,
+        progress=progress,
+        threads=run.threads,
+        on_step=on_step,
     )
     with output_set(out_dir, f"{stem}.json") as scratch:
-        records = write_samples(samples, tokenizer, prompt, scratch, stem, audio, pianoroll)
+        records = write_samples(samples, tokenizer, prompt, scratch, stem, run.audio, run.pianoroll)
         summary = {
-            "checkpoint": str(checkpoint),
+            "checkpoint": str(run.checkpoint),
             "tokenizer": tokenizer.kind,
-            "device": str(device),
+            "device": str(run.device),
             "prompt": str(prompt_path) if prompt_path else None,
             "prompt_tokens": int(len(prompt.ids)),
             "prompt_bars": prompt.bars,

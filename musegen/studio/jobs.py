@@ -14,7 +14,7 @@ import miditoolkit
 
 from .. import mirex
 from ..errors import ConfigError, MusegenError
-from ..generation.batch import sample_prompt
+from ..generation.batch import Loaded, sample_prompt
 from ..generation.prompt import load_prompt
 from ..generation.settings import SampleSettings
 from ..music.midi import load_score
@@ -145,18 +145,5 @@ def generate_run(
         report({"progress": max(0.0, min(1.0, drawn / settings.bars)), "samples": samples})
 
     stem = request.prompt.stem if request.prompt else "sample"
-    return sample_prompt(
-        model,
-        tokenizer,
-        checkpoint=models.folders[request.model],
-        device="cpu",
-        out_dir=out_dir,
-        stem=stem,
-        settings=settings,
-        prompt_path=request.prompt,
-        audio=False,
-        pianoroll=False,
-        threads=None,
-        progress=False,
-        on_step=on_step,
-    )
+    loaded = Loaded(model, tokenizer, models.folders[request.model], "cpu")
+    return sample_prompt(loaded, out_dir, stem, settings, request.prompt, on_step=on_step)

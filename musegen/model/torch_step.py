@@ -2,12 +2,11 @@
 
 One token through the paper-size model reads every weight once (~76M parameters) and does
 little else, so a step should cost about the time memory takes to deliver the weights. The
-parallel pass run on one token costs 5-10x that: about 55 small operations a layer (SPE
-products, feature maps, copies; views not counted), and matrix-vector products on unpacked
-weights. `RecurrentStep` keeps the model's arithmetic (layer.py's order, features.py's maps,
-spe.py's gate; tests/test_transformer.py checks every variant against the parallel pass) in
-about 25 operations a layer (some 600 for paper-pop's 24), by preparing its operands once per
-session:
+parallel pass run on one token is many small operations a layer (SPE products, feature maps,
+copies) and matrix-vector products on unpacked weights; docs/performance.md ("The cost of one
+step") counts both paths. `RecurrentStep` keeps the model's arithmetic (layer.py's order,
+features.py's maps, spe.py's gate; tests/test_transformer.py checks every variant against the
+parallel pass) in far fewer operations, by preparing its operands once per session:
 
 - the SPE codes of the position once per step for all layers, each layer's gate folded into one
   [2, H, D, R] matrix that meets q and k in one bmm;

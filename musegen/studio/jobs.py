@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import miditoolkit
+import numpy as np
 
 from .. import mirex
 from ..errors import ConfigError, MusegenError
@@ -18,6 +19,7 @@ from ..generation.batch import Loaded, sample_prompt
 from ..generation.prompt import load_prompt
 from ..generation.settings import SampleSettings
 from ..music.midi import load_score
+from ..music.notes import NoteTable
 from ..render import PROMPT_END_MARKER, prompt_end_seconds
 from .models import Models
 
@@ -68,10 +70,10 @@ class Request:
         )
 
 
-def notes_of(midi) -> list[list[int]]:
-    """[start, end, pitch, track] of every note of a decoded piece (miditoolkit), by onset."""
-    rows = [[int(n.start), int(n.end), int(n.pitch), i] for i, inst in enumerate(midi.instruments) for n in inst.notes]
-    return sorted(rows)
+def notes_of(table: NoteTable) -> list[list[int]]:
+    """[start, end, pitch, track] of every note, by onset (then end, pitch, track)."""
+    rows = np.stack([table.start, table.end, table.pitch, table.track], 1)
+    return rows[np.lexsort(rows.T[::-1])].tolist()
 
 
 def prompt_view(models: Models, model: str, path: Path) -> dict[str, Any]:
@@ -79,7 +81,8 @@ def prompt_view(models: Models, model: str, path: Path) -> dict[str, Any]:
     tokenizer = models.tokenizer(model)
     prompt = load_prompt(tokenizer, path)
     piece = prompt.piece
-    return {"notes": notes_of(piece), "ticks_per_beat": piece.ticks_per_beat, "bars": int(prompt.bars)}
+    table = NoteTable.from_miditoolkit(piece, by_role=False)
+    return {"notes": notes_of(table), "ticks_per_beat": table.tpq, "bars": int(prompt.bars)}
 
 
 def run_view(folder: Path, summary: dict[str, Any]) -> list[dict[str, Any]]:
@@ -88,15 +91,13 @@ def run_view(folder: Path, summary: dict[str, Any]) -> list[dict[str, Any]]:
     views = []
     for record in summary["samples"]:
         score = load_score(folder / record["midi"])
-        ends = [m.time for m in score.markers if m.text == PROMPT_END_MARKER]
-        notes = sorted(
-            [n.time, n.time + n.duration, n.pitch, i] for i, track in enumerate(score.tracks) for n in track.notes
-        )
+        table = NoteTable.from_score(score, by_role=False)
+        ends = [tick for tick, text in table.markers if text == PROMPT_END_MARKER]
         views.append(
             {
                 "index": record["index"],
-                "notes": notes,
-                "ticks_per_beat": score.ticks_per_quarter,
+                "notes": notes_of(table),
+                "ticks_per_beat": table.tpq,
                 "prompt_end": ends[0] if ends else None,
                 "prompt_end_seconds": prompt_end_seconds(score),
                 "files": {k: record[k] for k in ("midi", "json") if record.get(k)},
@@ -139,7 +140,7 @@ def generate_run(
         last = now
         drawn = min(len(tokenizer.bar_starts(ids)) for ids in rows) - (prompt.bars or 0)
         try:
-            samples = [notes_of(tokenizer.decode(ids, prompt.meta)) for ids in rows]
+            samples = [notes_of(NoteTable.from_miditoolkit(tokenizer.decode(ids, prompt.meta), False)) for ids in rows]
         except MusegenError:  # a note cut open by the step: shown at the next report
             return
         report({"progress": max(0.0, min(1.0, drawn / settings.bars)), "samples": samples})

@@ -21,7 +21,7 @@ from ..render import INSTALL_HINT, find_soundfont
 from ..tokenizers.base import Tokenizer
 from .loop import generate
 from .outputs import output_set, write_samples, writes
-from .prompt import load_prompt
+from .prompt import Prompt, load_prompt
 from .resources import check_threads, checked_device
 from .settings import SEED_MAX, SampleSettings
 
@@ -186,11 +186,14 @@ def sample_prompt(
     prompt_path,
     progress: bool = False,
     on_step: Callable[[list[list[int]]], None] | None = None,
+    prompt: Prompt | None = None,
 ) -> dict[str, Any]:
     """Continue one prompt (or none) with a loaded model; write its output set and <stem>.json.
-    `on_step` is passed to `generate` (musegen studio shows the notes while they are drawn)."""
+    `on_step` is passed to `generate` (musegen studio shows the notes while they are drawn);
+    `prompt`, when given, is `prompt_path` as the caller already loaded it."""
     tokenizer = run.tokenizer
-    prompt = load_prompt(tokenizer, prompt_path, settings.prompt_bars)
+    if prompt is None:
+        prompt = load_prompt(tokenizer, prompt_path, settings.prompt_bars)
     samples, stats = generate(
         run.model,
         tokenizer,

@@ -147,4 +147,4 @@ def generate_run(
 
     stem = request.prompt.stem if request.prompt else "sample"
     loaded = Loaded(model, tokenizer, models.folders[request.model], "cpu")
-    return sample_prompt(loaded, out_dir, stem, settings, request.prompt, on_step=on_step)
+    return sample_prompt(loaded, out_dir, stem, settings, request.prompt, on_step=on_step, prompt=prompt)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import abc
 import functools
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar, Mapping
 
@@ -108,6 +108,41 @@ class Grammar(abc.ABC):
             return kept, len(ids) - len(kept)
         end = next((k for k in range(len(kept), 0, -1) if self.can_close(states[k])), 0)
         return kept[:end] + ([int(t) for t in self.close(states[end])] if end else []), len(ids) - end
+
+
+class FramedGrammar(Grammar):
+    """A grammar of pieces framed by a Start and an End token. Its states are dataclasses with a
+    `phase` (0 before Start, 1 in the piece, 2 after End); before Start only Start may come and
+    after End nothing. Subclasses say what may come inside (`allowed_inside`) and how a token
+    inside moves the state (`step_inside`)."""
+
+    start_id: int
+    end_id: int
+
+    @abc.abstractmethod
+    def allowed_inside(self, state: Any, mask: np.ndarray) -> None:
+        """Set `mask` (all False on entry) where a token may follow `state` in the piece."""
+
+    @abc.abstractmethod
+    def step_inside(self, state: Any, token: int) -> Any:
+        """The state after `token` (accepted, neither Start nor End)."""
+
+    def allowed(self, state: Any) -> np.ndarray:
+        mask = np.zeros(self.vocab_size, dtype=bool)
+        if state.phase == 1:
+            self.allowed_inside(state, mask)
+        else:
+            mask[self.start_id] = state.phase == 0
+        return mask
+
+    def step(self, state: Any, token: int) -> Any:
+        if not self.accepts(state, token):
+            raise TokenError(f"token {token} is not allowed here")
+        if token == self.start_id:
+            return replace(self.start(), phase=1)
+        if token == self.end_id:
+            return replace(state, phase=2)
+        return self.step_inside(state, token)
 
 
 class RepresentationError(TokenError):

@@ -34,7 +34,7 @@ import numpy as np
 
 from ..errors import TokenError
 from ..music.roles import DRUMS, TRACKS
-from .base import Encoding, Grammar, Tokenizer
+from .base import Encoding, FramedGrammar, Tokenizer
 from .groove import DEFAULT_VELOCITY, GrooveTokenizer
 from .groove_events import (
     BAR_UNITS,
@@ -178,7 +178,7 @@ class DurState:
     begun: bool = False  # a note is complete
 
 
-class GrooveDurGrammar(Grammar):
+class GrooveDurGrammar(FramedGrammar):
     """The order `serialize` writes, so every accepted sequence is the encoding of its notes.
 
     - Start first; End right after a complete note (a drum's Note, or a Duration).
@@ -189,32 +189,22 @@ class GrooveDurGrammar(Grammar):
     """
 
     vocab_size = PAD + 1
+    start_id, end_id = START, END
 
     def start(self) -> DurState:
         return DurState()
 
-    def allowed(self, state: DurState) -> np.ndarray:
-        mask = np.zeros(self.vocab_size, dtype=bool)
-        if state.phase != 1:
-            mask[START] = state.phase == 0
-            return mask
+    def allowed_inside(self, state: DurState, mask: np.ndarray) -> None:
         if state.last == AFTER_NOTE:
             mask[DURATION:SHIFT] = True
-            return mask
+            return
         if state.last != AFTER_FINAL:  # forward: from the next tick of this beat to (2, 0)
             mask[SHIFT + state.time % 12 : END] = True
         mask[NOTE + state.slot + 1 : DURATION] = True
         mask[[slot for slot, end in state.busy.items() if end > state.time]] = False
         mask[END] = state.last == AFTER_EVENT and state.begun
-        return mask
 
-    def step(self, state: DurState, token: int) -> DurState:
-        if not self.accepts(state, token):
-            raise TokenError(f"token {token} is not allowed here")
-        if token == START:
-            return DurState(phase=1)
-        if token == END:
-            return replace(state, phase=2)
+    def step_inside(self, state: DurState, token: int) -> DurState:
         if token >= SHIFT:
             time = shift_target(state.time, token + TO_GROOVE_SHIFT)
             busy = {slot: end for slot, end in state.busy.items() if end > time}

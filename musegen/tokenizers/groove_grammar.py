@@ -10,7 +10,7 @@ import numpy as np
 
 from ..errors import TokenError
 from ..music.roles import TRACKS
-from .base import Grammar
+from .base import FramedGrammar
 from .groove_events import (
     END,
     N_NOTES,
@@ -53,7 +53,7 @@ class GrooveState:
     begun_now: frozenset = frozenset()  # the slots that began a note at the current time
 
 
-class GrooveGrammar(Grammar):
+class GrooveGrammar(FramedGrammar):
     """The order the reference encoder writes, so the data is accepted as it is and
     `encode(decode(ids)) == ids` for every accepted sequence.
 
@@ -69,21 +69,17 @@ class GrooveGrammar(Grammar):
     """
 
     vocab_size = PAD + 1
+    start_id, end_id = START, END
 
     def start(self) -> GrooveState:
         return GrooveState()
 
-    def allowed(self, state: GrooveState) -> np.ndarray:
-        mask = np.zeros(self.vocab_size, dtype=bool)
-        if state.phase != 1:
-            mask[START] = state.phase == 0
-            return mask
+    def allowed_inside(self, state: GrooveState, mask: np.ndarray) -> None:
         if state.last != AFTER_FINAL:  # shifts forward: (0, t >= tick) .. (2, 0)
             mask[shift_id(0, max(1, state.time % UNITS_PER_BEAT)) : END] = True
         if state.last != AFTER_EVENT or state.time % UNITS_PER_BEAT == 0:
             self._allow_events(state, mask)
         mask[END] = state.last == AFTER_EVENT and state.begun and not state.sounding
-        return mask
 
     def sampling_mask(self, state: GrooveState) -> np.ndarray:
         """`allowed` without what the data may hold but a sampler should not write:
@@ -166,13 +162,7 @@ class GrooveGrammar(Grammar):
                 return False
         return True
 
-    def step(self, state: GrooveState, token: int) -> GrooveState:
-        if not self.allowed(state)[token]:
-            raise TokenError(f"token {token} is not allowed here")
-        if token == START:
-            return GrooveState(phase=1)
-        if token == END:
-            return replace(state, phase=2)
+    def step_inside(self, state: GrooveState, token: int) -> GrooveState:
         if token >= TIME_SHIFT:
             time = shift_target(state.time, token)
             moved = dict(mode=FRESH, key=None, zero_slot=-1, rank=0, begun_now=frozenset()) if time > state.time else {}

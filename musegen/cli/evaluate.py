@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from .sample import KEEP_NOTE_OFFS, MONO_BASS
+from .sample import KEEP_NOTE_OFFS, MONO_BASS, TEMPERATURE, TOP_K, TOP_P
 
 evaluate_app = typer.Typer(help="Measure generated music and trained models.", no_args_is_help=True)
 
@@ -113,9 +113,9 @@ def continuation(
     samples_per_piece: int = typer.Option(2, help="Continuations sampled per piece."),
     pieces: Optional[int] = typer.Option(None, help="Use only the first N usable pieces."),
     seed: int = typer.Option(0, help="Piece i is sampled with seed + i."),
-    temperature: Optional[float] = typer.Option(None, help="Default: the paper's (REMI 1.2, groove 0.6)."),
-    top_p: Optional[float] = typer.Option(None, help="Nucleus mass in (0, 1]. Default: REMI 0.9, groove 1.0."),
-    top_k: int = typer.Option(0, help="Keep only the k most likely tokens (0: off)."),
+    temperature: Optional[float] = TEMPERATURE,
+    top_p: Optional[float] = TOP_P,
+    top_k: int = TOP_K,
     keep_note_offs: bool = KEEP_NOTE_OFFS,
     mono_bass: bool = MONO_BASS,
     device: str = typer.Option("auto", help="auto (CUDA when present), cpu, cuda or cuda:N."),
@@ -131,16 +131,10 @@ def continuation(
     from musegen.evaluation.run_continuation import ContinuationSettings, evaluate_continuation
     from musegen.generation.settings import SampleSettings
 
-    sample = SampleSettings(
-        bars=bars,
-        num_samples=samples_per_piece,
-        seed=seed,
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
-        keep_note_offs=keep_note_offs,
-        mono_bass=mono_bass,
+    drawing = dict(
+        temperature=temperature, top_p=top_p, top_k=top_k, keep_note_offs=keep_note_offs, mono_bass=mono_bass
     )
+    sample = SampleSettings(bars=bars, num_samples=samples_per_piece, seed=seed, **drawing)
     settings = ContinuationSettings(prompt_bars=prompt_bars, sample=sample, by_quarter=by_quarter)
     result = evaluate_continuation(
         checkpoint, data, out, settings, split=split, limit=pieces, device=device, threads=threads

@@ -39,18 +39,8 @@ def inspect(
     if threads:
         torch.set_num_threads(threads)
 
-    result = inspect_checkpoint(
-        checkpoint,
-        out,
-        length=length,
-        data=data,
-        split=split,
-        pieces=pieces,
-        seed=seed,
-        train_len=train_len,
-        device=device,
-        progress=True,
-    )
+    # (the options in inspect_checkpoint's order, under its names)
+    result = inspect_checkpoint(checkpoint, out, length, data, split, pieces, seed, train_len, device, progress=True)
     typer.echo(f"{result['pe']} model, training length {result['train_len']}, probed to {result['length']} tokens")
     for note in result["notes"]:
         typer.echo(f"  note: {note}")

@@ -8,6 +8,11 @@ from typing import Optional
 import typer
 
 # Shared with `musegen evaluate continuation`, which samples the same way.
+TEMPERATURE = typer.Option(
+    None, help="Within [0.001, 100]. Default: the tokenizer's (REMI 1.2, groove 0.6, as in the paper)."
+)
+TOP_P = typer.Option(None, help="Nucleus mass within [1e-06, 1]. Default: REMI 0.9, groove 1.0.")
+TOP_K = typer.Option(0, help="Keep only the k most likely tokens (0: off).")
 KEEP_NOTE_OFFS = typer.Option(
     True,
     "--keep-note-offs/--plain-mask",
@@ -26,7 +31,13 @@ MONO_BASS = typer.Option(
 
 def sample(
     checkpoint: Path = typer.Option(..., "--checkpoint", "-c", help="Checkpoint folder (model, config, tokenizer)."),
-    out: Path = typer.Option(..., "--out", "-o", help="Folder for the MIDI files, WAV/PNG and the settings JSON."),
+    out: Path = typer.Option(
+        ...,
+        "--out",
+        "-o",
+        help="Folder for the outputs: each prompt's in a folder of its own, OUT/<prompt name>/ "
+        "(MIDI, WAV/PNG, the settings JSON).",
+    ),
     prompt: Optional[Path] = typer.Option(
         None,
         help="MIDI file to continue, a MIREX 2025 task .json prompt (the "
@@ -38,11 +49,9 @@ def sample(
     ),
     length: Optional[int] = typer.Option(None, help="Tokens to generate after the prompt, 1..10,240,000."),
     bars: Optional[int] = typer.Option(None, help="Or: bars to generate after the prompt, 1..10,000."),
-    temperature: Optional[float] = typer.Option(
-        None, help="Within [0.001, 100]. Default: the tokenizer's (REMI 1.2, groove 0.6, as in the paper)."
-    ),
-    top_p: Optional[float] = typer.Option(None, help="Nucleus mass within [1e-06, 1]. Default: REMI 0.9, groove 1.0."),
-    top_k: int = typer.Option(0, help="Keep only the k most likely tokens (0: off)."),
+    temperature: Optional[float] = TEMPERATURE,
+    top_p: Optional[float] = TOP_P,
+    top_k: int = TOP_K,
     num_samples: int = typer.Option(
         1,
         "--num-samples",
@@ -99,8 +108,7 @@ def sample(
         skipped = summary["skipped"]
         typer.echo(
             "".join(
-                f"{name}: written as {stem}.json, {stem}_000.mid, ... (its own name was taken)\n"
-                for name, stem in summary["renamed"].items()
+                f"{name}: written as {summary['sets'][name]}/ (its own name was taken)\n" for name in summary["renamed"]
             ),
             nl=False,
         )
@@ -127,7 +135,11 @@ def sample(
         )
     else:
         typer.echo("invalid samples: 0")
-    typer.echo(f"written to {out}")
+    if "continued" in summary:
+        first = out / next(iter(summary["sets"].values()))
+        typer.echo(f"written to {out}/, a folder per prompt ({first}/, ...); summary {summary['file']}")
+    else:
+        typer.echo(f"written to {summary['folder']}/")
 
 
 def register(app: typer.Typer) -> None:

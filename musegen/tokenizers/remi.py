@@ -59,15 +59,10 @@ class RemiTokenizer(RemiVocab, Tokenizer):
 
     kind = "remi"
     augmentation = {"max_shift": 6}  # transpose by -6..+6 semitones, chord roots too
+    # each type is named by its prefix's last word: "Note_Pitch_" is "Pitch"
     token_types = {
-        "Bar": "Bar_",
-        "Beat": "Beat_",
-        "Chord": "Chord_",
-        "Tempo": "Tempo_",
-        "Pitch": "Note_Pitch_",
-        "Velocity": "Note_Velocity_",
-        "Duration": "Note_Duration_",
-        "EOS": "EOS_",
+        prefix.split("_")[-2]: prefix
+        for prefix in ("Bar_", "Beat_", "Chord_", "Tempo_", "Note_Pitch_", "Note_Velocity_", "Note_Duration_", "EOS_")
     }
     position_type = "Beat"
     version = 2

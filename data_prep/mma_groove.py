@@ -55,6 +55,7 @@ import mido
 import numpy as np
 from tqdm import tqdm
 
+from data_prep import groove_loops
 from data_prep.common import Item
 from data_prep.common import prepare as prepare_shards
 from musegen import schemas
@@ -95,6 +96,7 @@ BEFORE_USE = {"swing"}
 KEY_SHIFTS = range(-5, 7)  # semitones a variant's progression moves by
 TEMPO_FACTORS = (0.85, 1.0, 1.15)
 FILL_EVERY = 8  # bars in a phrase; with a fill, its last bar plays the fill groove
+MAX_LOOPS = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -655,14 +657,18 @@ def prepare(
     limit: int | None = None,
     tokenizer: str | None = None,
     scale: int = 1,
+    loops: int = 0,
 ) -> dict[str, Any]:
     """`scale`: render scale x PIECES_PER_STYLE pieces per style (the plain ones, then variants).
+    `loops`: add this many random groove loops to the training split (`data_prep.groove_loops`).
     A rerun resumes: what is rendered and laid out is reused."""
     trio = [kind for kind, cls in Tokenizer.registry.items() if set(cls.roles) == set(TRACKS.values())]
     if tokenizer not in (None, *trio):
         raise DataError(f"the mma-groove corpus is a trio, tokenised as {' or '.join(trio)}, not {tokenizer!r}")
     if scale < 1:
         raise DataError(f"scale must be at least 1, not {scale}")
+    if not 0 <= loops <= MAX_LOOPS:
+        raise DataError(f"loops must be from 0 to {MAX_LOOPS:,}, not {loops}")
     out = Path(out)
     tok = tokenizer_from_dict({"kind": tokenizer or "groove"})
     catalogue, fills = load_catalogue()
@@ -706,6 +712,8 @@ def prepare(
                         render_failures.append(error)
     render_s = round(time.perf_counter() - started, 1)
 
+    items += _write_loops(out / groove_loops.GROUP, loops)
+    split_of = lambda group: "train" if group == groove_loops.GROUP else family_split[group]  # noqa: E731
     style_sets = {s: sorted(st.name for st in styles if family_split[st.family] == s) for s in SPLITS}
     write_json(
         out / "styles.json",
@@ -717,7 +725,7 @@ def prepare(
         out,
         {"validation": 0.0, "test": 0.0},
         workers,
-        split_of=family_split.__getitem__,
+        split_of=split_of,
         encode=_encode_piece,
         extra_report={
             "styles": {s: len(v) for s, v in style_sets.items()},
@@ -726,10 +734,22 @@ def prepare(
             "rendered": rendered,
             "render_seconds": render_s,
             "render_failures": render_failures,
+            "loops": loops,
         },
     )
     _write_references(out, tok)
     return report
+
+
+def _write_loops(folder: Path, count: int) -> list[Item]:
+    """Loop pieces 0 .. count - 1 as MIDI files in `folder` (those already there are kept)."""
+    items = []
+    for k in tqdm(range(count), desc="writing random loops", unit="piece", disable=not count):
+        path = folder / f"{k:06d}.mid"
+        if not path.is_file():
+            write_bytes(path, groove_loops.random_loop_piece(k).midi_bytes())
+        items.append(Item(name=f"{groove_loops.GROUP}/{k:06d}", path=path, group=groove_loops.GROUP))
+    return items
 
 
 def _write_references(out: Path, tok) -> None:

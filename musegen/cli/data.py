@@ -29,23 +29,22 @@ def prepare(
         "pieces per style, the further ones style variants (keys, tempos, fills, "
         "swing, articulation, voicing). Rerun the same command to resume.",
     ),
+    loops: Optional[int] = typer.Option(
+        None,
+        min=1,
+        help="mma-groove only: add this many random groove loops to the training split, "
+        "pieces that can only be predicted by copying their first bars (data_prep/groove_loops.py).",
+    ),
 ):
     """Encode a corpus into train/validation(/test) token shards, skipping and counting bad files."""
     from data_prep import corpus_prepare
     from data_prep.common import summary_lines
     from musegen.errors import DataError
 
-    if scale is not None and corpus != "mma-groove":
-        raise DataError(f"--scale is for the mma-groove corpus, not {corpus}")
-    report = corpus_prepare(corpus)(
-        out=out,
-        source=source,
-        download=download,
-        workers=workers,
-        limit=limit,
-        tokenizer=tokenizer,
-        **({"scale": scale} if scale else {}),
-    )
+    own = {name: value for name, value in (("scale", scale), ("loops", loops)) if value is not None}
+    if own and corpus != "mma-groove":
+        raise DataError(f"--{next(iter(own))} is for the mma-groove corpus, not {corpus}")
+    report = corpus_prepare(corpus)(out, source, download, workers, limit, tokenizer, **own)  # (data_prep's order)
     for line in summary_lines(report):
         typer.echo(line)
     typer.echo(f"shards written to {out}")

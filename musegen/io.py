@@ -26,8 +26,8 @@ from typing import Any, Iterator
 
 from .errors import DiskFullError, InputFileError, MusegenError
 
-_UMASK = os.umask(0)
-os.umask(_UMASK)
+UMASK = os.umask(0)
+os.umask(UMASK)
 
 MAX_JSON_BYTES = 256 * 2**20  # the largest shard index (names and offsets of every piece) is a few MB
 MAX_JSON_DEPTH = 64  # musegen's own JSON nests 5 deep; more is not a file musegen wrote
@@ -142,7 +142,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     try:
         yield tmp_path
         # mkstemp (and some writers that replace the file) leave 0600; give the usual permissions
-        os.chmod(tmp_path, 0o666 & ~_UMASK)
+        os.chmod(tmp_path, 0o666 & ~UMASK)
         with open(tmp_path, "rb") as f:  # make the bytes durable before they get the real name
             os.fsync(f.fileno())
         os.replace(tmp_path, path)

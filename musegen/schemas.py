@@ -154,18 +154,6 @@ class SampleSummary(BaseModel):
     stats: SampleStats
 
 
-FileName = Annotated[str, Field(pattern=r"^[^./\x00][^/\x00]*$", max_length=255)]  # a file inside the folder
-
-
-class PublishJournal(BaseModel):
-    """`sample`'s record of an output set being moved in (musegen.generation.outputs.output_set)."""
-
-    model_config = STRICT
-    manifest: FileName
-    old: Annotated[list[FileName], Field(max_length=MAX_ITEMS)]
-    new: Annotated[list[FileName], Field(max_length=MAX_ITEMS)]
-
-
 class TrainSettings(BaseModel):
     """A `train --config` YAML file: TrainConfig's fields, and `model:` ModelConfig's (both checked,
     bounds included, where the configs are made)."""
@@ -280,7 +268,6 @@ FORMATS = {
         Format("training state", None, TrainingState),
         Format("shard index", 1, ShardIndex),
         Format("sample summary", None, SampleSummary),
-        Format("publish journal", None, PublishJournal),
         Format("mirex prompt", None, MirexPrompt),
         Format("train settings", None, TrainSettings),
         Format("log record", None, LogRecord),

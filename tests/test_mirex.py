@@ -123,13 +123,13 @@ def test_sample_continues_a_task_prompt_into_a_task_generation(checkpoint, pop90
         )
     assert exit_.value.code in (0, None), capsys.readouterr().err
     capsys.readouterr()
-    summary = json.loads((tmp_path / "out" / "song.json").read_text())
+    summary = json.loads((tmp_path / "out" / "song" / "song.json").read_text())
     assert summary["prompt_bars"] == 5 and summary["stats"]["invalid"] == 0
     for record in summary["samples"]:
-        generation = json.loads((tmp_path / "out" / record["json"]).read_text())["generation"]
+        generation = json.loads((tmp_path / "out" / "song" / record["json"]).read_text())["generation"]
         assert generation and set(generation[0]) == {"start", "pitch", "duration"}
         assert 80 <= min(n["start"] for n in generation) and max(n["start"] for n in generation) < 272
-        midi = miditoolkit.MidiFile(str(tmp_path / "out" / record["midi"]))
+        midi = miditoolkit.MidiFile(str(tmp_path / "out" / "song" / record["midi"]))
         marker = next(m.time for m in midi.markers if m.text == PROMPT_END_MARKER)
         after = sorted(
             (mirex.sixteenths(n.start, 480), n.pitch)
@@ -138,7 +138,7 @@ def test_sample_continues_a_task_prompt_into_a_task_generation(checkpoint, pop90
             if n.start >= marker
         )
         assert sorted((n["start"], n["pitch"]) for n in generation) == after
-    # its summary would overwrite the prompt itself: refused, nothing written
+    # continued in place: the set is a folder beside the prompt, which stays as it was
     with pytest.raises(SystemExit) as exit_:
         main(
             [
@@ -153,7 +153,7 @@ def test_sample_continues_a_task_prompt_into_a_task_generation(checkpoint, pop90
                 str(tmp_path / "prompts"),
             ]
         )
-    err = capsys.readouterr().err.strip().splitlines()
-    assert exit_.value.code == 1 and len(err) == 1
-    assert "song.json would overwrite the input song.json; choose another --out" in err[0]
+    out = capsys.readouterr().out.strip().splitlines()
+    assert exit_.value.code in (0, None) and out[-1] == f"written to {tmp_path / 'prompts' / 'song'}/"
     assert json.loads((tmp_path / "prompts" / "song.json").read_text()) == {"prompt": notes}
+    assert (tmp_path / "prompts" / "song" / "song_000.json").is_file()

@@ -607,7 +607,7 @@ def test_cli_prompt_with_unrepresentable_notes_reports_and_goes_on(checkpoints, 
     )
     assert code == 0, err
     assert "pitches_folded 2" in stdout  # 12 and 120 lie outside REMI's 22..107
-    assert (tmp_path / "o" / "odd_000.mid").is_file()
+    assert (tmp_path / "o" / "odd" / "odd_000.mid").is_file()
 
 
 def _bad_inputs(tmp_path, checkpoints):
@@ -751,12 +751,12 @@ def test_cli_prompt_folder_continues_each_file_and_skips_bad_ones(checkpoints, p
     assert code == 0, err
     assert "2 prompts continued, 1 skipped" in out and "a/broken.mid" in out
     assert {p.relative_to(tmp_path / "out").as_posix() for p in (tmp_path / "out").rglob("*.mid")} == {
-        "a/0_000.mid",
-        "b/0_000.mid",
+        "a/0/0_000.mid",
+        "b/0/0_000.mid",
     }
     batch = json.loads((tmp_path / "out" / "batch.json").read_text())
     assert batch["continued"] == 2 and list(batch["skipped"]) == ["a/broken.mid"]
-    seeds = [json.loads((tmp_path / "out" / sub / "0.json").read_text())["settings"]["seed"] for sub in "ab"]
+    seeds = [json.loads((tmp_path / "out" / sub / "0" / "0.json").read_text())["settings"]["seed"] for sub in "ab"]
     assert seeds == [3, 5]  # prompt i of the sorted list gets seed + i (a/broken.mid is i = 1)
     # The style evaluation pairs each continuation with the prompt file it came from.
     from musegen.evaluation.run_style import evaluate_style
@@ -764,7 +764,7 @@ def test_cli_prompt_folder_continues_each_file_and_skips_bad_ones(checkpoints, p
     result = evaluate_style(tmp_path / "out", prompts, tmp_path / "style.csv")
     assert result["pieces"] == 2 and not result["unmatched"]
     rows = list(csv.DictReader(open(tmp_path / "style.csv")))
-    assert {(r["generated"], r["reference"]) for r in rows} == {("a/0_000.mid", "0.mid"), ("b/0_000.mid", "0.mid")}
+    assert {(r["generated"], r["reference"]) for r in rows} == {("a/0/0_000.mid", "0.mid"), ("b/0/0_000.mid", "0.mid")}
 
     (prompts / "b" / "0.mid").write_bytes(b"")
     (prompts / "a" / "0.mid").unlink()

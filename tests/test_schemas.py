@@ -311,7 +311,7 @@ def _sample_summary(checkpoint: Path, out: Path) -> Path:
     from musegen.generation.settings import SampleSettings
 
     sample_to_folder(checkpoint, out, SampleSettings(length=8, seed=0, num_samples=2), None, progress=False)
-    return out / "sample.json"
+    return out / "sample" / "sample.json"
 
 
 def _read_checkpoint(config: Path):
@@ -319,10 +319,10 @@ def _read_checkpoint(config: Path):
 
 
 def _read_sample_summary(path: Path):
-    from musegen.generation.outputs import _set_files  # what a rerun reads to replace the set
+    from musegen.generation.outputs import is_set  # what a rerun reads to decide whether to replace the set
 
     schemas.read(path, "sample summary")
-    return _set_files(path)
+    return is_set(path.parent, path.stem)
 
 
 READERS = {  # format: (file name inside its folder, the real reader of that file)
@@ -385,7 +385,6 @@ CHECK_ONLY = {  # formats whose real file needs a training run: the schema alone
     "train settings": {"steps": 10, "model": {"n_layers": 2}},
     "log record": {"step": 1, "loss": 5.5},
     "piece record": {"piece": "001", "real": {}},
-    "publish journal": {"manifest": "song.json", "old": ["song_000.mid"], "new": ["song_000.mid", "song.json"]},
     "zenodo record": {"files": [{"key": "a.zip", "checksum": "md5:00", "links": {"self": "https://x"}}]},
     "mma styles": {
         "mma_version": "21.09",

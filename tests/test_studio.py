@@ -122,7 +122,8 @@ def test_the_same_seed_gives_what_musegen_sample_gives(client, tmp_path, models)
     done = events(client, A, model="pop", prompt=prompt["prompt"], bars=1, samples=1, seed=9)[-1]
     studio = (tmp_path / "out" / A / done["run"] / "pop_progression_000.mid").read_bytes()
     cli = sample_to_folder(POP, tmp_path / "cli", SampleSettings(bars=1, seed=9), EXAMPLES / EXAMPLE, progress=False)
-    assert (tmp_path / "cli" / cli["samples"][0]["midi"]).read_bytes() == studio
+    assert (Path(cli["folder"]) / cli["samples"][0]["midi"]).read_bytes() == studio
+    assert sorted(os.listdir(cli["folder"])) == sorted(os.listdir(tmp_path / "out" / A / done["run"]))
 
 
 def test_a_mirex_prompt_gives_mirex_json(client):

@@ -284,6 +284,11 @@ def test_match_reference_by_folder_and_longest_stem_prefix(tmp_path):
     assert run_style.match_reference("funk/0_003.mid", refs) == refs["funk/0.mid"]
     assert run_style.match_reference("0_000.mid", refs) is None
     assert run_style.match_reference("x.mid", {"a.mid": refs["song.mid"]}) == refs["song.mid"]
+    # as `musegen sample` writes them: each prompt's set in a folder of its own
+    assert run_style.match_reference("song/song_000.mid", refs) == refs["song.mid"]
+    assert run_style.match_reference("funk/0/0_003.mid", refs) == refs["funk/0.mid"]
+    assert run_style.match_reference("song_2/song_2_001.mid", refs) == refs["song_2.mid"]
+    assert run_style.match_reference("other/0/0_000.mid", refs) is None
 
 
 # ---------------------------------------------------------------- the command

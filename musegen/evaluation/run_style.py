@@ -165,25 +165,32 @@ def _style_of(name: str) -> str:
 def match_reference(generated: str, references: dict[str, Path]) -> Path | None:
     """The reference for a generated file, both named by their paths relative to their folders.
 
-    `musegen sample --prompt song.mid` writes song_000.mid, song_001.mid, ...: the reference in the
-    same sub-folder whose stem is the longest prefix of the generated stem matches them (so a
-    folder of prompts sampled as a batch matches the folder of references it came from). A single
-    reference matches every generated file.
+    `musegen sample --prompt song.mid` writes song/song_000.mid, song/song_001.mid, ...: the
+    reference in the same sub-folder as the set's folder (or as the file itself) whose stem is the
+    longest prefix of the generated stem matches them (so a folder of prompts sampled as a batch
+    matches the folder of references it came from). A single reference matches every generated file.
     """
     if len(references) == 1:
         return next(iter(references.values()))
     folder, stem = Path(generated).parent, Path(generated).stem
-    candidates = [
-        (Path(rel).stem, path)
-        for rel, path in references.items()
-        if Path(rel).parent == folder and (stem == Path(rel).stem or stem.startswith(Path(rel).stem + "_"))
-    ]
-    return max(candidates, key=lambda c: len(c[0]), default=(None, None))[1]
+    in_set = folder.name and stem.startswith(folder.name + "_")  # `<set>/<set>_000.mid`
+    for where in [folder.parent, folder] if in_set else [folder]:
+        candidates = [
+            (Path(rel).stem, path)
+            for rel, path in references.items()
+            if Path(rel).parent == where and (stem == Path(rel).stem or stem.startswith(Path(rel).stem + "_"))
+        ]
+        if candidates:
+            return max(candidates, key=lambda c: len(c[0]))[1]
+    return None
 
 
 def _relative_names(folder: Path) -> dict[str, Path]:
+    """The MIDI files under `folder` by relative name, hidden ones left out (such as the scratch
+    folder of a `musegen sample` that was killed)."""
     root = folder if folder.is_dir() else folder.parent
-    return {str(p.relative_to(root)): p for p in find_midi_files(folder)}
+    names = {str(p.relative_to(root)): p for p in find_midi_files(folder)}
+    return {rel: p for rel, p in names.items() if not any(part.startswith(".") for part in Path(rel).parts)}
 
 
 def evaluate_style(

@@ -4,6 +4,7 @@ folder, `batch.json`."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 from dataclasses import dataclass, replace
@@ -13,14 +14,15 @@ from typing import Any, Callable
 import numpy as np
 from tqdm import tqdm
 
+from .. import schemas
 from ..checkpoint import load_checkpoint
-from ..errors import ConfigError, MidiError, MusegenError
+from ..errors import MidiError, MusegenError
 from ..io import check_regular, write_json
 from ..music.midi import MIDI_SUFFIXES
 from ..render import INSTALL_HINT, find_soundfont
 from ..tokenizers.base import Tokenizer
 from .loop import generate
-from .outputs import output_set, write_samples, writes
+from .outputs import is_set, output_set, write_samples
 from .prompt import Prompt, load_prompt
 from .resources import check_threads, checked_device
 from .settings import SEED_MAX, SampleSettings
@@ -37,12 +39,15 @@ def sample_to_folder(
     progress: bool = True,
     threads: int | None = None,
 ) -> dict[str, Any]:
-    """The whole `musegen sample` run: returns (and writes as <prompt stem>.json) what was done and how.
+    """The whole `musegen sample` run. Each prompt's files go into a folder of their own, its set
+    (`out_dir/<prompt stem>/`: `<stem>_000.mid`, ..., and `<stem>.json`), which appears complete
+    or not at all. Returns what the set's `<stem>.json` holds, and `folder`: where the set went.
 
     A folder of prompts continues every MIDI (and MIREX .json) file under it with one loaded
-    model, into the same sub-folders of `out_dir`; prompt i gets seed `seed + i`. A prompt that
-    cannot be used, or whose outputs would overwrite another prompt's or an input file, is
-    skipped, counted and listed (in the returned summary and `out_dir/batch.json`).
+    model, into the same sub-folders of `out_dir` (`refs/funk/0.mid` -> `out/funk/0/`); prompt i
+    gets seed `seed + i`. A prompt that cannot be used is skipped, counted and listed (in the
+    returned summary and `out_dir/batch.json`). Set names are decided before anything is
+    written: a set whose folder is taken gets another name (`output_stems`), listed as renamed.
     """
     if audio:  # fail before spending minutes sampling
         if shutil.which("fluidsynth") is None:
@@ -51,24 +56,18 @@ def sample_to_folder(
     settings.resolved()  # every bound checked before the model is loaded (the defaults come with it)
     check_threads(threads)
     device = checked_device(device)
+    prompt_path = Path(prompt_path) if prompt_path is not None else None
+    if prompt_path is not None and not prompt_path.is_dir():
+        check_regular(prompt_path, "prompt")  # a FIFO or a link loop, refused before the model loads
     model, tokenizer, _, _ = load_checkpoint(checkpoint, device=device)
     settings = settings.resolved(tokenizer)
     run = Loaded(model, tokenizer, checkpoint, device, audio, pianoroll, threads)
     out_dir = Path(out_dir)
-    if prompt_path is None or not Path(prompt_path).is_dir():
-        stem = "sample"
-        if prompt_path is not None:
-            check_regular(prompt_path, "prompt")  # before any path is resolved (a link loop, a FIFO)
-            prompt_path, stem = Path(prompt_path), Path(prompt_path).stem
-            if out_dir.resolve() == prompt_path.resolve().parent and writes(
-                stem, prompt_path.name, prompt_path.suffix.lower() == ".json"
-            ):
-                raise ConfigError(
-                    f"{prompt_path}: its output {prompt_path.name} would overwrite the input "
-                    f"{prompt_path.name}; choose another --out"
-                )
-        return sample_prompt(run, out_dir, stem, settings, prompt_path, progress)
-    return _sample_folder(run, Path(prompt_path), out_dir, settings, progress)
+    if prompt_path is not None and prompt_path.is_dir():
+        return _sample_folder(run, prompt_path, out_dir, settings, progress)
+    stem = next(iter(output_stems([(prompt_path or Path("sample"), out_dir)]).values()))
+    summary = sample_prompt(run, out_dir / stem, stem, settings, prompt_path, progress)
+    return {**summary, "folder": str(out_dir / stem)}
 
 
 def _sample_folder(
@@ -76,34 +75,35 @@ def _sample_folder(
 ) -> dict[str, Any]:
     files, skipped = _prompt_files(prompt_dir)
     jobs = [(path, out_dir / path.relative_to(prompt_dir).parent) for path in files]
-    stems = output_stems(jobs, files, out_dir / "batch.json")
-    renamed = {str(path.relative_to(prompt_dir)): stem for path, stem in stems.items() if stem != path.stem}
-    done = []
+    batch = batch_summary_path(out_dir)
+    stems = output_stems(jobs, batch)
+    sets, renamed = {}, {}
     for i, (path, folder) in enumerate(tqdm(jobs, desc="prompts", unit="prompt", disable=not progress)):
         rel = str(path.relative_to(prompt_dir))
         if rel in skipped:
             continue
         try:
-            done.append(
-                sample_prompt(
-                    run, folder, stems[path], replace(settings, seed=(settings.seed + i) % (SEED_MAX + 1)), path
-                )
-            )
+            seed = (settings.seed + i) % (SEED_MAX + 1)
+            sets[rel] = sample_prompt(run, folder / stems[path], stems[path], replace(settings, seed=seed), path)
         except MusegenError as exc:
             skipped[rel] = str(exc).splitlines()[0]
-    if not done:
+            continue
+        if stems[path] != path.stem:
+            renamed[rel] = stems[path]
+    if not sets:
         if not skipped:
             raise MidiError(f"{prompt_dir}: no MIDI or MIREX .json files found")
         first = next(iter(skipped.items()))
         raise MidiError(f"{prompt_dir}: none of its {len(skipped)} prompts could be continued ({first[0]}: {first[1]})")
-    stats = [d["stats"] for d in done]
+    stats = [d["stats"] for d in sets.values()]
     seconds, new_tokens = sum(x["seconds"] for x in stats), sum(x["new_tokens"] for x in stats)
     summary = {
         "checkpoint": str(run.checkpoint),
         "prompts": str(prompt_dir),
-        "continued": len(done),
+        "continued": len(sets),
         "skipped": dict(sorted(skipped.items())),
         "renamed": renamed,
+        "sets": {rel: (Path(rel).parent / stems[prompt_dir / rel]).as_posix() for rel in sets},
         "settings": settings.record(),
         "stats": {
             "seconds": round(seconds, 3),
@@ -112,10 +112,23 @@ def _sample_folder(
             "state_bytes": max(x["state_bytes"] for x in stats),
             **{k: sum(x[k] for x in stats) for k in ("invalid", "grammar_violations", "unfinished")},
         },
-        "samples": [r for d in done for r in d["samples"]],
+        "samples": [r for d in sets.values() for r in d["samples"]],
     }
-    write_json(out_dir / "batch.json", summary)
-    return summary
+    write_json(batch, summary)
+    return {**summary, "folder": str(out_dir), "file": str(batch)}
+
+
+def batch_summary_path(out_dir: Path) -> Path:
+    """`out_dir/batch.json`, unless that is a file `sample` did not write (a prompt named so, when
+    the prompts are continued in place): then `batch-2.json`, `batch-3.json`, ..."""
+    for k in itertools.count(1):
+        path = out_dir / ("batch.json" if k == 1 else f"batch-{k}.json")
+        try:
+            if not os.path.lexists(path) or schemas.read(path, "sample summary"):
+                return path
+        except MusegenError:
+            continue
+    raise AssertionError("unreachable")
 
 
 def _prompt_files(folder: Path) -> tuple[list[Path], dict[str, str]]:
@@ -133,35 +146,30 @@ def _prompt_files(folder: Path) -> tuple[list[Path], dict[str, str]]:
     return files, skipped
 
 
-def output_stems(jobs: list[tuple[Path, Path]], inputs: list[Path], reserved: Path) -> dict[Path, str]:
-    """The name of each prompt's output set (its files are `<stem>.json`, `<stem>_NNN.mid`, ...),
-    decided before anything is written: the prompt's own stem unless that set would overwrite an
-    input file, `reserved` (the batch summary) or an earlier prompt's set in the same folder
-    (`song.mid` and `song.midi`); then `<stem>-<suffix>` (`song-midi`), or `<stem>-2`, `-3`, ..."""
-    protected: dict[Path, set[str]] = {}
-    for path in [*inputs, reserved]:
-        protected.setdefault(path.parent.resolve(), set()).add(path.name)
-    claimed: dict[Path, list[tuple[str, bool]]] = {}
+def output_stems(jobs: list[tuple[Path, Path]], reserved: Path | None = None) -> dict[Path, str]:
+    """The name of each prompt's set (its folder `<folder>/<stem>/` and its files' stem), decided
+    before anything is written: the prompt's own stem unless `<folder>/<stem>` is taken: by
+    something on disk that is not an earlier set of that name (the user's file or folder, an
+    input), by another prompt's set of this run (`song.mid` and `song.midi`), by a folder other
+    sets go into (`song.mid` beside `song/`), or by `reserved` (the batch summary); then
+    `<stem>-<suffix>` (`song-midi`), or `<stem>-2`, `-3`, ... Names are compared ignoring case,
+    as a case-insensitive file system would."""
+    key = lambda path: os.fspath(path).casefold()  # noqa: E731
+    claimed = {key(p) for _, folder in jobs for p in (folder.resolve(), *folder.resolve().parents)}
+    claimed |= {key(reserved.resolve())} if reserved is not None else set()
     stems = {}
     for path, folder in jobs:
-        folder = folder.resolve()
-        mirex_prompt = path.suffix.lower() == ".json"
-        others = claimed.setdefault(folder, [])
-        candidates = [
-            path.stem,
-            f"{path.stem}-{path.suffix.lstrip('.').lower()}",
-            *(f"{path.stem}-{k}" for k in range(2, len(jobs) + 3)),
-        ]
-        stems[path] = next(
-            stem
-            for stem in candidates
-            if not any(writes(stem, name, mirex_prompt) for name in protected.get(folder, ()))
-            and not any(
-                stem == other or writes(other, f"{stem}.json", mirex) or writes(stem, f"{other}.json", mirex_prompt)
-                for other, mirex in others
-            )
+        base = path.stem.lstrip(".") or "prompt"  # a set folder is never hidden
+        suffix = path.suffix.lstrip(".").lower()
+        candidates = itertools.chain(
+            [base, f"{base}-{suffix}"] if suffix else [base], (f"{base}-{k}" for k in itertools.count(2))
         )
-        others.append((stems[path], mirex_prompt))
+        for stem in candidates:
+            target = folder.resolve() / stem
+            if key(target) not in claimed and (not os.path.lexists(target) or is_set(target, stem)):
+                break
+        claimed.add(key(target))
+        stems[path] = stem
     return stems
 
 
@@ -180,7 +188,7 @@ class Loaded:
 
 def sample_prompt(
     run: Loaded,
-    out_dir: Path,
+    set_dir: Path,
     stem: str,
     settings: SampleSettings,
     prompt_path,
@@ -188,7 +196,8 @@ def sample_prompt(
     on_step: Callable[[list[list[int]]], None] | None = None,
     prompt: Prompt | None = None,
 ) -> dict[str, Any]:
-    """Continue one prompt (or none) with a loaded model; write its output set and <stem>.json.
+    """Continue one prompt (or none) with a loaded model; write its output set, `<stem>.json`
+    and `<stem>_NNN.mid`, ..., as the folder `set_dir` (replacing an earlier set there).
     `on_step` is passed to `generate` (musegen studio shows the notes while they are drawn);
     `prompt`, when given, is `prompt_path` as the caller already loaded it."""
     tokenizer = run.tokenizer
@@ -204,7 +213,7 @@ def sample_prompt(
         threads=run.threads,
         on_step=on_step,
     )
-    with output_set(out_dir, f"{stem}.json") as scratch:
+    with output_set(set_dir, stem) as scratch:
         records = write_samples(samples, tokenizer, prompt, scratch, stem, run.audio, run.pianoroll)
         summary = {
             "checkpoint": str(run.checkpoint),

@@ -1,12 +1,16 @@
-"""A prompt's output set: one MIDI per sample (with optional WAV, piano roll and MIREX JSON) and
-`<stem>.json`, written into a hidden scratch folder and published together (`output_set`)."""
+"""A prompt's output set: a folder holding one MIDI per sample (with optional WAV, piano roll and
+MIREX JSON) and the manifest `<stem>.json`, written as a hidden scratch folder and made visible
+by one rename (`output_set`)."""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import os
 import re
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
@@ -14,15 +18,14 @@ from typing import Any, Iterator
 import miditoolkit
 
 from .. import mirex, schemas
-from ..errors import MusegenError
-from ..io import atomic_path, write_json
+from ..errors import ConfigError, MusegenError
+from ..io import UMASK, atomic_path, printable
 from ..render import PROMPT_END_MARKER, pianoroll_png, render_wav
 from ..tokenizers.base import Tokenizer
 from .loop import Sample
 from .prompt import Prompt, with_piece
 
-SCRATCH_PREFIX = ".musegen-sample-"  # hidden folders an output set is written into before it is moved in
-JOURNAL = ".publishing.json"  # in a scratch folder: the set is complete and being moved in (see output_set)
+SCRATCH_PREFIX = ".musegen-sample-"  # hidden folders a set is written into before it is renamed into place
 
 
 def new_notes(prompt: Prompt, full: miditoolkit.MidiFile) -> list[miditoolkit.Note]:
@@ -96,62 +99,78 @@ def write_samples(
 
 
 @contextlib.contextmanager
-def output_set(out_dir: Path, manifest: str) -> Iterator[Path]:
-    """A hidden scratch folder for one prompt's files. When the block succeeds (its last act is to
-    write the manifest, `<stem>.json`) the set is published: a journal naming the old set and the
-    new one is written in the scratch folder, then the old manifest and the old set's files go,
-    the new files come in, and the new manifest comes in last. A kill before the journal leaves
-    the old set; a kill after it, an old or new set without its manifest (never files of two
-    runs side by side), which the next run into the folder completes from the journal."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    _recover_dead_scratch(out_dir)
-    scratch = Path(tempfile.mkdtemp(dir=out_dir, prefix=f"{SCRATCH_PREFIX}{os.getpid()}-"))
+def output_set(set_dir: Path, stem: str) -> Iterator[Path]:
+    """A hidden scratch folder beside `set_dir` for one prompt's files, named `<stem>...`. When
+    the block succeeds the scratch folder becomes `set_dir` in one rename, so the set appears
+    whole or not at all: a plain rename when `set_dir` is new; over an earlier set (`is_set`),
+    an exchange of the two folders (Linux's renameat2), after which the old set is in the
+    scratch folder and removed with it. Where the system cannot exchange, the old set is moved
+    aside first: for a moment neither is there, never a mix. A kill at any point leaves complete
+    sets only, and hidden scratch folders that the next run into the folder removes."""
+    parent = set_dir.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    remove_dead_scratch(parent)
+    scratch = Path(tempfile.mkdtemp(dir=parent, prefix=f"{SCRATCH_PREFIX}{os.getpid()}-"))
+    aside = scratch.with_name(scratch.name + "-old")
     try:
         yield scratch
-        journal = {
-            "manifest": manifest,
-            "old": sorted(_set_files(out_dir / manifest)),
-            "new": sorted(p.name for p in scratch.iterdir()),
-        }
-        write_json(scratch / JOURNAL, journal)
-        _publish(scratch, out_dir, schemas.check(journal, "publish journal", scratch / JOURNAL))
+        os.chmod(scratch, 0o777 & ~UMASK)  # mkdtemp's 0700 would keep the set from other users
+        if not os.path.lexists(set_dir):
+            os.rename(scratch, set_dir)  # (fails rather than replace a folder made meanwhile)
+        elif not is_set(set_dir, stem):
+            raise ConfigError(f"{printable(set_dir)}: not an output set of {printable(stem)}; it is left as it is")
+        elif not _exchange(scratch, set_dir):
+            os.rename(set_dir, aside)
+            os.rename(scratch, set_dir)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+        shutil.rmtree(aside, ignore_errors=True)
 
 
-def _publish(scratch: Path, out_dir: Path, journal) -> None:
-    """Replace the journal's old set by the new one; done again after a kill, it ends the same.
-    Every old file goes before a new one comes in: a file of the old set that is still there
-    when the new one has moved in would sit beside it as if of one run."""
-    (out_dir / journal.manifest).unlink(missing_ok=True)
-    for name in journal.old:
-        if name not in journal.new or (scratch / name).exists():  # (else the new file is already in)
-            (out_dir / name).unlink(missing_ok=True)
-    for name in journal.new:
-        if name != journal.manifest and (scratch / name).exists():
-            os.replace(scratch / name, out_dir / name)
-    if (scratch / journal.manifest).exists():
-        os.replace(scratch / journal.manifest, out_dir / journal.manifest)
-
-
-def _set_files(manifest: Path) -> set[str]:
-    """The files an earlier run's manifest lists as its set (only names the set's pattern allows)."""
+def is_set(folder: Path, stem: str) -> bool:
+    """Whether `folder` holds one output set of `stem` and nothing else: a manifest `<stem>.json`
+    that `sample` wrote and only files named as the set's. Only such a folder is replaced by a
+    rerun; a folder holding anything else (the user's own notes) is left alone."""
+    if folder.is_symlink() or not folder.is_dir():
+        return False
+    names = os.listdir(folder)
+    if f"{stem}.json" not in names or not all(
+        writes(stem, name, mirex_prompt=True) and (folder / name).is_file() for name in names
+    ):
+        return False
     try:
-        records = schemas.read(manifest, "sample summary").samples
-    except MusegenError:  # no summary of ours: no set to replace
-        return set()
-    names = {name for r in records for name in (r.midi, r.wav, r.pianoroll, r.json_) if name}
-    return {name for name in names if writes(manifest.stem, name, mirex_prompt=True)}
+        schemas.read(folder / f"{stem}.json", "sample summary")
+    except MusegenError:
+        return False
+    return True
 
 
-def _recover_dead_scratch(out_dir: Path) -> None:
-    """Scratch folders of runs that are gone: a journaled set is published, the rest removed."""
-    for folder in out_dir.glob(f"{SCRATCH_PREFIX}*"):
-        pid = folder.name[len(SCRATCH_PREFIX) :].split("-")[0]
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap the folders `a` and `b` in one step; False where the system or file system cannot
+    (not Linux, an old kernel, a file system without RENAME_EXCHANGE)."""
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if renameat2 is None:
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    sys.audit("os.rename", a, b, -1, -1)  # as os.rename does: audit hooks see this rename too
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), os.fsdecode(b))
+
+
+def remove_dead_scratch(folder: Path) -> None:
+    """Scratch folders of runs that are gone: an unfinished set, or an old set already replaced."""
+    for scratch in folder.glob(f"{SCRATCH_PREFIX}*"):
+        pid = scratch.name[len(SCRATCH_PREFIX) :].split("-")[0]
         if pid.isdigit() and not _alive(int(pid)):
-            with contextlib.suppress(MusegenError):  # a journal cut short: its set was never published
-                _publish(folder, out_dir, schemas.read(folder / JOURNAL, "publish journal"))
-            shutil.rmtree(folder, ignore_errors=True)
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _alive(pid: int) -> bool:

@@ -57,8 +57,8 @@ for stage in $stages; do
       args=()
       for m in $MODELS; do
         args+=(--run "$m=$RUNS/$m")
-        mkdir -p "$OUT/samples" && cp "$RUNS/$m/samples/pop_progression_000.mid" "$OUT/samples/$m.mid" \
-          && cp "$RUNS/$m/samples/pop_progression_000.png" "$OUT/samples/$m.png"
+        mkdir -p "$OUT/samples" && cp "$RUNS/$m/samples/pop_progression/pop_progression_000.mid" "$OUT/samples/$m.mid" \
+          && cp "$RUNS/$m/samples/pop_progression/pop_progression_000.png" "$OUT/samples/$m.png"
       done
       "${musegen[@]}" evaluate compare "${args[@]}" --train-len $L --out "$OUT" ;;
     *) echo "pop_pe.sh: unknown stage $stage (train evaluate sample continue report)" >&2; exit 2 ;;

@@ -7,17 +7,17 @@ model: strict types, no unknown fields where musegen wrote every field, and boun
 from the representation (a MIDI pitch is 0..127) or from what a machine can hold. An invalid file
 is a FormatError: one line naming the file and the first field that is wrong.
 
-The studio's stream has a format here (`studio event`); its requests are checked field by field in
-musegen/studio/jobs.py.
+The studio's requests and the lines of its stream have their formats here too (`studio request`,
+`studio event`).
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, TypeAdapter, ValidationError, model_validator
 
 from .errors import ConfigError, FormatError
 from .io import parse_json, printable, read_input, read_json
@@ -260,6 +260,30 @@ class StudioEvent(BaseModel):
     event: Literal["queued", "started", "notes", "done", "stopped", "error"]
 
 
+STUDIO_MAX_BARS = 64  # a page's run: long enough to listen to, short enough to wait for
+STUDIO_MAX_SAMPLES = 8
+
+
+class StudioRequest(BaseModel):
+    """The body of the studio's generation request (musegen.studio.jobs). A field left empty
+    (null or "") takes its default; temperature, top_p and seed are bounded by SampleSettings,
+    which the request becomes."""
+
+    model_config = STRICT
+    model: Name = ""  # one of the studio's models (checked by its list)
+    prompt: Name | None = None  # a prompt id of the session (checked by the store's pattern)
+    bars: Annotated[int, Field(ge=1, le=STUDIO_MAX_BARS)] = 8
+    samples: Annotated[int, Field(ge=1, le=STUDIO_MAX_SAMPLES)] = 1
+    seed: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _empty_fields_take_defaults(cls, data: Any) -> Any:
+        return {k: v for k, v in data.items() if v is not None and v != ""} if isinstance(data, dict) else data
+
+
 FORMATS = {
     f.name: f
     for f in (
@@ -280,18 +304,22 @@ FORMATS = {
         Format("precision cache", None, dict[Name, PrecisionChoice]),
         Format("copy result", None, CopyResult),
         Format("studio event", None, StudioEvent),
+        Format("studio request", None, StudioRequest),
     )
 }
 _ADAPTERS: dict[str, TypeAdapter] = {}
+Explain = Callable[[ValidationError], str]  # a caller's own one-line wording of what is wrong
 
 
-def check(data: Any, format: str, where: str | os.PathLike) -> Any:
+def check(data: Any, format: str, where: str | os.PathLike, explain: Explain | None = None) -> Any:
     """`data` validated as `format` (a pydantic model, or the plain value for non-model schemas);
-    FormatError naming `where` and the field otherwise."""
+    FormatError naming `where` and the field otherwise (or saying what `explain` makes of it)."""
     adapter = _ADAPTERS.get(format) or _ADAPTERS.setdefault(format, TypeAdapter(FORMATS[format].schema))
     try:
         return adapter.validate_python(data)
     except ValidationError as exc:
+        if explain is not None:
+            raise FormatError(explain(exc)) from None
         raise FormatError(f"{printable(where)}: invalid {format}: {first_problem(exc)}") from None
 
 
@@ -320,14 +348,14 @@ def read_yaml(path: str | os.PathLike, format: str) -> Any:
     return check({} if data is None else data, format, path)
 
 
-def loads(text: str, format: str, where: str | os.PathLike) -> Any:
-    """One JSON text (a line of a JSON-lines file) parsed and validated as `format`."""
+def loads(text: str | bytes, format: str, where: str | os.PathLike, explain: Explain | None = None) -> Any:
+    """One JSON text (a line of a JSON-lines file, a request's body) parsed and validated as `format`."""
     try:
-        data = parse_json(text)
-    except (ValueError, RecursionError) as exc:
+        data = parse_json(text.decode("utf-8") if isinstance(text, bytes) else text)
+    except (ValueError, RecursionError) as exc:  # (UnicodeDecodeError is a ValueError)
         detail = str(exc).splitlines()[0] if str(exc) else "nesting"
-        raise FormatError(f"{printable(where)}: not valid JSON ({detail})") from None
-    return check(data, format, where)
+        raise FormatError(f"{printable(where)}: not valid JSON ({detail[:80]})") from None
+    return check(data, format, where, explain)
 
 
 def model_settings(settings: dict[str, Any], where: str | os.PathLike) -> ModelConfig:

@@ -200,12 +200,13 @@ def test_a_thousand_tracks_of_a_million_notes_are_refused_before_fluidsynth(tmp_
 
 # ---- every reader goes through the schemas -----------------------------------------------------------
 
-PARSERS = re.compile(r"\bjson\.loads?\(|\byaml\.(safe_)?load\(|\bread_json\(|\bparse_json\(")
+PARSERS = re.compile(r"\bjson\.loads?\(|\byaml\.(safe_)?load\(|\bread_json\(|\bparse_json\(|\brequest\.json\(")
 
 
 def test_no_module_parses_json_or_yaml_but_through_the_schemas():
     """json/yaml parsing appears in io.py (the bounded parser) and schemas.py (which checks what
-    it parses) only; a new reader that calls json.loads directly fails here."""
+    it parses) only; a new reader that calls json.loads directly, or a web handler that parses a
+    request's body itself (`request.json()`), fails here."""
     readers = {}
     sources = sorted(
         p for folder in ("musegen", "data_prep", "bench", "scripts") for p in (REPO / folder).rglob("*.py")
@@ -394,6 +395,7 @@ CHECK_ONLY = {  # formats whose real file needs a training run: the schema alone
     "evaluation settings": {"bars": 12, "seed": 0},
     "layout stamp": {"version": 2},
     "studio event": {"event": "notes", "progress": 0.5, "samples": [[[0, 480, 60, 0]]]},
+    "studio request": {"model": "pop", "prompt": "0123456789ab", "bars": 8, "samples": 2, "temperature": 1.2},
     "piece counts": {"notes": 120, "count_in_notes": 8},
     "precision cache": {
         "cpu; model": {"path": "bf16-step.c", "seconds": {"fp32": 0.02, "bf16": 0.01}, "date": "2026-11-25"}

@@ -173,6 +173,10 @@ def test_a_huge_upload_is_refused_before_it_is_read(client):
         ({"model": "pop", "top_p": 2}, "--top-p must be within"),
         ({"model": "pop", "seed": -1}, "--seed must be within"),
         ({"model": "pop", "bars": "many"}, "bars must be a whole number"),
+        ({"model": "pop", "bars": True}, "bars must be a whole number"),
+        ({"model": "pop", "temperature": "hot"}, "temperature must be a number"),
+        ({"model": 5}, "model must be text, got 5"),
+        ({"model": "pop", "temprature": 1.0}, "temprature: extra inputs are not permitted"),
         ({"model": "pop", "prompt": "0123456789ab"}, "no prompt 0123456789ab"),
         ({"model": "pop", "prompt": "../../x"}, "not a valid prompt id"),
     ],
@@ -180,6 +184,15 @@ def test_a_huge_upload_is_refused_before_it_is_read(client):
 def test_bad_options_get_one_line(client, request_, message):
     answer = client.post(f"/api/generate?session={A}", json={"bars": 2, **request_})
     assert answer.status_code == 400 and message in answer.json()["error"], answer.text
+
+
+@pytest.mark.parametrize(
+    "body,message",
+    [(b"[1, 2]", "a generation request must be a JSON object"), (b"{", "not valid JSON"), (b"\xff", "not valid JSON")],
+)
+def test_a_body_that_is_no_request_gets_one_line(client, body, message):
+    answer = client.post(f"/api/generate?session={A}", content=body)
+    assert answer.status_code == 400 and message in answer.json()["error"] and "\n" not in answer.json()["error"]
 
 
 @pytest.mark.parametrize(

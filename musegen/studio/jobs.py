@@ -12,9 +12,10 @@ from typing import Any, Callable
 
 import miditoolkit
 import numpy as np
+from pydantic import ValidationError
 
-from .. import mirex
-from ..errors import ConfigError, MusegenError
+from .. import mirex, schemas
+from ..errors import MusegenError
 from ..generation.batch import Loaded, sample_prompt
 from ..generation.prompt import load_prompt
 from ..generation.settings import SampleSettings
@@ -23,8 +24,7 @@ from ..music.notes import NoteTable
 from ..render import PROMPT_END_MARKER, prompt_end_seconds
 from .models import Models
 
-MAX_BARS = 64  # a page's run: long enough to listen to, short enough to wait for
-MAX_SAMPLES = 8
+MAX_BARS, MAX_SAMPLES = schemas.STUDIO_MAX_BARS, schemas.STUDIO_MAX_SAMPLES
 REPORT_EVERY = 0.1  # seconds between two reports of the notes drawn so far
 
 
@@ -43,31 +43,36 @@ class Request:
     seed: int | None = None
 
     @classmethod
-    def parse(cls, body: Any, prompt: Path | None) -> "Request":
-        """A request from the page's JSON, each value of its declared type (ConfigError otherwise)."""
-        if not isinstance(body, dict):
-            raise ConfigError("a generation request must be a JSON object")
-        kinds = {"bars": int, "samples": int, "seed": int, "temperature": float, "top_p": float}
-        values = {}
-        for name, kind in kinds.items():
-            value = body.get(name)
-            if value is None or value == "":
-                continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
-                raise ConfigError(
-                    f"{name} must be {'a whole number' if kind is int else 'a number'}, got {value!r}"[:120]
-                )
-            values[name] = kind(value)
-        return cls(model=str(body.get("model", "")), prompt=prompt, **values)
+    def parse(cls, body: bytes, prompt_of: Callable[[str], Path]) -> "Request":
+        """A request from the page's JSON text, checked against its schema (`studio request`); a
+        value that breaks it is a FormatError of one line. `prompt_of` finds the prompt id's file."""
+        checked = schemas.loads(body, "studio request", "the generation request", explain=_problem)
+        prompt = prompt_of(checked.prompt) if checked.prompt else None
+        return cls(prompt=prompt, **checked.model_dump(exclude={"prompt"}))
 
     def settings(self) -> SampleSettings:
-        if not 1 <= self.bars <= MAX_BARS:
-            raise ConfigError(f"bars must be within 1..{MAX_BARS} in the studio, got {self.bars}")
-        if not 1 <= self.samples <= MAX_SAMPLES:
-            raise ConfigError(f"samples must be within 1..{MAX_SAMPLES} in the studio, got {self.samples}")
         return SampleSettings(
             bars=self.bars, temperature=self.temperature, top_p=self.top_p, num_samples=self.samples, seed=self.seed
         )
+
+
+def _problem(exc: ValidationError) -> str:
+    """The first thing wrong with a request, in the page's words."""
+    error = exc.errors(include_url=False)[0]
+    if not error["loc"]:
+        return "a generation request must be a JSON object"
+    name, got = str(error["loc"][0]), repr(error.get("input"))[:60]
+    field = schemas.StudioRequest.model_fields.get(name)
+    bounds = {k: getattr(m, k) for m in (field.metadata if field else ()) for k in ("ge", "le") if hasattr(m, k)}
+    if error["type"] in ("greater_than_equal", "less_than_equal"):
+        return f"{name} must be within {bounds['ge']}..{bounds['le']} in the studio, got {got}"
+    if error["type"] == "int_type":
+        return f"{name} must be a whole number, got {got}"
+    if error["type"] == "float_type":
+        return f"{name} must be a number, got {got}"
+    if error["type"] == "string_type":
+        return f"{name} must be text, got {got}"
+    return f"{name}: {error['msg'][0].lower() + error['msg'][1:]}"[:200]
 
 
 def notes_of(table: NoteTable) -> list[list[int]]:

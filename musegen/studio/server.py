@@ -85,16 +85,7 @@ def create_app(out: Path, models: Models) -> Starlette:
         return JSONResponse({"prompt": path.parent.name, "name": path.name, **view})
 
     async def generate(request: Request):
-        try:
-            body = await request.json()
-        except ValueError:
-            raise RequestError("a generation request must be JSON") from None
-        prompt = (
-            store.prompt(session(request), str(body["prompt"]))
-            if isinstance(body, dict) and body.get("prompt")
-            else None
-        )
-        job = jobs.Request.parse(body, prompt)
+        job = jobs.Request.parse(await request.body(), lambda prompt: store.prompt(session(request), prompt))
         job.settings().resolved(models.tokenizer(job.model))  # refused here, before the stream starts
         if not pending.acquire(blocking=False):
             raise RequestError("the studio is busy: too many runs are waiting; try again in a minute")

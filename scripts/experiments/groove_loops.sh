@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Does a Performer with SPE learn to copy a groove from random loops? (issue #28; results in
+# docs/experiments/groove-loops/README.md). Every run starts from checkpoints/groove-dur and
+# fine-tunes it on the schedule of the long run (7,000 updates of 8 x 512, lr 2e-4, 100 warm-up
+# updates, cosine decay), one CPU thread each; the comparison runs stop at update 1,000 of that
+# schedule, so they are at equal compute with the long run's own checkpoint 1,000:
+#   plain           the MMA corpus as it was (groove-dur tokens)
+#   loops           the same plus 2,000 random loops (data prepare mma-groove --loops 2000)
+#   softmax-loops   loops, with the same weights read by exact softmax attention: the upper bound
+# The long run is `loops` trained on to 7,000 (stage `long`).
+#   bash scripts/experiments/groove_loops.sh data train copy    # the comparison
+#   bash scripts/experiments/groove_loops.sh long               # the long run (resumes)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+source scripts/experiments/common.sh
+
+RUNS=${RUNS:-runs}
+COMPARE_AT=1000
+COMMON=(seq_len=512 batch_size=8 steps=7000 lr=2e-4 warmup=100 model.spe_sines=8 model.redraw=every:40
+        valid_every=0 ckpt_every=250 keep=3 workers=0 seed=1)
+declare -A DATA_OF=([plain]=data/mma-groove-dur-plain [loops]=data/mma-groove-dur [softmax-loops]=data/mma-groove-dur)
+declare -A INIT_OF=([plain]=checkpoints/groove-dur [loops]=checkpoints/groove-dur
+                    [softmax-loops]=$RUNS/groove-dur-softmax-init)
+stages=${*:-data train copy}
+
+# fine_tune NAME [STOP_AT]: train (or resume) run NAME from its starting weights; with STOP_AT,
+# stop it once its checkpoint STOP_AT is written and keep that as $RUNS/NAME-at-STOP_AT.
+fine_tune() {
+  local name=$1 stop=${2:-} run=$RUNS/groove-dur-$1
+  [ -n "$stop" ] && [ -d "$RUNS/$name-at-$stop" ] && { echo "$RUNS/$name-at-$stop: done"; return 0; }
+  local sets=(--init "${INIT_OF[$name]}")
+  compgen -G "$run/checkpoints/step-*" >/dev/null && sets=(--resume)
+  for s in "${COMMON[@]}"; do sets+=(--set "$s"); done
+  mkdir -p "$run"
+  OMP_NUM_THREADS=1 "${musegen[@]}" train --data "${DATA_OF[$name]}" --out "$run" "${sets[@]}" > "$run/train.out" 2>&1 &
+  local pid=$!
+  [ -n "$stop" ] || { wait $pid; return; }
+  local step=$run/checkpoints/step-$(printf %08d "$stop")
+  until [ -f "$step/model.safetensors" ] || ! kill -0 $pid 2>/dev/null; do sleep 10; done
+  sleep 20  # the checkpoint's last files
+  kill $pid 2>/dev/null || true
+  wait $pid || true
+  cp -r "$step" "$RUNS/$name-at-$stop"
+}
+
+for stage in $stages; do
+  case $stage in
+    data)
+      "${musegen[@]}" data prepare mma-groove --tokenizer groove-dur --loops 2000 --out data/mma-groove-dur
+      mkdir -p data/mma-groove-dur-plain  # the same renderings, without the loops
+      cp -al data/mma-groove-dur/g2g data/mma-groove-dur/rendered data/mma-groove-dur-plain/ 2>/dev/null || true
+      "${musegen[@]}" data prepare mma-groove --tokenizer groove-dur --out data/mma-groove-dur-plain ;;
+    train)
+      "$py" scripts/experiments/attention_view.py checkpoints/groove-dur "$RUNS/groove-dur-softmax-init" softmax
+      for m in plain loops softmax-loops; do in_pool fine_tune "$m" $COMPARE_AT; done
+      wait ;;
+    copy)
+      OMP_NUM_THREADS=1 "${musegen[@]}" evaluate copy --checkpoint previous=checkpoints/groove \
+        --checkpoint groove-dur=checkpoints/groove-dur --checkpoint "plain=$RUNS/plain-at-$COMPARE_AT" \
+        --checkpoint "loops=$RUNS/loops-at-$COMPARE_AT" --checkpoint "softmax-loops=$RUNS/softmax-loops-at-$COMPARE_AT" \
+        --data data/mma-groove-dur --threads 1 --device cpu --out "$RUNS/groove-loops-copy" ;;
+    long)
+      fine_tune loops ;;
+    *) echo "groove_loops.sh: unknown stage $stage (data train copy long)" >&2; exit 2 ;;
+  esac
+done

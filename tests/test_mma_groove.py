@@ -407,6 +407,18 @@ def test_an_interrupted_run_resumes_where_it_stopped(corpus, pop909_dir, tmp_pat
         )
 
 
+def test_loops_join_the_training_split_only(pop909_dir, tmp_path):
+    """--loops 6: six loop pieces in training, none in validation or test, and a rerun keeps them."""
+    report = mg.prepare(out=tmp_path / "x", source=pop909_dir, limit=4, loops=6, workers=2)
+    shards = Shards(tmp_path / "x")
+    loops = [name for name in shards.names("train") if name.startswith("loops/")]
+    assert report["loops"] == 6 and len(loops) == 6 and report["skipped"] == 0
+    assert not any(name.startswith("loops/") for split in ("validation", "test") for name in shards.names(split))
+    first = (tmp_path / "x" / "loops" / "000000.mid").stat().st_mtime_ns
+    mg.prepare(out=tmp_path / "x", source=pop909_dir, limit=4, loops=6, workers=2)
+    assert (tmp_path / "x" / "loops" / "000000.mid").stat().st_mtime_ns == first
+
+
 def test_bad_sources_are_one_line_data_errors(tmp_path):
     with pytest.raises(DataError, match="POP909 folder not found"):
         mg.prepare(out=tmp_path / "x", source=tmp_path / "missing", limit=4)
@@ -414,6 +426,8 @@ def test_bad_sources_are_one_line_data_errors(tmp_path):
         mg.prepare(out=tmp_path / "x", tokenizer="remi", limit=4)
     with pytest.raises(DataError, match="scale must be at least 1"):
         mg.prepare(out=tmp_path / "x", limit=4, scale=0)
+    with pytest.raises(DataError, match="loops must be from 0"):
+        mg.prepare(out=tmp_path / "x", limit=4, loops=-1)
     proc = subprocess.run(
         [sys.executable, "-m", "musegen", "data", "prepare", "chorales", "--scale", "2", "--out", str(tmp_path / "y")],
         capture_output=True,
@@ -423,3 +437,11 @@ def test_bad_sources_are_one_line_data_errors(tmp_path):
     )
     assert proc.returncode != 0 and "Traceback" not in proc.stderr and not (tmp_path / "y").exists()
     assert "--scale is for the mma-groove corpus, not chorales" in proc.stderr + proc.stdout
+    proc = subprocess.run(
+        [sys.executable, "-m", "musegen", "data", "prepare", "pop909", "--loops", "5", "--out", str(tmp_path / "y")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=CLI_ENV,
+    )
+    assert proc.returncode != 0 and "--loops is for the mma-groove corpus, not pop909" in proc.stderr + proc.stdout

@@ -70,6 +70,7 @@ class Run:
     seconds: float
     peak_mb: float
     timed_out: bool
+    cpu_seconds: float = 0.0  # user + system time of the command: what it cost, whatever else the machine runs
 
     @property
     def errors(self) -> list[str]:
@@ -149,6 +150,7 @@ def musegen(
             time.monotonic() - start,
             usage.ru_maxrss / 1024,
             timed_out,
+            usage.ru_utime + usage.ru_stime,
         )
     if area:
         PEAK_MB[area] = max(PEAK_MB.get(area, 0), run.peak_mb)

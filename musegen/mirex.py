@@ -18,14 +18,13 @@ import miditoolkit
 from . import schemas
 from .errors import MidiError
 from .io import write_json
-from .music.constants import BEATS_PER_BAR, MAX_BARS, TICKS_PER_BEAT
+from .music.constants import BEATS_PER_BAR, TICKS_PER_BEAT
 from .music.notes import NoteTable, Track
 
 SIXTEENTHS_PER_BAR = 4 * BEATS_PER_BAR
 TICKS_PER_SIXTEENTH = TICKS_PER_BEAT // 4
 TEMPO_BPM = 120.0  # the task states no tempo; 120 bpm is MIDI's own default
 VELOCITY = 80  # the task states no dynamics; mezzo-forte, inside REMI's velocity bins (40..86)
-MAX_TIME = MAX_BARS * SIXTEENTHS_PER_BAR  # latest note end, in 16ths: as long as a piece may be
 MAX_FILE_BYTES = 16 * 2**20  # a prompt of 10,000 bars of dense piano is a few MB
 
 
@@ -36,17 +35,11 @@ class Note(NamedTuple):
 
 
 def read_prompt(path: str | os.PathLike) -> list[Note]:
-    """The notes of a task prompt file, checked against its schema and the piece's length bound."""
+    """The notes of a task prompt file, checked against its schema (which bounds them by a piece's length)."""
     path = Path(path)
     if path.stat().st_size > MAX_FILE_BYTES:
         raise MidiError(f"{path}: {path.stat().st_size:,} bytes, more than a prompt can be ({MAX_FILE_BYTES:,})")
-    notes = [Note(n.start, n.pitch, n.duration) for n in schemas.read(path, "mirex prompt").prompt]
-    for i, note in enumerate(notes):
-        if note.start + note.duration > MAX_TIME:
-            raise MidiError(
-                f"{path}: prompt note {i} ends after 16th {MAX_TIME:,} ({MAX_BARS:,} bars, the longest piece)"
-            )
-    return sorted(notes)
+    return sorted(Note(n.start, n.pitch, n.duration) for n in schemas.read(path, "mirex prompt").prompt)
 
 
 def prompt_midi(notes: Iterable[Note]) -> bytes:

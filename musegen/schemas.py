@@ -14,14 +14,17 @@ The studio's requests and the lines of its stream have their formats here too (`
 from __future__ import annotations
 
 import os
+import reprlib
 from dataclasses import dataclass
 from typing import Annotated, Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, TypeAdapter, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
 
 from .errors import ConfigError, FormatError
 from .io import parse_json, printable, read_input, read_json
 from .model.config import ModelConfig
+from .music.constants import BEATS_PER_BAR, MAX_BARS
 
 STRICT = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
 OPEN = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)  # files that carry free-form extras
@@ -101,11 +104,29 @@ class TrainingState(BaseModel):
 
 
 class ShardSplit(BaseModel):
+    """One split of a shard index: its pieces lie one after another in its .npy file."""
+
     model_config = STRICT
-    file: Annotated[str, Field(pattern=r"^[\w-][\w.-]*$", max_length=255)] | None = None  # None: `<split>.npy`
+    file: Annotated[str, Field(pattern=r"^[\w-][\w.-]*\.npy$", max_length=255)] | None = None  # None: `<split>.npy`
     names: Annotated[list[Name], Field(max_length=MAX_ITEMS)]
     offsets: Annotated[list[Count], Field(max_length=MAX_ITEMS)]
     lengths: Annotated[list[Count], Field(max_length=MAX_ITEMS)]
+
+    @model_validator(mode="after")
+    def _consecutive(self) -> "ShardSplit":
+        counts = len(self.names), len(self.offsets), len(self.lengths)
+        if len(set(counts)) > 1:
+            raise PydanticCustomError("pieces", "{n} names, {o} offsets and {l} lengths", dict(zip("nol", counts)))
+        end = 0
+        for i, (offset, length) in enumerate(zip(self.offsets, self.lengths)):
+            if offset != end:
+                raise PydanticCustomError(
+                    "pieces",
+                    "offsets.{i} is {o}, not {e}, where the piece before ends",
+                    {"i": i, "o": offset, "e": end},
+                )
+            end += length
+        return self
 
 
 class ShardIndex(BaseModel):
@@ -117,11 +138,22 @@ class ShardIndex(BaseModel):
     report: dict[str, JsonValue] = {}
 
 
+MIREX_MAX_TIME = MAX_BARS * 4 * BEATS_PER_BAR  # in 16ths: the latest a note may end, as long as a piece may be
+
+
 class MirexNote(BaseModel):
     model_config = ConfigDict(strict=True, allow_inf_nan=False)  # extra keys (velocity, ...) ignored
-    start: Annotated[int, Field(ge=0, le=2**31)]  # 16ths; the piece's length bound is mirex.MAX_TIME
+    start: Annotated[int, Field(ge=0, lt=MIREX_MAX_TIME)]  # 16ths from the task's origin
     pitch: Pitch
-    duration: Annotated[int, Field(ge=1, le=2**31)]
+    duration: Annotated[int, Field(ge=1, le=MIREX_MAX_TIME)]
+
+    @model_validator(mode="after")
+    def _within_a_piece(self) -> "MirexNote":
+        if self.start + self.duration > MIREX_MAX_TIME:
+            raise PydanticCustomError(
+                "too_late", f"ends after 16th {MIREX_MAX_TIME:,} ({MAX_BARS:,} bars, the longest piece)"
+            )
+        return self
 
 
 class MirexPrompt(BaseModel):
@@ -333,12 +365,24 @@ def read(path: str | os.PathLike, format: str, max_bytes: int | None = None) -> 
     return check(data, format, path)
 
 
+MAX_YAML_VALUES = 100_000  # a settings file holds a few dozen; aliases must not make a small file huge
+
+
 def read_yaml(path: str | os.PathLike, format: str) -> Any:
-    """The YAML file at `path` (a settings file, so read through io's bounds) validated as `format`."""
+    """The YAML file at `path` (a settings file, so read through io's bounds) validated as `format`.
+    Its values are counted with every alias expanded before any is built: a few lines of nested
+    aliases can stand for billions of values, which every walk over the result would visit."""
     import yaml
 
     try:
-        data = yaml.safe_load(read_input(path, "settings file", error=ConfigError).decode("utf-8"))
+        loader = yaml.SafeLoader(read_input(path, "settings file", error=ConfigError).decode("utf-8"))
+        try:
+            node = loader.get_single_node()
+            if node is not None and _expanded_size(node, {}) > MAX_YAML_VALUES:
+                raise FormatError(f"{printable(path)}: more than {MAX_YAML_VALUES:,} values with its aliases expanded")
+            data = loader.construct_document(node) if node is not None else None
+        finally:
+            loader.dispose()
     except UnicodeDecodeError:
         raise FormatError(f"{printable(path)}: not UTF-8 text") from None
     except yaml.YAMLError as exc:
@@ -346,6 +390,17 @@ def read_yaml(path: str | os.PathLike, format: str) -> Any:
     except RecursionError:
         raise FormatError(f"{printable(path)}: nested too deeply for a settings file") from None
     return check({} if data is None else data, format, path)
+
+
+def _expanded_size(node: Any, sizes: dict[int, int]) -> int:
+    """How many values a YAML node stands for, each alias counted as often as it is used (a node
+    shared by aliases is counted once and remembered, so this takes the file's size in time)."""
+    if id(node) not in sizes:
+        sizes[id(node)] = 1  # (a node that holds itself counts once)
+        children = node.value if isinstance(node.value, list) else []
+        flat = [n for child in children for n in (child if isinstance(child, tuple) else (child,))]
+        sizes[id(node)] = min(1 + sum(_expanded_size(n, sizes) for n in flat), MAX_YAML_VALUES + 1)
+    return sizes[id(node)]
 
 
 def loads(text: str | bytes, format: str, where: str | os.PathLike, explain: Explain | None = None) -> Any:
@@ -378,6 +433,9 @@ def tokenizer_settings(kind: str, settings: dict[str, Any], where: str | os.Path
 
 
 _UNION_TAGS = {"list", "dict", "str", "int", "float", "bool", "none"}
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict = 2, 4, 4
+_SHORT.maxstring = _SHORT.maxother = _SHORT.maxlong = 40
 
 
 def first_problem(exc: ValidationError) -> str:
@@ -386,6 +444,6 @@ def first_problem(exc: ValidationError) -> str:
     # (a free-form JSON value's loc names the union branch tried, e.g. "tempos.list.0.float")
     parts = [str(part) for part in error["loc"] if str(part) not in _UNION_TAGS]
     field = ".".join(parts) or "(the whole file)"
-    value = repr(error.get("input"))
+    value = _SHORT.repr(error.get("input"))  # (bounded: the value may be huge, or shared many times over)
     value = value if len(value) <= 40 else value[:37] + "..."
     return f"{field}: {error['msg'][0].lower() + error['msg'][1:]} (got {printable(value)})"

@@ -98,6 +98,11 @@ class Shards:
             raise
         except MusegenError as exc:
             raise DataError(f"{self.folder}: {exc}") from None
+        if self.index["tokenizer"] != self.tokenizer.kind:  # (index and tokenizer of two preparations)
+            raise DataError(
+                f"{self.folder / INDEX}: made with the {self.index['tokenizer']} tokenizer, but "
+                f"{TOKENIZER} is {self.tokenizer.kind}; prepare the folder again"
+            )
         self._cache: dict[str, np.ndarray] = {}
 
     @property
@@ -119,7 +124,8 @@ class Shards:
         """The split's token file, checked against the index and the tokenizer's vocabulary: an id
         outside it would only fail later, deep inside the model's embedding."""
         path = self.folder / (entry["file"] or f"{split}.npy")  # (older folders: one name per split)
-        read_head(path, 8, "shard file", DataError)  # a FIFO or device would block or never end
+        if read_head(path, 6, "shard file", DataError) != b"\x93NUMPY":  # (a FIFO or device: refused, not read)
+            raise DataError(f"{path}: not a .npy file of token ids")
         try:
             tokens = np.load(path, mmap_mode="r", allow_pickle=False)
         except (OSError, ValueError) as exc:
@@ -154,18 +160,7 @@ class Shards:
         if split not in self.index["splits"]:
             raise DataError(f"{self.folder}: no split {split!r} (has {', '.join(self.splits) or 'none'})")
         entry = self.index["splits"][split]
-        if not _valid_entry(entry):
-            raise DataError(f"{self.folder / INDEX}: malformed entry for split {split!r}")
-        return entry
-
-
-def _valid_entry(entry: dict[str, Any]) -> bool:
-    """A split entry (its types checked by the schema) whose names, offsets and lengths describe
-    consecutive pieces."""
-    names, offsets, lengths = entry["names"], entry["offsets"], entry["lengths"]
-    if not len(names) == len(offsets) == len(lengths):
-        return False
-    return not offsets or (offsets[0] == 0 and all(a + n == b for a, n, b in zip(offsets, lengths, offsets[1:])))
+        return entry  # (its pieces consecutive, one name, offset and length each: checked by its schema)
 
 
 def resolve_split(available: Sequence[str], split: str) -> str | None:

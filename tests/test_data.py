@@ -145,14 +145,22 @@ def test_float_shards_and_malformed_indexes_are_refused(tmp_path):
     for name, (edit, error, words) in {
         "offsets as text": (lambda e: e.update(offsets=["0", "3"]), FormatError, r"splits.train.offsets.0"),
         "a path outside the folder": (lambda e: e.update(file="../elsewhere.npy"), FormatError, "splits.train.file"),
-        "overlapping pieces": (lambda e: e.update(offsets=[0, 1]), DataError, "malformed entry for split 'train'"),
-        "fewer names than pieces": (lambda e: e.update(names=["a"]), DataError, "malformed entry"),
+        "overlapping pieces": (lambda e: e.update(offsets=[0, 1]), FormatError, r"splits.train: offsets.1 is 1, not 3"),
+        "fewer names than pieces": (lambda e: e.update(names=["a"]), FormatError, "1 names, 2 offsets and 2 lengths"),
+        "another file of the folder": (lambda e: e.update(file="index.json"), FormatError, "splits.train.file"),
     }.items():
         broken = json.loads(json.dumps(index))
         edit(broken["splits"]["train"])
         (folder / "index.json").write_text(json.dumps(broken))
         with pytest.raises(error, match=words):
             Shards(folder).pieces("train")
+    (folder / "index.json").write_text(json.dumps(index))
+    npy.write_text("tokens, they said")
+    with pytest.raises(DataError, match="not a .npy file of token ids"):
+        Shards(folder).pieces("train")
+    (folder / "index.json").write_text(json.dumps({**index, "tokenizer": "groove"}))
+    with pytest.raises(DataError, match="made with the groove tokenizer, but tokenizer.json is remi"):
+        Shards(folder)
     (folder / "index.json").write_text("[" * 100000 + "]" * 100000)
     with pytest.raises(FormatError, match="index.json: not valid JSON"):
         Shards(folder)

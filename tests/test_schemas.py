@@ -150,10 +150,19 @@ def _huge_yaml(tmp_path: Path) -> list:
     return ["--config", tmp_path / "huge.yaml"]
 
 
+def _alias_bomb_yaml(tmp_path: Path) -> list:
+    """Nine lines that stand for 9^8 (43 million) strings through nested aliases."""
+    lines = ['a0: &a0 ["x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 8)]
+    (tmp_path / "aliases.yaml").write_text("\n".join(lines) + "\nmodel:\n  n_layers: *a7\n")
+    return ["--config", tmp_path / "aliases.yaml"]
+
+
 SETTING_CASES = {  # name: (arguments after `train --data D --out O`, words)
     "n_features 0": (lambda tmp: ["--set", "model.n_features=0"], "n_features"),
     "spe_realizations 1e8": (lambda tmp: ["--set", "model.spe_realizations=100000000"], "spe_realizations"),
     "a YAML of a huge model": (_huge_yaml, "GiB"),
+    "a YAML of nested aliases": (_alias_bomb_yaml, "more than 100,000 values with its aliases expanded"),
 }
 
 
@@ -435,6 +444,16 @@ def test_hostile_values_of_each_format_are_refused_in_one_line_or_accepted(forma
 
     check()
     assert "refused" in outcomes, outcomes
+
+
+def test_a_value_shared_many_times_over_is_refused_in_a_short_line():
+    """Parsed YAML can hold one list many times over (JSON cannot): the refusal shows a bounded
+    excerpt of the value instead of writing out all of it."""
+    nested = ["x"] * 9
+    for _ in range(8):
+        nested = [nested] * 9  # 9^9 strings, built from 80 lists
+    with time_limit(10), pytest.raises(FormatError, match=r"f.json: invalid sample summary: stats: input should"):
+        schemas.check({"samples": [], "stats": nested}, "sample summary", "f.json")
 
 
 def test_bounds_hold_at_their_edges():

@@ -139,7 +139,7 @@ def sample_counts(checkpoint: Path, files: list[Path], out: Path) -> tuple[Count
         try:
             with time_limit(FILE_LIMIT_S):
                 summary = sample_to_folder(checkpoint, out / str(i), settings, path, progress=False)
-            assert (out / str(i) / summary["samples"][0]["midi"]).is_file()
+            assert (Path(summary["folder"]) / summary["samples"][0]["midi"]).is_file()
             counts["processed"] += 1
         except MusegenError as exc:
             message = str(exc)

@@ -479,6 +479,8 @@ def test_cli_sample_with_prompt_writes_midi_wav_json_and_pianoroll(checkpoints, 
     )
     assert code == 0, err
     assert "tokens/s" in stdout and "invalid samples: 0" in stdout
+    out = out / pop909_songs[0].stem  # the prompt's set: a folder of its own
+    assert stdout.splitlines()[-1] == f"written to {out}/"
     summary = json.loads((out / f"{pop909_songs[0].stem}.json").read_text())
     assert summary["settings"]["seed"] == 5 and summary["settings"]["temperature"] == 1.2
     assert summary["settings"]["top_p"] == 0.9 and summary["tokenizer"] == "remi"
@@ -529,7 +531,8 @@ def test_cli_no_grammar_samples_are_decoded_leniently(checkpoints, kind, tmp_pat
     )
     assert code == 0, err
     line = next(x for x in stdout.splitlines() if x.startswith("invalid samples"))
-    summary = json.loads((tmp_path / f"{Path(prompt).stem}.json").read_text())
+    folder = tmp_path / Path(prompt).stem
+    summary = json.loads((folder / f"{Path(prompt).stem}.json").read_text())
     records = summary["samples"]
     dropped = [r["dropped_tokens"] for r in records if not r["valid"]]
     assert line.startswith(f"invalid samples: {summary['stats']['invalid']} of 8")
@@ -540,7 +543,7 @@ def test_cli_no_grammar_samples_are_decoded_leniently(checkpoints, kind, tmp_pat
     playable = [r for r in records if r.get("error") != "no notes"]
     assert len(playable) >= 4
     for record in playable:  # every sample is written, as a piece the grammar accepts
-        ids = tok.encode(tmp_path / record["midi"]).ids
+        ids = tok.encode(folder / record["midi"]).ids
         assert grammar.first_violation(ids) is None
         assert not record["valid"] or record["tokens"] == len(ids)
 
@@ -577,6 +580,7 @@ def test_cli_sampler_options_reach_the_sampler_and_are_recorded(checkpoints, tmp
             capsys,
         )
         assert code == 0, err
+        out = out / PROMPTS["groove"].stem
         summary = json.loads((out / f"{PROMPTS['groove'].stem}.json").read_text())
         assert summary["settings"]["keep_note_offs"] is kept and summary["settings"]["mono_bass"] is mono
         written[flag] = list(tokenizer_from_dict({"kind": "groove"}).encode(out / summary["samples"][0]["midi"]).ids)

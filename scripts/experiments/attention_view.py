@@ -11,13 +11,14 @@ from pathlib import Path
 
 from safetensors.torch import load_file, save_file
 
-from musegen.io import read_json, write_json
+from musegen import schemas
+from musegen.io import write_json
 from musegen.model.config import ModelConfig
 from musegen.model.transformer import MusicPerformer
 
 source, out, attention = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 shutil.copytree(source, out, dirs_exist_ok=True)
-config = read_json(source / "config.json")
+config = schemas.read(source / "config.json", "checkpoint config").model_dump()
 config["model"]["attention"] = attention
 wanted = MusicPerformer(ModelConfig(**config["model"])).state_dict()
 weights = load_file(source / "model.safetensors")

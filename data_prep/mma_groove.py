@@ -55,12 +55,12 @@ import mido
 import numpy as np
 from tqdm import tqdm
 
-from data_prep import groove_loops
 from data_prep.common import Item
 from data_prep.common import prepare as prepare_shards
 from musegen import schemas
 from musegen.errors import DataError, MusegenError
 from musegen.io import atomic_path, write_bytes, write_json
+from musegen.music.loops import LOOP_GROUP, random_loop_piece
 from musegen.music.midi import Part, read_parts
 from musegen.music.roles import COUNT_IN_BEATS, G2G_BASS, G2G_DRUMS, G2G_HARMONIC, TRACKS
 from musegen.tokenizers.base import Encoding, Tokenizer, tokenizer_from_dict
@@ -96,7 +96,7 @@ BEFORE_USE = {"swing"}
 KEY_SHIFTS = range(-5, 7)  # semitones a variant's progression moves by
 TEMPO_FACTORS = (0.85, 1.0, 1.15)
 FILL_EVERY = 8  # bars in a phrase; with a fill, its last bar plays the fill groove
-MAX_LOOPS = 1_000_000
+MAX_LOOPS = 1_000_000  # below musegen.music.loops.HELD_OUT_SEEDS: no evaluation loop is a training one
 
 
 @dataclass(frozen=True)
@@ -660,7 +660,7 @@ def prepare(
     loops: int = 0,
 ) -> dict[str, Any]:
     """`scale`: render scale x PIECES_PER_STYLE pieces per style (the plain ones, then variants).
-    `loops`: add this many random groove loops to the training split (`data_prep.groove_loops`).
+    `loops`: add this many random groove loops to the training split (`musegen.music.loops`).
     A rerun resumes: what is rendered and laid out is reused."""
     trio = [kind for kind, cls in Tokenizer.registry.items() if set(cls.roles) == set(TRACKS.values())]
     if tokenizer not in (None, *trio):
@@ -712,8 +712,8 @@ def prepare(
                         render_failures.append(error)
     render_s = round(time.perf_counter() - started, 1)
 
-    items += _write_loops(out / groove_loops.GROUP, loops)
-    split_of = lambda group: "train" if group == groove_loops.GROUP else family_split[group]  # noqa: E731
+    items += _write_loops(out / LOOP_GROUP, loops)
+    split_of = lambda group: "train" if group == LOOP_GROUP else family_split[group]  # noqa: E731
     style_sets = {s: sorted(st.name for st in styles if family_split[st.family] == s) for s in SPLITS}
     write_json(
         out / "styles.json",
@@ -747,8 +747,8 @@ def _write_loops(folder: Path, count: int) -> list[Item]:
     for k in tqdm(range(count), desc="writing random loops", unit="piece", disable=not count):
         path = folder / f"{k:06d}.mid"
         if not path.is_file():
-            write_bytes(path, groove_loops.random_loop_piece(k).midi_bytes())
-        items.append(Item(name=f"{groove_loops.GROUP}/{k:06d}", path=path, group=groove_loops.GROUP))
+            write_bytes(path, random_loop_piece(k).midi_bytes())
+        items.append(Item(name=f"{LOOP_GROUP}/{k:06d}", path=path, group=LOOP_GROUP))
     return items
 
 

@@ -1,4 +1,4 @@
-"""Random groove loops (data_prep/groove_loops.py): reproducible, a real trio, periodic in the
+"""Random groove loops (musegen/music/loops.py): reproducible, a real trio, periodic in the
 way a copying model must exploit, and read by both groove tokenizers as they read any piece."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from data_prep.groove_loops import BARS, random_loop_piece
 from musegen.music.constants import BEATS_PER_BAR, TICKS_PER_BEAT
+from musegen.music.loops import BARS, random_loop_piece
 from musegen.music.notes import NoteTable
 from musegen.tokenizers.groove import GrooveTokenizer
 from musegen.tokenizers.groove_dur import GrooveDurTokenizer

@@ -33,7 +33,7 @@ def prepare(
         None,
         min=1,
         help="mma-groove only: add this many random groove loops to the training split, "
-        "pieces that can only be predicted by copying their first bars (data_prep/groove_loops.py).",
+        "pieces that can only be predicted by copying their first bars (musegen/music/loops.py).",
     ),
 ):
     """Encode a corpus into train/validation(/test) token shards, skipping and counting bad files."""

@@ -172,12 +172,17 @@ def copy(
     seed: int = typer.Option(0, help="Pattern i is sampled with seed + i."),
     device: str = typer.Option("auto", help="auto (CUDA when present), cpu, cuda or cuda:N."),
     threads: Optional[int] = typer.Option(None, min=1, help="CPU threads while sampling (default 1)."),
+    recall_pieces: int = typer.Option(
+        30, min=0, help="Also the NLL by bar on this many unseen random loops (recall.md; 0: not)."
+    ),
 ):
     """Whether a model keeps a groove: 2-bar patterns played twice, continued, and each new bar scored per
     role by how exactly it repeats the pattern (1: a perfect loop), beside the loop itself and an
-    unrelated pattern."""
+    unrelated pattern; and, drawing nothing, how much the model's NLL falls on random loops once it has
+    heard their pattern (recall.md)."""
     from musegen.errors import ConfigError
     from musegen.evaluation.run_copy import CopySettings, evaluate_copy
+    from musegen.evaluation.run_recall import evaluate_recall
 
     checkpoints = {}
     for item in checkpoint:
@@ -194,7 +199,12 @@ def copy(
     if len(result["skipped"]) > 5:
         typer.echo(f"  ... and {len(result['skipped']) - 5} more skipped")
     typer.echo(Path(result["files"]["md"]).read_text().rstrip() + "\n")
-    typer.echo(f"wrote copy.md, copy.csv, copy.json and samples/ to {out}")
+    written = "copy.md, copy.csv, copy.json and samples/"
+    if recall_pieces:
+        recall = evaluate_recall(checkpoints, out, recall_pieces, device=device)
+        typer.echo(Path(recall["files"]["md"]).read_text().rstrip() + "\n")
+        written += ", recall.md, recall.csv, recall.png, recall.json"
+    typer.echo(f"wrote {written} to {out}")
 
 
 @evaluate_app.command("groove-targets")

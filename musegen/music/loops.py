@@ -8,8 +8,9 @@ by heart: once the pattern has been played, what comes next is found only by loo
 copying. This is the skill a groove continuation needs and the MMA corpus, 721 grooves each heard
 many times, does not force (issue #28).
 
-The loops join the training split of a groove corpus (`musegen data prepare mma-groove --loops N`);
-validation and test stay MMA's held-out styles. The pieces are written in musegen's own layout
+The loops join the training split of a groove corpus (`musegen data prepare mma-groove --loops N`;
+validation and test stay MMA's held-out styles), and unseen ones measure whether a model copies
+(`musegen evaluate copy`). The pieces are written in musegen's own layout
 (tracks `Bass`, `Drums`, `Other`), which every groove tokenizer reads by name.
 """
 
@@ -23,7 +24,8 @@ from musegen.music.notes import NoteTable, Track
 from musegen.music.roles import BASS, DRUMS, OTHER, ROLE_NAMES
 
 BARS = 16  # enough for a 512-token crop after the training's bar skips
-GROUP = "loops"  # the group (and name prefix) of loop pieces; always in the training split
+LOOP_GROUP = "loops"  # the group (and name prefix) of loop pieces; always in the training split
+HELD_OUT_SEEDS = 10**9  # loops from this seed on are for evaluation; corpora take seeds below it
 
 # General MIDI drum notes a pattern draws its kit from, by part of the kit.
 KICKS = (35, 36)
@@ -58,7 +60,7 @@ class Pattern:
 
 def random_loop_piece(seed: int, bars: int = BARS) -> NoteTable:
     """Loop piece number `seed`: the same piece for the same seed on every machine."""
-    rng = random.Random(f"{GROUP}:{seed}")
+    rng = random.Random(f"{LOOP_GROUP}:{seed}")
     unit = TICKS_PER_BEAT // rng.choice((4, 4, 4, 3))  # a sixteenth grid, or a triplet one
     pattern = _pattern(rng, rng.choice((1, 2, 2, 2)), unit)
     progression = _progression(rng, pattern.bars * rng.choice((1, 1, 2, 4)))

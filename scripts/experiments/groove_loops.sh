@@ -58,7 +58,7 @@ for stage in $stages; do
       OMP_NUM_THREADS=1 "${musegen[@]}" evaluate copy --checkpoint previous=checkpoints/groove \
         --checkpoint groove-dur=checkpoints/groove-dur --checkpoint "plain=$RUNS/plain-at-$COMPARE_AT" \
         --checkpoint "loops=$RUNS/loops-at-$COMPARE_AT" --checkpoint "softmax-loops=$RUNS/softmax-loops-at-$COMPARE_AT" \
-        --data data/mma-groove-dur --threads 1 --device cpu --out "$RUNS/groove-loops-copy" ;;
+        --data data/mma-groove-dur --pieces 12 --samples 2 --seed 0 --threads 1 --device cpu --out "$RUNS/groove-loops-copy" ;;
     long)
       fine_tune loops ;;
     *) echo "groove_loops.sh: unknown stage $stage (data train copy long)" >&2; exit 2 ;;

@@ -317,8 +317,9 @@ def tokenizer_from_dict(data: dict[str, Any], source: str = "the tokenizer", rem
             f"{source} was made with {kind.upper()} representation v{checked.version}; "
             f"this musegen reads v{cls.version}: {remedy} or use an older musegen"
         )
+    settings = schemas.tokenizer_settings(kind, checked.settings, source)  # (its own one-line error)
     try:
-        tok = cls(**schemas.tokenizer_settings(kind, checked.settings, source))
+        tok = cls(**settings)
     except ConfigError as exc:  # settings that disagree with each other
         raise FormatError(f"{source}: invalid {kind} tokenizer settings: {exc}") from None
     if checked.vocab is not None and checked.vocab != list(tok.vocab):

@@ -89,11 +89,12 @@ def _report(out_dir: Path, table: list[dict[str, Any]], pieces: int) -> dict[str
     )
     write_table(out_dir, "recall", ["model"] + columns, cells, note)
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(8, 4))
     for r in table:
         ax.plot(range(1, BARS + 1), r["by_bar"], marker="o", label=r["name"])
     ax.set(xlabel="bar of the loop", ylabel="NLL (nats / token)", title="Unseen random loops: NLL by bar")
-    ax.legend()
+    ax.legend(loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize="small")
+    fig.tight_layout()
     save_png(fig, out_dir / "recall.png")
     write_json(out_dir / "recall.json", json_safe({"pieces": pieces, "table": table}))
     return {"table": table, "files": {kind: str(out_dir / f"recall.{kind}") for kind in ("md", "csv", "png", "json")}}

@@ -108,6 +108,22 @@ def test_time_pitch_matches_the_brute_force_definition_on_random_notes():
         assert np.array_equal(style.time_pitch_profile(notes), brute_time_pitch(notes))
 
 
+@pytest.mark.parametrize("tpq", [96, 480])
+def test_dense_notes_counted_on_the_grid_match_the_definition(monkeypatch, tpq):
+    """The grid's FFT count (what a dense bar takes) equals the brute-force definition, stacked
+    equal notes and chords included, and the lag sweep on a bar too dense to brute-force."""
+    rng = np.random.default_rng(5)
+    triples = [(Fraction(int(rng.integers(0, 48)), 6), 1, int(rng.integers(55, 70))) for _ in range(120)]
+    small = notes_of(triples + triples[:10], tpq=tpq)  # 10 notes twice
+    monkeypatch.setattr(style, "GRID_WHEN", 0)  # the grid, whatever the density
+    assert np.array_equal(style.time_pitch_profile(small), brute_time_pitch(small))
+    start = rng.integers(0, 4 * tpq, 20_000)
+    dense = style.role_notes("other", tpq, start, start + 1, rng.integers(21, 109, 20_000))
+    on_grid = style.time_pitch_profile(dense)
+    monkeypatch.setattr(style, "GRID_WHEN", 10**18)  # the lag sweep, whatever the density
+    assert np.array_equal(on_grid, style.time_pitch_profile(dense))
+
+
 def test_pairs_are_bounded_to_four_beats_for_a_long_file():
     """60,000 notes, one per half beat: an n^2 matrix would need 28 GB; each note pairs with the
     next 7 only (dt 0.5 .. 3.5 beats)."""

@@ -37,6 +37,7 @@ PITCH_RANGE = 20
 DURATION_BINS = 12  # 0..2 beats
 METRICS = ("time-pitch", "onset-duration", "onset-drum")
 ROLES = ("bass", "drums", "other")
+GRID_WHEN = 4  # pairs per grid cell above which the grid's FFT is the cheaper count
 
 
 def role_notes(role: str, tpq: int, start: np.ndarray, end: np.ndarray, pitch: np.ndarray) -> NoteTable:
@@ -47,10 +48,17 @@ def role_notes(role: str, tpq: int, start: np.ndarray, end: np.ndarray, pitch: n
 
 def time_pitch_profile(notes: NoteTable) -> np.ndarray:
     """Pairs within 4 beats, swept by lag over notes sorted by onset; notes with the same onset
-    and pitch are counted once with their multiplicity, so stacked duplicates cost nothing."""
+    and pitch are counted once with their multiplicity, so stacked duplicates cost nothing.
+    Where the notes are so dense that the pairs outnumber the cells of their (tick, pitch) grid,
+    the pairs are counted on that grid instead (`_grid_pairs`), with the same result."""
     keys, counts = np.unique(np.stack([notes.start, notes.pitch], 1), axis=0, return_counts=True)
     start, pitch = keys[:, 0], keys[:, 1]  # sorted by onset, then pitch
     window = WINDOW_BEATS * notes.tpq
+    if len(keys):
+        pairs = int((np.searchsorted(start, start + window) - np.arange(1, len(keys) + 1)).sum())
+        cells = (int(start[-1] - start[0]) + 1 + window) * 128
+        if pairs > GRID_WHEN * cells:
+            return _grid_pairs(start - start[0], pitch, counts, notes.tpq)
     hist = np.zeros((TIME_BINS, 2 * PITCH_RANGE + 1), dtype=np.int64)
     _add_pairs(
         hist, np.zeros(len(keys), dtype=np.int64), np.zeros(len(keys), dtype=np.int64), counts * (counts - 1), notes.tpq
@@ -65,6 +73,25 @@ def time_pitch_profile(notes: NoteTable) -> np.ndarray:
         _add_pairs(hist, dt[near], interval, weight, notes.tpq)
         together = dt[near] == 0  # notes that start together also pair the other way round
         _add_pairs(hist, dt[near][together], -interval[together], weight[together], notes.tpq)
+    return hist
+
+
+def _grid_pairs(start: np.ndarray, pitch: np.ndarray, counts: np.ndarray, tpq: int) -> np.ndarray:
+    """The time-pitch histogram of dense notes: the pairs' counts by (tick difference, interval)
+    are the cross-correlation of the note counts on a (tick, pitch) grid with itself, taken by
+    FFT and rounded back to integers (exact: every count is far below float64's 2**53), then
+    binned as `_add_pairs` bins them. Pairs of a note with itself are taken out at lag 0."""
+    window = WINDOW_BEATS * tpq
+    grid = np.zeros((int(start[-1]) + 1, 128))
+    grid[start, pitch] = counts
+    shape = (grid.shape[0] + window, 128 + PITCH_RANGE)  # zero padding: no lag wraps around
+    spectrum = np.fft.rfft2(grid, shape)
+    correlation = np.fft.irfft2(np.conj(spectrum) * spectrum, shape)  # [dt, dp mod width]
+    intervals = np.arange(-PITCH_RANGE, PITCH_RANGE + 1)
+    by_tick = np.rint(correlation[:window, intervals % shape[1]]).astype(np.int64)  # [dt, interval]
+    by_tick[0, PITCH_RANGE] -= int(counts.sum())  # a note is not its own pair
+    hist = np.zeros((TIME_BINS, 2 * PITCH_RANGE + 1), dtype=np.int64)
+    np.add.at(hist, _bins(np.arange(window), tpq), by_tick)
     return hist
 
 

@@ -131,6 +131,15 @@ def _check_depth(text: str) -> None:
             depth -= 1
 
 
+NAME_MAX = 255  # bytes in one file or folder name, on Linux's file systems
+TEMP_NAME_EXTRA = len("..") + 8 + len(".tmp")  # what atomic_path's temporary name adds to a name
+
+
+def name_fits(name: str) -> bool:
+    """Whether `atomic_path` can write a file of this name (its temporary name is longer)."""
+    return len(os.fsencode(name)) + TEMP_NAME_EXTRA <= NAME_MAX
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside `path`; rename it onto `path` only if the block succeeds."""

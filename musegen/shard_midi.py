@@ -9,7 +9,7 @@ from typing import Any
 from tqdm import tqdm
 
 from .errors import DataError, TokenError
-from .io import atomic_path
+from .io import NAME_MAX, TEMP_NAME_EXTRA, atomic_path, name_fits
 from .music.midi import MIDI_SUFFIXES
 from .shards import Shards, resolve_split
 
@@ -47,6 +47,9 @@ def export_midi(
         zip(names, shards.pieces(found)), total=len(names), desc="exporting", unit="piece", disable=not progress
     ):
         path = out_dir / f"{piece_stem(name)}.mid"
+        if not all(name_fits(part) for part in PurePosixPath(f"{piece_stem(name)}.mid").parts):
+            skipped[name] = f"a part of its name is longer than a file name can be ({NAME_MAX - TEMP_NAME_EXTRA} bytes)"
+            continue
         if path in taken:
             skipped[name] = f"another piece has the file name {path.name}"
             continue

@@ -11,6 +11,7 @@ import pytest
 from train_fixtures import prepare_pop909
 
 from musegen.cli import main
+from musegen.io import NAME_MAX, TEMP_NAME_EXTRA
 from musegen.shard_midi import export_midi, piece_stem
 from musegen.shards import Shards, write_shards
 from musegen.tokenizers.groove import GrooveTokenizer
@@ -88,6 +89,19 @@ def test_export_skips_and_lists_undecodable_pieces(tmp_path, capsys):
     assert written == ["songs/good.mid"]
     code, _, err = run(["data", "export", tmp_path / "data", "--split", "test", "--out", tmp_path / "m"], capsys)
     assert code != 0 and err.strip().count("\n") == 0 and "no split 'test'" in err
+
+
+def test_export_skips_a_piece_whose_name_no_file_system_takes(tmp_path, capsys):
+    """A name part of 1,000 characters (a shard index may hold one) is skipped with the reason,
+    the other pieces are written, and the limit is exactly what atomic writes can take."""
+    tok = RemiTokenizer()
+    ids = tok.encode(PROMPTS / "pop_progression.mid").ids
+    longest = "a" * (NAME_MAX - TEMP_NAME_EXTRA - len(".mid"))
+    pieces = [("x" * 1000 + "/song", ids), ("songs/" + "b" * 1000, ids), (longest, ids), ("ok", ids)]
+    write_shards(tmp_path / "data", tok, {"train": pieces}, {})
+    code, printed, _ = run(["data", "export", tmp_path / "data", "--out", tmp_path / "midi"], capsys)
+    assert code == 0 and "2 written" in printed and "2 skipped" in printed and "longer than a file name" in printed
+    assert sorted(p.name for p in (tmp_path / "midi").iterdir()) == sorted([longest + ".mid", "ok.mid"])
 
 
 def test_piece_names_become_safe_relative_file_names():

@@ -7,6 +7,7 @@
 #   plain           the MMA corpus as it was (groove-dur tokens)
 #   loops           the same plus 2,000 random loops (data prepare mma-groove --loops 2000)
 #   softmax-loops   loops, with the same weights read by exact softmax attention: the upper bound
+#   f256-loops      loops, with FAVOR+ drawing 256 random features instead of 64
 # The long run is `loops` trained on to 7,000 (stage `long`).
 #   bash scripts/experiments/groove_loops.sh data train copy    # the comparison
 #   bash scripts/experiments/groove_loops.sh long               # the long run (resumes)
@@ -18,9 +19,10 @@ RUNS=${RUNS:-runs}
 COMPARE_AT=1000
 COMMON=(seq_len=512 batch_size=8 steps=7000 lr=2e-4 warmup=100 model.spe_sines=8 model.redraw=every:40
         valid_every=0 ckpt_every=250 keep=3 workers=0 seed=1)
-declare -A DATA_OF=([plain]=data/mma-groove-dur-plain [loops]=data/mma-groove-dur [softmax-loops]=data/mma-groove-dur)
+declare -A DATA_OF=([plain]=data/mma-groove-dur-plain [loops]=data/mma-groove-dur [softmax-loops]=data/mma-groove-dur
+                    [f256-loops]=data/mma-groove-dur)
 declare -A INIT_OF=([plain]=checkpoints/groove-dur [loops]=checkpoints/groove-dur
-                    [softmax-loops]=$RUNS/groove-dur-softmax-init)
+                    [softmax-loops]=$RUNS/groove-dur-softmax-init [f256-loops]=$RUNS/groove-dur-f256-init)
 stages=${*:-data train copy}
 
 # fine_tune NAME [STOP_AT]: train (or resume) run NAME from its starting weights; with STOP_AT,
@@ -51,13 +53,15 @@ for stage in $stages; do
       cp -al data/mma-groove-dur/g2g data/mma-groove-dur/rendered data/mma-groove-dur-plain/ 2>/dev/null || true
       "${musegen[@]}" data prepare mma-groove --tokenizer groove-dur --out data/mma-groove-dur-plain ;;
     train)
-      "$py" scripts/experiments/attention_view.py checkpoints/groove-dur "$RUNS/groove-dur-softmax-init" softmax
-      for m in plain loops softmax-loops; do in_pool fine_tune "$m" $COMPARE_AT; done
+      "$py" scripts/experiments/attention_view.py checkpoints/groove-dur "$RUNS/groove-dur-softmax-init" attention=softmax
+      "$py" scripts/experiments/attention_view.py checkpoints/groove-dur "$RUNS/groove-dur-f256-init" n_features=256
+      for m in plain loops softmax-loops f256-loops; do in_pool fine_tune "$m" $COMPARE_AT; done
       wait ;;
     copy)
       OMP_NUM_THREADS=1 "${musegen[@]}" evaluate copy --checkpoint previous=checkpoints/groove \
         --checkpoint groove-dur=checkpoints/groove-dur --checkpoint "plain=$RUNS/plain-at-$COMPARE_AT" \
         --checkpoint "loops=$RUNS/loops-at-$COMPARE_AT" --checkpoint "softmax-loops=$RUNS/softmax-loops-at-$COMPARE_AT" \
+        --checkpoint "f256-loops=$RUNS/f256-loops-at-$COMPARE_AT" \
         --data data/mma-groove-dur --pieces 12 --samples 2 --seed 0 --threads 1 --device cpu --out "$RUNS/groove-loops-copy" ;;
     long)
       fine_tune loops ;;

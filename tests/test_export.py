@@ -65,11 +65,16 @@ def test_export_rejects_bad_dtype_and_missing_checkpoint(tmp_path):
 
 def test_shipped_models_name_their_data_and_source_runs_without_machine_paths():
     shipped = sorted(p.parent for p in (Path(__file__).resolve().parents[1] / "checkpoints").glob("*/config.json"))
-    assert [p.name for p in shipped] == ["groove", "groove-dur", "pop"]
+    assert [p.name for p in shipped] == ["groove", "groove-dur", "groove-dur-softmax", "pop"]
     for folder in shipped:
         _, meta = read_checkpoint_config(folder)
         assert meta["data"] in ("mma-groove", "mma-groove-dur", "pop909"), meta
         for key in ("init", "exported_from"):
-            if key in meta:  # `<run>/checkpoints/step-NNNNNNNN`
-                run, checkpoints, step = meta[key].split("/")
+            if key not in meta:
+                continue
+            parts = meta[key].split("/")  # `<run>/checkpoints/step-NNNNNNNN`, or a checkpoint folder's name
+            if len(parts) == 1:
+                assert key == "init" and parts[0], meta
+            else:
+                run, checkpoints, step = parts
                 assert run and checkpoints == "checkpoints" and step.startswith("step-"), meta

@@ -310,7 +310,7 @@ def test_musegen_studio_serves_the_page_on_127_0_0_1_and_prints_its_address(tmp_
         page = httpx.get(url, timeout=30)
         assert page.status_code == 200 and "<title>musegen studio</title>" in page.text
         names = [m["name"] for m in httpx.get(url + "api/models", timeout=30).json()["models"]]
-        assert names == ["groove", "groove-dur", "pop"]  # the shipped checkpoints
+        assert names == ["groove", "groove-dur", "groove-dur-softmax", "pop"]  # the shipped checkpoints
     finally:
         server.terminate()
         server.wait(30)

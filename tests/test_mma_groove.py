@@ -428,20 +428,9 @@ def test_bad_sources_are_one_line_data_errors(tmp_path):
         mg.prepare(out=tmp_path / "x", limit=4, scale=0)
     with pytest.raises(DataError, match="loops must be from 0"):
         mg.prepare(out=tmp_path / "x", limit=4, loops=-1)
-    proc = subprocess.run(
-        [sys.executable, "-m", "musegen", "data", "prepare", "chorales", "--scale", "2", "--out", str(tmp_path / "y")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=CLI_ENV,
-    )
-    assert proc.returncode != 0 and "Traceback" not in proc.stderr and not (tmp_path / "y").exists()
-    assert "--scale is for the mma-groove corpus, not chorales" in proc.stderr + proc.stdout
-    proc = subprocess.run(
-        [sys.executable, "-m", "musegen", "data", "prepare", "pop909", "--loops", "5", "--out", str(tmp_path / "y")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=CLI_ENV,
-    )
-    assert proc.returncode != 0 and "--loops is for the mma-groove corpus, not pop909" in proc.stderr + proc.stdout
+    for corpus, option in (("chorales", "--scale"), ("pop909", "--loops")):
+        out = tmp_path / corpus
+        command = [sys.executable, "-m", "musegen", "data", "prepare", corpus, option, "2", "--out", str(out)]
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=120, env=CLI_ENV)
+        assert proc.returncode != 0 and "Traceback" not in proc.stderr and not out.exists()
+        assert f"{option} is for the mma-groove corpus, not {corpus}" in proc.stderr + proc.stdout

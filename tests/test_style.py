@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import itertools
 import math
+import tracemalloc
 from fractions import Fraction
 
 import miditoolkit
@@ -122,6 +123,21 @@ def test_dense_notes_counted_on_the_grid_match_the_definition(monkeypatch, tpq):
     on_grid = style.time_pitch_profile(dense)
     monkeypatch.setattr(style, "GRID_WHEN", 10**18)  # the lag sweep, whatever the density
     assert np.array_equal(on_grid, style.time_pitch_profile(dense))
+
+
+def test_a_dense_bar_in_a_long_piece_is_not_counted_on_a_huge_grid():
+    """One dense bar and a note 5,000 bars later: the grid would span 10^9 cells, so the pairs are
+    swept instead, in bounded memory."""
+    rng = np.random.default_rng(0)
+    start = np.append(rng.integers(0, 4 * TPQ, 3000), 5000 * 4 * TPQ).astype(np.int64)
+    notes = style.role_notes("other", TPQ, start, start + 1, rng.integers(21, 109, len(start)))
+    tracemalloc.start()
+    try:
+        hist = style.time_pitch_profile(notes)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 200 * 2**20 and hist.sum() > 0
 
 
 def test_pairs_are_bounded_to_four_beats_for_a_long_file():

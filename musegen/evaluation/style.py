@@ -38,6 +38,7 @@ DURATION_BINS = 12  # 0..2 beats
 METRICS = ("time-pitch", "onset-duration", "onset-drum")
 ROLES = ("bass", "drums", "other")
 GRID_WHEN = 4  # pairs per grid cell above which the grid's FFT is the cheaper count
+GRID_CELLS_MAX = 1 << 24  # (tick, pitch) cells the FFT may take: about 0.5 GB with its buffers
 
 
 def role_notes(role: str, tpq: int, start: np.ndarray, end: np.ndarray, pitch: np.ndarray) -> NoteTable:
@@ -57,7 +58,7 @@ def time_pitch_profile(notes: NoteTable) -> np.ndarray:
     if len(keys):
         pairs = int((np.searchsorted(start, start + window) - np.arange(1, len(keys) + 1)).sum())
         cells = (int(start[-1] - start[0]) + 1 + window) * 128
-        if pairs > GRID_WHEN * cells:
+        if pairs > GRID_WHEN * cells and cells <= GRID_CELLS_MAX:  # (a long piece with one dense bar: sweep)
             return _grid_pairs(start - start[0], pitch, counts, notes.tpq)
     hist = np.zeros((TIME_BINS, 2 * PITCH_RANGE + 1), dtype=np.int64)
     _add_pairs(

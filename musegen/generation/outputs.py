@@ -135,7 +135,7 @@ def is_set(folder: Path, stem: str) -> bool:
         return False
     names = os.listdir(folder)
     if f"{stem}.json" not in names or not all(
-        writes(stem, name, mirex_prompt=True) and (folder / name).is_file() for name in names
+        set_file_name(stem, name) and (folder / name).is_file() for name in names
     ):
         return False
     try:
@@ -183,7 +183,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def writes(stem: str, name: str, mirex_prompt: bool) -> bool:
-    """Whether `name` is a file of the output set named `stem` (MIREX prompts add `.json` per sample)."""
-    kinds = "mid|wav|png" + ("|json" if mirex_prompt else "")
-    return name == f"{stem}.json" or re.fullmatch(re.escape(stem) + rf"_\d{{3,}}\.({kinds})", name) is not None
+def set_file_name(stem: str, name: str) -> bool:
+    """Whether `name` is named as a file of the output set `stem`: its manifest, or a sample's MIDI,
+    WAV, piano roll or MIREX JSON (a MIREX prompt's sets have one per sample)."""
+    return name == f"{stem}.json" or re.fullmatch(re.escape(stem) + r"_\d{3,}\.(mid|wav|png|json)", name) is not None

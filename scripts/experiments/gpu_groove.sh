@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# One lent GPU command (the `device` tool, issue #28): train two groove models side by side on
+# one GPU within a fixed wall-clock budget, and hand back their fp16 weights.
+#   spe       Performer + gated sineSPE (K=8, features redrawn every 40 updates): the paper's family
+#   softmax   the same model read by exact softmax attention (SDPA): the upper bound
+# Both are 8 layers x 384 (14.5M parameters, 27.7 MiB in fp16): the two together fill the 64 MiB
+# that may come back from the machine. Same data (groove-dur tokens with 2,000 random loops),
+# batch, schedule and number of updates.
+#
+# The number of updates is what fits the budget: a 30-update probe of both runs side by side
+# times an update, and the real runs get the rest of BUDGET_S less a margin for export. A watchdog
+# stops a run that would overrun (SIGTERM saves its checkpoint). Outputs under OUT:
+#   <name>.safetensors.part-*   fp16 weights in pieces of 15 MiB (the machine returns files up to 16)
+#   meta.tar.gz                 configs, tokenizer, logs of the runs and the probe, CUDA test log
+# Here: cat <name>.safetensors.part-* > model.safetensors beside the config and tokenizer.
+#
+# On the device:  OUT=$OUT bash scripts/experiments/gpu_groove.sh   (with .whl and data/gpu-groove carried)
+# Dry run on CPU: DRY=1 OUT=/tmp/gpu-out bash scripts/experiments/gpu_groove.sh
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+start=$(date +%s)
+BUDGET_S=${BUDGET_S:-470}  # from the start until both runs must have stopped
+OUT=${OUT:?set OUT}
+DATA=${DATA:-data/gpu-groove}
+WORK=${WORK:-/tmp/gpu-groove}
+mkdir -p "$OUT" "$WORK"
+exec > >(tee "$WORK/script.log") 2>&1
+
+if [ -z "${DRY:-}" ] && [ -d .whl ] && compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || { echo "wheels failed to install"; exit 1; }
+  export PYTHONPATH=/tmp/site:$PWD
+fi
+py=python3
+$py -c "import torch, musegen.cli; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())" || exit 1
+nvidia-smi -L 2>/dev/null || true
+
+MODEL=(model.vocab_size=439 model.n_layers=8 model.d_model=384 model.n_heads=6 model.d_ff=1536 model.n_features=128
+       model.spe_realizations=64 model.spe_sines=8 model.gated=true model.redraw=every:40)
+COMMON=(seq_len=1024 batch_size=32 lr=3e-4 warmup=200 precision=bf16 workers=3 seed=1 log_every=10)
+device=cuda
+THREADS=4  # per process: two runs and the tests stay within the machine's 16 cores
+if [ -n "${DRY:-}" ]; then  # the same path at toy size on the CPU
+  MODEL=(model.vocab_size=439 model.n_layers=2 model.d_model=64 model.n_heads=2 model.d_ff=128 model.n_features=16
+         model.spe_realizations=16 model.spe_sines=8 model.gated=true model.redraw=every:40)
+  COMMON=(seq_len=128 batch_size=2 lr=3e-4 warmup=20 precision=fp32 workers=0 seed=1 log_every=5)
+  device=cpu
+  THREADS=1
+fi
+declare -A EXTRA=([spe]="model.attention=performer" [softmax]="model.attention=softmax")
+NAMES="spe softmax"
+
+# launch NAME RUN STEPS SETTING...: one training run in the background; its pid in PIDS[NAME].
+declare -A PIDS
+launch() {
+  local name=$1 run=$2 steps=$3; shift 3
+  local sets=()
+  for s in "${MODEL[@]}" "${COMMON[@]}" ${EXTRA[$name]} "steps=$steps" "$@"; do sets+=(--set "$s"); done
+  OMP_NUM_THREADS=$THREADS $py -m musegen train --data "$DATA" --out "$run" --device $device "${sets[@]}" > "$run.out" 2>&1 &
+  PIDS[$name]=$!
+}
+
+# seconds_per_update LOG: from the log's update records, steps 10 to the last.
+seconds_per_update() {
+  $py - "$1" <<'EOF'
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+rows = [r for r in rows if "loss" in r and "time" in r and r["step"] >= 10]
+print((rows[-1]["time"] - rows[0]["time"]) / (rows[-1]["step"] - rows[0]["step"]))
+EOF
+}
+
+# The CUDA tests, beside the runs (they are small).
+if [ -z "${DRY:-}" ]; then
+  (OMP_NUM_THREADS=$THREADS timeout 240 $py -m pytest -q -p no:cacheprovider -x tests/test_device.py tests/test_numerics.py \
+     tests/test_transformer.py tests/test_attention.py tests/test_spe.py tests/test_precision.py > "$WORK/cuda-tests.log" 2>&1;
+   echo "pytest exit $?" >> "$WORK/cuda-tests.log") &
+  tests_pid=$!
+fi
+
+echo "== probe (30 updates each, side by side)"
+for name in $NAMES; do launch "$name" "$WORK/probe-$name" 30 valid_every=0 ckpt_every=30; done
+for name in $NAMES; do wait "${PIDS[$name]}" || { echo "probe $name failed:"; tail -20 "$WORK/probe-$name.out"; exit 1; }; done
+slowest=0
+for name in $NAMES; do
+  s=$(seconds_per_update "$WORK/probe-$name/log.jsonl"); echo "$name: $s s/update"
+  slowest=$($py -c "print(max($slowest, $s))")
+done
+left=$(( BUDGET_S - ($(date +%s) - start) - 25 ))  # 25 s: the runs' start-up and last checkpoint
+steps=$($py -c "print(max(50, int($left / $slowest)))")
+echo "== $steps updates each ($left s left at $slowest s/update)"
+every=$(( steps / 4 ))
+for name in $NAMES; do launch "$name" "$WORK/$name" "$steps" "ckpt_every=$every" "valid_every=$every" keep=1 valid_pieces=64; done
+
+deadline=$(( start + BUDGET_S ))
+while [ "$(date +%s)" -lt "$deadline" ]; do
+  running=0
+  for name in $NAMES; do kill -0 "${PIDS[$name]}" 2>/dev/null && running=1; done
+  [ $running = 0 ] && break
+  sleep 2
+done
+for name in $NAMES; do kill -TERM "${PIDS[$name]}" 2>/dev/null && echo "$name: stopped at the deadline"; done
+for name in $NAMES; do wait "${PIDS[$name]}"; echo "$name: exit $?"; tail -3 "$WORK/$name.out"; done
+
+[ -n "${tests_pid:-}" ] && wait "$tests_pid"
+echo "== export"
+for name in $NAMES; do
+  ckpt=$(ls -d "$WORK/$name"/checkpoints/step-* 2>/dev/null | sort | tail -1)
+  [ -n "$ckpt" ] || { echo "$name: no checkpoint"; continue; }
+  $py -m musegen export "$ckpt" --out "$WORK/export-$name" --dtype fp16 || continue
+  split -b 15M "$WORK/export-$name/model.safetensors" "$OUT/$name.safetensors.part-"
+  rm "$WORK/export-$name/model.safetensors"
+  cp "$WORK/$name/log.jsonl" "$WORK/$name/train_config.json" "$WORK/export-$name/"
+done
+tar -czf "$OUT/meta.tar.gz" -C "$WORK" --exclude='*/checkpoints' --exclude='*.safetensors' \
+  script.log $(cd "$WORK" && ls -d export-* probe-*/log.jsonl ./*.out cuda-tests.log 2>/dev/null)
+ls -la "$OUT"
+echo "done in $(( $(date +%s) - start )) s"

@@ -19,11 +19,13 @@ _BF16_CPU_FLAGS = {"avx512_bf16", "amx_bf16", "bf16"}
 
 
 def resolve_device(name: str | torch.device | None = "auto") -> torch.device:
-    """ "auto"/None -> cuda if available else cpu; otherwise the named device, checked to exist."""
+    """ "auto"/None -> cuda if available else cpu; otherwise the named device, checked to exist.
+    A CUDA device always carries its index ("cuda" is the current one): torch.cuda.set_device
+    refuses one without."""
     if isinstance(name, torch.device):
         device = name
     elif name in (None, "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     else:
         try:
             device = torch.device(name)
@@ -31,6 +33,12 @@ def resolve_device(name: str | torch.device | None = "auto") -> torch.device:
             raise ConfigError(f"unknown device {name!r}; use auto, cpu, cuda or cuda:N") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"device {str(device)!r} asked for, but CUDA is not available")
+    if device.type == "cuda":
+        index = torch.cuda.current_device() if device.index is None else device.index
+        count = torch.cuda.device_count()
+        if index >= count:
+            raise ConfigError(f"device {str(device)!r} asked for, but there are {count} CUDA devices")
+        device = torch.device("cuda", index)
     return device
 
 

@@ -26,8 +26,15 @@ def test_cuda_without_gpu_is_a_config_error():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_device_resolves():
-    assert resolve_device("cuda:0").type == "cuda"
+def test_cuda_device_resolves_with_its_index():
+    assert resolve_device("cuda:0") == torch.device("cuda", 0)
+    # torch.cuda.set_device refuses a device without an index: training on "cuda" needs one
+    for name in ("cuda", "auto", torch.device("cuda")):
+        device = resolve_device(name)
+        assert device.index == torch.cuda.current_device()
+        torch.cuda.set_device(device)
+    with pytest.raises(ConfigError, match="CUDA devices"):
+        resolve_device(f"cuda:{torch.cuda.device_count()}")
 
 
 def test_nonsense_precision_is_a_config_error():

@@ -187,7 +187,11 @@ def causal_linear_attention(
     products: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, State]:
     """Normalised causal linear attention over [B, H, T, *]; returns (output, new state).
-    `products`: the dtype of the "torch" kernel's matrix products (its sums stay fp32)."""
+    `products`: the dtype of the "torch" kernel's matrix products (its sums stay fp32). fp16 is
+    taken as fp32: the states it multiplies are sums over every earlier position, which pass
+    fp16's 65,504 within a few thousand tokens (bf16 has fp32's range)."""
+    if torch.finfo(products).max < torch.finfo(torch.float32).max:
+        products = torch.float32
     if kernel == "torch":
         phi_q, phi_k, v = phi_q.to(products), phi_k.to(products), v.to(products)
     num, den, new_state = KERNELS[kernel](phi_q, phi_k, v, state)

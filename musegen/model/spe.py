@@ -23,7 +23,9 @@ from torch.nn import functional as F
 
 
 def _new_seed(generator: torch.Generator | None) -> int:
-    return int(torch.randint(0, 2**62, (), generator=generator))
+    # drawn on the generator's own device: a CUDA generator refuses to fill a CPU tensor
+    device = generator.device if generator is not None else None
+    return int(torch.randint(0, 2**62, (), generator=generator, device=device))
 
 
 class SineSPE(nn.Module):

@@ -456,6 +456,18 @@ def test_cuda_recurrent_equals_parallel(pe):
         model(tokens).float().sum().backward()
 
 
+@pytest.mark.parametrize("pe", ["sine", "conv"])
+def test_a_backward_pass_inside_bf16_autocast_runs(pe):
+    """A backward called inside the autocast block (as the CUDA test above does) once cast the
+    linear attention's backward products to bf16 beside fp32 operands: 'Input dtypes must be the
+    same' on CPU and CUDA alike."""
+    model, tokens = tiny(pe=pe), ids()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(tokens).float().sum().backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)
+
+
 def test_paper_pop_preset_size_and_training_pass():
     torch.manual_seed(0)
     model = MusicPerformer(preset("paper-pop"))

@@ -93,6 +93,14 @@ class _ChunkedAttention(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, gN, gD, gS, gz):
+        # The forward ran with autocast off (SelfAttention). A backward called inside autocast
+        # would cast the out-of-place products down, and the in-place ones would then meet
+        # operands of two dtypes: autocast stays off here too.
+        with torch.autocast(gN.device.type, enabled=False):
+            return _ChunkedAttention._backward(ctx, gN, gD, gS, gz)
+
+    @staticmethod
+    def _backward(ctx, gN, gD, gS, gz):
         qc, kc, vc, A, S, z = ctx.saved_tensors
         B, H, n, C, M = qc.shape
         Dv, dtype = vc.shape[-1], qc.dtype

@@ -108,11 +108,13 @@ class Learner:
                 if procs.world > 1 and a < len(micro_batches) - 1 and hasattr(self.net, "no_sync")
                 else contextlib.nullcontext()
             )
-            with sync, torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bf16):
-                logits = self.net(mb[:, :-1])
-                nll = next_token_nll(logits, mb[:, 1:], pad_id)
+            with sync:
+                with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bf16):
+                    logits = self.net(mb[:, :-1])
+                    nll = next_token_nll(logits, mb[:, 1:], pad_id)
                 # DDP averages gradients over processes: scale so the result is the
-                # gradient of the mean over every real target token of the global batch
+                # gradient of the mean over every real target token of the global batch.
+                # Outside autocast, as PyTorch advises: backward ops take their forward's dtypes.
                 (nll * (procs.world / n_tokens)).backward()
             total += nll.detach()
         loss = float(procs.sum(total)) / n_tokens

@@ -15,6 +15,12 @@
 # Here: cat <name>.safetensors.part-* > model.safetensors beside the config and tokenizer.
 #
 # On the device:  OUT=$OUT bash scripts/experiments/gpu_groove.sh   (with .whl and data/gpu-groove carried)
+#   .whl: the wheels of musegen's needs that the machine's image lacks (miditoolkit, mido, pydantic,
+#   pydantic-core, symusic, pySmartDL, platformdirs, typing-inspection, annotated-types,
+#   typing-extensions), for its Python 3.12; data/gpu-groove: index.json, tokenizer.json and the
+#   .npy shards of data/mma-groove-dur (16 MiB). The tree that travels is limited to 64 MiB, and
+#   the two shipped 28 MiB models now take most of it: move checkpoints/groove-dur* out of the
+#   tree for the call, and put them back after.
 # Dry run on CPU: DRY=1 OUT=/tmp/gpu-out bash scripts/experiments/gpu_groove.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."

@@ -6,7 +6,6 @@ records) and the validation loss, against the tokens seen.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -16,11 +15,13 @@ import numpy as np
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from musegen.evaluation.compare import read_jsonl  # noqa: E402
+
 SMOOTH = 20  # log records in the training loss's running mean
 
 
 def curves(log: Path) -> tuple[list, list, list, list]:
-    rows = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    rows = read_jsonl(log, "log record")  # checked against the log's schema
     updates = [r for r in rows if "loss" in r and "tokens" in r]
     steps, tokens = [r["step"] for r in updates], [r["tokens"] / 1e6 for r in updates]
     losses = [r["loss"] for r in updates]

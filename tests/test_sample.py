@@ -24,9 +24,9 @@ from test_fuzz import time_limit
 from tiny_models import tiny_checkpoint, tiny_model
 
 from musegen.cli import main
-from musegen.errors import MidiError
+from musegen.errors import ConfigError, MidiError
 from musegen.generation.constraints import Constraint, keep_type_mass
-from musegen.generation.loop import filter_logits, generate
+from musegen.generation.loop import filter_logits, generate, temper_within_families
 from musegen.generation.outputs import new_notes, write_samples
 from musegen.generation.prompt import Prompt, load_prompt, prompt_from_ids, with_ending
 from musegen.generation.settings import SampleSettings
@@ -288,6 +288,43 @@ def test_filter_logits_keeps_the_smallest_nucleus():
     # temperature T divides the logits: p_i^(1/T) renormalised
     hot = filter_logits(logits, 2.0).softmax(-1)
     assert torch.allclose(hot, probs.sqrt() / probs.sqrt().sum(), atol=1e-6)
+
+
+def test_a_family_temperature_keeps_each_familys_mass_and_sharpens_inside_it():
+    # family A: one id of 0.4; family B: four ids sharing 0.6 (a bass line's pitches, say)
+    probs = torch.tensor([[0.4, 0.3, 0.15, 0.1, 0.05]])
+    families = [torch.tensor([0]), torch.tensor([1, 2, 3, 4])]
+    for temperature in (0.25, 0.6, 1.0, 3.0):
+        shaped = temper_within_families(probs.log(), families, temperature).exp()[0]
+        assert shaped[0].item() == pytest.approx(0.4) and shaped[1:].sum().item() == pytest.approx(0.6)
+        inside = probs[0, 1:] ** (1 / temperature)
+        assert torch.allclose(shaped[1:], 0.6 * inside / inside.sum(), atol=1e-6)
+    # a token-wise temperature of 0.6 moves mass from the spread family to the concentrated one
+    assert filter_logits(probs.log(), 0.6).softmax(-1)[0, 0] > 0.5
+    # a family with every id masked stays masked (no NaN), and the rest keeps its shape
+    masked = probs.log().clone()
+    masked[0, 1:] = -math.inf
+    shaped = temper_within_families(masked, families, 0.6)
+    assert shaped[0, 0].item() == pytest.approx(0.0) and torch.isneginf(shaped[0, 1:]).all()
+
+
+def test_token_families_group_one_tracks_notes_and_one_scales_shifts():
+    tok = tokenizer_from_dict({"kind": "groove-dur"})
+    family = tok.token_family_ids()
+    by_name = dict(zip(tok.vocab, family))
+    assert by_name["Note_1_40"] == by_name["Note_1_43"] != by_name["Note_3_40"]
+    assert by_name["TimeShift_1_6"] == by_name["TimeShift_1_7"] != by_name["TimeShift_0_6"]
+    assert len(set(family)) == 10  # 3 tracks' notes, durations, 3 shift scales, Start, End, PAD
+
+
+def test_family_temperature_samples_valid_pieces_and_is_checked():
+    model, tok = tiny_model("groove-dur")
+    for scope in ("token", "family"):
+        settings = SampleSettings(length=48, num_samples=2, seed=3, temperature=0.6, temperature_by=scope)
+        samples, stats = generate(model, tok, EMPTY, settings, progress=False)
+        assert stats["invalid"] == 0 and all(x.new_tokens >= 48 for x in samples)
+    with pytest.raises(ConfigError, match="--temperature-by must be one of"):
+        SampleSettings(length=8, temperature_by="bar").resolved(tok)
 
 
 def test_sampling_frequencies_follow_the_nucleus():

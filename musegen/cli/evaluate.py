@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from .sample import KEEP_NOTE_OFFS, MONO_BASS, TEMPERATURE, TOP_K, TOP_P
+from .sample import KEEP_NOTE_OFFS, MONO_BASS, TEMPERATURE, TEMPERATURE_BY, TOP_K, TOP_P
 
 evaluate_app = typer.Typer(help="Measure generated music and trained models.", no_args_is_help=True)
 
@@ -114,6 +114,7 @@ def continuation(
     pieces: Optional[int] = typer.Option(None, help="Use only the first N usable pieces."),
     seed: int = typer.Option(0, help="Piece i is sampled with seed + i."),
     temperature: Optional[float] = TEMPERATURE,
+    temperature_by: Optional[str] = TEMPERATURE_BY,
     top_p: Optional[float] = TOP_P,
     top_k: int = TOP_K,
     keep_note_offs: bool = KEEP_NOTE_OFFS,
@@ -132,7 +133,12 @@ def continuation(
     from musegen.generation.settings import SampleSettings
 
     drawing = dict(
-        temperature=temperature, top_p=top_p, top_k=top_k, keep_note_offs=keep_note_offs, mono_bass=mono_bass
+        temperature=temperature,
+        temperature_by=temperature_by,
+        top_p=top_p,
+        top_k=top_k,
+        keep_note_offs=keep_note_offs,
+        mono_bass=mono_bass,
     )
     sample = SampleSettings(bars=bars, num_samples=samples_per_piece, seed=seed, **drawing)
     settings = ContinuationSettings(prompt_bars=prompt_bars, sample=sample, by_quarter=by_quarter)

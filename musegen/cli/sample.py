@@ -11,6 +11,12 @@ import typer
 TEMPERATURE = typer.Option(
     None, help="Within [0.001, 100]. Default: the tokenizer's (REMI 1.2, groove 0.6, as in the paper)."
 )
+TEMPERATURE_BY = typer.Option(
+    None,
+    help="token: the temperature divides every logit (the paper's sampling); family: it shapes "
+    "the choice within each token family (one track's notes, the time shifts) and leaves each "
+    "family's share as the model gives it. Default: the tokenizer's (groove-dur: family; others: token).",
+)
 TOP_P = typer.Option(None, help="Nucleus mass within [1e-06, 1]. Default: REMI 0.9, groove 1.0.")
 TOP_K = typer.Option(0, help="Keep only the k most likely tokens (0: off).")
 KEEP_NOTE_OFFS = typer.Option(
@@ -50,6 +56,7 @@ def sample(
     length: Optional[int] = typer.Option(None, help="Tokens to generate after the prompt, 1..10,240,000."),
     bars: Optional[int] = typer.Option(None, help="Or: bars to generate after the prompt, 1..10,000."),
     temperature: Optional[float] = TEMPERATURE,
+    temperature_by: Optional[str] = TEMPERATURE_BY,
     top_p: Optional[float] = TOP_P,
     top_k: int = TOP_K,
     num_samples: int = typer.Option(
@@ -91,6 +98,7 @@ def sample(
         length=length,
         bars=bars,
         temperature=temperature,
+        temperature_by=temperature_by,
         top_p=top_p,
         top_k=top_k,
         num_samples=num_samples,

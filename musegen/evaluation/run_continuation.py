@@ -83,6 +83,8 @@ class ContinuationSettings:
             "samples_per_piece": s.num_samples,
             "seed": s.seed,
             "temperature": s.temperature,
+            # only when asked for: the run.json of runs from before the option still match
+            **({"temperature_by": s.temperature_by} if s.temperature_by is not None else {}),
             "top_p": s.top_p,
             "top_k": s.top_k,
             "keep_note_offs": s.keep_note_offs,

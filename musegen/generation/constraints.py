@@ -31,6 +31,18 @@ class Run:
     budget: int  # new tokens before a piece may end
     device: torch.device
     _types: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict, init=False, repr=False)
+    _families: dict[int, list[torch.Tensor]] = field(default_factory=dict, init=False, repr=False)
+
+    def families(self, width: int) -> list[torch.Tensor]:
+        """The model's `width` ids grouped by token family (`Tokenizer.token_family_ids`), as index
+        tensors on the run's device; ids past the vocabulary (PAD) form a family of their own."""
+        if width not in self._families:
+            family = np.full(width, -1, dtype=np.int64)
+            of = self.tokenizer.token_family_ids()
+            family[: len(of)] = of[:width]
+            groups = [np.flatnonzero(family == f) for f in np.unique(family)]
+            self._families[width] = [torch.from_numpy(g).to(self.device) for g in groups]
+        return self._families[width]
 
     def type_ids(self, token_type: str, width: int) -> torch.Tensor:
         """bool over the model's `width` ids, on the run's device: the ids of one token type."""

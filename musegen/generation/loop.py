@@ -65,6 +65,25 @@ def filter_logits(logits: torch.Tensor, temperature: float, top_k: int = 0, top_
     return logits
 
 
+def temper_within_families(logits: torch.Tensor, families: list[torch.Tensor], temperature: float) -> torch.Tensor:
+    """Log-probabilities where each family of ids (index tensors) keeps the probability the model
+    gives it, and the temperature shapes only the choice inside it: p'(t) = p(F) p(t)^(1/T) /
+    sum_{u in F} p(u)^(1/T) for t in family F.
+
+    Why: a token-wise temperature below 1 also moves mass between families. A family whose mass
+    is spread over many ids (a bass line's pitches) loses it to one whose mass sits on a few (a
+    time shift), so T = 0.6 halved the groove models' bass notes (docs/sampling.md)."""
+    logp = logits.float().log_softmax(-1)
+    out = torch.full_like(logp, -math.inf)
+    for ids in families:
+        part = logp[:, ids]
+        mass = part.logsumexp(-1, keepdim=True)
+        tempered = part / temperature
+        shaped = tempered - tempered.logsumexp(-1, keepdim=True) + mass
+        out[:, ids] = torch.where(torch.isfinite(mass), shaped, -math.inf)  # a family all masked stays so
+    return out
+
+
 def generate(
     model: torch.nn.Module,
     tokenizer: Tokenizer,
@@ -253,7 +272,10 @@ def _draw(
     allowed = torch.from_numpy(allow).to(logits.device)
     for constraint in chain:
         logits = constraint.reweight(run, logits, allowed)
-    filtered = filter_logits(logits.masked_fill(~allowed, -math.inf), s.temperature, s.top_k, s.top_p)
+    logits, temperature = logits.masked_fill(~allowed, -math.inf), s.temperature
+    if s.temperature_by == "family":
+        logits, temperature = temper_within_families(logits, run.families(logits.shape[-1]), temperature), 1.0
+    filtered = filter_logits(logits, temperature, s.top_k, s.top_p)
     probs = filtered.softmax(-1)
     no_mass = ~torch.isfinite(probs).all(-1) | ~(probs.sum(-1) > 0)
     live = torch.tensor([not row.done for row in rows], device=probs.device)

@@ -14,6 +14,9 @@ from .constraints import Constraint, Finish, GrammarMask, HoldEnds, NoteOffMass
 
 MAX_TOKENS_PER_BAR = 1024  # safety cap on --bars generation
 MAX_LENGTH = MAX_BARS * MAX_TOKENS_PER_BAR  # --length: what the longest piece can hold
+# "token": the temperature divides every logit; "family": it shapes the choice within each token
+# family only, whose shares stay the model's (loop.temper_within_families)
+TEMPERATURE_SCOPES = ("token", "family")
 TEMPERATURE_RANGE = (1e-3, 100.0)  # below, logits / T overflow float32; above, every token is as likely
 TOP_P_RANGE = (1e-6, 1.0)  # below, the nucleus is the most likely token alone whatever the value
 SEED_MAX = 2**63 - 1  # torch generators take 64 bits; folder prompts count up from the seed, modulo this
@@ -24,6 +27,7 @@ class SampleSettings:
     length: int | None = None  # new tokens after the prompt (closing tokens not counted)
     bars: int | None = None  # or: new bars after the prompt
     temperature: float | None = None  # None: the tokenizer's sampling default
+    temperature_by: str | None = None  # TEMPERATURE_SCOPES; None: the tokenizer's sampling default
     top_p: float | None = None
     top_k: int = 0  # 0: off
     num_samples: int = 1
@@ -55,6 +59,9 @@ class SampleSettings:
         s = replace(
             self,
             temperature=defaults["temperature"] if self.temperature is None else float(self.temperature),
+            temperature_by=(tokenizer or Tokenizer).temperature_by
+            if self.temperature_by is None
+            else self.temperature_by,
             top_p=defaults["top_p"] if self.top_p is None else float(self.top_p),
             seed=random.SystemRandom().randrange(2**31) if self.seed is None else int(self.seed),
         )
@@ -65,6 +72,12 @@ class SampleSettings:
             ("--length", s.length, s.length is None or 1 <= s.length <= MAX_LENGTH, f"within 1..{MAX_LENGTH:,}"),
             ("--bars", s.bars, s.bars is None or 1 <= s.bars <= MAX_BARS, f"within 1..{MAX_BARS:,}"),
             ("--temperature", s.temperature, low_t <= s.temperature <= high_t, f"within [{low_t:g}, {high_t:g}]"),
+            (
+                "--temperature-by",
+                s.temperature_by,
+                s.temperature_by in TEMPERATURE_SCOPES,
+                f"one of {TEMPERATURE_SCOPES}",
+            ),
             ("--top-p", s.top_p, low_p <= s.top_p <= 1.0, f"within [{low_p:g}, 1]"),
             ("--top-k", s.top_k, s.top_k >= 0, ">= 0"),
             ("--num-samples", s.num_samples, s.num_samples >= 1, "at least 1"),

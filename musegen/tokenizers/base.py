@@ -158,6 +158,7 @@ class Tokenizer(abc.ABC):
     version: ClassVar[int]
     # The sampler's temperature and nucleus (top-p) when the user gives none.
     sampling_defaults: ClassVar[Mapping[str, float]] = {"temperature": 1.0, "top_p": 1.0}
+    temperature_by: ClassVar[str] = "token"  # the sampler's default temperature scope (SampleSettings)
     # The type of the tokens that end a sounding note, where notes end by a token of their own
     # (not by a duration): the sampler keeps the model's share of it (`generation.constraints.NoteOffMass`).
     note_off_type: ClassVar[str | None] = None
@@ -204,6 +205,13 @@ class Tokenizer(abc.ABC):
         return np.array(
             [next((k for k, p in enumerate(prefixes) if name.startswith(p)), -1) for name in self.vocab], dtype=np.int64
         )
+
+    def token_family_ids(self) -> np.ndarray:
+        """For every id, the index of its family: the tokens whose names differ only in their last
+        `_` field (`Note_1_40` and `Note_1_43`, one track's notes; the time shifts of one scale).
+        The sampler's `--temperature-by family` sharpens choices within a family only."""
+        families: dict[str, int] = {}
+        return np.array([families.setdefault(name.rpartition("_")[0] or name, len(families)) for name in self.vocab])
 
     @functools.cached_property
     def end_ids(self) -> tuple[int, ...]:

@@ -15,7 +15,7 @@ TEMPERATURE_BY = typer.Option(
     None,
     help="token: the temperature divides every logit (the paper's sampling); family: it shapes "
     "the choice within each token family (one track's notes, the time shifts) and leaves each "
-    "family's share as the model gives it. Default: the tokenizer's (groove-dur: family; others: token).",
+    "family's share as the model gives it. Default: token.",
 )
 TOP_P = typer.Option(None, help="Nucleus mass within [1e-06, 1]. Default: REMI 0.9, groove 1.0.")
 TOP_K = typer.Option(0, help="Keep only the k most likely tokens (0: off).")
@@ -131,8 +131,8 @@ def sample(
     used, stats = summary["settings"], summary["stats"]
     typer.echo(
         f"{len(summary['samples'])} samples, {stats['new_tokens']} tokens in {stats['seconds']} s "
-        f"({stats['tokens_per_second']} tokens/s); T={used['temperature']} top-p={used['top_p']} "
-        f"top-k={used['top_k']} seed={used['seed']}"
+        f"({stats['tokens_per_second']} tokens/s); T={used['temperature']} by {used['temperature_by']} "
+        f"top-p={used['top_p']} top-k={used['top_k']} seed={used['seed']}"
     )
     if stats["invalid"]:
         dropped = [r["dropped_tokens"] for r in summary["samples"] if "dropped_tokens" in r]

@@ -27,7 +27,7 @@ class SampleSettings:
     length: int | None = None  # new tokens after the prompt (closing tokens not counted)
     bars: int | None = None  # or: new bars after the prompt
     temperature: float | None = None  # None: the tokenizer's sampling default
-    temperature_by: str | None = None  # TEMPERATURE_SCOPES; None: the tokenizer's sampling default
+    temperature_by: str | None = None  # one of TEMPERATURE_SCOPES; None: "token", the paper's
     top_p: float | None = None
     top_k: int = 0  # 0: off
     num_samples: int = 1
@@ -59,9 +59,7 @@ class SampleSettings:
         s = replace(
             self,
             temperature=defaults["temperature"] if self.temperature is None else float(self.temperature),
-            temperature_by=(tokenizer or Tokenizer).temperature_by
-            if self.temperature_by is None
-            else self.temperature_by,
+            temperature_by=self.temperature_by or TEMPERATURE_SCOPES[0],
             top_p=defaults["top_p"] if self.top_p is None else float(self.top_p),
             seed=random.SystemRandom().randrange(2**31) if self.seed is None else int(self.seed),
         )

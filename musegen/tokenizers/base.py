@@ -158,7 +158,6 @@ class Tokenizer(abc.ABC):
     version: ClassVar[int]
     # The sampler's temperature and nucleus (top-p) when the user gives none.
     sampling_defaults: ClassVar[Mapping[str, float]] = {"temperature": 1.0, "top_p": 1.0}
-    temperature_by: ClassVar[str] = "token"  # the sampler's default temperature scope (SampleSettings)
     # The type of the tokens that end a sounding note, where notes end by a token of their own
     # (not by a duration): the sampler keeps the model's share of it (`generation.constraints.NoteOffMass`).
     note_off_type: ClassVar[str | None] = None

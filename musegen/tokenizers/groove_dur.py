@@ -237,9 +237,6 @@ class GrooveDurTokenizer(Tokenizer):
     default_crop = GrooveTokenizer.default_crop
     roles = GrooveTokenizer.roles
     sampling_defaults = GrooveTokenizer.sampling_defaults
-    # T = 0.6 within each family: by token it halved the bass notes (docs/sampling.md); measured
-    # on this representation only, so the note-off `groove` keeps the paper's token scope
-    temperature_by = "family"
     token_types = {"note": "Note_", "duration": "Duration_", "time shift": "TimeShift_", "Start": "Start", "End": "End"}
     position_type = "time shift"
 

@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from .sample import KEEP_NOTE_OFFS, MONO_BASS, TEMPERATURE, TEMPERATURE_BY, TOP_K, TOP_P
+from .sample import KEEP_NOTE_OFFS, MONO_BASS, TEMPERATURE, TEMPERATURE_BY, TOP_K, TOP_P, drawing
 
 evaluate_app = typer.Typer(help="Measure generated music and trained models.", no_args_is_help=True)
 
@@ -132,15 +132,8 @@ def continuation(
     from musegen.evaluation.run_continuation import ContinuationSettings, evaluate_continuation
     from musegen.generation.settings import SampleSettings
 
-    drawing = dict(
-        temperature=temperature,
-        temperature_by=temperature_by,
-        top_p=top_p,
-        top_k=top_k,
-        keep_note_offs=keep_note_offs,
-        mono_bass=mono_bass,
-    )
-    sample = SampleSettings(bars=bars, num_samples=samples_per_piece, seed=seed, **drawing)
+    options = drawing(temperature, temperature_by, top_p, top_k, keep_note_offs, mono_bass)
+    sample = SampleSettings(bars=bars, num_samples=samples_per_piece, seed=seed, **options)
     settings = ContinuationSettings(prompt_bars=prompt_bars, sample=sample, by_quarter=by_quarter)
     result = evaluate_continuation(
         checkpoint, data, out, settings, split=split, limit=pieces, device=device, threads=threads

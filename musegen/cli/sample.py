@@ -35,6 +35,18 @@ MONO_BASS = typer.Option(
 )
 
 
+def drawing(temperature, temperature_by, top_p, top_k, keep_note_offs, mono_bass) -> dict:
+    """The drawing options that `sample` and `evaluate continuation` share, as SampleSettings fields."""
+    return dict(
+        temperature=temperature,
+        temperature_by=temperature_by,
+        top_p=top_p,
+        top_k=top_k,
+        keep_note_offs=keep_note_offs,
+        mono_bass=mono_bass,
+    )
+
+
 def sample(
     checkpoint: Path = typer.Option(..., "--checkpoint", "-c", help="Checkpoint folder (model, config, tokenizer)."),
     out: Path = typer.Option(
@@ -97,17 +109,12 @@ def sample(
     settings = SampleSettings(
         length=length,
         bars=bars,
-        temperature=temperature,
-        temperature_by=temperature_by,
-        top_p=top_p,
-        top_k=top_k,
         num_samples=num_samples,
         seed=seed,
         grammar=not no_grammar,
         prompt_bars=prompt_bars,
         precision=precision,
-        keep_note_offs=keep_note_offs,
-        mono_bass=mono_bass,
+        **drawing(temperature, temperature_by, top_p, top_k, keep_note_offs, mono_bass),
     )
     summary = sample_to_folder(
         checkpoint, out, settings, prompt, audio=audio, pianoroll=pianoroll, device=device, threads=threads

@@ -31,9 +31,9 @@ def resolve_device(name: str | torch.device | None = "auto") -> torch.device:
             device = torch.device(name)
         except (RuntimeError, TypeError):
             raise ConfigError(f"unknown device {name!r}; use auto, cpu, cuda or cuda:N") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device {str(device)!r} asked for, but CUDA is not available")
     if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device {str(device)!r} asked for, but CUDA is not available")
         index = torch.cuda.current_device() if device.index is None else device.index
         count = torch.cuda.device_count()
         if index >= count:

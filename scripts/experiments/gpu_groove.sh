@@ -69,9 +69,10 @@ launch() {
 # seconds_per_update LOG: from the log's update records, steps 10 to the last.
 seconds_per_update() {
   $py - "$1" <<'EOF'
-import json, sys
-rows = [json.loads(line) for line in open(sys.argv[1])]
-rows = [r for r in rows if "loss" in r and "time" in r and r["step"] >= 10]
+import sys
+from pathlib import Path
+from musegen.evaluation.compare import read_jsonl  # the log's records, checked against its schema
+rows = [r for r in read_jsonl(Path(sys.argv[1]), "log record") if "loss" in r and "time" in r and r["step"] >= 10]
 print((rows[-1]["time"] - rows[0]["time"]) / (rows[-1]["step"] - rows[0]["step"]))
 EOF
 }

@@ -18,9 +18,13 @@
 #   .whl: the wheels of musegen's needs that the machine's image lacks (miditoolkit, mido, pydantic,
 #   pydantic-core, symusic, pySmartDL, platformdirs, typing-inspection, annotated-types,
 #   typing-extensions), for its Python 3.12; data/gpu-groove: index.json, tokenizer.json and the
-#   .npy shards of data/mma-groove-dur (16 MiB). The tree that travels is limited to 64 MiB, and
-#   the two shipped 28 MiB models now take most of it: move checkpoints/groove-dur* out of the
-#   tree for the call, and put them back after.
+#   shards of a prepared corpus, each .npy as it is or packed as .npy.xz (token streams of looped
+#   grooves shrink about 14x: data/mma-groove-dur's 13.8 MB training shard packs into 0.98 MB),
+#   unpacked on the machine. Packing the 10x corpus, here:
+#     mkdir data/gpu-groove-x10 && cp data/mma-groove-dur-x10/{index,tokenizer}.json data/gpu-groove-x10/
+#     for f in data/mma-groove-dur-x10/*.npy; do xz -T2 -c "$f" > data/gpu-groove-x10/$(basename "$f").xz; done
+#   The tree that travels is limited to 64 MiB, and the two shipped 28 MiB models take most of it:
+#   move checkpoints/groove-dur* out of the tree for the call, and put them back after.
 # Dry run on CPU: DRY=1 OUT=/tmp/gpu-out bash scripts/experiments/gpu_groove.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -31,6 +35,19 @@ DATA=${DATA:-data/gpu-groove}
 WORK=${WORK:-/tmp/gpu-groove}
 mkdir -p "$OUT" "$WORK"
 exec > >(tee "$WORK/script.log") 2>&1
+
+# A packed corpus is unpacked into WORK: the carried folder stays as it came.
+if compgen -G "$DATA/*.npy.xz" >/dev/null; then
+  mkdir -p "$WORK/data" && cp "$DATA"/*.json "$WORK/data/" || exit 1
+  python3 - "$DATA" "$WORK/data" <<'EOF' || { echo "unpacking $DATA failed"; exit 1; }
+import lzma, shutil, sys
+from pathlib import Path
+for packed in Path(sys.argv[1]).glob("*.npy.xz"):
+    with lzma.open(packed) as src, open(Path(sys.argv[2]) / packed.stem, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+EOF
+  DATA=$WORK/data
+fi
 
 if [ -z "${DRY:-}" ] && [ -d .whl ] && compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \

@@ -19,8 +19,9 @@
 #   pydantic-core, symusic, pySmartDL, platformdirs, typing-inspection, annotated-types,
 #   typing-extensions), for its Python 3.12; data/gpu-groove: index.json, tokenizer.json and the
 #   shards of a prepared corpus, each .npy as it is or packed as .npy.xz (token streams of looped
-#   grooves shrink about 14x: data/mma-groove-dur's 13.8 MB training shard packs into 0.98 MB),
-#   unpacked on the machine. Packing the 10x corpus, here:
+#   grooves shrink about 13x: the 10x corpus's 104.6 MB training shard packs into 8.1 MB, the
+#   whole folder into 12 MB), unpacked on the machine. Packing the 10x corpus
+#   (`data prepare mma-groove --tokenizer groove-dur --scale 10 --loops 2000`), here:
 #     mkdir data/gpu-groove-x10 && cp data/mma-groove-dur-x10/{index,tokenizer}.json data/gpu-groove-x10/
 #     for f in data/mma-groove-dur-x10/*.npy; do xz -T2 -c "$f" > data/gpu-groove-x10/$(basename "$f").xz; done
 #   The tree that travels is limited to 64 MiB, and the two shipped 28 MiB models take most of it:

@@ -13,21 +13,22 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-import miditoolkit
 import numpy as np
+
+from musegen.music.midi import read_parts
+from musegen.music.notes import NoteTable
 
 STEPS = 24  # places in a 4/4 bar: sixteenths and eighth triplets
 
 
 def drum_hits(path: Path) -> dict[int, list[tuple[int, int]]]:
-    """Bar -> [(place in the bar, pitch)] of the file's drum notes."""
-    midi = miditoolkit.MidiFile(str(path))
-    bar = 4 * midi.ticks_per_beat
+    """Bar -> [(place in the bar, pitch)] of the file's drum notes, read as evaluation reads it."""
+    notes = NoteTable.from_parsed(read_parts(path))
+    drums = np.array([t.is_drum for t in notes.tracks], dtype=bool)[notes.track]
+    bar = 4 * notes.tpq
     hits = defaultdict(list)
-    for track in midi.instruments:
-        if track.is_drum:
-            for note in track.notes:
-                hits[note.start // bar].append((note.start % bar * STEPS // bar, note.pitch))
+    for start, pitch in zip(notes.start[drums].tolist(), notes.pitch[drums].tolist()):
+        hits[start // bar].append((start % bar * STEPS // bar, pitch))
     return hits
 
 

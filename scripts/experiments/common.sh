@@ -7,6 +7,7 @@ JOBS=${JOBS:-2}
 
 # train_run RUN_DIR DATA_DIR SETTING... : train (or resume) a run; nothing to do when it has a
 # checkpoint at its last step or later (a run trained in phases passes its earlier targets).
+# With INIT set, a new run starts from that checkpoint's weights (fine-tuning, `train --init`).
 train_run() {
   local run=$1 data=$2; shift 2
   local steps latest
@@ -16,7 +17,8 @@ train_run() {
     echo "$run: already trained to step $steps"; return 0
   fi
   local resume=()
-  compgen -G "$run/checkpoints/step-*" >/dev/null && resume=(--resume)
+  if compgen -G "$run/checkpoints/step-*" >/dev/null; then resume=(--resume)
+  elif [ -n "${INIT:-}" ]; then resume=(--init "$INIT"); fi
   local sets=()
   for s in "$@"; do sets+=(--set "$s"); done
   mkdir -p "$run"

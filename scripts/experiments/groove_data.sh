@@ -21,17 +21,6 @@ COMMON=(seq_len=1024 batch_size=8 steps=300 lr=5e-5 warmup=20 precision=bf16 wor
         valid_every=0 ckpt_every=100 keep=1)
 stages=${*:-data train eval}
 
-# fine_tune NAME: train (or resume) run NAME from the shipped weights.
-fine_tune() {
-  local run=$RUNS/$1
-  if [ -d "$run/checkpoints/step-00000300" ]; then echo "$run: done"; return 0; fi
-  local sets=(--init "$SHIPPED")
-  compgen -G "$run/checkpoints/step-*" >/dev/null && sets=(--resume)
-  for s in "${COMMON[@]}"; do sets+=(--set "$s"); done
-  mkdir -p "$run"
-  OMP_NUM_THREADS=1 "${musegen[@]}" train --data "${DATA_OF[$1]}" --out "$run" "${sets[@]}" > "$run.out" 2>&1
-}
-
 for stage in $stages; do
   case $stage in
     data)  # resumes; the first 4 pieces of every style are the 1x corpus's own, so they are linked
@@ -41,7 +30,7 @@ for stage in $stages; do
       fi
       "${musegen[@]}" data prepare mma-groove --tokenizer groove-dur --loops 2000 --scale 10 --out "${DATA_OF[x10]}" ;;
     train)
-      for name in x1 x10; do in_pool fine_tune "$name"; done
+      for name in x1 x10; do INIT=$SHIPPED in_pool train_run "$RUNS/$name" "${DATA_OF[$name]}" "${COMMON[@]}"; done
       wait ;;
     eval)
       copy=(--checkpoint "shipped=$SHIPPED")

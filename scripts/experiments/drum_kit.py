@@ -8,13 +8,13 @@ For the first two continued bars of each sample, and of each real continuation:
     python scripts/experiments/drum_kit.py RUN/mma CORPUS
 """
 
-import json
 import sys
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
+from musegen.evaluation.compare import read_jsonl
 from musegen.music.midi import read_parts
 from musegen.music.notes import NoteTable
 
@@ -47,8 +47,7 @@ def kept(hits: dict[int, list[tuple[int, int]]], first_bar: int) -> tuple[float,
 
 def main(run: Path, corpus: Path) -> None:
     model, real = [], []
-    for line in (run / "pieces.jsonl").read_text().splitlines():
-        row = json.loads(line)
+    for row in read_jsonl(run / "pieces.jsonl", "piece record"):
         piece, first_bar = row["piece"], row["span_start_bar"]
         real.append(kept(drum_hits(corpus / "references" / f"{piece}.mid"), first_bar))
         folder, name = piece.rsplit("/", 1)

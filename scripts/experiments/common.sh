@@ -7,7 +7,8 @@ JOBS=${JOBS:-2}
 
 # train_run RUN_DIR DATA_DIR SETTING... : train (or resume) a run; nothing to do when it has a
 # checkpoint at its last step or later (a run trained in phases passes its earlier targets).
-# With INIT set, a new run starts from that checkpoint's weights (fine-tuning, `train --init`).
+# With INIT set, a new run starts from that checkpoint's weights (fine-tuning, `train --init`);
+# a resumed one keeps passing it, since its model is INIT's, not a preset's.
 train_run() {
   local run=$1 data=$2; shift 2
   local steps latest
@@ -16,13 +17,13 @@ train_run() {
   if [ -n "$steps" ] && [ -n "$latest" ] && [ $((10#${latest##*step-})) -ge "$steps" ]; then
     echo "$run: already trained to step $steps"; return 0
   fi
-  local resume=()
-  if compgen -G "$run/checkpoints/step-*" >/dev/null; then resume=(--resume)
-  elif [ -n "${INIT:-}" ]; then resume=(--init "$INIT"); fi
+  local start=()
+  [ -n "${INIT:-}" ] && start=(--init "$INIT")
+  compgen -G "$run/checkpoints/step-*" >/dev/null && start+=(--resume)
   local sets=()
   for s in "$@"; do sets+=(--set "$s"); done
   mkdir -p "$run"
-  OMP_NUM_THREADS=1 "${musegen[@]}" train --data "$data" --out "$run" "${sets[@]}" "${resume[@]}" > "$run/train.out" 2>&1 \
+  OMP_NUM_THREADS=1 "${musegen[@]}" train --data "$data" --out "$run" "${sets[@]}" "${start[@]}" > "$run/train.out" 2>&1 \
     && echo "$run: trained" || { echo "$run: FAILED (see $run/train.out)"; return 1; }
 }
 

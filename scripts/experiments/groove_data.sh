@@ -35,7 +35,7 @@ for stage in $stages; do
     eval)
       copy=(--checkpoint "shipped=$SHIPPED")
       for name in x1 x10; do
-        ckpt=$RUNS/$name/checkpoints/step-00000300
+        ckpt=$(latest_checkpoint "$RUNS/$name")
         copy+=(--checkpoint "$name=$ckpt")
         OMP_NUM_THREADS=1 "${musegen[@]}" evaluate loss --checkpoint "$ckpt" --data "$TEST" --split test \
           --max-len 512 --out "$RUNS/loss-$name"

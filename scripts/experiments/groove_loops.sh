@@ -33,7 +33,7 @@ fine_tune() {
   local name=$1 stop=${2:-} run=$RUNS/groove-dur-$1
   [ -n "$stop" ] && [ -d "$RUNS/$name-at-$stop" ] && { echo "$RUNS/$name-at-$stop: done"; return 0; }
   local sets=(--init "${INIT_OF[$name]}")
-  compgen -G "$run/checkpoints/step-*" >/dev/null && sets=(--resume)
+  compgen -G "$run/checkpoints/step-*" >/dev/null && sets+=(--resume)  # with --init: the model is the init checkpoint's, not a preset's
   for s in "${COMMON[@]}"; do sets+=(--set "$s"); done
   mkdir -p "$run"
   OMP_NUM_THREADS=1 "${musegen[@]}" train --data "${DATA_OF[$name]}" --out "$run" "${sets[@]}" > "$run/train.out" 2>&1 &

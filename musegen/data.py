@@ -14,7 +14,8 @@ import numpy as np
 import torch
 
 from .errors import ConfigError, DataError
-from .tokenizers.base import Tokenizer
+from .music.roles import GM_KIT
+from .tokenizers.base import AUGMENTATION_NEEDS, Tokenizer
 
 SAMPLING_CHOICES = ("piece", "length")
 CROP_CHOICES = ("random", "start")
@@ -32,20 +33,36 @@ class Augmenter:
     - `max_skip_bars`: skip 0..max_skip_bars bars at the start;
     - `track_dropout`: drop each track with this probability, keeping at least one;
     - `max_shift`: transpose by a shift in -max_shift..+max_shift, redrawn until in range (the
-      tokenizer decides what a shift leaves alone, e.g. drums).
-    Piece-level rewrites (bar skip, track dropout) run before cropping, transposition after it,
+      tokenizer decides what a shift leaves alone, e.g. drums);
+    - `kit_shuffle`: with this probability, play the piece's drums on a random permutation of
+      the General MIDI kit, so that which drum plays what can only be learnt from the piece
+      itself (a model must copy the prompt's kit rather than recall a style's).
+    Piece-level rewrites (bar skip, track dropout, kit) run before cropping, transposition after it,
     so the shift only has to fit the pitches of the window. The tokenizer methods each one calls
     are declared on `Tokenizer` (`skip_bars`; `notes`, `drop_tracks`; `transpose`), and a tokenizer
     that names an augmentation must provide them (`tokenizers.base.AUGMENTATION_NEEDS`).
     """
 
-    def __init__(self, tokenizer: Tokenizer, max_shift: int = 0, max_skip_bars: int = 0, track_dropout: float = 0.0):
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        max_shift: int = 0,
+        max_skip_bars: int = 0,
+        track_dropout: float = 0.0,
+        kit_shuffle: float = 0.0,
+    ):
         self.tokenizer = tokenizer
         self.max_shift, self.max_skip_bars, self.track_dropout = max_shift, max_skip_bars, track_dropout
+        self.kit_shuffle = kit_shuffle
 
     @classmethod
-    def for_tokenizer(cls, tokenizer: Tokenizer) -> "Augmenter":
-        return cls(tokenizer, **tokenizer.augmentation)
+    def for_tokenizer(cls, tokenizer: Tokenizer, **extra: float) -> "Augmenter":
+        """The tokenizer's own augmentation, with `extra` ones a run asks for (a ConfigError when
+        the representation cannot do them)."""
+        for key, value in extra.items():
+            if value and any(getattr(type(tokenizer), m) is getattr(Tokenizer, m) for m in AUGMENTATION_NEEDS[key]):
+                raise ConfigError(f"{key}: the {tokenizer.kind} representation cannot do this augmentation")
+        return cls(tokenizer, **{**tokenizer.augmentation, **extra})
 
     def before_crop(self, ids: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         if self.max_skip_bars > 0:
@@ -59,6 +76,10 @@ class Augmenter:
                 dropped.pop(int(rng.integers(len(dropped))))  # keep one track
             if dropped:
                 ids = self.tokenizer.drop_tracks(ids, dropped)
+        if self.kit_shuffle > 0 and rng.random() < self.kit_shuffle:
+            kit = np.arange(128)
+            kit[GM_KIT.start : GM_KIT.stop] = rng.permutation(GM_KIT)
+            ids = self.tokenizer.map_drums(ids, kit)
         return ids
 
     def after_crop(self, ids: np.ndarray, rng: np.random.Generator) -> np.ndarray:

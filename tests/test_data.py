@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 import miditoolkit
 import numpy as np
@@ -12,7 +13,9 @@ from musegen.data import Augmenter, CropDataset, StepBatches, derive_seed
 from musegen.errors import ConfigError, DataError, FormatError
 from musegen.shards import Shards, resolve_split, write_shards
 from musegen.tokenizers.groove import GrooveTokenizer
+from musegen.tokenizers.groove_dur import GrooveDurTokenizer
 from musegen.tokenizers.remi import RemiTokenizer
+from musegen.training.settings import TrainConfig
 
 
 def _pieces(lengths, seed=0):
@@ -255,3 +258,61 @@ def test_groove_augmentation_keeps_drums_keeps_a_track_and_stays_grammatical(gro
             drum_pitches = set(notes[notes[:, 0] == 2, 1].tolist())
             assert drum_pitches <= {36, 42}
     assert dropped_some and skipped_some
+
+
+MULTITRACK = Path(__file__).parent / "data" / "multitrack"
+
+
+@pytest.fixture(scope="module")
+def groove_dur_piece(tmp_path_factory):
+    path = tmp_path_factory.mktemp("groove-dur") / "trio.mid"
+    _groove_midi().dump(str(path))
+    tok = GrooveDurTokenizer()
+    return tok, tok.encode(path).ids.astype(np.int64)
+
+
+def test_map_drums_moves_only_drum_pitches_and_its_inverse_restores_the_ids():
+    tok = GrooveDurTokenizer()
+    ids = tok.encode(MULTITRACK / "freedoom1_D_E1M6.mid").ids.astype(np.int64)  # real drums, hits at one onset
+    kit = np.arange(128)
+    kit[35:82] = np.random.default_rng(0).permutation(np.arange(35, 82))
+    moved = tok.map_drums(ids, kit)
+    assert tok.grammar().first_violation(moved) is None
+    before, after = tok.notes(ids), tok.notes(moved)
+    expected = before.copy()
+    drums = expected[:, 0] == 2
+    assert drums.sum() > 100 and len(np.unique(before[drums, 2])) < drums.sum()  # some hits share an onset
+    expected[drums, 1] = kit[expected[drums, 1]]
+    order = np.lexsort((expected[:, 3], expected[:, 1], expected[:, 0], expected[:, 2]))
+    assert np.array_equal(after, expected[order])
+    assert not np.array_equal(moved, ids)
+    assert np.array_equal(tok.map_drums(moved, np.argsort(kit)), ids)
+
+
+def test_kit_shuffle_keeps_each_drums_rhythm_on_a_new_gm_key(groove_dur_piece):
+    tok, ids = groove_dur_piece
+    aug = Augmenter(tok, kit_shuffle=0.5)
+    original = tok.notes(ids)
+    kits, shuffled = set(), 0
+    for seed in range(60):
+        notes = tok.notes(aug.before_crop(ids, np.random.default_rng(seed)))
+        assert np.array_equal(notes[notes[:, 0] != 2], original[original[:, 0] != 2])  # bass and piano untouched
+        was, now = original[original[:, 0] == 2], notes[notes[:, 0] == 2]
+        assert np.array_equal(was[:, 2:], now[:, 2:])  # the same hits at the same times
+        pairs = set(zip(was[:, 1].tolist(), now[:, 1].tolist()))
+        assert len(pairs) == 2 and len({b for _, b in pairs}) == 2  # one new key per old key, none shared
+        assert all(35 <= b <= 81 for _, b in pairs)
+        kits.add(tuple(sorted(pairs)))
+        shuffled += pairs != {(36, 36), (42, 42)}
+    assert 20 <= shuffled <= 40 and len(kits) > 15
+
+
+def test_kit_shuffle_is_refused_where_it_cannot_apply(remi_songs):
+    tok, _ = remi_songs
+    assert Augmenter.for_tokenizer(tok, kit_shuffle=0.0).kit_shuffle == 0.0
+    with pytest.raises(ConfigError, match="kit_shuffle: the remi representation cannot do this augmentation"):
+        Augmenter.for_tokenizer(tok, kit_shuffle=0.5)
+    with pytest.raises(ConfigError, match="needs augment=true"):
+        TrainConfig(kit_shuffle=0.5, augment=False)
+    with pytest.raises(FormatError, match=r"kit_shuffle must be in 0..1"):
+        TrainConfig(kit_shuffle=1.5)

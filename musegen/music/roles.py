@@ -24,6 +24,7 @@ BASS, DRUMS, OTHER = 1, 2, 3  # the track numbers of the groove representations
 TRACKS = {BASS: "bass", DRUMS: "drums", OTHER: "other"}
 ROLE_NAMES = {BASS: "Bass", DRUMS: "Drums", OTHER: "Other"}  # the track names musegen writes
 BASS_PROGRAMS = range(32, 40)  # General MIDI: acoustic bass .. synth bass 2
+GM_KIT = range(35, 82)  # General MIDI percussion keys: acoustic bass drum .. open triangle
 BASS_NAME = re.compile("bass", re.IGNORECASE)
 
 # Groove2Groove's track names (Band-in-a-Box exports).

@@ -279,6 +279,11 @@ class Tokenizer(abc.ABC):
         `track_dropout`."""
         raise NotImplementedError(f"the {self.kind} tokenizer has no tracks to drop")
 
+    def map_drums(self, ids, kit: np.ndarray) -> np.ndarray:
+        """The piece with each drum note of pitch p played on pitch kit[p] (`kit`: a permutation
+        of 0..127), in the order the representation writes. Needed for `kit_shuffle`."""
+        raise NotImplementedError(f"the {self.kind} tokenizer has no drum kit to shuffle")
+
     def to_bar_line(self, state, bar: int) -> list[int]:
         """Tokens to append to a piece cut where bar `bar` starts (`ids[:bar_starts(...)[bar]]`,
         whose grammar state is `state`) so that time stands at that bar line with nothing
@@ -302,6 +307,7 @@ AUGMENTATION_NEEDS: dict[str, tuple[str, ...]] = {
     "max_shift": (),
     "max_skip_bars": ("skip_bars",),
     "track_dropout": ("notes", "drop_tracks"),
+    "kit_shuffle": ("map_drums",),
 }
 
 # What to do about data of another representation version, by what holds it.

@@ -309,6 +309,14 @@ class GrooveDurTokenizer(Tokenizer):
         kept[:, 2:] = np.maximum(kept[:, 2:] - cut, 0)
         return serialize(kept)[0]
 
+    def map_drums(self, ids, kit: np.ndarray) -> np.ndarray:
+        """The piece with its drum pitches p moved to kit[p] (a permutation: no two hits merge),
+        rewritten in the representation's order, where a moved hit may change place at its onset."""
+        notes = self.notes(ids)
+        drums = notes[:, 0] == DRUMS
+        notes[drums, 1] = np.asarray(kit)[notes[drums, 1]]
+        return serialize(notes)[0]
+
     def drop_tracks(self, ids, tracks) -> np.ndarray:
         """The piece without the notes of `tracks` (1 bass, 2 drums, 3 other)."""
         notes = self.notes(ids)

@@ -62,7 +62,7 @@ def make_loader(
     """This process's micro-batches from update `step` on (`batching`: micro batch, accumulation)."""
     tokenizer = data.tokenizer
     crop = cfg.crop if cfg.crop != "auto" else tokenizer.default_crop
-    augmenter = Augmenter.for_tokenizer(tokenizer) if cfg.augment else None
+    augmenter = Augmenter.for_tokenizer(tokenizer, kit_shuffle=cfg.kit_shuffle) if cfg.augment else None
     dataset = CropDataset(data.train, cfg.seq_len, tokenizer.pad_id, cfg.seed, augmenter, crop)
     micro, accumulation = batching
     batches = StepBatches(

@@ -26,6 +26,7 @@ LIMITS: dict[str, tuple[float, float]] = {
     "lr": (1e-8, 1.0),
     "lr_floor": (0.0, 1.0),
     "warmup": (0, 10**9),
+    "kit_shuffle": (0.0, 1.0),
     "weight_decay": (0.0, 1.0),
     "grad_clip": (0.0, 1e6),
     "ckpt_every": (1, 10**9),
@@ -60,6 +61,7 @@ class TrainConfig:
     sampling: str = "piece"  # "piece": one crop per piece per epoch | "length": pieces drawn by length
     crop: str = "auto"  # "random" | "start" | "auto": the tokenizer's `default_crop`
     augment: bool = True
+    kit_shuffle: float = 0.0  # share of pieces whose drums get a random kit (groove kinds; needs augment)
     workers: int = 2  # DataLoader worker processes (0: load in the training process)
     # optimisation
     steps: int = 10000  # optimiser updates in total
@@ -103,6 +105,8 @@ class TrainConfig:
             value = getattr(self, key)
             if not low <= value <= high:
                 raise FormatError(f"{key} must be in {format_limit(low)}..{format_limit(high)}, got {value!r}")
+        if self.kit_shuffle and not self.augment:
+            raise ConfigError("kit_shuffle is an augmentation: it needs augment=true")
         if not self.lr_floor <= self.lr:
             raise FormatError(f"lr_floor {self.lr_floor!r} must not exceed lr {self.lr!r}")
 

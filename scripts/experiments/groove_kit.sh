@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Does a shuffled drum kit teach the groove Performer to keep the prompt's drums? (issue #28;
+# results in docs/experiments/groove-data/README.md). The models drop a third of the prompt's kit
+# and play a pattern learnt from the training styles (scripts/experiments/drum_kit.py). With
+# `kit_shuffle=0.5`, half the training pieces play their drums on a random permutation of the
+# General MIDI kit, so which drum plays what can only be read from the piece itself.
+# Two runs continue groove_data.sh's x10 fine-tune (its step 300) side by side, one CPU thread
+# each, on the same schedule (700 more updates of 8 x 1,024 tokens on the 10x corpus, lr 5e-5
+# after 20 warm-up updates, cosine decay, bf16, seed 2), and differ in kit_shuffle alone:
+#   x10-long   kit_shuffle=0
+#   x10-kit    kit_shuffle=0.5
+# Both are scored as groove_data.sh scores its runs (the 1x corpus's test split), plus the
+# real-MIDI part of the protocol and the drum diagnosis.
+#   bash scripts/experiments/groove_kit.sh             # train eval
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+source scripts/experiments/common.sh
+
+RUNS=${RUNS:-runs/ft}
+SHIPPED=checkpoints/groove-dur
+TEST=data/mma-groove-dur
+START=$RUNS/x10/checkpoints/step-00000300
+COMMON=(seq_len=1024 batch_size=8 steps=700 lr=5e-5 warmup=20 precision=bf16 workers=0 seed=2 log_every=10
+        valid_every=0 ckpt_every=100 keep=2)
+declare -A KIT_OF=([x10-long]=0 [x10-kit]=0.5)
+stages=${*:-train eval}
+
+for stage in $stages; do
+  case $stage in
+    train)
+      [ -d "$START" ] || { echo "groove_kit.sh: no $START (run groove_data.sh first)" >&2; exit 2; }
+      for name in x10-long x10-kit; do
+        INIT=$START in_pool train_run "$RUNS/$name" data/mma-groove-dur-x10 "${COMMON[@]}" "kit_shuffle=${KIT_OF[$name]}"
+      done
+      wait ;;
+    eval)
+      copy=(--checkpoint "shipped=$SHIPPED")
+      for name in x10-long x10-kit; do
+        ckpt=$(latest_checkpoint "$RUNS/$name")
+        copy+=(--checkpoint "$name=$ckpt")
+        in_pool env OMP_NUM_THREADS=1 "${musegen[@]}" evaluate loss --checkpoint "$ckpt" --data "$TEST" --split test \
+          --max-len 512 --out "$RUNS/loss-$name"
+      done
+      wait
+      for name in x10-long x10-kit; do
+        in_pool env DATA=$TEST PIECES=60 bash scripts/experiments/groove_eval.sh "$(latest_checkpoint "$RUNS/$name")" \
+          "$RUNS/eval-$name" mma midi table
+      done
+      wait
+      for name in x10-long x10-kit; do
+        "$py" scripts/experiments/drum_kit.py "$RUNS/eval-$name/mma" "$TEST" | tee "$RUNS/eval-$name/drum_kit.md"
+      done
+      OMP_NUM_THREADS=2 "${musegen[@]}" evaluate copy "${copy[@]}" --data "$TEST" --pieces 12 --threads 2 \
+        --device cpu --out "$RUNS/copy-kit" ;;
+    *) echo "groove_kit.sh: unknown stage $stage (train eval)" >&2; exit 2 ;;
+  esac
+done

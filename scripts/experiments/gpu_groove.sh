@@ -15,6 +15,7 @@
 # Here: cat <name>.safetensors.part-* > model.safetensors beside the config and tokenizer.
 #
 # On the device:  OUT=$OUT bash scripts/experiments/gpu_groove.sh   (with .whl and data/gpu-groove carried)
+#   the next run: DATA=data/gpu-groove-x10 KIT_SHUFFLE=0.5 (the 10x corpus, half the pieces on a shuffled kit)
 #   .whl: the wheels of musegen's needs that the machine's image lacks (miditoolkit, mido, pydantic,
 #   pydantic-core, symusic, pySmartDL, platformdirs, typing-inspection, annotated-types,
 #   typing-extensions), for its Python 3.12; data/gpu-groove: index.json, tokenizer.json and the
@@ -61,13 +62,14 @@ nvidia-smi -L 2>/dev/null || true
 
 MODEL=(model.vocab_size=439 model.n_layers=8 model.d_model=384 model.n_heads=6 model.d_ff=1536 model.n_features=128
        model.spe_realizations=64 model.spe_sines=8 model.gated=true model.redraw=every:40)
-COMMON=(seq_len=1024 batch_size=32 lr=3e-4 warmup=200 precision=bf16 workers=3 seed=1 log_every=10)
+KIT_SHUFFLE=${KIT_SHUFFLE:-0}  # 0.5: half the pieces on a shuffled drum kit (docs/experiments/groove-data, "A shuffled kit")
+COMMON=(seq_len=1024 batch_size=32 lr=3e-4 warmup=200 precision=bf16 workers=3 seed=1 log_every=10 kit_shuffle=$KIT_SHUFFLE)
 device=cuda
 THREADS=4  # per process: two runs and the tests stay within the machine's 16 cores
 if [ -n "${DRY:-}" ]; then  # the same path at toy size on the CPU
   MODEL=(model.vocab_size=439 model.n_layers=2 model.d_model=64 model.n_heads=2 model.d_ff=128 model.n_features=16
          model.spe_realizations=16 model.spe_sines=8 model.gated=true model.redraw=every:40)
-  COMMON=(seq_len=128 batch_size=2 lr=3e-4 warmup=20 precision=fp32 workers=0 seed=1 log_every=5)
+  COMMON=(seq_len=128 batch_size=2 lr=3e-4 warmup=20 precision=fp32 workers=0 seed=1 log_every=5 kit_shuffle=$KIT_SHUFFLE)
   device=cpu
   THREADS=1
 fi

@@ -10,7 +10,8 @@
 #   x10-long   kit_shuffle=0
 #   x10-kit    kit_shuffle=0.5
 # Both are scored as groove_data.sh scores its runs (the 1x corpus's test split), plus the
-# real-MIDI part of the protocol and the drum diagnosis.
+# real-MIDI part of the protocol, the drum diagnosis (drum_kit.py) and the note NLL by track
+# inside and after the prompt (track_nll.py).
 #   bash scripts/experiments/groove_kit.sh             # train eval
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -50,6 +51,8 @@ for stage in $stages; do
       for name in x10-long x10-kit; do
         "$py" scripts/experiments/drum_kit.py "$RUNS/eval-$name/mma" "$TEST" | tee "$RUNS/eval-$name/drum_kit.md"
       done
+      OMP_NUM_THREADS=2 "$py" scripts/experiments/track_nll.py "$TEST" 60 "shipped=$SHIPPED" \
+        "x10-long=$(latest_checkpoint "$RUNS/x10-long")" "x10-kit=$(latest_checkpoint "$RUNS/x10-kit")" | tee "$RUNS/track_nll.md"
       OMP_NUM_THREADS=2 "${musegen[@]}" evaluate copy "${copy[@]}" --data "$TEST" --pieces 12 --threads 2 \
         --device cpu --out "$RUNS/copy-kit" ;;
     *) echo "groove_kit.sh: unknown stage $stage (train eval)" >&2; exit 2 ;;

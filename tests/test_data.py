@@ -231,12 +231,16 @@ def _groove_midi(bars=8):
     return midi
 
 
+def _encoded_trio(tmp_path_factory, tok):
+    """(tok, ids) of `_groove_midi()` written to a file and encoded by `tok`."""
+    path = tmp_path_factory.mktemp(tok.kind) / "trio.mid"
+    _groove_midi().dump(str(path))
+    return tok, tok.encode(path).ids.astype(np.int64)
+
+
 @pytest.fixture(scope="module")
 def groove_piece(tmp_path_factory):
-    path = tmp_path_factory.mktemp("groove") / "trio.mid"
-    _groove_midi().dump(str(path))
-    tok = GrooveTokenizer()
-    return tok, tok.encode(path).ids.astype(np.int64)
+    return _encoded_trio(tmp_path_factory, GrooveTokenizer())
 
 
 def test_groove_augmentation_keeps_drums_keeps_a_track_and_stays_grammatical(groove_piece):
@@ -265,10 +269,7 @@ MULTITRACK = Path(__file__).parent / "data" / "multitrack"
 
 @pytest.fixture(scope="module")
 def groove_dur_piece(tmp_path_factory):
-    path = tmp_path_factory.mktemp("groove-dur") / "trio.mid"
-    _groove_midi().dump(str(path))
-    tok = GrooveDurTokenizer()
-    return tok, tok.encode(path).ids.astype(np.int64)
+    return _encoded_trio(tmp_path_factory, GrooveDurTokenizer())
 
 
 def test_map_drums_moves_only_drum_pitches_and_its_inverse_restores_the_ids():

@@ -39,7 +39,7 @@ class Augmenter:
       itself (a model must copy the prompt's kit rather than recall a style's).
     Piece-level rewrites (bar skip, track dropout, kit) run before cropping, transposition after it,
     so the shift only has to fit the pitches of the window. The tokenizer methods each one calls
-    are declared on `Tokenizer` (`skip_bars`; `notes`, `drop_tracks`; `transpose`), and a tokenizer
+    are declared on `Tokenizer` (`skip_bars`; `notes`, `drop_tracks`; `map_drums`; `transpose`), and a tokenizer
     that names an augmentation must provide them (`tokenizers.base.AUGMENTATION_NEEDS`).
     """
 

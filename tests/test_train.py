@@ -492,6 +492,13 @@ def test_init_refuses_a_contradicting_model_or_another_tokenizer(pretrained, pop
         assert not (tmp_path / name).exists()  # refused before anything was written
 
 
+def test_kit_shuffle_on_data_without_a_drum_kit_is_refused_before_anything_is_written(pop20, tmp_path, capsys):
+    code = _cli(["train", "--data", pop20, "--out", tmp_path / "run", *TINY[2:], "--set", "kit_shuffle=0.5"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1 and "kit_shuffle: the remi representation cannot do this augmentation" in err[0]
+    assert not (tmp_path / "run").exists()
+
+
 # ---- a tampered trainer state is refused before anything is written ----------------------------
 
 

@@ -21,6 +21,7 @@ class TrainingData:
     tokenizer: Tokenizer
     train: list[np.ndarray]  # pieces of two tokens or more
     valid: list[np.ndarray]  # the first `valid_pieces` of the validation split, if there is one
+    augmenter: Augmenter | None  # None: `augment=false`
 
 
 def load_training_data(cfg: TrainConfig) -> TrainingData:
@@ -34,7 +35,9 @@ def load_training_data(cfg: TrainConfig) -> TrainingData:
         raise DataError(f"{cfg.data}: the train split holds no pieces")
     valid_split = resolve_split(shards.splits, "valid")
     valid_pieces = shards.pieces(valid_split)[: cfg.valid_pieces] if valid_split else []
-    return TrainingData(shards.tokenizer, train_pieces, valid_pieces)
+    # Made here, so that an augmentation the representation cannot do is refused before the run writes anything.
+    augmenter = Augmenter.for_tokenizer(shards.tokenizer, kit_shuffle=cfg.kit_shuffle) if cfg.augment else None
+    return TrainingData(shards.tokenizer, train_pieces, valid_pieces, augmenter)
 
 
 def resolve_batching(cfg: TrainConfig, world: int) -> tuple[int, int]:
@@ -62,8 +65,7 @@ def make_loader(
     """This process's micro-batches from update `step` on (`batching`: micro batch, accumulation)."""
     tokenizer = data.tokenizer
     crop = cfg.crop if cfg.crop != "auto" else tokenizer.default_crop
-    augmenter = Augmenter.for_tokenizer(tokenizer, kit_shuffle=cfg.kit_shuffle) if cfg.augment else None
-    dataset = CropDataset(data.train, cfg.seq_len, tokenizer.pad_id, cfg.seed, augmenter, crop)
+    dataset = CropDataset(data.train, cfg.seq_len, tokenizer.pad_id, cfg.seed, data.augmenter, crop)
     micro, accumulation = batching
     batches = StepBatches(
         [len(p) for p in data.train],

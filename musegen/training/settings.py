@@ -61,7 +61,7 @@ class TrainConfig:
     sampling: str = "piece"  # "piece": one crop per piece per epoch | "length": pieces drawn by length
     crop: str = "auto"  # "random" | "start" | "auto": the tokenizer's `default_crop`
     augment: bool = True
-    kit_shuffle: float = 0.0  # share of pieces whose drums get a random kit (groove kinds; needs augment)
+    kit_shuffle: float = 0.0  # share of pieces whose drums get a random kit (groove-dur; needs augment)
     workers: int = 2  # DataLoader worker processes (0: load in the training process)
     # optimisation
     steps: int = 10000  # optimiser updates in total

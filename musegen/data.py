@@ -15,7 +15,7 @@ import torch
 
 from .errors import ConfigError, DataError
 from .music.roles import GM_KIT
-from .tokenizers.base import AUGMENTATION_NEEDS, Tokenizer
+from .tokenizers.base import Tokenizer, methods_lacking
 
 SAMPLING_CHOICES = ("piece", "length")
 CROP_CHOICES = ("random", "start")
@@ -60,7 +60,7 @@ class Augmenter:
         """The tokenizer's own augmentation, with `extra` ones a run asks for (a ConfigError when
         the representation cannot do them)."""
         for key, value in extra.items():
-            if value and any(getattr(type(tokenizer), m) is getattr(Tokenizer, m) for m in AUGMENTATION_NEEDS[key]):
+            if value and methods_lacking(type(tokenizer), key):
                 raise ConfigError(f"{key}: the {tokenizer.kind} representation cannot do this augmentation")
         return cls(tokenizer, **{**tokenizer.augmentation, **extra})
 

@@ -17,6 +17,8 @@ from musegen.tokenizers.groove_dur import GrooveDurTokenizer
 from musegen.tokenizers.remi import RemiTokenizer
 from musegen.training.settings import TrainConfig
 
+MULTITRACK = Path(__file__).parent / "data" / "multitrack"
+
 
 def _pieces(lengths, seed=0):
     rng = np.random.default_rng(seed)
@@ -262,9 +264,6 @@ def test_groove_augmentation_keeps_drums_keeps_a_track_and_stays_grammatical(gro
             drum_pitches = set(notes[notes[:, 0] == 2, 1].tolist())
             assert drum_pitches <= {36, 42}
     assert dropped_some and skipped_some
-
-
-MULTITRACK = Path(__file__).parent / "data" / "multitrack"
 
 
 @pytest.fixture(scope="module")

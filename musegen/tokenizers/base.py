@@ -179,7 +179,7 @@ class Tokenizer(abc.ABC):
             for key in cls.augmentation:
                 if key not in AUGMENTATION_NEEDS:
                     raise TypeError(f"tokenizer kind {cls.kind!r}: unknown augmentation {key!r}")
-                missing = [m for m in AUGMENTATION_NEEDS[key] if getattr(cls, m) is getattr(Tokenizer, m)]
+                missing = methods_lacking(cls, key)
                 if missing:
                     raise TypeError(f"tokenizer kind {cls.kind!r}: augmentation {key!r} needs {', '.join(missing)}")
             Tokenizer.registry[cls.kind] = cls
@@ -309,6 +309,12 @@ AUGMENTATION_NEEDS: dict[str, tuple[str, ...]] = {
     "track_dropout": ("notes", "drop_tracks"),
     "kit_shuffle": ("map_drums",),
 }
+
+
+def methods_lacking(cls: type[Tokenizer], augmentation: str) -> list[str]:
+    """The methods `augmentation` calls that the tokenizer class `cls` does not provide."""
+    return [m for m in AUGMENTATION_NEEDS[augmentation] if getattr(cls, m) is getattr(Tokenizer, m)]
+
 
 # What to do about data of another representation version, by what holds it.
 REMEDY = "re-prepare the data / retrain"

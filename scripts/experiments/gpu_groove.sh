@@ -62,7 +62,7 @@ nvidia-smi -L 2>/dev/null || true
 
 MODEL=(model.vocab_size=439 model.n_layers=8 model.d_model=384 model.n_heads=6 model.d_ff=1536 model.n_features=128
        model.spe_realizations=64 model.spe_sines=8 model.gated=true model.redraw=every:40)
-KIT_SHUFFLE=${KIT_SHUFFLE:-0}  # 0.5: half the pieces on a shuffled drum kit (docs/experiments/groove-data, "A shuffled kit")
+KIT_SHUFFLE=${KIT_SHUFFLE:-0}  # 0.5: half the pieces on a shuffled drum kit (docs/experiments/groove-data, "Longer, and with a shuffled drum kit")
 COMMON=(seq_len=1024 batch_size=32 lr=3e-4 warmup=200 precision=bf16 workers=3 seed=1 log_every=10 kit_shuffle=$KIT_SHUFFLE)
 device=cuda
 THREADS=4  # per process: two runs and the tests stay within the machine's 16 cores

@@ -13,6 +13,7 @@
 # real-MIDI part of the protocol, the drum diagnosis (drum_kit.py) and the note NLL by track
 # inside and after the prompt (track_nll.py).
 #   bash scripts/experiments/groove_kit.sh             # train eval
+#   bash scripts/experiments/groove_kit.sh more        # then 300 more shuffled-kit updates (x10-kit-more)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/experiments/common.sh
@@ -55,6 +56,16 @@ for stage in $stages; do
         "x10-long=$(latest_checkpoint "$RUNS/x10-long")" "x10-kit=$(latest_checkpoint "$RUNS/x10-kit")" | tee "$RUNS/track_nll.md"
       OMP_NUM_THREADS=2 "${musegen[@]}" evaluate copy "${copy[@]}" --data "$TEST" --pieces 12 --threads 2 \
         --device cpu --out "$RUNS/copy-kit" ;;
-    *) echo "groove_kit.sh: unknown stage $stage (train eval)" >&2; exit 2 ;;
+    more)  # 300 more shuffled-kit updates from x10-kit (lr 3e-5, 10 warm-up updates, seed 3), and their scores
+      more=(seq_len=1024 batch_size=8 steps=300 lr=3e-5 warmup=10 precision=bf16 workers=0 seed=3 log_every=10
+            valid_every=0 ckpt_every=100 keep=1 kit_shuffle=0.5)
+      INIT=$(latest_checkpoint "$RUNS/x10-kit") train_run "$RUNS/x10-kit-more" data/mma-groove-dur-x10 "${more[@]}"
+      ckpt=$(latest_checkpoint "$RUNS/x10-kit-more")
+      OMP_NUM_THREADS=1 "${musegen[@]}" evaluate loss --checkpoint "$ckpt" --data "$TEST" --split test --max-len 512 \
+        --out "$RUNS/loss-x10-kit-more"
+      DATA=$TEST PIECES=60 bash scripts/experiments/groove_eval.sh "$ckpt" "$RUNS/eval-x10-kit-more" mma table
+      "$py" scripts/experiments/drum_kit.py "$RUNS/eval-x10-kit-more/mma" "$TEST" | tee "$RUNS/eval-x10-kit-more/drum_kit.md"
+      OMP_NUM_THREADS=1 "$py" scripts/experiments/track_nll.py "$TEST" 60 "x10-kit-more=$ckpt" ;;
+    *) echo "groove_kit.sh: unknown stage $stage (train eval more)" >&2; exit 2 ;;
   esac
 done

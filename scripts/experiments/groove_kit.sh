@@ -27,6 +27,16 @@ COMMON=(seq_len=1024 batch_size=8 steps=700 lr=5e-5 warmup=20 precision=bf16 wor
 declare -A KIT_OF=([x10-long]=0 [x10-kit]=0.5)
 stages=${*:-train eval}
 
+# score NAME STAGE...: a run's test NLL, groove_eval.sh's STAGEs (60 pieces) and the drum diagnosis, one thread.
+score() {
+  local name=$1 ckpt; shift
+  ckpt=$(latest_checkpoint "$RUNS/$name")
+  OMP_NUM_THREADS=1 "${musegen[@]}" evaluate loss --checkpoint "$ckpt" --data "$TEST" --split test --max-len 512 \
+    --out "$RUNS/loss-$name"
+  DATA=$TEST PIECES=60 bash scripts/experiments/groove_eval.sh "$ckpt" "$RUNS/eval-$name" "$@"
+  "$py" scripts/experiments/drum_kit.py "$RUNS/eval-$name/mma" "$TEST" > "$RUNS/eval-$name/drum_kit.md"
+}
+
 for stage in $stages; do
   case $stage in
     train)
@@ -36,36 +46,20 @@ for stage in $stages; do
       done
       wait ;;
     eval)
-      copy=(--checkpoint "shipped=$SHIPPED")
-      for name in x10-long x10-kit; do
-        ckpt=$(latest_checkpoint "$RUNS/$name")
-        copy+=(--checkpoint "$name=$ckpt")
-        in_pool env OMP_NUM_THREADS=1 "${musegen[@]}" evaluate loss --checkpoint "$ckpt" --data "$TEST" --split test \
-          --max-len 512 --out "$RUNS/loss-$name"
-      done
+      for name in x10-long x10-kit; do in_pool score "$name" mma midi table; done
       wait
-      for name in x10-long x10-kit; do
-        in_pool env DATA=$TEST PIECES=60 bash scripts/experiments/groove_eval.sh "$(latest_checkpoint "$RUNS/$name")" \
-          "$RUNS/eval-$name" mma midi table
-      done
-      wait
-      for name in x10-long x10-kit; do
-        "$py" scripts/experiments/drum_kit.py "$RUNS/eval-$name/mma" "$TEST" | tee "$RUNS/eval-$name/drum_kit.md"
-      done
       OMP_NUM_THREADS=2 "$py" scripts/experiments/track_nll.py "$TEST" 60 "shipped=$SHIPPED" \
         "x10-long=$(latest_checkpoint "$RUNS/x10-long")" "x10-kit=$(latest_checkpoint "$RUNS/x10-kit")" | tee "$RUNS/track_nll.md"
-      OMP_NUM_THREADS=2 "${musegen[@]}" evaluate copy "${copy[@]}" --data "$TEST" --pieces 12 --threads 2 \
-        --device cpu --out "$RUNS/copy-kit" ;;
+      OMP_NUM_THREADS=2 "${musegen[@]}" evaluate copy --checkpoint "shipped=$SHIPPED" \
+        --checkpoint "x10-long=$(latest_checkpoint "$RUNS/x10-long")" --checkpoint "x10-kit=$(latest_checkpoint "$RUNS/x10-kit")" \
+        --data "$TEST" --pieces 12 --threads 2 --device cpu --out "$RUNS/copy-kit" ;;
     more)  # 300 more shuffled-kit updates from x10-kit (lr 3e-5, 10 warm-up updates, seed 3), and their scores
       more=(seq_len=1024 batch_size=8 steps=300 lr=3e-5 warmup=10 precision=bf16 workers=0 seed=3 log_every=10
             valid_every=0 ckpt_every=100 keep=1 kit_shuffle=0.5)
       INIT=$(latest_checkpoint "$RUNS/x10-kit") train_run "$RUNS/x10-kit-more" data/mma-groove-dur-x10 "${more[@]}"
-      ckpt=$(latest_checkpoint "$RUNS/x10-kit-more")
-      OMP_NUM_THREADS=1 "${musegen[@]}" evaluate loss --checkpoint "$ckpt" --data "$TEST" --split test --max-len 512 \
-        --out "$RUNS/loss-x10-kit-more"
-      DATA=$TEST PIECES=60 bash scripts/experiments/groove_eval.sh "$ckpt" "$RUNS/eval-x10-kit-more" mma table
-      "$py" scripts/experiments/drum_kit.py "$RUNS/eval-x10-kit-more/mma" "$TEST" | tee "$RUNS/eval-x10-kit-more/drum_kit.md"
-      OMP_NUM_THREADS=1 "$py" scripts/experiments/track_nll.py "$TEST" 60 "x10-kit-more=$ckpt" ;;
+      score x10-kit-more mma table
+      OMP_NUM_THREADS=1 "$py" scripts/experiments/track_nll.py "$TEST" 60 \
+        "x10-kit-more=$(latest_checkpoint "$RUNS/x10-kit-more")" ;;
     *) echo "groove_kit.sh: unknown stage $stage (train eval more)" >&2; exit 2 ;;
   esac
 done

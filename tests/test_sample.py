@@ -561,6 +561,8 @@ def test_cli_no_grammar_samples_are_decoded_leniently(checkpoints, kind, tmp_pat
             "--seed",
             1,
             "--no-grammar",
+            "--cache",  # the suffix cache would keep the untrained model on copies of the prompt
+            0,
             "--out",
             tmp_path,
         ],

@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from .sample import KEEP_NOTE_OFFS, MONO_BASS, TEMPERATURE, TEMPERATURE_BY, TOP_K, TOP_P, drawing
+from .sample import CACHE, KEEP_NOTE_OFFS, MONO_BASS, TEMPERATURE, TEMPERATURE_BY, TOP_K, TOP_P, drawing
 
 evaluate_app = typer.Typer(help="Measure generated music and trained models.", no_args_is_help=True)
 
@@ -119,6 +119,7 @@ def continuation(
     top_k: int = TOP_K,
     keep_note_offs: bool = KEEP_NOTE_OFFS,
     mono_bass: bool = MONO_BASS,
+    cache: Optional[float] = CACHE,
     device: str = typer.Option("auto", help="auto (CUDA when present), cpu, cuda or cuda:N."),
     threads: Optional[int] = typer.Option(None, min=1, help="CPU threads while sampling (default 1)."),
     by_quarter: bool = typer.Option(
@@ -132,7 +133,7 @@ def continuation(
     from musegen.evaluation.run_continuation import ContinuationSettings, evaluate_continuation
     from musegen.generation.settings import SampleSettings
 
-    options = drawing(temperature, temperature_by, top_p, top_k, keep_note_offs, mono_bass)
+    options = drawing(temperature, temperature_by, top_p, top_k, keep_note_offs, mono_bass, cache)
     sample = SampleSettings(bars=bars, num_samples=samples_per_piece, seed=seed, **options)
     settings = ContinuationSettings(prompt_bars=prompt_bars, sample=sample, by_quarter=by_quarter)
     result = evaluate_continuation(
@@ -169,6 +170,9 @@ def copy(
     bars: int = typer.Option(4, help="Bars continued and scored after the 4-bar prompt."),
     samples: int = typer.Option(2, help="Continuations sampled per pattern."),
     seed: int = typer.Option(0, help="Pattern i is sampled with seed + i."),
+    cache: Optional[float] = typer.Option(
+        None, help="Weight within [0, 1] of the sampler's suffix cache, for every model (default: each tokenizer's)."
+    ),
     device: str = typer.Option("auto", help="auto (CUDA when present), cpu, cuda or cuda:N."),
     threads: Optional[int] = typer.Option(None, min=1, help="CPU threads while sampling (default 1)."),
     recall_pieces: int = typer.Option(
@@ -191,7 +195,15 @@ def copy(
             raise ConfigError(f"--checkpoint expects FOLDER or NAME=FOLDER with distinct names, got {item!r}")
         checkpoints[name] = folder
     result = evaluate_copy(
-        checkpoints, out, data, split, pieces, built, CopySettings(bars, samples, seed), device=device, threads=threads
+        checkpoints,
+        out,
+        data,
+        split,
+        pieces,
+        built,
+        CopySettings(bars, samples, seed, cache),
+        device=device,
+        threads=threads,
     )
     for name, reason in list(result["skipped"].items())[:5]:
         typer.echo(f"  skipped {name}: {reason}")

@@ -34,8 +34,16 @@ MONO_BASS = typer.Option(
     "--poly-bass writes the bass as drawn.",
 )
 
+CACHE = typer.Option(
+    None,
+    help="Weight within [0, 1] of the suffix cache, mixed with the model before the temperature: "
+    "it proposes what followed the piece's last tokens where they occurred before, so a groove "
+    "keeps repeating what it played (docs/sampling.md). Default: the tokenizer's (groove-dur 0.8; "
+    "REMI and groove 0, off).",
+)
 
-def drawing(temperature, temperature_by, top_p, top_k, keep_note_offs, mono_bass) -> dict:
+
+def drawing(temperature, temperature_by, top_p, top_k, keep_note_offs, mono_bass, cache) -> dict:
     """The drawing options that `sample` and `evaluate continuation` share, as SampleSettings fields."""
     return dict(
         temperature=temperature,
@@ -44,6 +52,7 @@ def drawing(temperature, temperature_by, top_p, top_k, keep_note_offs, mono_bass
         top_k=top_k,
         keep_note_offs=keep_note_offs,
         mono_bass=mono_bass,
+        cache=cache,
     )
 
 
@@ -91,6 +100,7 @@ def sample(
     ),
     keep_note_offs: bool = KEEP_NOTE_OFFS,
     mono_bass: bool = MONO_BASS,
+    cache: Optional[float] = CACHE,
     device: str = typer.Option("auto", help="auto (CUDA when present), cpu, cuda or cuda:N."),
     precision: str = typer.Option(
         "auto",
@@ -114,7 +124,7 @@ def sample(
         grammar=not no_grammar,
         prompt_bars=prompt_bars,
         precision=precision,
-        **drawing(temperature, temperature_by, top_p, top_k, keep_note_offs, mono_bass),
+        **drawing(temperature, temperature_by, top_p, top_k, keep_note_offs, mono_bass, cache),
     )
     summary = sample_to_folder(
         checkpoint, out, settings, prompt, audio=audio, pianoroll=pianoroll, device=device, threads=threads
@@ -140,6 +150,7 @@ def sample(
         f"{len(summary['samples'])} samples, {stats['new_tokens']} tokens in {stats['seconds']} s "
         f"({stats['tokens_per_second']} tokens/s); T={used['temperature']} by {used['temperature_by']} "
         f"top-p={used['top_p']} top-k={used['top_k']} seed={used['seed']}"
+        + (f" cache={used['cache']}" if used["cache"] else "")
     )
     if stats["invalid"]:
         dropped = [r["dropped_tokens"] for r in summary["samples"] if "dropped_tokens" in r]

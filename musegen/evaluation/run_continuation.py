@@ -89,6 +89,7 @@ class ContinuationSettings:
             "top_k": s.top_k,
             "keep_note_offs": s.keep_note_offs,
             "mono_bass": s.mono_bass,
+            **({"cache": s.cache} if s.cache is not None else {}),
             "by_quarter": self.by_quarter,
         }
 

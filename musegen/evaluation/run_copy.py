@@ -275,11 +275,14 @@ class CopySettings:
     bars: int = 4  # continued and scored after the prompt
     samples: int = 2  # per pattern
     seed: int = 0  # pattern i is sampled with seed + i
+    cache: float | None = None  # weight of the sampler's suffix cache (generation.cache); None: the tokenizer's
 
     def checked(self) -> "CopySettings":
         for name, least in (("bars", 1), ("samples", 1), ("seed", 0)):
             if getattr(self, name) < least:
                 raise ConfigError(f"--{name} must be at least {least}, got {getattr(self, name)}")
+        if self.cache is not None and not 0.0 <= self.cache <= 1.0:
+            raise ConfigError(f"--cache must be within [0, 1], got {self.cache}")
         return self
 
 
@@ -326,7 +329,7 @@ def evaluate_copy(
             prepared_by[key] = _prepare_all(tokenizer, patterns, skipped)
             baselines[key] = (tokenizer.kind, _baselines(tokenizer, prepared_by[key], settings.bars))
         rows, started = [], time.perf_counter()
-        sample_settings = SampleSettings(bars=settings.bars, num_samples=settings.samples)
+        sample_settings = SampleSettings(bars=settings.bars, num_samples=settings.samples, cache=settings.cache)
         for i, item in enumerate(
             tqdm(prepared_by[key], desc=f"copy test: {name}", unit="pattern", disable=not progress)
         ):
@@ -440,7 +443,9 @@ def _report(
     note = (
         f"{len(patterns)} patterns ({corpus} from {data_dir or '-'} split {split!r}, one piece a style first; "
         f"{len(patterns) - corpus} built), each played {PROMPT_REPEATS} times as the prompt; {settings.bars} bars "
-        f"continued, {settings.samples} samples a pattern, the tokenizer's sampling defaults. Scores: per role, "
+        f"continued, {settings.samples} samples a pattern, the tokenizer's sampling defaults"
+        + (f", the suffix cache at {settings.cache:g}" if settings.cache is not None else "")
+        + ". Scores: per role, "
         "the F1 of each bar's (onset, pitch) set against the prompt bar of the same phase, averaged over bars "
         "(1: an exact loop; 0: silence). scored: patterns x samples; seconds: sampling and scoring. "
         "Definitions: docs/evaluation.md."
@@ -456,6 +461,7 @@ def _report(
             "bars": settings.bars,
             "samples": settings.samples,
             "seed": settings.seed,
+            "cache": settings.cache,
             "data": str(data_dir) if data_dir else None,
             "split": split,
             "prompt_bars": PROMPT_BARS,

@@ -4,9 +4,10 @@
 A constraint has two hooks (`Constraint.allow`: narrow one sample's mask; `Constraint.reweight`:
 reshape the batch's logits once the masks are known); after them come temperature, top-k and
 top-p (`loop.filter_logits`) and the draw. The grammar's rules are four such constraints
-(GrammarMask, HoldEnds, Finish, NoteOffMass). A new one is a subclass of `Constraint`, here or
-anywhere, given as `SampleSettings(constraints=(...))`; to be on by default it is also an entry
-in `SampleSettings.chain`. Without a prompt the first token is the grammar's opening one, drawn
+(GrammarMask, HoldEnds, Finish, NoteOffMass); the suffix cache (`cache.SuffixCache`) is one
+too. A new one is a subclass of `Constraint`, here or anywhere, given as
+`SampleSettings(constraints=(...))`; to be on by default it is also an entry in
+`SampleSettings.chain`. Without a prompt the first token is the grammar's opening one, drawn
 before the chain runs.
 """
 
@@ -81,9 +82,10 @@ class Constraint:
         chain order, each constraint on the previous one's mask, the first on every id."""
         return allowed
 
-    def reweight(self, run: Run, logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-        """The batch's logits (rows x the model's ids) reshaped once every row's mask is known
-        (`allowed`, the same shape); the ids left out of `allowed` are dropped after the chain."""
+    def reweight(self, run: Run, rows: list[Row], logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+        """The batch's logits (one row per entry of `rows`, x the model's ids) reshaped once every
+        row's mask is known (`allowed`, the same shape); the ids left out of `allowed` are dropped
+        after the chain."""
         return logits
 
 
@@ -126,7 +128,7 @@ class NoteOffMass(Constraint):
     """Where notes end by a token of their own (`Tokenizer.note_off_type`), the mask keeps the
     model's share of note-offs (`keep_type_mass`)."""
 
-    def reweight(self, run: Run, logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    def reweight(self, run: Run, rows: list[Row], logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
         if run.tokenizer.note_off_type is None:
             return logits
         return keep_type_mass(logits, allowed, run.type_ids(run.tokenizer.note_off_type, logits.shape[-1]))

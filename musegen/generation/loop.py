@@ -271,7 +271,7 @@ def _draw(
                 allow[b] = constraint.allow(run, row, allow[b])
     allowed = torch.from_numpy(allow).to(logits.device)
     for constraint in chain:
-        logits = constraint.reweight(run, logits, allowed)
+        logits = constraint.reweight(run, rows, logits, allowed)
     logits, temperature = logits.masked_fill(~allowed, -math.inf), s.temperature
     if s.temperature_by == "family":
         logits, temperature = temper_within_families(logits, run.families(logits.shape[-1]), temperature), 1.0

@@ -10,6 +10,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..music.constants import MAX_BARS
 from ..tokenizers.base import Tokenizer
+from .cache import SuffixCache
 from .constraints import Constraint, Finish, GrammarMask, HoldEnds, NoteOffMass
 
 MAX_TOKENS_PER_BAR = 1024  # safety cap on --bars generation
@@ -37,13 +38,18 @@ class SampleSettings:
     precision: str = "auto"  # of the model's steps: "auto" is the fastest here (musegen.precision)
     keep_note_offs: bool = True  # with the grammar: the mask keeps the model's note-off share (NoteOffMass)
     mono_bass: bool = True  # groove: a bass note another began over ends at the next event (Grammar.sampling_prefix)
+    cache: float | None = None  # weight of the suffix cache (generation.cache), 0..1; None: the tokenizer's default
     constraints: tuple[Constraint, ...] = ()  # applied after the grammar's, in this order
 
     def chain(self) -> tuple[Constraint, ...]:
-        """The constraints a run applies, in order: the grammar's (unless `grammar` is off), then
-        `constraints`. NoteOffMass reweights the logits over the mask the others leave."""
-        grammar = (GrammarMask(), HoldEnds(), Finish(), *([NoteOffMass()] if self.keep_note_offs else []))
-        return (grammar if self.grammar else ()) + tuple(self.constraints)
+        """The constraints a run applies, in order: the grammar's masks (unless `grammar` is off),
+        the suffix cache (with a weight above 0), NoteOffMass (with the grammar), then
+        `constraints`. The cache mixes the model's own distribution, before NoteOffMass moves
+        the note-off share over the mask the others leave."""
+        masks = (GrammarMask(), HoldEnds(), Finish()) if self.grammar else ()
+        cache = (SuffixCache(self.cache),) if self.cache else ()
+        note_offs = (NoteOffMass(),) if self.grammar and self.keep_note_offs else ()
+        return masks + cache + note_offs + tuple(self.constraints)
 
     def record(self) -> dict[str, Any]:
         """The settings as written in a run's summary JSON (added constraints by their repr)."""
@@ -61,6 +67,7 @@ class SampleSettings:
             temperature=defaults["temperature"] if self.temperature is None else float(self.temperature),
             temperature_by=self.temperature_by or TEMPERATURE_SCOPES[0],
             top_p=defaults["top_p"] if self.top_p is None else float(self.top_p),
+            cache=defaults.get("cache", 0.0) if self.cache is None else float(self.cache),
             seed=random.SystemRandom().randrange(2**31) if self.seed is None else int(self.seed),
         )
         if (s.length is None) == (s.bars is None):
@@ -78,6 +85,7 @@ class SampleSettings:
             ),
             ("--top-p", s.top_p, low_p <= s.top_p <= 1.0, f"within [{low_p:g}, 1]"),
             ("--top-k", s.top_k, s.top_k >= 0, ">= 0"),
+            ("--cache", s.cache, 0.0 <= s.cache <= 1.0, "within [0, 1]"),
             ("--num-samples", s.num_samples, s.num_samples >= 1, "at least 1"),
             ("--seed", s.seed, 0 <= s.seed <= SEED_MAX, f"within 0..{SEED_MAX} (2**63 - 1)"),
             (

@@ -156,7 +156,8 @@ class Tokenizer(abc.ABC):
     # The representation's version, stored in tokenizer.json (so with shards and checkpoints).
     # Raise it whenever the same music would get other ids: older data is then refused.
     version: ClassVar[int]
-    # The sampler's temperature and nucleus (top-p) when the user gives none.
+    # The sampler's temperature and nucleus (top-p) when the user gives none, and the weight of
+    # its suffix cache where the representation sets one (0 otherwise: generation.cache).
     sampling_defaults: ClassVar[Mapping[str, float]] = {"temperature": 1.0, "top_p": 1.0}
     # The type of the tokens that end a sounding note, where notes end by a token of their own
     # (not by a duration): the sampler keeps the model's share of it (`generation.constraints.NoteOffMass`).

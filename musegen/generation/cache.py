@@ -1,0 +1,79 @@
+"""A suffix cache: the sampler's memory of what followed the piece's recent tokens before.
+
+A groove continuation is mostly a copy of the bars just heard, and the Performers copy poorly
+(docs/results.md, issue #28). The cache predicts the next token the way a copy would: it finds
+the earlier places where the last tokens of the piece occurred, as long a run of them as still
+occurs (an *induction* match, at least `shortest` tokens), and proposes the tokens that came
+next there. The sampler mixes that with the model, as a cache language model does (Kuhn & De Mori
+1990; Grave et al. 2017):
+
+    p(t) = (1 - w) p_model(t) + w p_cache(t)    where a match is found, p_model(t) elsewhere.
+
+The mixture is a distribution of its own, so its teacher-forced NLL on real pieces says whether
+it predicts them better than the model alone (`scripts/experiments/cache_nll.py`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .constraints import Constraint, Row, Run
+
+LONGEST = 64  # tokens of context matched at most: longer matches change nothing in a 2-bar loop
+WINDOW = 4096  # the last tokens searched (30-60 groove bars), so every step costs the same
+
+
+def continuations(ids: np.ndarray, shortest: int, longest: int = LONGEST) -> np.ndarray:
+    """The tokens that followed each earlier occurrence of the longest suffix of `ids` (of
+    length `shortest`..`longest`) that occurs earlier; empty when none of `shortest` does.
+
+    Candidates are the positions whose token equals the last one; each round keeps those whose
+    token `k` places back also equals the suffix's, until none would be left."""
+    ids = np.asarray(ids)
+    n = len(ids)
+    if n < 2:
+        return ids[:0]
+    ends = np.flatnonzero(ids[:-1] == ids[-1])  # an occurrence's last position; ends + 1 < n
+    k = 1
+    while k < min(longest, n - 1) and len(ends):
+        longer = ends[ends >= k]
+        longer = longer[ids[longer - k] == ids[n - 1 - k]]
+        if not len(longer):
+            break
+        ends, k = longer, k + 1
+    return ids[ends + 1] if k >= shortest and len(ends) else ids[:0]
+
+
+def cache_probs(ids: np.ndarray, shortest: int, width: int) -> np.ndarray | None:
+    """p_cache over `width` ids: the continuations' frequencies; None where no match is found."""
+    found = continuations(ids, shortest)
+    if not len(found):
+        return None
+    return np.bincount(found, minlength=width)[:width] / len(found)
+
+
+@dataclass(frozen=True)
+class SuffixCache(Constraint):
+    """The model's distribution mixed with the suffix cache's at weight `weight` (0..1), before the
+    temperature. The cache searches the row's last WINDOW tokens and proposes only what the masks
+    allow (its continuations renormalised over the allowed ids); where it proposes nothing
+    allowed, the row keeps the model's distribution."""
+
+    weight: float
+    shortest: int = 1  # chosen on the validation pieces' NLL (scripts/experiments/cache_nll.py)
+
+    def reweight(self, run: Run, rows: list[Row], logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+        logp = logits.float().log_softmax(-1)
+        width = logits.shape[-1]
+        for b, row in enumerate(rows):
+            cached = None if row.done else cache_probs(np.asarray(row.ids[-WINDOW:]), self.shortest, width)
+            if cached is None:
+                continue
+            cached = torch.from_numpy(cached).to(logp) * allowed[b]
+            if cached.sum() > 0:
+                mixed = (1 - self.weight) * logp[b].exp() + self.weight * cached / cached.sum()
+                logp[b] = mixed.log()  # log 0 = -inf: neither proposes it
+        return logp

@@ -1,0 +1,141 @@
+"""The sampler's suffix cache (musegen/generation/cache.py): what it proposes, the mixture it
+makes with the model, and that with it the shipped groove model keeps a groove it was given."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from musegen.checkpoint import load_checkpoint
+from musegen.cli import main
+from musegen.errors import ConfigError
+from musegen.evaluation.copy_score import CopyScore
+from musegen.evaluation.metric import Span
+from musegen.evaluation.run_copy import built_patterns, prepare
+from musegen.generation.cache import SuffixCache, cache_probs, continuations
+from musegen.generation.constraints import Row
+from musegen.generation.loop import generate
+from musegen.generation.settings import SampleSettings
+from musegen.music.notes import NoteTable
+
+GROOVE_DUR = Path(__file__).resolve().parents[1] / "checkpoints" / "groove-dur"
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def test_the_longest_earlier_match_decides_what_follows():
+    #              0  1  2  3  4  5  6  7  8  9 10 11
+    ids = np.array([1, 2, 3, 9, 4, 2, 3, 7, 5, 1, 2, 3])
+    assert continuations(ids, 1).tolist() == [9]  # "1 2 3" occurred once, then 9 ("2 3" also before 7)
+    assert continuations(ids[:8], 1).tolist() == []  # 7 never occurred before
+    assert continuations(ids[:7], 1).tolist() == [9]  # "2 3" occurred at 1-2, then 9
+    assert continuations(ids[:7], 3).tolist() == []  # "4 2 3" did not occur before
+    assert continuations(np.array([4, 4, 4, 4]), 1).tolist() == [4]  # overlapping runs count
+    assert continuations(np.array([8]), 1).tolist() == []
+    loop = np.tile([10, 11, 12, 11], 5)  # a loop: every position's continuation is the loop's next
+    for n in range(6, len(loop)):  # (at 5, only a 1-token match)
+        assert set(continuations(loop[:n], 2).tolist()) == {loop[n % 4]}
+
+
+def test_cache_probabilities_count_every_continuation_of_the_longest_match():
+    ids = np.array([5, 6, 1, 5, 6, 2, 5, 6, 1, 0, 5, 6])  # "5 6" was followed by 1, 2, 1; "0 5 6" is new
+    probs = cache_probs(ids, 1, width=8)
+    assert probs.tolist() == pytest.approx([0, 2 / 3, 1 / 3, 0, 0, 0, 0, 0])
+    assert cache_probs(ids, 3, width=8) is None
+
+
+def test_the_mixture_is_the_weighted_sum_over_the_allowed_ids_and_the_model_alone_elsewhere():
+    torch.manual_seed(0)
+    logits = torch.randn(3, 8)
+    allowed = torch.ones(3, 8, dtype=torch.bool)
+    allowed[0, 2] = False  # "5 6" was followed by 1 and 2; 2 is not allowed, so the cache says 1
+    rows = [
+        Row([5, 6, 1, 5, 6, 2, 5, 6], 8, None, None),
+        Row([3, 4], 2, None, None),  # no earlier match: the model alone
+        Row([5, 6, 1, 5, 6], 5, None, None, done=True),  # done: untouched
+    ]
+    out = SuffixCache(0.3).reweight(None, rows, logits, allowed)
+    p = logits.softmax(-1)
+    expected = 0.7 * p[0] + 0.3 * torch.tensor([0, 1.0, 0, 0, 0, 0, 0, 0])
+    assert out[0].exp() == pytest.approx(expected, abs=1e-6)
+    assert float(out[0].exp().sum()) == pytest.approx(1.0, abs=1e-6)
+    for b in (1, 2):
+        assert out[b].exp() == pytest.approx(p[b], abs=1e-6)
+    only_forbidden = torch.ones(3, 8, dtype=torch.bool)
+    only_forbidden[0, 1:3] = False  # nothing the cache proposes is allowed: the model alone
+    assert SuffixCache(1.0).reweight(None, rows, logits, only_forbidden)[0].exp() == pytest.approx(p[0], abs=1e-6)
+
+
+def test_the_weight_is_checked_and_recorded_and_zero_leaves_the_chain_as_it_was():
+    assert SampleSettings(length=8, cache=0.5).resolved().chain()[3] == SuffixCache(0.5)
+    assert not any(isinstance(c, SuffixCache) for c in SampleSettings(length=8).resolved().chain())
+    assert SampleSettings(length=8).resolved().cache == 0.0
+    for bad in (-0.1, 1.5, float("nan")):
+        with pytest.raises(ConfigError, match="--cache must be within"):
+            SampleSettings(length=8, cache=bad).resolved()
+
+
+@pytest.fixture(scope="module")
+def groove_dur():
+    model, tokenizer, _, _ = load_checkpoint(GROOVE_DUR)
+    return model, tokenizer
+
+
+def copy_scores(model, tokenizer, cache: float | None) -> list[float]:
+    """The mean copy score (over roles) of 2 continuations of 4 bars of each built groove."""
+    scores = []
+    for i, pattern in enumerate(built_patterns()):
+        item = prepare(tokenizer, pattern)
+        settings = SampleSettings(bars=4, num_samples=2, seed=i, cache=cache)
+        samples, stats = generate(model, tokenizer, item.prompt, settings, progress=False)
+        assert stats["invalid"] == 0
+        for sample in samples:
+            notes = NoteTable.from_miditoolkit(tokenizer.decode(sample.ids))
+            by_role = CopyScore().compute(Span(notes, item.prompt.bars, 4, {"loop": item.loop}))
+            scores.append(np.nanmean([by_role[role] for role in tokenizer.roles]))
+    return scores
+
+
+def test_with_the_cache_the_shipped_groove_model_keeps_a_built_groove(groove_dur):
+    """The grooves built in musegen (drums, bass figure, chord rhythm; none from the corpus): the
+    model alone repeats a third of each bar (0.34 when written); with its tokenizer's default cache
+    weight (0.8) it repeats twice as much (0.67), every groove more, and one exactly."""
+    assert groove_dur[1].sampling_defaults["cache"] == 0.8
+    alone = copy_scores(*groove_dur, cache=0.0)
+    cached = copy_scores(*groove_dur, cache=None)
+    assert np.mean(alone) < 0.45
+    assert np.mean(cached) > np.mean(alone) + 0.25
+    by_groove = np.reshape(cached, (-1, 2)).mean(1) - np.reshape(alone, (-1, 2)).mean(1)
+    assert (by_groove > 0.05).all()
+    assert max(cached) > 0.95
+
+
+def test_cli_takes_the_weight_and_refuses_nonsense_in_one_line(tmp_path, capsys):
+    prompt = GROOVE_DUR.parent / "prompts" / "groove_rock.mid"
+    args = ["sample", "-c", GROOVE_DUR, "--prompt", prompt, "--bars", "1", "--seed", "0", "--out", tmp_path]
+    with pytest.raises(SystemExit) as exit_:
+        main([str(a) for a in args + ["--cache", "2"]])
+    assert exit_.value.code == 1
+    err = capsys.readouterr().err.strip()
+    assert err == "error: --cache must be within [0, 1], got 2.0"
+    assert not any(tmp_path.iterdir())  # refused before anything was written
+    with pytest.raises(SystemExit) as exit_:
+        main([str(a) for a in args + ["--cache", "0.5"]])
+    assert (exit_.value.code or 0) == 0
+    assert "cache=0.5" in capsys.readouterr().out
+
+
+def test_a_done_row_and_an_unmatched_one_pass_through_sampling(groove_dur):
+    """Cache weight 1 with a prompt whose last tokens never occurred before still samples valid
+    pieces: where the cache has nothing, the model draws."""
+    model, tokenizer = groove_dur
+    settings = SampleSettings(length=48, num_samples=2, seed=3, cache=1.0)
+    item = prepare(tokenizer, built_patterns()[0])
+    samples, stats = generate(model, tokenizer, item.prompt, settings, progress=False)
+    assert stats["invalid"] == 0
+    again, _ = generate(model, tokenizer, item.prompt, replace(settings, cache=0.0), progress=False)
+    assert [s.ids.tolist() for s in samples] != [s.ids.tolist() for s in again]

@@ -41,6 +41,28 @@ def test_the_longest_earlier_match_decides_what_follows():
         assert set(continuations(loop[:n], 2).tolist()) == {loop[n % 4]}
 
 
+def naive_continuations(ids: list[int], shortest: int, longest: int) -> list[int]:
+    """The definition, spelt out: for each length from the longest down, the tokens after every
+    earlier occurrence of the suffix of that length; the first length that has any."""
+    n = len(ids)
+    for k in range(min(longest, n - 1), shortest - 1, -1):
+        suffix = ids[n - k :]
+        found = [ids[e + 1] for e in range(k - 1, n - 1) if ids[e - k + 1 : e + 1] == suffix]
+        if found:
+            return found
+    return []
+
+
+@pytest.mark.parametrize("alphabet", [2, 3, 6])
+def test_the_vectorised_search_agrees_with_the_definition(alphabet):
+    rng = np.random.default_rng(alphabet)
+    for _ in range(300):
+        ids = rng.integers(0, alphabet, size=int(rng.integers(1, 60))).tolist()
+        for shortest, longest in ((1, 64), (3, 64), (1, 5)):
+            got = continuations(np.array(ids), shortest, longest).tolist()
+            assert got == naive_continuations(ids, shortest, longest), (ids, shortest, longest)
+
+
 def test_cache_probabilities_count_every_continuation_of_the_longest_match():
     ids = np.array([5, 6, 1, 5, 6, 2, 5, 6, 1, 0, 5, 6])  # "5 6" was followed by 1, 2, 1; "0 5 6" is new
     probs = cache_probs(ids, 1, width=8)

@@ -30,21 +30,19 @@ def continuations(ids: np.ndarray, shortest: int, longest: int = LONGEST) -> np.
     """The tokens that followed each earlier occurrence of the longest suffix of `ids` (of
     length `shortest`..`longest`) that occurs earlier; empty when none of `shortest` does.
 
-    Candidates are the positions whose token equals the last one; each round keeps those whose
-    token `k` places back also equals the suffix's, until none would be left."""
+    Candidates are the positions whose token equals the last one; each is compared backwards with
+    the suffix, token by token, in one array (candidates x lengths), and the longest agree."""
     ids = np.asarray(ids)
     n = len(ids)
-    if n < 2:
-        return ids[:0]
     ends = np.flatnonzero(ids[:-1] == ids[-1])  # an occurrence's last position; ends + 1 < n
-    k = 1
-    while k < min(longest, n - 1) and len(ends):
-        longer = ends[ends >= k]
-        longer = longer[ids[longer - k] == ids[n - 1 - k]]
-        if not len(longer):
-            break
-        ends, k = longer, k + 1
-    return ids[ends + 1] if k >= shortest and len(ends) else ids[:0]
+    if not len(ends):
+        return ids[:0]
+    back = np.arange(min(longest, n - 1))
+    at = ends[:, None] - back
+    same = (at >= 0) & (ids[np.maximum(at, 0)] == ids[n - 1 - back])
+    lengths = np.where(same.all(1), len(back), same.argmin(1))  # tokens agreeing before the first that differs
+    k = lengths.max()
+    return ids[ends[lengths == k] + 1] if k >= shortest else ids[:0]
 
 
 def cache_probs(ids: np.ndarray, shortest: int, width: int) -> np.ndarray | None:
@@ -68,12 +66,12 @@ class SuffixCache(Constraint):
     def reweight(self, run: Run, rows: list[Row], logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
         logp = logits.float().log_softmax(-1)
         width = logits.shape[-1]
+        cached = np.zeros((len(rows), width), dtype=np.float32)
         for b, row in enumerate(rows):
-            cached = None if row.done else cache_probs(np.asarray(row.ids[-WINDOW:]), self.shortest, width)
-            if cached is None:
-                continue
-            cached = torch.from_numpy(cached).to(logp) * allowed[b]
-            if cached.sum() > 0:
-                mixed = (1 - self.weight) * logp[b].exp() + self.weight * cached / cached.sum()
-                logp[b] = mixed.log()  # log 0 = -inf: neither proposes it
-        return logp
+            found = None if row.done else cache_probs(np.asarray(row.ids[-WINDOW:]), self.shortest, width)
+            if found is not None:
+                cached[b] = found
+        proposed = torch.from_numpy(cached).to(logp.device) * allowed
+        mass = proposed.sum(-1, keepdim=True)
+        mixed = (1 - self.weight) * logp.exp() + self.weight * proposed / mass.clamp_min(1e-30)
+        return torch.where(mass > 0, mixed.log(), logp)  # log 0 = -inf: neither proposes it

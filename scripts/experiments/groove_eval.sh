@@ -11,7 +11,8 @@
 # Settings (environment): DATA (default data/mma-<the checkpoint's tokenizer kind>), PIECES (80),
 # SAMPLES (2), MIDI (tests/data/multitrack), MIDI_SAMPLES (4), NAME (the model's name in the copy
 # table; default the checkpoint folder's name), COPY_WITH (more NAME=CHECKPOINT for the copy table:
-# softmax, the previous model), REPORT (a folder, e.g. docs/experiments/groove-targets/<model>: the
+# softmax, the previous model), SAMPLING (more `evaluate continuation` options for (a) and (b), e.g.
+# "--cache 0.5 --temperature-by family"), REPORT (a folder, e.g. docs/experiments/groove-targets/<model>: the
 # report stage copies the tables there). One CPU thread throughout.
 # Stages (after the two arguments): mma midi copy table (all by default) and report (by default
 # when REPORT is set). Interrupted continuation
@@ -45,7 +46,7 @@ stages=${*:-mma midi copy table${REPORT:+ report}}
 continuation() {
   local out=$1 data=$2 samples=$3; shift 3
   "${musegen[@]}" evaluate continuation --checkpoint "$CHECKPOINT" --data "$data" --prompt-bars 2 --bars 8 \
-    --samples-per-piece "$samples" --seed 0 --threads 1 --device cpu "$@" --out "$out"
+    --samples-per-piece "$samples" --seed 0 --threads 1 --device cpu ${SAMPLING:-} "$@" --out "$out"
 }
 
 for stage in $stages; do

@@ -29,8 +29,13 @@ standard library's tokenize.)
    growing key/value cache, aaren a constant-size state.
 5. threads (CPU): step latency at 512 with 1 thread vs all cores, alternating; this is why
    the sampler and these benchmarks default to 1 thread (docs/performance.md).
+6. suffix cache: the sampler's whole time per token (model step, masks, draw) with the cache at
+   0.8 (musegen.generation.cache), and the cache's own part of it, over the first and the last
+   quarter of one run (2 samples from the example pop prompt): what the cache adds, and whether
+   the step stays flat with it.
 Exits non-zero if a flatness target fails: step latency at the last position over 1.2x that
-at the first, or the sampler's last quarter over 1.2x slower than its first.
+at the first, or the sampler's last quarter over 1.2x slower than its first, without the cache
+or with it.
 """
 
 from __future__ import annotations
@@ -38,7 +43,10 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import time
 from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Optional
 
 import numpy as np
@@ -54,8 +62,9 @@ from bench.common import (
     timed_peak,
 )
 from musegen.device import native_bf16
+from musegen.generation.cache import SuffixCache
 from musegen.generation.loop import generate
-from musegen.generation.prompt import Prompt
+from musegen.generation.prompt import Prompt, load_prompt
 from musegen.generation.settings import SampleSettings
 from musegen.model.c_step import step_kernels
 from musegen.model.config import preset
@@ -273,6 +282,40 @@ def sampler_rates(model: MusicPerformer, device: torch.device, length: int) -> t
     return stats["tokens_per_second"], statistics.median(single[:quarter]), statistics.median(single[-quarter:])
 
 
+@dataclass(frozen=True)
+class TimedCache(SuffixCache):
+    """The suffix cache, recording the seconds of each of its steps."""
+
+    seconds: list = field(default_factory=list, compare=False)
+
+    def reweight(self, run, rows, logits, allowed):
+        started = time.perf_counter()
+        out = super().reweight(run, rows, logits, allowed)
+        self.seconds.append(time.perf_counter() - started)
+        return out
+
+
+def cache_cost(model: MusicPerformer, device: torch.device, length: int, weight: float = 0.8) -> dict[str, tuple]:
+    """Median seconds of one sampling step (all of it: model, constraints, draw) and of the suffix
+    cache's part of it, over the first and the last quarter of `length` tokens continuing the
+    example pop prompt, 2 samples, the cache at `weight`."""
+    tok = tokenizer_from_dict({"kind": "remi"})
+    prompt = load_prompt(tok, Path(__file__).resolve().parents[1] / "checkpoints" / "prompts" / "pop_progression.mid")
+    cache, stamps = TimedCache(weight), []
+    generate(
+        model,
+        tok,
+        prompt,
+        SampleSettings(length=length, num_samples=2, seed=0, cache=0.0, constraints=(cache,)),
+        device=device,
+        progress=False,
+        threads=torch.get_num_threads(),
+        on_step=lambda _: stamps.append(time.perf_counter()),
+    )
+    quarters = {"step": np.diff(stamps), "cache": np.array(cache.seconds[1:])}  # (the first step follows the prompt)
+    return {name: (np.median(x[: len(x) // 4]), np.median(x[-(len(x) // 4) :])) for name, x in quarters.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="prefix re-runs timed once, sampler over 512 tokens")
@@ -331,7 +374,17 @@ def main() -> None:
             f"step at 512 with {many} threads: {by_threads[many] * 1e3:.2f} ms, with 1 thread: "
             f"{by_threads[1] * 1e3:.2f} ms ({by_threads[many] / by_threads[1]:.2f}x)"
         )
-    if latency_ratio > FLAT or last / first > FLAT:
+    print(f"# suffix cache at 0.8 ({default}, 2 samples, {length} tokens after the pop prompt): ms per sampling step")
+    cost = cache_cost(model, device, length)
+    (step_first, step_last), (cache_first, cache_last) = cost["step"], cost["cache"]
+    print(
+        f"whole step: first quarter {step_first * 1e3:.2f}, last {step_last * 1e3:.2f} ({step_last / step_first:.2f}x)"
+    )
+    print(
+        f"the cache's part: first quarter {cache_first * 1e3:.3f} ({cache_first / step_first:.1%} of the step), "
+        f"last {cache_last * 1e3:.3f} ({cache_last / step_last:.1%})"
+    )
+    if latency_ratio > FLAT or last / first > FLAT or step_last / step_first > FLAT:
         raise SystemExit("per-token cost grows with the position")
 
 

@@ -3,18 +3,22 @@ makes with the model, and that with it the shipped groove model keeps a groove i
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import DATA
+from tiny_models import tiny_checkpoint
 
 from musegen.checkpoint import load_checkpoint
 from musegen.cli import main
 from musegen.errors import ConfigError
 from musegen.evaluation.copy_score import CopyScore
 from musegen.evaluation.metric import Span
+from musegen.evaluation.run_continuation import ContinuationSettings, evaluate_continuation
 from musegen.evaluation.run_copy import built_patterns, prepare
 from musegen.generation.cache import SuffixCache, cache_probs, continuations
 from musegen.generation.constraints import Row
@@ -161,3 +165,27 @@ def test_a_done_row_and_an_unmatched_one_pass_through_sampling(groove_dur):
     assert stats["invalid"] == 0
     again, _ = generate(model, tokenizer, item.prompt, replace(settings, cache=0.0), progress=False)
     assert [s.ids.tolist() for s in samples] != [s.ids.tolist() for s in again]
+
+
+def test_a_continuation_run_records_the_cache_it_sampled_with_and_resumes_only_with_it(tmp_path):
+    """groove-dur's default weight is written into run.json, so a run made with another weight
+    (or before the default) is refused instead of mixed in; where the weight is 0 by default and
+    not given, run.json stays as it was before the option."""
+    tune = sorted((DATA / "multitrack").glob("*.mid"))[0]
+    folder = tmp_path / "tunes"
+    folder.mkdir()
+    (folder / tune.name).write_bytes(tune.read_bytes())
+
+    def run(kind: str, out: str, cache: float | None):
+        settings = ContinuationSettings(
+            prompt_bars=2, sample=SampleSettings(bars=1, num_samples=1, seed=0, cache=cache)
+        )
+        ckpt = tiny_checkpoint(kind, tmp_path / f"ckpt-{kind}")
+        evaluate_continuation(ckpt, folder, tmp_path / out, settings, device="cpu", progress=False)
+        return json.loads((tmp_path / out / "run.json").read_text())
+
+    assert run("groove-dur", "dur", None)["cache"] == 0.8
+    assert run("groove-dur", "dur", 0.8)["cache"] == 0.8  # the same settings: it resumes
+    with pytest.raises(ConfigError, match=r"holds results of other settings \(cache\)"):
+        run("groove-dur", "dur", 0.0)
+    assert "cache" not in run("groove", "groove", None)

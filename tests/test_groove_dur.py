@@ -283,9 +283,12 @@ def test_any_notes_encode_to_one_note_per_slot_and_onset(rows):
     assert len(kept) == len(notes) - counts["merged_notes"]
     ends = {}
     for t, p, on, off in sorted(kept.tolist(), key=lambda n: n[2]):
-        assert ends.get((t, p), 0) <= on  # a slot holds one note at a time
+        if t == 2:  # a drum hit is an instant, decoded DRUM_UNITS long: the hits of a fast roll may overlap
+            assert off - on == DRUM_UNITS
+            continue
+        assert ends.get((t, p), 0) <= on  # a pitched slot holds one note at a time
         ends[t, p] = off
-        assert (off - on == DRUM_UNITS) if t == 2 else (off - on in DURATIONS)
+        assert off - on in DURATIONS
     lone = [n for n in notes.tolist() if sum(m[0:2] == n[0:2] for m in notes.tolist()) == 1]
     assert expected_notes(np.array(lone).reshape(-1, 4)) <= {tuple(n) for n in kept.tolist()}
 

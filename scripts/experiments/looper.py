@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from musegen import schemas
 from musegen.evaluation.metric import Span, measure
 from musegen.evaluation.report import json_safe
 from musegen.evaluation.run_continuation import METRICS, Piece, split_pieces
@@ -40,8 +41,10 @@ def looped(notes: NoteTable, span_start: int, bars: int) -> NoteTable:
 
 
 def main(run: str, data: str, split: str, out: str) -> None:
-    settings = json.loads((Path(run) / "run.json").read_text())
-    records = [json.loads(line) for line in (Path(run) / "pieces.jsonl").read_text().splitlines() if line]
+    settings = schemas.read(Path(run) / "run.json", "evaluation settings")
+    pieces_file = Path(run) / "pieces.jsonl"
+    lines_read = filter(None, pieces_file.read_text().splitlines())
+    records = [schemas.loads(line, "piece record", pieces_file).model_dump() for line in lines_read]
     index = Path(data) / "index.json"
     tok = Shards(data).tokenizer if index.exists() else tokenizer_from_dict({"kind": "groove-dur"})
     _, names, pieces, _ = split_pieces(data, split, tok)

@@ -403,9 +403,9 @@ def evaluate_continuation(
         raise ConfigError(f"--pieces must be at least 1, got {limit}")
     device = resolve_device(device)
     model, tokenizer, _, _ = load_checkpoint(checkpoint, device=device)
-    default_cache = tokenizer.sampling_defaults.get("cache", 0.0)
-    if settings.sample.cache is None and default_cache:  # recorded: a run made before that default differs
-        settings = replace(settings, sample=replace(settings.sample, cache=default_cache))
+    cache = settings.sample.resolved(tokenizer).cache
+    if settings.sample.cache is None and cache:  # the tokenizer's weight, recorded: a run from before it differs
+        settings = replace(settings, sample=replace(settings.sample, cache=cache))
     split, names, ids, unreadable = split_pieces(data_dir, split, tokenizer)
     usable, skipped = usable_pieces(tokenizer, names, ids, settings)
     skipped = unreadable | skipped

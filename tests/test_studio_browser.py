@@ -106,7 +106,8 @@ def test_the_page_generates_plays_downloads_and_reports_a_bad_file(browser, tmp_
 
         # download the MIDI file of sample 1
         cards[0].find_element(By.LINK_TEXT, "MIDI").click()
-        midi = wait_for(lambda: list((tmp_path / "dl").glob("*.mid")))
+        # (Chromium may create the file before it writes it: wait until it holds something)
+        midi = wait_for(lambda: [p for p in (tmp_path / "dl").glob("*.mid") if p.stat().st_size])
         assert midi[0].read_bytes()[:4] == b"MThd"
 
         # a bad file: its one-line message in the page

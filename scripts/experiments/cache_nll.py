@@ -1,5 +1,5 @@
 """Does the suffix cache (musegen/generation/cache.py) predict real pieces better than the model
-alone? Teacher-forced NLL of the mixture (1 - w) p_model + w p_cache on test pieces, for a grid
+alone? Teacher-forced NLL of the mixture (1 - w) p_model + w p_cache on a split's pieces, for a grid
 of weights w and shortest matches, in the bars after the prompt (bar 3 on: what a continuation
 must get right) and by token kind there (drum, bass and other notes, the rest). Choose the
 settings on the validation split, and report them on the test split.
@@ -12,7 +12,7 @@ import numpy as np
 
 from musegen.checkpoint import load_checkpoint
 from musegen.evaluation.loss import token_nll
-from musegen.generation.cache import continuations
+from musegen.generation.cache import cache_probs
 from musegen.music.roles import TRACKS
 from musegen.shards import Shards
 from musegen.tokenizers.groove_dur import DURATION, N_PITCH
@@ -24,13 +24,14 @@ SHORTEST = (1, 2, 4, 8, 16)
 KINDS = [*TRACKS.values(), "rest"]
 
 
-def cache_hits(ids: np.ndarray, n_targets: int, shortest: int) -> np.ndarray:
-    """p_cache of each target token ids[1..n_targets] given the tokens before it; NaN: no match."""
+def cache_hits(ids: np.ndarray, n_targets: int, shortest: int, width: int) -> np.ndarray:
+    """p_cache (the sampler's own, `cache_probs`) of each target token ids[1..n_targets] given the
+    tokens before it; NaN: no match."""
     out = np.full(n_targets, np.nan)
     for i in range(n_targets):
-        found = continuations(ids[: i + 1], shortest)
-        if len(found):
-            out[i] = np.mean(found == ids[i + 1])
+        probs = cache_probs(ids[: i + 1], shortest, width)
+        if probs is not None:
+            out[i] = probs[ids[i + 1]]
     return out
 
 
@@ -44,7 +45,7 @@ def main(corpus: str, split: str, n_pieces: int, models: list[str]) -> None:
         bar = np.searchsorted(np.array(tok.bar_starts(ids)), np.arange(1, len(ids)), side="right") - 1
         after.append(bar >= PROMPT_BARS)
         kinds.append(np.where(targets < DURATION, targets // N_PITCH, len(TRACKS)))
-    hits = {s: [cache_hits(ids, len(ids) - 1, s) for ids in pieces] for s in SHORTEST}
+    hits = {s: [cache_hits(ids, len(ids) - 1, s, tok.vocab_size) for ids in pieces] for s in SHORTEST}
     for s in SHORTEST:
         h = np.concatenate(hits[s])[np.concatenate(after)]
         print(

@@ -32,7 +32,7 @@ from tqdm import tqdm
 from .. import schemas
 from ..device import resolve_device
 from ..errors import ConfigError, DataError, MusegenError, TokenError
-from ..generation.settings import SampleSettings
+from ..generation.settings import SampleSettings, nth_seed
 from ..io import write_json, write_text
 from ..music.notes import NoteTable
 from ..shard_midi import piece_stem
@@ -56,7 +56,7 @@ def _default_sample() -> SampleSettings:
 class ContinuationSettings:
     """What `musegen evaluate continuation` does per piece. `sample` is how each piece is continued:
     its `bars` are generated and measured, `num_samples` per piece, piece i (in the order of the
-    usable pieces) sampled with seed `sample.seed + i`; sampling values None are the paper's."""
+    usable pieces) sampled with seed `nth_seed(sample.seed, i)`; sampling values None are the paper's."""
 
     prompt_bars: int = 4  # after the pickup bar
     sample: SampleSettings = field(default_factory=_default_sample)
@@ -189,7 +189,7 @@ def continue_piece(
     from ..generation.prompt import prompt_from_ids
 
     prompt = prompt_from_ids(tokenizer, piece.ids, bars=piece.span_start, source=piece.name)
-    seed = settings.sample.seed + index
+    seed = nth_seed(settings.sample.seed, index)
     sample_settings = replace(settings.sample, seed=seed)
     samples, stats = generate(model, tokenizer, prompt, sample_settings, device=device, progress=False, threads=threads)
     write_samples(samples, tokenizer, prompt, samples_dir, piece_stem(piece.name))

@@ -23,6 +23,7 @@ from __future__ import annotations
 import io
 import math
 import os
+import re
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
@@ -33,6 +34,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ..errors import ConfigError, DataError, MusegenError, TokenError
+from ..generation.settings import SEED_MAX
 from ..io import write_json
 from ..music.constants import BEATS_PER_BAR
 from ..music.notes import ROLES, NoteTable
@@ -48,6 +50,7 @@ PATTERN_BARS = 2
 PROMPT_REPEATS = 2  # the prompt: the pattern played this many times
 PROMPT_BARS = PATTERN_BARS * PROMPT_REPEATS
 TPQ = 480  # ticks per beat of the patterns built here
+MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # a model's name is a folder of samples/
 
 
 @dataclass
@@ -281,6 +284,8 @@ class CopySettings:
         for name, least in (("bars", 1), ("samples", 1), ("seed", 0)):
             if getattr(self, name) < least:
                 raise ConfigError(f"--{name} must be at least {least}, got {getattr(self, name)}")
+        if self.seed > SEED_MAX:
+            raise ConfigError(f"--seed must be within 0..{SEED_MAX} (2**63 - 1), got {self.seed}")
         if self.cache is not None and not 0.0 <= self.cache <= 1.0:
             raise ConfigError(f"--cache must be within [0, 1], got {self.cache}")
         return self
@@ -305,7 +310,7 @@ def evaluate_copy(
     from ..device import resolve_device
     from ..generation.loop import generate
     from ..generation.outputs import write_samples
-    from ..generation.settings import SampleSettings
+    from ..generation.settings import SampleSettings, nth_seed
 
     settings = (settings or CopySettings()).checked()
     if pieces < 0:
@@ -317,6 +322,9 @@ def evaluate_copy(
     device = resolve_device(device)
     out_dir = Path(out_dir)
     models, baselines, prepared_by = {}, {}, {}
+    for name in checkpoints:  # each name is a folder under samples/: refused before anything is written
+        if not MODEL_NAME.fullmatch(name):
+            raise ConfigError(f"model name {name[:80]!r}: use letters, digits, '.', '_' and '-', not starting with '.'")
     for name, folder in checkpoints.items():
         model, tokenizer, _, _ = load_checkpoint(folder, device=device)
         if not tokenizer.roles:
@@ -337,7 +345,7 @@ def evaluate_copy(
                 model,
                 tokenizer,
                 item.prompt,
-                replace(sample_settings, seed=settings.seed + i),
+                replace(sample_settings, seed=nth_seed(settings.seed, i)),
                 device=device,
                 progress=False,
                 threads=threads,

@@ -25,7 +25,7 @@ from .loop import generate
 from .outputs import is_set, output_set, write_samples
 from .prompt import Prompt, load_prompt
 from .resources import check_threads, checked_device
-from .settings import SEED_MAX, SampleSettings
+from .settings import SampleSettings, nth_seed
 
 
 def sample_to_folder(
@@ -83,7 +83,7 @@ def _sample_folder(
         if rel in skipped:
             continue
         try:
-            seed = (settings.seed + i) % (SEED_MAX + 1)
+            seed = nth_seed(settings.seed, i)
             sets[rel] = sample_prompt(run, folder / stems[path], stems[path], replace(settings, seed=seed), path)
         except MusegenError as exc:
             skipped[rel] = str(exc).splitlines()[0]

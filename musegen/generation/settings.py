@@ -23,6 +23,11 @@ TOP_P_RANGE = (1e-6, 1.0)  # below, the nucleus is the most likely token alone w
 SEED_MAX = 2**63 - 1  # torch generators take 64 bits; folder prompts count up from the seed, modulo this
 
 
+def nth_seed(seed: int, i: int) -> int:
+    """The seed of the i-th of several runs made from one --seed: counted up, wrapping within the bound."""
+    return (seed + i) % (SEED_MAX + 1)
+
+
 @dataclass
 class SampleSettings:
     length: int | None = None  # new tokens after the prompt (closing tokens not counted)

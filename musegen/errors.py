@@ -25,7 +25,10 @@ class CheckpointError(MusegenError):
 
 
 class ConfigError(MusegenError):
-    """An unknown preset, an unknown setting, or a value of the wrong type."""
+    """An unknown preset, an unknown setting, an option out of its bounds, or a value of the wrong
+    type: exit 2, as for an option the command line itself refuses."""
+
+    exit_code = 2
 
 
 class DataError(MusegenError):
@@ -50,13 +53,9 @@ class FormatError(ConfigError):
     """A file (JSON, YAML) or a setting whose value breaks its declared schema: a wrong type, a
     missing field, a number out of bounds (musegen/schemas.py, ModelConfig)."""
 
-    exit_code = 2
-
 
 class ResourceError(ConfigError):
     """A request refused before allocation: it would need more memory, time or disk than there is."""
-
-    exit_code = 2
 
 
 class NumericError(CheckpointError):

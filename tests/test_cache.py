@@ -145,7 +145,7 @@ def test_cli_takes_the_weight_and_refuses_nonsense_in_one_line(tmp_path, capsys)
     args = ["sample", "-c", GROOVE_DUR, "--prompt", prompt, "--bars", "1", "--seed", "0", "--out", tmp_path]
     with pytest.raises(SystemExit) as exit_:
         main([str(a) for a in args + ["--cache", "2"]])
-    assert exit_.value.code == 1
+    assert exit_.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err == "error: --cache must be within [0, 1], got 2.0"
     assert not any(tmp_path.iterdir())  # refused before anything was written

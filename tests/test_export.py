@@ -54,13 +54,14 @@ def test_export_halves_the_weights_and_keeps_the_model(tmp_path):
 
 
 def test_export_rejects_bad_dtype_and_missing_checkpoint(tmp_path):
-    for args, message in [(["--dtype", "int8"], "--dtype must be one of"), ([], "checkpoint folder not found")]:
+    cases = [(["--dtype", "int8"], "--dtype must be one of", 2), ([], "checkpoint folder not found", 1)]
+    for args, message, code in cases:
         result = subprocess.run(
             [sys.executable, "-m", "musegen", "export", str(tmp_path / "none"), "--out", str(tmp_path / "o"), *args],
             capture_output=True,
             text=True,
         )
-        assert result.returncode == 1 and message in result.stderr and "Traceback" not in result.stderr
+        assert result.returncode == code and message in result.stderr and "Traceback" not in result.stderr
 
 
 def test_shipped_models_name_their_data_and_source_runs_without_machine_paths():

@@ -317,13 +317,13 @@ def test_musegen_studio_serves_the_page_on_127_0_0_1_and_prints_its_address(tmp_
 
 
 @pytest.mark.parametrize(
-    "args,message",
+    "args,message,code",
     [
-        (["--checkpoint", "no-such-folder"], "error: no-such-folder: checkpoint folder not found"),
-        (["--port", "70000"], "error: --port must be within 0..65535, got 70000"),
+        (["--checkpoint", "no-such-folder"], "error: no-such-folder: checkpoint folder not found", 1),
+        (["--port", "70000"], "error: --port must be within 0..65535, got 70000", 2),
     ],
 )
-def test_musegen_studio_refuses_a_bad_option_in_one_line(tmp_path, args, message):
+def test_musegen_studio_refuses_a_bad_option_in_one_line(tmp_path, args, message, code):
     done = studio_command(*args, "--out", str(tmp_path / "out"))
     _, err = done.communicate(timeout=120)
-    assert done.returncode == 1 and err.strip() == message
+    assert done.returncode == code and err.strip() == message

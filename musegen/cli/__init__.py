@@ -26,8 +26,9 @@ app = typer.Typer(
     "before tick 2^31, and (for the tokenizers) 10,000 bars; a JSON file 256 MiB and 64 levels of "
     "nesting. `data prepare` skips, counts and lists a file that is bad, takes over 60 s, or whose "
     "worker process is killed (e.g. out of memory). Every JSON and YAML file is checked against its declared "
-    "schema (musegen/schemas.py). Exit codes: 1 a bad input, 2 a file or setting that breaks its schema or "
-    "bounds, or a request refused before allocation (memory, notes), 3 an internal error.",
+    "schema (musegen/schemas.py). Exit codes: 1 a bad input file or folder, 2 an option or setting out of its "
+    "bounds, a file that breaks its schema, or a request refused before allocation (memory, notes), 3 an "
+    "internal error.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

@@ -25,7 +25,7 @@ from __future__ import annotations
 import ctypes
 import math
 from dataclasses import dataclass
-from functools import partial
+from functools import cache, partial
 from typing import Optional
 
 import torch
@@ -39,11 +39,20 @@ from .spe import SineSPE, gate_codes
 
 
 def _onednn_bf16(device: torch.device) -> bool:
-    return (
-        device.type == "cpu"
-        and torch.backends.mkldnn.is_available()
-        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-    )
+    return device.type == "cpu" and _onednn_packs_bf16()
+
+
+@cache
+def _onednn_packs_bf16() -> bool:
+    """Whether oneDNN packs bf16 weights on this CPU: it refuses on CPUs without AVX512-BW/VL/DQ or
+    AVX-NE-CONVERT (AMD's Zen 3, say), which only trying tells, so this tries once."""
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
+        return False
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(2, 2, dtype=torch.bfloat16), 1)
+    except RuntimeError:
+        return False
+    return True
 
 
 class Linear:

@@ -136,6 +136,7 @@ def test_real_timings_leave_the_run_as_it_was(monkeypatch, tmp_path):
     """Timed for real (tiny model): every candidate gets a time, the global random state and the
     model's weights are untouched, and the candidates' prepared weights are freed."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv(precision.ENV, raising=False)
     monkeypatch.setattr(precision, "native_bf16", lambda device: True)
     torch.manual_seed(5)
     before = torch.get_rng_state()

@@ -99,6 +99,7 @@ def load_checkpoint(folder: str | os.PathLike, device: str | torch.device = "cpu
         raise
     except MusegenError as exc:
         raise CheckpointError(f"{folder}: bad tokenizer ({exc})") from None
+    tokenizer.sampling_defaults = {**tokenizer.sampling_defaults, **_sampling_defaults(meta, folder)}
     if tokenizer.vocab_size != config.vocab_size:
         raise CheckpointError(
             f"{folder}: tokenizer has {tokenizer.vocab_size} tokens but the model {config.vocab_size}"
@@ -118,6 +119,18 @@ def load_checkpoint(folder: str | os.PathLike, device: str | torch.device = "cpu
     targets = model.state_dict()
     model.load_state_dict({k: v.to(targets[k].dtype) for k, v in state.items()})
     return model.to(device).eval(), tokenizer, config, meta
+
+
+def _sampling_defaults(meta: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """The sampling defaults this checkpoint names in its meta ("sampling": {"cache": 0.8}), over its
+    tokenizer's: a default tuned for one model belongs to the model. Their bounds are checked where
+    they are used (SampleSettings.resolved)."""
+    sampling = meta.get("sampling", {})
+    if not isinstance(sampling, dict) or not all(
+        isinstance(v, (int, float, str)) and not isinstance(v, bool) for v in sampling.values()
+    ):
+        raise CheckpointError(f"{printable(folder / CONFIG)}: meta.sampling must map option names to numbers or text")
+    return sampling
 
 
 def _check_header(weights: Path, expected: dict[str, tuple[int, ...]]) -> None:

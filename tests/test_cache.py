@@ -128,7 +128,7 @@ def copy_scores(model, tokenizer, cache: float | None) -> list[float]:
 
 def test_with_the_cache_the_shipped_groove_model_keeps_a_built_groove(groove_dur):
     """The grooves built in musegen (drums, bass figure, chord rhythm; none from the corpus): the
-    model alone repeats a third of each bar (0.34 when written); with its tokenizer's default cache
+    model alone repeats a third of each bar (0.34 when written); with its checkpoint's default cache
     weight (0.8) it repeats twice as much (0.67), every groove more, and one exactly."""
     assert groove_dur[1].sampling_defaults["cache"] == 0.8
     alone = copy_scores(*groove_dur, cache=0.0)
@@ -168,9 +168,9 @@ def test_a_done_row_and_an_unmatched_one_pass_through_sampling(groove_dur):
 
 
 def test_a_continuation_run_records_the_cache_it_sampled_with_and_resumes_only_with_it(tmp_path):
-    """groove-dur's default weight is written into run.json, so a run made with another weight
-    (or before the default) is refused instead of mixed in; where the weight is 0 by default and
-    not given, run.json stays as it was before the option."""
+    """The checkpoint's default weight (its meta.sampling) is written into run.json, so a run made
+    with another weight is refused instead of mixed in; a model that names none samples and
+    records 0."""
     tune = sorted((DATA / "multitrack").glob("*.mid"))[0]
     folder = tmp_path / "tunes"
     folder.mkdir()
@@ -180,7 +180,8 @@ def test_a_continuation_run_records_the_cache_it_sampled_with_and_resumes_only_w
         settings = ContinuationSettings(
             prompt_bars=2, sample=SampleSettings(bars=1, num_samples=1, seed=0, cache=cache)
         )
-        ckpt = tiny_checkpoint(kind, tmp_path / f"ckpt-{kind}")
+        meta = {"sampling": {"cache": 0.8}} if kind == "groove-dur" else None
+        ckpt = tiny_checkpoint(kind, tmp_path / f"ckpt-{kind}", meta)
         evaluate_continuation(ckpt, folder, tmp_path / out, settings, device="cpu", progress=False)
         return json.loads((tmp_path / out / "run.json").read_text())
 
@@ -188,4 +189,4 @@ def test_a_continuation_run_records_the_cache_it_sampled_with_and_resumes_only_w
     assert run("groove-dur", "dur", 0.8)["cache"] == 0.8  # the same settings: it resumes
     with pytest.raises(ConfigError, match=r"holds results of other settings \(cache\)"):
         run("groove-dur", "dur", 0.0)
-    assert "cache" not in run("groove", "groove", None)
+    assert run("groove", "groove", None)["cache"] == 0.0

@@ -55,7 +55,7 @@ def test_the_largest_seed_is_accepted_and_the_patterns_after_it_wrap_around(
     code, err = run_cli(copy_args(out, "-c", groove_checkpoint, "--seed", SEED_MAX, "--recall-pieces", "0"), capsys)
     assert code == 0, err
     result = json.loads((out / "copy.json").read_text())
-    assert result["settings"]["seed"] == SEED_MAX and len(result["patterns"]) >= 2
+    assert result["settings"]["sample"]["seed"] == SEED_MAX and len(result["patterns"]) >= 2
     code, err = run_cli(copy_args(tmp_path / "more", "-c", groove_checkpoint, "--seed", SEED_MAX + 1), capsys)
     assert code == 2 and len(err) == 1 and "--seed must be within" in err[0], err
     assert not (tmp_path / "more").exists()

@@ -193,7 +193,7 @@ def test_cli_compares_models_beside_the_loop_and_bad_input_is_one_line(
     assert result["models"]["a"]["rows"] == result["models"]["b"]["rows"]  # same weights, same seeds
     assert len(list((out / "samples" / "a").glob("*.mid"))) == 6
     assert len(result["table"][0]["by_bar"]) == 1 and "mean by continued bar (1..1): a " in printed
-    assert result["settings"]["cache"] is None  # the tokenizer's default
+    assert result["settings"]["sample"]["cache"] is None  # each model's default
     remi = tiny_checkpoint("remi", tmp_path / "remi")
     for bad in (
         ["-c", str(remi)],

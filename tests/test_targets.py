@@ -19,7 +19,7 @@ from tiny_models import tiny_checkpoint
 from data_prep.common import Item, prepare
 from musegen.cli import main
 from musegen.evaluation.run_continuation import ContinuationSettings, evaluate_continuation
-from musegen.evaluation.run_copy import CopySettings, evaluate_copy
+from musegen.evaluation.run_copy import evaluate_copy
 from musegen.evaluation.targets import MMA_PIECES, ContinuationRun, groove_targets, midi_checks, mma_checks
 from musegen.generation.settings import SampleSettings
 from musegen.tokenizers.groove import GrooveTokenizer
@@ -45,7 +45,13 @@ def runs(tmp_path_factory, one_torch_thread):
         device="cpu",
         progress=False,
     )
-    evaluate_copy({"tiny": ckpt}, root / "copy", settings=CopySettings(bars=2, samples=1), device="cpu", progress=False)
+    evaluate_copy(
+        {"tiny": ckpt},
+        root / "copy",
+        settings=SampleSettings(bars=2, num_samples=1, seed=0),
+        device="cpu",
+        progress=False,
+    )
     return root
 
 

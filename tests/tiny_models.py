@@ -19,7 +19,7 @@ def tiny_model(kind: str, seed: int = 0) -> tuple[MusicPerformer, Tokenizer]:
     return MusicPerformer(preset("tiny", vocab_size=tok.vocab_size)).eval(), tok
 
 
-def tiny_checkpoint(kind: str, folder: Path) -> Path:
+def tiny_checkpoint(kind: str, folder: Path, meta: dict | None = None) -> Path:
     """A checkpoint folder of `tiny_model(kind)`."""
     model, tok = tiny_model(kind)
-    return save_checkpoint(folder, model, model.config, tok)
+    return save_checkpoint(folder, model, model.config, tok, meta)

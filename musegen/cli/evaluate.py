@@ -5,12 +5,17 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from .sample import CACHE, KEEP_NOTE_OFFS, MONO_BASS, TEMPERATURE, TEMPERATURE_BY, TOP_K, TOP_P, drawing
+from ..generation.settings import SampleSettings
+from .options import sampling_options
+
+# the continuation protocol's own: how much is sampled, from which seed, at which precision
+PROTOCOL_OWN = ("length", "bars", "num_samples", "seed", "prompt_bars", "grammar", "precision")
 
 evaluate_app = typer.Typer(help="Measure generated music and trained models.", no_args_is_help=True)
 
@@ -94,6 +99,7 @@ def loss(
 
 
 @evaluate_app.command("continuation")
+@sampling_options(exclude=PROTOCOL_OWN)
 def continuation(
     checkpoint: Path = typer.Option(..., "--checkpoint", "-c", help="Checkpoint folder."),
     data: Path = typer.Option(
@@ -113,13 +119,6 @@ def continuation(
     samples_per_piece: int = typer.Option(2, help="Continuations sampled per piece."),
     pieces: Optional[int] = typer.Option(None, help="Use only the first N usable pieces."),
     seed: int = typer.Option(0, help="Piece i is sampled with seed + i."),
-    temperature: Optional[float] = TEMPERATURE,
-    temperature_by: Optional[str] = TEMPERATURE_BY,
-    top_p: Optional[float] = TOP_P,
-    top_k: int = TOP_K,
-    keep_note_offs: bool = KEEP_NOTE_OFFS,
-    mono_bass: bool = MONO_BASS,
-    cache: Optional[float] = CACHE,
     device: str = typer.Option("auto", help="auto (CUDA when present), cpu, cuda or cuda:N."),
     threads: Optional[int] = typer.Option(None, min=1, help="CPU threads while sampling (default 1)."),
     by_quarter: bool = typer.Option(
@@ -127,14 +126,13 @@ def continuation(
         help="Also measure each quarter of the bars (a multiple of 4): how a "
         "long continuation holds up past the training length.",
     ),
+    settings: Optional[SampleSettings] = None,  # the drawing options, made by @sampling_options
 ):
     """Continue held-out pieces (pickup bar + N bars in, M bars out, as MIREX 2025) and compare the
     continuations with the real bars and with another piece's: a table (CSV + Markdown) and a plot."""
     from musegen.evaluation.run_continuation import ContinuationSettings, evaluate_continuation
-    from musegen.generation.settings import SampleSettings
 
-    options = drawing(temperature, temperature_by, top_p, top_k, keep_note_offs, mono_bass, cache)
-    sample = SampleSettings(bars=bars, num_samples=samples_per_piece, seed=seed, **options)
+    sample = replace(settings, bars=bars, num_samples=samples_per_piece, seed=seed)
     settings = ContinuationSettings(prompt_bars=prompt_bars, sample=sample, by_quarter=by_quarter)
     result = evaluate_continuation(
         checkpoint, data, out, settings, split=split, limit=pieces, device=device, threads=threads
@@ -155,6 +153,7 @@ def continuation(
 
 
 @evaluate_app.command("copy")
+@sampling_options(exclude=PROTOCOL_OWN)
 def copy(
     checkpoint: list[str] = typer.Option(
         ..., "--checkpoint", "-c", help="Checkpoint folder, or NAME=FOLDER; repeat to put models side by side."
@@ -169,22 +168,20 @@ def copy(
     built: bool = typer.Option(True, help="Also the grooves built in musegen (drums, bass figure, chord rhythm)."),
     bars: int = typer.Option(4, help="Bars continued and scored after the 4-bar prompt."),
     samples: int = typer.Option(2, help="Continuations sampled per pattern."),
-    seed: int = typer.Option(0, help="Pattern i is sampled with seed + i."),
-    cache: Optional[float] = typer.Option(
-        None, help="Weight within [0, 1] of the sampler's suffix cache, for every model (default: each tokenizer's)."
-    ),
+    seed: int = typer.Option(0, help="Pattern i is sampled with seed + i (wrapping within 0..2**63-1)."),
     device: str = typer.Option("auto", help="auto (CUDA when present), cpu, cuda or cuda:N."),
     threads: Optional[int] = typer.Option(None, min=1, help="CPU threads while sampling (default 1)."),
     recall_pieces: int = typer.Option(
         30, min=0, help="Also the NLL by bar on this many unseen random loops (recall.md; 0: not)."
     ),
+    settings: Optional[SampleSettings] = None,  # the drawing options, made by @sampling_options
 ):
     """Whether a model keeps a groove: 2-bar patterns played twice, continued, and each new bar scored per
     role by how exactly it repeats the pattern (1: a perfect loop), beside the loop itself and an
     unrelated pattern; and, drawing nothing, how much the model's NLL falls on random loops once it has
     heard their pattern (recall.md)."""
     from musegen.errors import ConfigError
-    from musegen.evaluation.run_copy import CopySettings, evaluate_copy
+    from musegen.evaluation.run_copy import evaluate_copy
     from musegen.evaluation.run_recall import evaluate_recall
 
     checkpoints = {}
@@ -201,7 +198,7 @@ def copy(
         split,
         pieces,
         built,
-        CopySettings(bars, samples, seed, cache),
+        replace(settings, bars=bars, num_samples=samples, seed=seed),
         device=device,
         threads=threads,
     )

@@ -7,55 +7,11 @@ from typing import Optional
 
 import typer
 
-# Shared with `musegen evaluate continuation`, which samples the same way.
-TEMPERATURE = typer.Option(
-    None, help="Within [0.001, 100]. Default: the tokenizer's (REMI 1.2, groove 0.6, as in the paper)."
-)
-TEMPERATURE_BY = typer.Option(
-    None,
-    help="token: the temperature divides every logit (the paper's sampling); family: it shapes "
-    "the choice within each token family (one track's notes, the time shifts) and leaves each "
-    "family's share as the model gives it. Default: token.",
-)
-TOP_P = typer.Option(None, help="Nucleus mass within [1e-06, 1]. Default: REMI 0.9, groove 1.0.")
-TOP_K = typer.Option(0, help="Keep only the k most likely tokens (0: off).")
-KEEP_NOTE_OFFS = typer.Option(
-    True,
-    "--keep-note-offs/--plain-mask",
-    help="Where notes end by a token of their own (groove), the grammar mask keeps the "
-    "model's share of note-offs, moved onto the sounding notes; --plain-mask "
-    "renormalises over all allowed tokens, as the paper does.",
-)
-MONO_BASS = typer.Option(
-    True,
-    "--mono-bass/--poly-bass",
-    help="Groove: a bass note still sounding when a later bass note begins ends at the "
-    "next event (2% of the MMA corpus's bass notes sound past the next bass onset); "
-    "--poly-bass writes the bass as drawn.",
-)
-
-CACHE = typer.Option(
-    None,
-    help="Weight within [0, 1] of the suffix cache, mixed with the model before the temperature: "
-    "it proposes what followed the piece's last tokens where they occurred before, so a groove "
-    "keeps repeating what it played (docs/sampling.md). Default: the tokenizer's (groove-dur 0.8; "
-    "REMI and groove 0, off).",
-)
+from ..generation.settings import SampleSettings
+from .options import sampling_options
 
 
-def drawing(temperature, temperature_by, top_p, top_k, keep_note_offs, mono_bass, cache) -> dict:
-    """The drawing options that `sample` and `evaluate continuation` share, as SampleSettings fields."""
-    return dict(
-        temperature=temperature,
-        temperature_by=temperature_by,
-        top_p=top_p,
-        top_k=top_k,
-        keep_note_offs=keep_note_offs,
-        mono_bass=mono_bass,
-        cache=cache,
-    )
-
-
+@sampling_options()
 def sample(
     checkpoint: Path = typer.Option(..., "--checkpoint", "-c", help="Checkpoint folder (model, config, tokenizer)."),
     out: Path = typer.Option(
@@ -71,61 +27,17 @@ def sample(
         "continuation is also written as that task's JSON), or a "
         "folder: each such file under it (default: from scratch).",
     ),
-    prompt_bars: Optional[int] = typer.Option(
-        None, help="Keep only the prompt's first N whole bars, 1..10,000 (groove protocol: 2)."
-    ),
-    length: Optional[int] = typer.Option(None, help="Tokens to generate after the prompt, 1..10,240,000."),
-    bars: Optional[int] = typer.Option(None, help="Or: bars to generate after the prompt, 1..10,000."),
-    temperature: Optional[float] = TEMPERATURE,
-    temperature_by: Optional[str] = TEMPERATURE_BY,
-    top_p: Optional[float] = TOP_P,
-    top_k: int = TOP_K,
-    num_samples: int = typer.Option(
-        1,
-        "--num-samples",
-        "-n",
-        help="Samples generated together in one batch (at least 1, as many as the memory holds).",
-    ),
-    seed: Optional[int] = typer.Option(
-        None, help="Random seed within 0..2**63-1 (default: drawn and recorded in the JSON)."
-    ),
     audio: bool = typer.Option(False, "--audio", help="Also render each sample to WAV with FluidSynth."),
     pianoroll: bool = typer.Option(False, "--pianoroll", help="Also draw each sample as a piano-roll PNG."),
-    no_grammar: bool = typer.Option(
-        False,
-        "--no-grammar",
-        help="Sample without the grammar mask (for comparison); "
-        "tokens the grammar rejects are skipped and counted "
-        "when decoding.",
-    ),
-    keep_note_offs: bool = KEEP_NOTE_OFFS,
-    mono_bass: bool = MONO_BASS,
-    cache: Optional[float] = CACHE,
     device: str = typer.Option("auto", help="auto (CUDA when present), cpu, cuda or cuda:N."),
-    precision: str = typer.Option(
-        "auto",
-        help="Precision of the model's steps: auto (the fastest of fp32, bf16 "
-        "and bf16 in C, timed once per machine and batch and cached; "
-        "MUSEGEN_PRECISION=measure times again), fp32 or bf16.",
-    ),
     threads: Optional[int] = typer.Option(
         None, help="CPU threads while sampling, 1..256 (default 1: small per-token work runs faster on one thread)."
     ),
+    settings: Optional[SampleSettings] = None,  # made by @sampling_options from the flags
 ):
     """Continue a MIDI prompt (or start from scratch) with a trained checkpoint."""
     from musegen.generation.batch import sample_to_folder
-    from musegen.generation.settings import SampleSettings
 
-    settings = SampleSettings(
-        length=length,
-        bars=bars,
-        num_samples=num_samples,
-        seed=seed,
-        grammar=not no_grammar,
-        prompt_bars=prompt_bars,
-        precision=precision,
-        **drawing(temperature, temperature_by, top_p, top_k, keep_note_offs, mono_bass, cache),
-    )
     summary = sample_to_folder(
         checkpoint, out, settings, prompt, audio=audio, pianoroll=pianoroll, device=device, threads=threads
     )

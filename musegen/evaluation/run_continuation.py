@@ -63,35 +63,26 @@ class ContinuationSettings:
     by_quarter: bool = False  # also measure each quarter of the span (how a long continuation holds up)
 
     def checked(self) -> ContinuationSettings:
+        """The protocol's own bounds, then every sampling bound (SampleSettings), before a model is loaded."""
         s = self.sample
-        values = {"prompt_bars": self.prompt_bars, "bars": s.bars, "samples_per_piece": s.num_samples, "top_k": s.top_k}
-        for name, least in (("prompt_bars", 1), ("bars", 1), ("samples_per_piece", 1), ("top_k", 0)):
-            if values[name] is None or values[name] < least:
-                raise ConfigError(f"--{name.replace('_', '-')} must be at least {least}, got {values[name]}")
-        if s.length is not None or s.seed is None:
+        if self.prompt_bars < 1:
+            raise ConfigError(f"--prompt-bars must be at least 1, got {self.prompt_bars}")
+        if s.num_samples < 1:
+            raise ConfigError(f"--samples-per-piece must be at least 1, got {s.num_samples}")
+        if s.length is not None or s.bars is None or s.seed is None:
             raise ConfigError("the continuation protocol samples a number of bars from a given seed")
+        s.resolved()
         if self.by_quarter and s.bars % QUARTERS:
             raise ConfigError(f"--by-quarter needs --bars to be a multiple of {QUARTERS}, got {s.bars}")
         return self
 
     def record(self) -> dict[str, Any]:
-        """The settings as run.json holds them."""
-        s = self.sample
-        return {
-            "prompt_bars": self.prompt_bars,
-            "bars": s.bars,
-            "samples_per_piece": s.num_samples,
-            "seed": s.seed,
-            "temperature": s.temperature,
-            # only when asked for: the run.json of runs from before the option still match
-            **({"temperature_by": s.temperature_by} if s.temperature_by is not None else {}),
-            "top_p": s.top_p,
-            "top_k": s.top_k,
-            "keep_note_offs": s.keep_note_offs,
-            "mono_bass": s.mono_bass,
-            **({"cache": s.cache} if s.cache is not None else {}),
-            "by_quarter": self.by_quarter,
-        }
+        """The settings as run.json holds them: the protocol's and every sampling option's."""
+        sample = self.sample.record()
+        sample["samples_per_piece"] = sample.pop("num_samples")
+        for decided_here in ("length", "prompt_bars"):
+            del sample[decided_here]
+        return {"prompt_bars": self.prompt_bars, **sample, "by_quarter": self.by_quarter}
 
 
 @dataclass
@@ -403,9 +394,7 @@ def evaluate_continuation(
         raise ConfigError(f"--pieces must be at least 1, got {limit}")
     device = resolve_device(device)
     model, tokenizer, _, _ = load_checkpoint(checkpoint, device=device)
-    cache = settings.sample.resolved(tokenizer).cache
-    if settings.sample.cache is None and cache:  # the tokenizer's weight, recorded: a run from before it differs
-        settings = replace(settings, sample=replace(settings.sample, cache=cache))
+    settings = replace(settings, sample=settings.sample.resolved(tokenizer))  # the model's defaults, recorded
     split, names, ids, unreadable = split_pieces(data_dir, split, tokenizer)
     usable, skipped = usable_pieces(tokenizer, names, ids, settings)
     skipped = unreadable | skipped

@@ -34,7 +34,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ..errors import ConfigError, DataError, MusegenError, TokenError
-from ..generation.settings import SEED_MAX
+from ..generation.settings import SampleSettings, nth_seed
 from ..io import write_json
 from ..music.constants import BEATS_PER_BAR
 from ..music.notes import ROLES, NoteTable
@@ -273,22 +273,15 @@ def loop_scores(tokenizer: Tokenizer, loop: Loop, pattern: Pattern, bars: int) -
 # ---- the test over checkpoints --------------------------------------------------------------------
 
 
-@dataclass
-class CopySettings:
-    bars: int = 4  # continued and scored after the prompt
-    samples: int = 2  # per pattern
-    seed: int = 0  # pattern i is sampled with seed + i
-    cache: float | None = None  # weight of the sampler's suffix cache (generation.cache); None: the tokenizer's
+COPY_SAMPLING = SampleSettings(bars=4, num_samples=2, seed=0)  # bars continued and scored; pattern i: seed + i
 
-    def checked(self) -> "CopySettings":
-        for name, least in (("bars", 1), ("samples", 1), ("seed", 0)):
-            if getattr(self, name) < least:
-                raise ConfigError(f"--{name} must be at least {least}, got {getattr(self, name)}")
-        if self.seed > SEED_MAX:
-            raise ConfigError(f"--seed must be within 0..{SEED_MAX} (2**63 - 1), got {self.seed}")
-        if self.cache is not None and not 0.0 <= self.cache <= 1.0:
-            raise ConfigError(f"--cache must be within [0, 1], got {self.cache}")
-        return self
+
+def checked(settings: SampleSettings) -> SampleSettings:
+    """The copy test samples a number of bars from a given seed; every other bound is SampleSettings'."""
+    if settings.length is not None or settings.bars is None or settings.seed is None:
+        raise ConfigError("the copy test samples a number of bars from a given seed")
+    settings.resolved()
+    return settings
 
 
 def evaluate_copy(
@@ -298,7 +291,7 @@ def evaluate_copy(
     split: str = "test",
     pieces: int = 4,
     built: bool = True,
-    settings: CopySettings | None = None,
+    settings: SampleSettings = COPY_SAMPLING,
     device: str = "auto",
     threads: int | None = None,
     progress: bool = True,
@@ -310,9 +303,8 @@ def evaluate_copy(
     from ..device import resolve_device
     from ..generation.loop import generate
     from ..generation.outputs import write_samples
-    from ..generation.settings import SampleSettings, nth_seed
 
-    settings = (settings or CopySettings()).checked()
+    settings = checked(settings)
     if pieces < 0:
         raise ConfigError(f"--pieces must be at least 0, got {pieces}")
     patterns, skipped = corpus_patterns(data_dir, split, pieces) if data_dir is not None and pieces else ([], {})
@@ -337,7 +329,6 @@ def evaluate_copy(
             prepared_by[key] = _prepare_all(tokenizer, patterns, skipped)
             baselines[key] = (tokenizer.kind, _baselines(tokenizer, prepared_by[key], settings.bars))
         rows, started = [], time.perf_counter()
-        sample_settings = SampleSettings(bars=settings.bars, num_samples=settings.samples, cache=settings.cache)
         for i, item in enumerate(
             tqdm(prepared_by[key], desc=f"copy test: {name}", unit="pattern", disable=not progress)
         ):
@@ -345,7 +336,7 @@ def evaluate_copy(
                 model,
                 tokenizer,
                 item.prompt,
-                replace(sample_settings, seed=nth_seed(settings.seed, i)),
+                replace(settings, seed=nth_seed(settings.seed, i)),
                 device=device,
                 progress=False,
                 threads=threads,
@@ -421,7 +412,7 @@ def _report(
     skipped: dict[str, str],
     models: dict,
     baselines: dict,
-    settings: CopySettings,
+    settings: SampleSettings,
     data_dir,
     split: str,
 ) -> dict[str, Any]:
@@ -451,7 +442,7 @@ def _report(
     note = (
         f"{len(patterns)} patterns ({corpus} from {data_dir or '-'} split {split!r}, one piece a style first; "
         f"{len(patterns) - corpus} built), each played {PROMPT_REPEATS} times as the prompt; {settings.bars} bars "
-        f"continued, {settings.samples} samples a pattern, the tokenizer's sampling defaults"
+        f"continued, {settings.num_samples} samples a pattern, the tokenizer's sampling defaults"
         + (f", the suffix cache at {settings.cache:g}" if settings.cache is not None else "")
         + ". Scores: per role, "
         "the F1 of each bar's (onset, pitch) set against the prompt bar of the same phase, averaged over bars "
@@ -466,10 +457,7 @@ def _report(
     write_table(out_dir, "copy", ["model"] + columns, cells, note)
     result = {
         "settings": {
-            "bars": settings.bars,
-            "samples": settings.samples,
-            "seed": settings.seed,
-            "cache": settings.cache,
+            "sample": settings.record(),
             "data": str(data_dir) if data_dir else None,
             "split": split,
             "prompt_bars": PROMPT_BARS,

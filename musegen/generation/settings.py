@@ -1,13 +1,21 @@
-"""What a sampling run is asked for (`SampleSettings`), the bounds each value is checked against,
-and the chain of constraints the settings imply."""
+"""What a sampling run is asked for (`SampleSettings`) and the chain of constraints it implies.
+
+Every sampling option is declared once, as a field of SampleSettings with its `Option`: the flag,
+the help text, the bound its values must keep, and whether its default is the model's (the
+checkpoint's meta, else its tokenizer's `sampling_defaults`). The command line
+(`musegen.cli.options`), the runners and the studio build their options, checks and records from
+these declarations, so a new option is a field here and, where its default depends on the model,
+a value in the tokenizer."""
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, fields, replace
-from typing import Any
+from dataclasses import dataclass, field, fields, replace
+from functools import cache
+from typing import Any, Callable, Mapping, get_type_hints
 
-from ..errors import ConfigError
+from ..device import PRECISIONS
+from ..errors import CheckpointError, ConfigError
 from ..music.constants import MAX_BARS
 from ..tokenizers.base import Tokenizer
 from .cache import SuffixCache
@@ -28,23 +36,135 @@ def nth_seed(seed: int, i: int) -> int:
     return (seed + i) % (SEED_MAX + 1)
 
 
+@dataclass(frozen=True)
+class Bound:
+    """The values an option may take, and how a message says so ("within 1..10,000")."""
+
+    holds: Callable[[Any], bool]
+    text: str
+
+
+def within(low: float, high: float, text: str | None = None) -> Bound:
+    # NaN fails every comparison, so it is refused too
+    return Bound(lambda v: isinstance(v, (int, float)) and low <= v <= high, text or f"within {low:,}..{high:,}")
+
+
+def one_of(values: tuple[str, ...]) -> Bound:
+    return Bound(lambda v: v in values, f"one of {', '.join(values)}")
+
+
+@dataclass(frozen=True)
+class Option:
+    """How one SampleSettings field is offered: `flags` as the command line spells them (the
+    first is its name in messages; "--a/--b" for a switch), the help text, its bound, and
+    `per_model`: None means the model's default, `fallback` where the model names none."""
+
+    flags: tuple[str, ...]
+    help: str
+    bound: Bound | None = None
+    per_model: bool = False
+    fallback: Any = None
+
+    @property
+    def flag(self) -> str:
+        return self.flags[0].split("/")[0]
+
+
+def option(default: Any, *flags: str, help: str, bound: Bound | None = None, **how: Any) -> Any:
+    """A SampleSettings field declared as an option (its metadata holds the Option)."""
+    return field(default=default, metadata={"option": Option(flags, help, bound, **how)})
+
+
+def options(cls: type | None = None) -> dict[str, Option]:
+    """The declared options of `cls` (SampleSettings or a subclass), by field name."""
+    return {f.name: f.metadata["option"] for f in fields(cls or SampleSettings) if "option" in f.metadata}
+
+
 @dataclass
 class SampleSettings:
-    length: int | None = None  # new tokens after the prompt (closing tokens not counted)
-    bars: int | None = None  # or: new bars after the prompt
-    temperature: float | None = None  # None: the tokenizer's sampling default
-    temperature_by: str | None = None  # one of TEMPERATURE_SCOPES; None: "token", the paper's
-    top_p: float | None = None
-    top_k: int = 0  # 0: off
-    num_samples: int = 1
-    seed: int | None = None  # None: drawn at random and recorded
-    grammar: bool = True  # the grammar's constraints are applied (GrammarMask, HoldEnds, Finish, NoteOffMass)
-    prompt_bars: int | None = None
-    precision: str = "auto"  # of the model's steps: "auto" is the fastest here (musegen.precision)
-    keep_note_offs: bool = True  # with the grammar: the mask keeps the model's note-off share (NoteOffMass)
-    mono_bass: bool = True  # groove: a bass note another began over ends at the next event (Grammar.sampling_prefix)
-    cache: float | None = None  # weight of the suffix cache (generation.cache), 0..1; None: the tokenizer's default
-    constraints: tuple[Constraint, ...] = ()  # applied after the grammar's, in this order
+    length: int | None = option(
+        None, "--length", help="Tokens to generate after the prompt.", bound=within(1, MAX_LENGTH)
+    )
+    bars: int | None = option(None, "--bars", help="Or: bars to generate after the prompt.", bound=within(1, MAX_BARS))
+    temperature: float | None = option(
+        None,
+        "--temperature",
+        help="Divides the logits before drawing: below 1 sharper, above 1 flatter.",
+        bound=within(*TEMPERATURE_RANGE, text=f"within [{TEMPERATURE_RANGE[0]:g}, {TEMPERATURE_RANGE[1]:g}]"),
+        per_model=True,
+    )
+    temperature_by: str = option(
+        TEMPERATURE_SCOPES[0],
+        "--temperature-by",
+        help="token: the temperature divides every logit (the paper's sampling); family: it shapes the "
+        "choice within each token family (one track's notes, the time shifts) and leaves each family's "
+        "share as the model gives it.",
+        bound=one_of(TEMPERATURE_SCOPES),
+    )
+    top_p: float | None = option(
+        None,
+        "--top-p",
+        help="Nucleus mass: draw among the most likely tokens that together hold this much.",
+        bound=within(*TOP_P_RANGE, text=f"within [{TOP_P_RANGE[0]:g}, 1]"),
+        per_model=True,
+    )
+    top_k: int = option(0, "--top-k", help="Keep only the k most likely tokens (0: off).", bound=within(0, 2**31))
+    num_samples: int = option(
+        1,
+        "--num-samples",
+        "-n",
+        help="Samples generated together in one batch (as many as the memory holds).",
+        bound=within(1, 2**31, "at least 1"),
+    )
+    seed: int | None = option(
+        None,
+        "--seed",
+        help="Random seed (default: drawn and recorded in the JSON).",
+        bound=within(0, SEED_MAX, f"within 0..{SEED_MAX} (2**63 - 1)"),
+    )
+    grammar: bool = option(
+        True,
+        "--grammar/--no-grammar",
+        help="Apply the grammar's constraints (mask, end hold, finish, note-off mass); --no-grammar samples "
+        "without them, for comparison: tokens the grammar rejects are skipped and counted when decoding.",
+    )
+    prompt_bars: int | None = option(
+        None,
+        "--prompt-bars",
+        help="Keep only the prompt's first N whole bars (groove protocol: 2).",
+        bound=within(1, MAX_BARS),
+    )
+    precision: str = option(
+        "auto",
+        "--precision",
+        help="Precision of the model's steps: auto (the fastest of fp32, bf16 and bf16 in C, timed once per "
+        "machine and batch and cached; MUSEGEN_PRECISION=measure times again), fp32 or bf16.",
+        bound=one_of(PRECISIONS),
+    )
+    keep_note_offs: bool = option(
+        True,
+        "--keep-note-offs/--plain-mask",
+        help="Where notes end by a token of their own (groove), the grammar mask keeps the model's share of "
+        "note-offs, moved onto the sounding notes; --plain-mask renormalises over all allowed tokens, as the "
+        "paper does.",
+    )
+    mono_bass: bool = option(
+        True,
+        "--mono-bass/--poly-bass",
+        help="Groove: a bass note still sounding when a later bass note begins ends at the next event (2% of "
+        "the MMA corpus's bass notes sound past the next bass onset); --poly-bass writes the bass as drawn.",
+    )
+    cache: float | None = option(
+        None,
+        "--cache",
+        help="Weight of the suffix cache, mixed with the model before the temperature: it proposes what "
+        "followed the piece's last tokens where they occurred before, so a groove keeps repeating what it "
+        "played (docs/sampling.md).",
+        bound=within(0.0, 1.0, "within [0, 1]"),
+        per_model=True,
+        fallback=0.0,
+    )
+    constraints: tuple[Constraint, ...] = ()  # applied after the grammar's, in this order (not an option)
 
     def chain(self) -> tuple[Constraint, ...]:
         """The constraints a run applies, in order: the grammar's masks (unless `grammar` is off),
@@ -64,45 +184,43 @@ class SampleSettings:
         return record
 
     def resolved(self, tokenizer: Tokenizer | None = None) -> "SampleSettings":
-        """Defaults filled in (the tokenizer's sampling defaults) and every value checked against
-        its bound (ConfigError with one line otherwise)."""
-        defaults = (tokenizer or Tokenizer).sampling_defaults
-        s = replace(
-            self,
-            temperature=defaults["temperature"] if self.temperature is None else float(self.temperature),
-            temperature_by=self.temperature_by or TEMPERATURE_SCOPES[0],
-            top_p=defaults["top_p"] if self.top_p is None else float(self.top_p),
-            cache=defaults.get("cache", 0.0) if self.cache is None else float(self.cache),
-            seed=random.SystemRandom().randrange(2**31) if self.seed is None else int(self.seed),
-        )
-        if (s.length is None) == (s.bars is None):
+        """Every option the run left unset (None) that is the model's takes the tokenizer's sampling
+        default (the checkpoint's, where its meta names one: musegen.checkpoint), a seed is drawn,
+        and every value is checked against its bound: a ConfigError of one line naming the option
+        otherwise (a CheckpointError where the model's own default breaks it)."""
+        defaults = model_defaults(tokenizer)
+        values: dict[str, Any] = {}
+        for name, how in options(type(self)).items():
+            value = getattr(self, name)
+            if value is None and how.per_model:
+                value = defaults.get(name, how.fallback)
+                if how.bound and not how.bound.holds(value):
+                    raise CheckpointError(f"the model's default {how.flag} must be {how.bound.text}, got {value!r}")
+            values[name] = float(value) if float in _types(type(self))[name] and _is_int(value) else value
+        if values["seed"] is None:
+            values["seed"] = random.SystemRandom().randrange(2**31)
+        if (values["length"] is None) == (values["bars"] is None):
             raise ConfigError("give exactly one of --length (tokens) or --bars")
-        (low_t, high_t), low_p = TEMPERATURE_RANGE, TOP_P_RANGE[0]
-        checks = [  # option, value, whether it is within bounds, the bounds
-            ("--length", s.length, s.length is None or 1 <= s.length <= MAX_LENGTH, f"within 1..{MAX_LENGTH:,}"),
-            ("--bars", s.bars, s.bars is None or 1 <= s.bars <= MAX_BARS, f"within 1..{MAX_BARS:,}"),
-            ("--temperature", s.temperature, low_t <= s.temperature <= high_t, f"within [{low_t:g}, {high_t:g}]"),
-            (
-                "--temperature-by",
-                s.temperature_by,
-                s.temperature_by in TEMPERATURE_SCOPES,
-                f"one of {TEMPERATURE_SCOPES}",
-            ),
-            ("--top-p", s.top_p, low_p <= s.top_p <= 1.0, f"within [{low_p:g}, 1]"),
-            ("--top-k", s.top_k, s.top_k >= 0, ">= 0"),
-            ("--cache", s.cache, 0.0 <= s.cache <= 1.0, "within [0, 1]"),
-            ("--num-samples", s.num_samples, s.num_samples >= 1, "at least 1"),
-            ("--seed", s.seed, 0 <= s.seed <= SEED_MAX, f"within 0..{SEED_MAX} (2**63 - 1)"),
-            (
-                "--prompt-bars",
-                s.prompt_bars,
-                s.prompt_bars is None or 1 <= s.prompt_bars <= MAX_BARS,
-                f"within 1..{MAX_BARS:,}",
-            ),
-        ]
-        for option, value, ok, bounds in checks:
-            if not ok:  # NaN fails every comparison, so it lands here too
-                raise ConfigError(f"{option} must be {bounds}, got {value}")
-        if not all(isinstance(c, Constraint) for c in s.constraints):
+        for name, how in options(type(self)).items():
+            value = values[name]
+            if value is not None and how.bound and not how.bound.holds(value):
+                raise ConfigError(f"{how.flag} must be {how.bound.text}, got {value}")
+        if not all(isinstance(c, Constraint) for c in self.constraints):
             raise ConfigError("constraints must be musegen.generation.constraints.Constraint objects")
-        return s
+        return replace(self, **values)
+
+
+@cache
+def _types(cls: type) -> dict[str, tuple[type, ...]]:
+    """The types each field admits ({"top_p": (float, NoneType)}), to take 1 for 1.0."""
+    return {name: getattr(hint, "__args__", (hint,)) for name, hint in get_type_hints(cls).items()}
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def model_defaults(tokenizer: Tokenizer | None) -> Mapping[str, Any]:
+    """The defaults of the options that are the model's: its tokenizer's `sampling_defaults` (a
+    checkpoint's meta may have replaced them on the tokenizer it loaded)."""
+    return (tokenizer or Tokenizer).sampling_defaults

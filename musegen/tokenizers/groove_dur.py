@@ -236,9 +236,9 @@ class GrooveDurTokenizer(Tokenizer):
     augmentation = GrooveTokenizer.augmentation
     default_crop = GrooveTokenizer.default_crop
     roles = GrooveTokenizer.roles
-    # The paper's groove temperature, and the suffix cache at the weight chosen on the validation
-    # styles (generation.cache; docs/experiments/groove-cache): continuing a groove is mostly a copy.
-    sampling_defaults = {**GrooveTokenizer.sampling_defaults, "cache": 0.8}
+    # The paper's groove temperature; a suffix cache weight tuned for a model is in its checkpoint
+    # (checkpoints/groove-dur: meta.sampling.cache, chosen on the validation styles).
+    sampling_defaults = GrooveTokenizer.sampling_defaults
     token_types = {"note": "Note_", "duration": "Duration_", "time shift": "TimeShift_", "Start": "Start", "End": "End"}
     position_type = "time shift"
 

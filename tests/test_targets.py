@@ -1,4 +1,4 @@
-"""`musegen evaluate groove-targets`: issue #28's table built from real outputs of `evaluate
+"""scripts/experiments/groove_targets.py: issue #28's table built from real outputs of `evaluate
 continuation` (a tiny groove model on MMA renders of the golden set, and on the Freedoom tunes as a
 folder of MIDI) and `evaluate copy`, each value checked against the per-piece results it comes from."""
 
@@ -17,12 +17,14 @@ from conftest import DATA, GOLDEN, REPO
 from tiny_models import tiny_checkpoint
 
 from data_prep.common import Item, prepare
-from musegen.cli import main
+from musegen.cli import run_command
 from musegen.evaluation.run_continuation import ContinuationSettings, evaluate_continuation
 from musegen.evaluation.run_copy import evaluate_copy
-from musegen.evaluation.targets import MMA_PIECES, ContinuationRun, groove_targets, midi_checks, mma_checks
 from musegen.generation.settings import SampleSettings
 from musegen.tokenizers.groove import GrooveTokenizer
+
+sys.path.insert(0, str(REPO / "scripts" / "experiments"))  # the acceptance table is an experiment script
+from groove_targets import MMA_PIECES, ContinuationRun, command, groove_targets, midi_checks, mma_checks  # noqa: E402
 
 MMA_FILES = sorted((GOLDEN / "groove_spe").glob("mma_*.mid"))[:6]
 FREEDOOM = DATA / "multitrack"
@@ -136,13 +138,13 @@ def test_a_model_that_plays_the_real_bars_meets_the_ratio_targets_and_not_the_fl
 
 def test_cli_writes_the_table_and_refuses_bad_folders_in_one_line(runs, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        main(["evaluate", "groove-targets", "--copy", str(runs / "copy"), "--out", str(tmp_path / "t")])
+        run_command(command, ["--copy", str(runs / "copy"), "--out", str(tmp_path / "t")])
     assert exit_info.value.code == 0
     printed = capsys.readouterr().out
     assert "| copy test |" in printed and "Not run: MMA test styles, real MIDI." in printed
     for bad in ([], ["--mma", str(runs / "copy")], ["--copy", str(runs / "mma")]):
         with pytest.raises(SystemExit) as exit_info:
-            main(["evaluate", "groove-targets", "--out", str(tmp_path / "x"), *bad])
+            run_command(command, ["--out", str(tmp_path / "x"), *bad])
         assert exit_info.value.code != 0
         err = capsys.readouterr().err.strip()
         assert err.count("\n") == 0 and err.startswith("error:"), err

@@ -69,13 +69,25 @@ def _terminate(signum, frame):
 
 
 def main(argv: list[str] | None = None) -> None:
+    _run(app, argv)
+
+
+def run_command(command, argv: list[str] | None = None) -> None:
+    """Run one typer command function as a program of its own (an experiment script), with the
+    errors, exit codes and SIGTERM handling of `musegen`."""
+    single = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    single.command()(command)
+    _run(single, argv)
+
+
+def _run(typer_app: typer.Typer, argv: list[str] | None) -> None:
     global _handler_pid
     debug = os.environ.get("MUSEGEN_DEBUG") == "1"
     in_main_thread = threading.current_thread() is threading.main_thread()
     _handler_pid = os.getpid()
     previous = signal.signal(signal.SIGTERM, _terminate) if in_main_thread else None
     try:
-        app(args=argv, standalone_mode=True)
+        typer_app(args=argv, standalone_mode=True)
     except MusegenError as exc:
         if debug:
             raise

@@ -1,6 +1,6 @@
 """`musegen evaluate style` (Fig. 5 style similarity), `loss` (Fig. 3 NLL, and per token type),
-`continuation` (continuations beside the real ones), `copy` (whether a model keeps a groove),
-`groove-targets` (issue #28's targets, passed or not) and `compare` (models side by side)."""
+`continuation` (continuations beside the real ones), `copy` (whether a model keeps a groove) and
+`compare` (models side by side)."""
 
 from __future__ import annotations
 
@@ -213,30 +213,6 @@ def copy(
         typer.echo(Path(recall["files"]["md"]).read_text().rstrip() + "\n")
         written += ", recall.md, recall.csv, recall.png, recall.json"
     typer.echo(f"wrote {written} to {out}")
-
-
-@evaluate_app.command("groove-targets")
-def groove_targets(
-    out: Path = typer.Option(..., "--out", "-o", help="Folder for done_when.md, .csv and .json."),
-    mma: Optional[Path] = typer.Option(
-        None,
-        help="`evaluate continuation` output on the MMA test split (2-bar prompts, at least 60 pieces x 2 samples).",
-    ),
-    midi: Optional[Path] = typer.Option(
-        None, help="`evaluate continuation` output on a folder of real multi-track MIDI (e.g. tests/data/multitrack)."
-    ),
-    copy_test: Optional[Path] = typer.Option(None, "--copy", help="`evaluate copy` output."),
-):
-    """Issue #28's "done when" for a groove model: each criterion, its target, the measured, real and floor
-    values and pass/fail, from the outputs given."""
-    from musegen.errors import ConfigError
-    from musegen.evaluation.targets import groove_targets as build
-
-    if mma is None and midi is None and copy_test is None:
-        raise ConfigError("give at least one of --mma, --midi and --copy")
-    result = build(out, mma, midi, copy_test)
-    typer.echo(result["files"]["md"].read_text().rstrip() + "\n")
-    typer.echo(f"wrote done_when.md, done_when.csv and done_when.json to {out}")
 
 
 @evaluate_app.command("compare")

@@ -1,7 +1,7 @@
 """A suffix cache: the sampler's memory of what followed the piece's recent tokens before.
 
 A groove continuation is mostly a copy of the bars just heard, and the Performers copy poorly
-(docs/results.md, issue #28). The cache predicts the next token the way a copy would: it finds
+(docs/results.md). The cache predicts the next token the way a copy would: it finds
 the earlier places where the last tokens of the piece occurred, as long a run of them as still
 occurs (an *induction* match, at least `shortest` tokens), and proposes the tokens that came
 next there. The sampler mixes that with the model, as a cache language model does (Kuhn & De Mori

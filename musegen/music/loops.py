@@ -6,7 +6,7 @@ written relative to the bar's chord, as an arranger's groove is, so a progressio
 pattern moves them while the rhythm repeats. No two pieces share a pattern, so none can be learnt
 by heart: once the pattern has been played, what comes next is found only by looking back and
 copying. This is the skill a groove continuation needs and the MMA corpus, 721 grooves each heard
-many times, does not force (issue #28).
+many times, does not force.
 
 The loops join the training split of a groove corpus (`musegen data prepare mma-groove --loops N`;
 validation and test stay MMA's held-out styles), and unseen ones measure whether a model copies

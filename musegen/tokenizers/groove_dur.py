@@ -1,4 +1,4 @@
-"""The groove trio with durations (issue #28): each note carries its length, so nothing has to
+"""The groove trio with durations: each note carries its length, so nothing has to
 end. The MIDI is read exactly as the groove tokenizer reads it (`GrooveTokenizer.trio`: the same
 roles, count-in handling, 12-per-beat grid, programs and tempo in `meta`), and time moves by
 groove's own shift tokens; only the notes are written differently.

@@ -29,7 +29,7 @@ sweep_one() {
   OMP_NUM_THREADS=1 "${musegen[@]}" evaluate continuation --checkpoint checkpoints/groove-dur --data "$DATA" \
     --split validation --pieces 60 --prompt-bars 2 --bars 8 --samples-per-piece 2 --seed 0 --threads 1 \
     --device cpu --cache "$1" --out "$out/mma" > "$out.log" 2>&1
-  "${musegen[@]}" evaluate groove-targets --mma "$out/mma" --out "$out" >> "$out.log"
+  "$py" scripts/experiments/groove_targets.py --mma "$out/mma" --out "$out" >> "$out.log"
 }
 
 for stage in $stages; do
@@ -59,12 +59,12 @@ for stage in $stages; do
         --checkpoint groove-dur-softmax=checkpoints/groove-dur-softmax --checkpoint previous=checkpoints/groove \
         --data "$DATA" --cache "$WEIGHT" --threads 1 --device cpu --out "$RUNS/copy-$WEIGHT" > "$RUNS/copy-$WEIGHT.log"
       for m in "${MODELS[@]}"; do
-        "${musegen[@]}" evaluate groove-targets --mma "$RUNS/$m-$WEIGHT/mma" --midi "$RUNS/$m-$WEIGHT/midi" \
+        "$py" scripts/experiments/groove_targets.py --mma "$RUNS/$m-$WEIGHT/mma" --midi "$RUNS/$m-$WEIGHT/midi" \
           --copy "$RUNS/copy-$WEIGHT" --out "$RUNS/$m-$WEIGHT" > /dev/null
       done
       "$py" scripts/experiments/looper.py "$RUNS/groove-dur-$WEIGHT/mma" "$DATA" test "$RUNS/looper/mma"
       "$py" scripts/experiments/looper.py "$RUNS/groove-dur-$WEIGHT/midi" tests/data/multitrack midi "$RUNS/looper/midi"
-      "${musegen[@]}" evaluate groove-targets --mma "$RUNS/looper/mma" --midi "$RUNS/looper/midi" \
+      "$py" scripts/experiments/groove_targets.py --mma "$RUNS/looper/mma" --midi "$RUNS/looper/midi" \
         --out "$RUNS/looper" > /dev/null ;;
     *) echo "groove_cache.sh: unknown stage $stage (nll sweep eval)" >&2; exit 2 ;;
   esac

@@ -65,7 +65,7 @@ for stage in $stages; do
       wait
       for m in $MODELS; do
         ln -sfn ../../copy-all "$RUNS/$m/targets/copy"
-        "${musegen[@]}" evaluate groove-targets --mma "$RUNS/$m/targets/mma" --midi "$RUNS/$m/targets/midi" \
+        "$py" scripts/experiments/groove_targets.py --mma "$RUNS/$m/targets/mma" --midi "$RUNS/$m/targets/midi" \
           --copy "$RUNS/copy-all" --out "$RUNS/$m/targets"
       done ;;
     report)

@@ -4,7 +4,7 @@
 # (pickup bar + 2 bars in, 8 bars out, PIECES x SAMPLES, the sampler's defaults); (b) the same on
 # real multi-track MIDI that is not MMA (the Freedoom tunes of tests/data/multitrack), where the
 # floor is another tune's bars; (c) `evaluate copy` with its default settings; then
-# `evaluate groove-targets`. Works for any tokenizer that plays track roles (groove, groove-dur...).
+# scripts/experiments/groove_targets.py. Works for any tokenizer that plays track roles (groove, groove-dur...).
 #   bash scripts/experiments/groove_eval.sh checkpoints/groove runs/groove-eval
 #   DATA=data/mma-groove-dur bash scripts/experiments/groove_eval.sh runs/dur/checkpoints/step-00009000 runs/dur-eval
 #   COPY_WITH="softmax=runs/softmax/checkpoints/step-00001500" bash scripts/experiments/groove_eval.sh CKPT OUT copy table
@@ -64,7 +64,7 @@ for stage in $stages; do
     table)
       parts=()
       for part in mma midi copy; do [ -d "$OUT/$part" ] && parts+=(--"$part" "$OUT/$part"); done
-      "${musegen[@]}" evaluate groove-targets "${parts[@]}" --out "$OUT" ;;
+      "$py" scripts/experiments/groove_targets.py "${parts[@]}" --out "$OUT" ;;
     report)
       [ -n "$REPORT" ] || { echo "groove_eval.sh: the report stage needs REPORT=<folder>" >&2; exit 2; }
       mkdir -p "$REPORT"

@@ -3,7 +3,7 @@ two bars four times, measured as `evaluate continuation` measures a model's, on 
 (read from a run's pieces.jsonl) beside the same real and floor spans. It is what a perfect copy
 scores, and so how far the style and density criteria reward copying alone.
     python scripts/experiments/looper.py RUN_DIR CORPUS_OR_MIDI_FOLDER SPLIT OUT_DIR
-then `musegen evaluate groove-targets --mma OUT_DIR --out OUT_DIR` gives its criteria table.
+then `python scripts/experiments/groove_targets.py --mma OUT_DIR --out OUT_DIR` gives its criteria table.
 """
 
 import json

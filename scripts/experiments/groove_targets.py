@@ -1,4 +1,6 @@
-"""Issue #28's "done when" for a groove model, as one table: `musegen evaluate groove-targets`.
+"""Issue #28's "done when" for a groove model, as one table (an experiment script: the issue's
+acceptance list, kept with the experiments that measured it):
+    python scripts/experiments/groove_targets.py --out OUT [--mma RUN] [--midi RUN] [--copy RUN]
 
 Each criterion of the issue that a measurement decides, its target, the value measured, the real
 and floor values beside it, and whether it passes, read from the outputs of three runs:
@@ -22,14 +24,17 @@ import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
-from .. import schemas
-from ..errors import DataError
-from ..io import write_json
-from .compare import read_jsonl
-from .report import fmt, write_table
-from .run_continuation import pooled_values, summary_rows
+import typer
+
+from musegen import schemas
+from musegen.cli import run_command
+from musegen.errors import ConfigError, DataError
+from musegen.evaluation.compare import read_jsonl
+from musegen.evaluation.report import fmt, write_table
+from musegen.evaluation.run_continuation import pooled_values, summary_rows
+from musegen.io import write_json
 
 MMA_PIECES, MMA_SAMPLES, PROMPT_BARS = 60, 2, 2
 STYLE_TARGETS = {"time-pitch": 0.6, "onset-duration": 0.5, "onset-drum": 0.7}
@@ -301,3 +306,27 @@ def groove_targets(
         note += f" Not run: {', '.join(missing)}."
     files = write_targets(out_dir, checks, note, runs)
     return {"checks": checks, "files": files}
+
+
+def command(
+    out: Path = typer.Option(..., "--out", "-o", help="Folder for done_when.md, .csv and .json."),
+    mma: Optional[Path] = typer.Option(
+        None,
+        help="`evaluate continuation` output on the MMA test split (2-bar prompts, at least 60 pieces x 2 samples).",
+    ),
+    midi: Optional[Path] = typer.Option(
+        None, help="`evaluate continuation` output on a folder of real multi-track MIDI (e.g. tests/data/multitrack)."
+    ),
+    copy_test: Optional[Path] = typer.Option(None, "--copy", help="`evaluate copy` output."),
+):
+    """Issue #28's "done when" for a groove model: each criterion, its target, the measured, real and floor
+    values and pass/fail, from the outputs given."""
+    if mma is None and midi is None and copy_test is None:
+        raise ConfigError("give at least one of --mma, --midi and --copy")
+    result = groove_targets(out, mma, midi, copy_test)
+    typer.echo(result["files"]["md"].read_text().rstrip() + "\n")
+    typer.echo(f"wrote done_when.md, done_when.csv and done_when.json to {out}")
+
+
+if __name__ == "__main__":
+    run_command(command)

@@ -28,10 +28,16 @@ from typing import Any
 import numpy as np
 import torch
 
+from .checkpoint import load_checkpoint
+from .device import resolve_device
 from .errors import ConfigError, DataError
 from .evaluation import attention as att
+from .generation.loop import generate
+from .generation.prompt import Prompt
+from .generation.settings import SampleSettings
 from .io import write_json, write_text
 from .plots import pyplot, save_png
+from .shards import Shards
 
 COLUMNS = ("section", "quantity", "layer", "head", "detail", "value")
 MAX_TEMPLATE_SPAN = 256  # positions shown in a template image
@@ -133,9 +139,6 @@ def template_section(model, train_len: int, out: Path, seed: int) -> list[dict]:
 
 
 def generated_sequence(model, tokenizer, length: int, seed: int, progress: bool) -> torch.Tensor:
-    from .generation.loop import generate
-    from .generation.prompt import Prompt
-    from .generation.settings import SampleSettings
 
     samples, _ = generate(
         model,
@@ -246,7 +249,6 @@ def probe_section(model, tokenizer, train_len: int, length: int, out: Path, seed
 
 
 def sparsity_pieces(data: Path, split: str, tokenizer, count: int, train_len: int) -> tuple[list[np.ndarray], str]:
-    from .shards import Shards
 
     found, all_pieces = Shards(data).pieces_for(split, tokenizer)
     pieces = [np.asarray(p[:train_len]) for p in all_pieces if len(p) >= 2][:count]
@@ -312,8 +314,6 @@ def inspect_checkpoint(
     progress: bool = False,
 ) -> dict[str, Any]:
     """Write every figure and `summary.csv` for one checkpoint; returns the headline numbers."""
-    from .checkpoint import load_checkpoint
-    from .device import resolve_device
 
     started = time.perf_counter()
     model, tokenizer, config, meta = load_checkpoint(checkpoint, device=resolve_device(device))

@@ -30,12 +30,18 @@ import numpy as np
 from tqdm import tqdm
 
 from .. import schemas
+from ..checkpoint import load_checkpoint
 from ..device import resolve_device
 from ..errors import ConfigError, DataError, MusegenError, TokenError
+from ..generation.loop import generate
+from ..generation.outputs import write_samples
+from ..generation.prompt import prompt_from_ids
 from ..generation.settings import SampleSettings, nth_seed
 from ..io import write_json, write_text
+from ..music.midi import MIDI_SUFFIXES
 from ..music.notes import NoteTable
 from ..shard_midi import piece_stem
+from ..shards import INDEX, Shards
 from ..tokenizers.base import Tokenizer
 from .metric import QUARTERS, STATISTICS, Metric, Span, measure, nan_median
 from .report import fmt, json_safe, plot_boxes, plot_quarters, write_table
@@ -114,8 +120,6 @@ def split_pieces(
     or of every MIDI file under a folder without a shard index (real music that is not in any
     corpus; each file encoded by the model's tokenizer, named by its path in the folder; `split`
     is then not used)."""
-    from ..music.midi import MIDI_SUFFIXES
-    from ..shards import INDEX, Shards
 
     folder = Path(data_dir)
     if folder.is_dir() and not (folder / INDEX).exists():
@@ -175,9 +179,6 @@ def continue_piece(
 ) -> dict[str, Any]:
     """Sample one piece's continuations, write them as MIDI, and measure them beside the real span
     and the floor: the piece's record for pieces.jsonl."""
-    from ..generation.loop import generate
-    from ..generation.outputs import write_samples
-    from ..generation.prompt import prompt_from_ids
 
     prompt = prompt_from_ids(tokenizer, piece.ids, bars=piece.span_start, source=piece.name)
     seed = nth_seed(settings.sample.seed, index)
@@ -387,7 +388,6 @@ def evaluate_continuation(
     `METRICS`, so that a run resumes only with its own), pieces.jsonl (every value of every piece,
     kept across interruptions), samples/<piece>_<i>.mid, and continuation.csv/.md/.png (the table).
     """
-    from ..checkpoint import load_checkpoint
 
     settings = settings.checked()
     if limit is not None and limit < 1:

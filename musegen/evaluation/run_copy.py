@@ -33,11 +33,17 @@ import miditoolkit
 import numpy as np
 from tqdm import tqdm
 
+from ..checkpoint import load_checkpoint
+from ..device import resolve_device
 from ..errors import ConfigError, DataError, MusegenError, TokenError
+from ..generation.loop import generate
+from ..generation.outputs import write_samples
+from ..generation.prompt import load_prompt
 from ..generation.settings import SampleSettings, nth_seed
 from ..io import write_json
 from ..music.constants import BEATS_PER_BAR
 from ..music.notes import ROLES, NoteTable
+from ..shards import Shards, resolve_split
 from ..tokenizers.base import Tokenizer
 from .copy_score import CopyScore, Loop
 from .metric import Span, nan_mean
@@ -118,7 +124,6 @@ def corpus_patterns(data_dir: str | os.PathLike, split: str, limit: int) -> tupl
     """Patterns from `limit` usable pieces of a prepared corpus's split (the first 2 bars from the
     piece's first bar holding a note, both bars playing), and why others were skipped. The first
     piece of each style (the folder of its name) comes first, so few pieces cover many styles."""
-    from ..shards import Shards, resolve_split
 
     shards = Shards(data_dir)
     found = resolve_split(shards.splits, split)
@@ -254,7 +259,6 @@ class Prepared:
 def prepare(tokenizer: Tokenizer, pattern: Pattern) -> Prepared:
     """The pattern's prompt (played PROMPT_REPEATS times, encoded) and its loop; DataError when
     the tokenizer does not keep its PROMPT_BARS bars."""
-    from ..generation.prompt import load_prompt
 
     prompt = load_prompt(tokenizer, looped(pattern, PROMPT_BARS))
     if prompt.bars != PROMPT_BARS:
@@ -299,10 +303,6 @@ def evaluate_copy(
     """The copy test of every checkpoint ({name: folder}) on the same patterns, beside the ceiling
     and floor of each tokenizer. Writes copy.md / copy.csv (the table), copy.json (settings,
     every score, the table) and samples/<model>/ (the continuations as MIDI)."""
-    from ..checkpoint import load_checkpoint
-    from ..device import resolve_device
-    from ..generation.loop import generate
-    from ..generation.outputs import write_samples
 
     settings = checked(settings)
     if pieces < 0:

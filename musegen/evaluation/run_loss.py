@@ -9,8 +9,10 @@ from typing import Any
 
 import torch
 
+from ..checkpoint import load_checkpoint
 from ..device import resolve_device
 from ..errors import ConfigError, DataError
+from ..shards import Shards
 from .loss import (
     MAX_SCORED_LEN,
     TYPE_COLUMNS,
@@ -59,8 +61,6 @@ def evaluate_loss(
     counted on the folder's train split (left empty when it has none). With `out_dir`:
     `nll_<split>.csv/.png` (per position) and `token_types_<split>.csv/.md` (per type).
     """
-    from ..checkpoint import load_checkpoint
-    from ..shards import Shards
 
     if not 1 <= max_len <= MAX_SCORED_LEN:
         raise ConfigError(f"--max-len must be within 1..{MAX_SCORED_LEN:,}, got {max_len:,}")

@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from ..checkpoint import load_checkpoint
+from ..device import resolve_device
 from ..errors import ConfigError
 from ..io import write_json
 from ..music.loops import HELD_OUT_SEEDS, random_loop_piece
@@ -60,8 +62,6 @@ def evaluate_recall(
 ) -> dict[str, Any]:
     """Every checkpoint's NLL by bar on the same `pieces` unseen loops. Writes recall.md / .csv (the
     table), recall.png (NLL by bar) and recall.json."""
-    from ..checkpoint import load_checkpoint
-    from ..device import resolve_device
 
     if pieces < 1:
         raise ConfigError(f"--recall-pieces must be at least 1, got {pieces}")

@@ -301,22 +301,8 @@ def write_rows(path: Path, rows: list[dict]) -> None:
     write_text(path, buffer.getvalue())
 
 
-def inspect_checkpoint(
-    checkpoint: str | os.PathLike,
-    out: str | os.PathLike,
-    length: int | None = None,
-    data: str | os.PathLike | None = None,
-    split: str = "valid",
-    pieces: int = 4,
-    seed: int = 0,
-    train_len: int | None = None,
-    device: str = "auto",
-    progress: bool = False,
-) -> dict[str, Any]:
-    """Write every figure and `summary.csv` for one checkpoint; returns the headline numbers."""
-
-    started = time.perf_counter()
-    model, tokenizer, config, meta = load_checkpoint(checkpoint, device=resolve_device(device))
+def _lengths(checkpoint, config, meta: dict, train_len: int | None, length: int | None, pieces: int):
+    """(training length, generated length, notes on what was changed), each checked."""
     train_len = int(train_len or meta.get("train_len") or 0)
     if train_len < 4:
         raise ConfigError(f"{checkpoint}: no training length in its metadata; give --train-len (at least 4)")
@@ -333,6 +319,26 @@ def inspect_checkpoint(
         raise ConfigError(f"--length must be at least 2, got {length}")
     if pieces < 1:
         raise ConfigError(f"--pieces must be at least 1, got {pieces}")
+    return train_len, length, notes
+
+
+def inspect_checkpoint(
+    checkpoint: str | os.PathLike,
+    out: str | os.PathLike,
+    length: int | None = None,
+    data: str | os.PathLike | None = None,
+    split: str = "valid",
+    pieces: int = 4,
+    seed: int = 0,
+    train_len: int | None = None,
+    device: str = "auto",
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Write every figure and `summary.csv` for one checkpoint; returns the headline numbers."""
+
+    started = time.perf_counter()
+    model, tokenizer, config, meta = load_checkpoint(checkpoint, device=resolve_device(device))
+    train_len, length, notes = _lengths(checkpoint, config, meta, train_len, length, pieces)
     if data is not None:  # fail on bad data before the slow parts
         measured, source = sparsity_pieces(Path(data), split, tokenizer, pieces, train_len)
     out = Path(out)

@@ -266,7 +266,7 @@ def test_cli_inspect_and_its_errors(tiny_checkpoint, tmp_path, capsys):
 
     no_meta = save_checkpoint(tmp_path / "no-meta", model, model.config, RemiTokenizer())
     code, _, err = run_cli(["inspect", "-c", no_meta, "-o", tmp_path / "c"], capsys)
-    assert code == 1 and "--train-len" in err
+    assert code == 2 and "--train-len" in err
 
 
 def test_nll_comparison_reads_evaluate_loss_csvs(tmp_path):

@@ -475,27 +475,33 @@ def test_init_refuses_a_contradicting_model_or_another_tokenizer(pretrained, pop
         "other preset": (
             ["--preset", "small"],
             "--preset small contradicts the --init checkpoint's model (n_layers: 4 vs 2)",
+            2,  # a setting
         ),
         "other model setting": (
             ["--set", "model.n_layers=3"],
             "model.n_layers=3 contradicts the --init checkpoint's n_layers=2",
+            2,
         ),
-        "other tokenizer": (["--data", groove_data], "trained on another tokenizer (remi, 333 tokens) than the data"),
-        "no checkpoint": (["--init", tmp_path / "nowhere"], "checkpoint folder not found"),
+        "other tokenizer": (
+            ["--data", groove_data],
+            "trained on another tokenizer (remi, 333 tokens) than the data",
+            1,  # the checkpoint
+        ),
+        "no checkpoint": (["--init", tmp_path / "nowhere"], "checkpoint folder not found", 1),
     }
-    for name, (args, expected) in cases.items():
+    for name, (args, expected, exit_code) in cases.items():
         data = [] if "--data" in args else ["--data", pop20]
         start = [] if "--init" in args else ["--init", init]
         code = _cli(["train", *data, *start, "--out", tmp_path / name, *TINY[2:], *args])
         err = capsys.readouterr().err.strip().splitlines()
-        assert code == 1 and len(err) == 1 and expected in err[0], (name, err)
+        assert code == exit_code and len(err) == 1 and expected in err[0], (name, err)
         assert not (tmp_path / name).exists()  # refused before anything was written
 
 
 def test_kit_shuffle_on_data_without_a_drum_kit_is_refused_before_anything_is_written(pop20, tmp_path, capsys):
     code = _cli(["train", "--data", pop20, "--out", tmp_path / "run", *TINY[2:], "--set", "kit_shuffle=0.5"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 1 and len(err) == 1 and "kit_shuffle: the remi representation cannot do this augmentation" in err[0]
+    assert code == 2 and len(err) == 1 and "kit_shuffle: the remi representation cannot do this augmentation" in err[0]
     assert not (tmp_path / "run").exists()
 
 

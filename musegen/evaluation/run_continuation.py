@@ -369,6 +369,19 @@ def _fingerprints(model, pieces: list[np.ndarray]) -> dict[str, str]:
     return {"weights_sha256": weights.hexdigest()[:16], "pieces_sha256": tokens.hexdigest()[:16]}
 
 
+def _quarter_note(records: list[dict[str, Any]]) -> str:
+    means = mean_positions(records)
+    return "Means and medians per quarter of the measured bars. " + (
+        ""
+        if means is None
+        else (
+            "The model's quarters begin, on average, at token positions "
+            + ", ".join(f"{v:,.0f}" for v in means[:-1])
+            + f" and its span ends at {means[-1]:,.0f} (position 0: the prompt's first token)."
+        )
+    )
+
+
 def evaluate_continuation(
     checkpoint: str | os.PathLike,
     data_dir: str | os.PathLike,
@@ -430,18 +443,7 @@ def evaluate_continuation(
         "its own prompt. model_over_real = model_mean / real_mean; model_minus_real = model_mean - real_mean. "
         "Definitions: docs/evaluation.md."
     )
-    quarter_note = ""
-    if settings.by_quarter:
-        means = mean_positions(records)
-        quarter_note = "Means and medians per quarter of the measured bars. " + (
-            ""
-            if means is None
-            else (
-                "The model's quarters begin, on average, at token positions "
-                + ", ".join(f"{v:,.0f}" for v in means[:-1])
-                + f" and its span ends at {means[-1]:,.0f} (position 0: the prompt's first token)."
-            )
-        )
+    quarter_note = _quarter_note(records) if settings.by_quarter else ""
     files = write_report(out_dir, rows, pooled, note, quarter_note)
     return {
         "split": split,

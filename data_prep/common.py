@@ -4,6 +4,7 @@ split by group (song or style), and write shards.
 
 from __future__ import annotations
 
+import abc
 import hashlib
 import multiprocessing as mp
 import os
@@ -227,7 +228,7 @@ class Listing:
     split_of: Callable[[str], str] | None = None
 
 
-class Corpus:
+class Corpus(abc.ABC):
     """A corpus declares what is its own: its name, its tokenizer, where its raw files are, how it
     lists them and, where it differs, how one becomes tokens. `prepare` is the same for all: it
     encodes the listing with workers, skips and counts bad files, splits and writes the shards."""
@@ -242,13 +243,13 @@ class Corpus:
             raise DataError(f"{self.name} is a piano corpus: only --tokenizer remi applies, not {option!r}")
         return tokenizer_from_dict({"kind": "remi"})
 
+    @abc.abstractmethod
     def locate(self, source: Path | None, download: bool, out: Path) -> Path | None:
         """The raw corpus: `source`, the corpus' usual place, or (if `download`) a download under `out`."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def listing(self, root: Path | None, out: Path, limit: int | None, workers: int | None) -> Listing:
         """The items under `root` (at most `limit` pieces), and what the corpus refused."""
-        raise NotImplementedError
 
     def encode(self, tokenizer: Tokenizer, item: Item) -> Encoding:
         """How an item becomes tokens, in a worker process (by default its file as it is)."""

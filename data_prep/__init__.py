@@ -1,14 +1,18 @@
 """Turn raw corpora into token shards (see musegen/shards.py for the format).
 
-Each corpus is a module here with one entry point:
+Each corpus is a module here declaring a `Corpus` (data_prep/common.py): its name, its
+tokenizer, where its raw files are (`locate`: a local copy or a download), how it lists them
+(`listing`) and, where it differs, how one becomes tokens (`encode`). The one shared
+`Corpus.prepare` encodes with workers, skips and counts bad files, splits and writes the
+shards; each module exposes it as its entry point:
 
     prepare(out: Path, source: Path | None, download: bool, workers: int | None,
-            limit: int | None, tokenizer: str | None) -> dict   # the report stored in index.json
+            limit: int | None, tokenizer: str | None, **options) -> dict   # the report stored in index.json
 
 `source` is a local copy of the raw corpus (None: the corpus' default location), `download`
 allows fetching it when it is missing, `limit` caps the number of pieces (for quick trials),
-`tokenizer` overrides the corpus' default representation where that makes sense. A corpus may
-take further keywords of its own (mma-groove: `scale`, its size).
+`tokenizer` overrides the corpus' default representation where that makes sense. `options` are
+a corpus' own settings, given to its constructor (mma-groove: `scale`, its size, and `loops`).
 """
 
 from __future__ import annotations

@@ -8,11 +8,8 @@ Split by cantata (BWV number), 5% validation.
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
 import re
 from pathlib import Path
-from typing import Any
 
 from tqdm import tqdm
 
@@ -21,11 +18,8 @@ from musegen.io import write_bytes
 from musegen.music.constants import TICKS_PER_BEAT as TPQ
 from musegen.music.notes import NoteTable, Track
 
-from .common import Item
-from .common import prepare as prepare_items
-from .pop909 import remi_tokenizer
+from .common import Corpus, Item, Listing, worker_pool
 
-FRACTIONS = {"validation": 0.05}
 VELOCITY = 80  # the scores carry no dynamics
 DEFAULT_BPM = 80  # for the few chorales without a metronome mark
 CHORALE_NAME = re.compile(r"bwv(\d+)\.\d+")
@@ -75,36 +69,31 @@ def _convert(job: tuple[Path, Path]) -> tuple[Path, str | None]:
         return dest, f"{source.name}: could not convert ({type(exc).__name__}: {exc})".splitlines()[0]
 
 
-def prepare(
-    out: Path,
-    source: Path | None = None,
-    download: bool = False,
-    workers: int | None = None,
-    limit: int | None = None,
-    tokenizer: str | None = None,
-) -> dict[str, Any]:
-    tok = remi_tokenizer(tokenizer, "chorales")
-    if source is not None:
-        raise DataError("the chorales corpus comes from music21's bundled corpus; it takes no --source")
-    paths = chorale_paths()[:limit]
-    if not paths:
-        raise DataError("music21's corpus holds no Bach chorales (is music21 fully installed?)")
-    midi_dir = Path(out) / "midi"
-    jobs = [(p, midi_dir / f"{p.stem}.mid") for p in paths]
-    ctx = mp.get_context("fork") if hasattr(os, "fork") else mp.get_context()
-    with ctx.Pool(max(1, workers or os.cpu_count() or 1)) as pool:
-        results = list(tqdm(pool.imap(_convert, jobs), total=len(jobs), desc="music21 -> MIDI", unit="chorale"))
-    items = [
-        Item(name=dest.stem, path=dest, group=CHORALE_NAME.fullmatch(dest.stem).group(1))
-        for dest, reason in results
-        if not reason
-    ]
-    return prepare_items(
-        tok,
-        items,
-        out,
-        FRACTIONS,
-        workers,
-        extra_report={"corpus": "chorales"},
-        skipped_before=[(dest.stem, reason) for dest, reason in results if reason],
-    )
+class Chorales(Corpus):
+    name = "chorales"
+
+    def locate(self, source: Path | None, download: bool, out: Path) -> None:
+        if source is not None:
+            raise DataError("the chorales corpus comes from music21's bundled corpus; it takes no --source")
+
+    def listing(self, root: None, out: Path, limit: int | None, workers: int | None) -> Listing:
+        """The chorales written to MIDI (`<out>/midi/`), grouped by cantata; those music21 cannot
+        convert refused."""
+        paths = chorale_paths()[:limit]
+        if not paths:
+            raise DataError("music21's corpus holds no Bach chorales (is music21 fully installed?)")
+        jobs = [(p, out / "midi" / f"{p.stem}.mid") for p in paths]
+        with worker_pool(workers) as pool:
+            results = list(tqdm(pool.imap(_convert, jobs), total=len(jobs), desc="music21 -> MIDI", unit="chorale"))
+        return Listing(
+            [
+                Item(name=dest.stem, path=dest, group=CHORALE_NAME.fullmatch(dest.stem).group(1))
+                for dest, reason in results
+                if not reason
+            ],
+            [(dest.stem, reason) for dest, reason in results if reason],
+            {"corpus": self.name},
+        )
+
+
+prepare = Chorales().prepare

@@ -4,6 +4,7 @@ split by group (song or style), and write shards.
 
 from __future__ import annotations
 
+import abc
 import hashlib
 import multiprocessing as mp
 import os
@@ -11,18 +12,20 @@ import signal
 from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from tqdm import tqdm
 
-from musegen.errors import MusegenError
+from musegen.errors import DataError, MusegenError
 from musegen.io import printable
 from musegen.shards import write_shards
 from musegen.tokenizers.base import Encoding, Tokenizer, tokenizer_from_dict
 
 FILE_TIME_LIMIT_S = 60  # a pathological file is skipped, never allowed to stall the batch
+# where the project keeps raw corpora beside its checkouts (POP909: its songs and chord annotations)
+SHARED_DATASETS = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
 
 
 @dataclass
@@ -100,7 +103,7 @@ def encode_items(
 
     A worker that dies (the out-of-memory killer, a signal) breaks its pool: the files it may
     have held are retried one at a time, and the one that kills its worker again is skipped."""
-    workers = max(1, workers or os.cpu_count() or 1)
+    workers = worker_count(workers)
     results: dict[str, tuple] = {}
     queue = items[::-1]  # popped from the end: input order
     with tqdm(total=len(items), desc=desc, unit="file") as progress:
@@ -122,12 +125,26 @@ def encode_items(
     )
 
 
+def worker_count(workers: int | None) -> int:
+    """`workers`, or by default every core."""
+    return max(1, workers or os.cpu_count() or 1)
+
+
+def worker_pool(workers: int | None) -> mp.pool.Pool:
+    """A pool of `workers` processes (forked where the system can: they start at once, with the
+    parent's modules already loaded)."""
+    return _fork_context().Pool(worker_count(workers))
+
+
+def _fork_context():
+    return mp.get_context("fork") if hasattr(os, "fork") else mp.get_context()
+
+
 def _encode_in_pool(setup: tuple, queue: list[Item], workers: int, results: dict[str, tuple], progress) -> list[Item]:
     """Encode items popped from `queue` into `results` until it is empty, or until a worker dies:
     then return the items that were in flight (one of them killed it), else []. `setup`: the
     workers' (tokenizer dict, encoder)."""
-    ctx = mp.get_context("fork") if hasattr(os, "fork") else mp.get_context()
-    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=setup) as pool:
+    with ProcessPoolExecutor(workers, mp_context=_fork_context(), initializer=_init_worker, initargs=setup) as pool:
         running: dict[Future, Item] = {}
         while queue or running:
             while queue and len(running) < 2 * workers:  # a few queued: workers never wait for work
@@ -151,8 +168,13 @@ def merge_reports(reports: Iterable[dict]) -> dict[str, int]:
     """Sum the numeric counters of per-file encode reports."""
     total: Counter = Counter()
     for report in reports:
-        total.update({k: v for k, v in report.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
+        total.update(numeric_counts(report))
     return dict(total)
+
+
+def numeric_counts(report: dict[str, Any]) -> dict[str, int | float]:
+    """The counters of an encode report (its numbers; not its flags, lists or meta)."""
+    return {k: v for k, v in report.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def prepare(
@@ -165,12 +187,14 @@ def prepare(
     split_of: Callable[[str], str] | None = None,
     skipped_before: Iterable[tuple[str, str]] = (),
     encode: Encoder = encode_file,
+    count_encodings: bool = True,
 ) -> dict[str, Any]:
     """Encode, split by group, write shards; return the summary that is also stored in the index.
 
     `split_of(group)` overrides the hashed split (for corpora that assign groups explicitly).
     `skipped_before`: (name, reason) of inputs a corpus rejected before encoding; counted as skipped.
-    `encode(tokenizer, item)`: how an item becomes tokens (default: its file as it is)."""
+    `encode(tokenizer, item)`: how an item becomes tokens (default: its file as it is).
+    `count_encodings`: report the sum of the encodings' counts (`encode_counts`)."""
     split_of = split_of or (lambda group: group_split(group, fractions))
     skipped_before = list(skipped_before)
     encoded, skipped = encode_items(tokenizer, items, workers, encode=encode)
@@ -185,11 +209,86 @@ def prepare(
         "skipped_files": [{"name": n, "reason": r} for n, r in skipped],
         "tokens": {s: int(sum(len(ids) for _, ids in pieces)) for s, pieces in splits.items()},
         "pieces": {s: len(pieces) for s, pieces in splits.items()},
-        "encode_counts": merge_reports(r for _, _, r in encoded),
+        **({"encode_counts": merge_reports(r for _, _, r in encoded)} if count_encodings else {}),
         **(extra_report or {}),
     }
     write_shards(out, tokenizer, splits, report)
     return report
+
+
+@dataclass
+class Listing:
+    """What a corpus found to encode: its items, the inputs it refused before encoding ((name,
+    reason), counted as skipped), its own entries for the report, and, for a corpus that assigns
+    groups to splits itself, `split_of(group)`."""
+
+    items: list[Item]
+    refused: list[tuple[str, str]] = field(default_factory=list)
+    report: dict[str, Any] = field(default_factory=dict)
+    split_of: Callable[[str], str] | None = None
+
+
+class Corpus(abc.ABC):
+    """A corpus declares what is its own: its name, its tokenizer, where its raw files are, how it
+    lists them and, where it differs, how one becomes tokens. `prepare` is the same for all: it
+    encodes the listing with workers, skips and counts bad files, splits and writes the shards."""
+
+    name: str  # as `musegen data prepare` calls it
+    fractions: dict[str, float] = {"validation": 0.05}  # held-out share of the groups, split by hash
+    count_encodings = True  # report the encodings' counts (notes folded, bars...)
+
+    def tokenizer(self, option: str | None) -> Tokenizer:
+        """The tokenizer for `--tokenizer option`: REMI only, unless a corpus allows others."""
+        if option not in (None, "remi"):
+            raise DataError(f"{self.name} is a piano corpus: only --tokenizer remi applies, not {option!r}")
+        return tokenizer_from_dict({"kind": "remi"})
+
+    @abc.abstractmethod
+    def locate(self, source: Path | None, download: bool, out: Path) -> Path | None:
+        """The raw corpus: `source`, the corpus' usual place, or (if `download`) a download under `out`."""
+
+    @abc.abstractmethod
+    def listing(self, root: Path | None, out: Path, limit: int | None, workers: int | None) -> Listing:
+        """The items under `root` (at most `limit` pieces), and what the corpus refused."""
+
+    def encode(self, tokenizer: Tokenizer, item: Item) -> Encoding:
+        """How an item becomes tokens, in a worker process (by default its file as it is)."""
+        return encode_file(tokenizer, item)
+
+    def finish(self, out: Path, tokenizer: Tokenizer) -> None:
+        """Anything a corpus writes once its shards are there (by default nothing)."""
+
+    def prepare(
+        self,
+        out: str | os.PathLike,
+        source: str | os.PathLike | None = None,
+        download: bool = False,
+        workers: int | None = None,
+        limit: int | None = None,
+        tokenizer: str | None = None,
+        **options: Any,
+    ) -> dict[str, Any]:
+        """Write the corpus' token shards to `out`; return the report stored in their index.
+        `options`: a corpus' own settings (mma-groove's scale and loops), given to its constructor."""
+        corpus = type(self)(**options) if options else self
+        tok = corpus.tokenizer(tokenizer)
+        out = Path(out)
+        root = corpus.locate(None if source is None else Path(source), download, out)
+        found = corpus.listing(root, out, limit, workers)
+        report = prepare(
+            tok,
+            found.items,
+            out,
+            corpus.fractions,
+            workers,
+            extra_report=found.report,
+            split_of=found.split_of,
+            skipped_before=found.refused,
+            encode=corpus.encode,
+            count_encodings=corpus.count_encodings,
+        )
+        corpus.finish(out, tok)
+        return report
 
 
 def summary_lines(report: dict[str, Any], max_reasons: int = 10) -> list[str]:

@@ -12,14 +12,13 @@ track name, the count-in dropped on the 12-per-beat grid.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-from data_prep.common import Item
-from data_prep.common import prepare as prepare_shards
-from data_prep.download import extract, fetch
 from musegen.errors import DataError
 from musegen.io import write_json
-from musegen.tokenizers.base import tokenizer_from_dict
+from musegen.tokenizers.base import Tokenizer, tokenizer_from_dict
+
+from .common import Corpus, Item, Listing
+from .download import extract, fetch
 
 RECORD = "https://zenodo.org/record/3958000"
 ARCHIVE = "groove2groove-data-v1.0.0.tar.gz"
@@ -65,35 +64,31 @@ def style_of(path: Path) -> str:
     return parts[1]
 
 
-def prepare(
-    out: Path,
-    source: Path | None = None,
-    download: bool = False,
-    workers: int | None = None,
-    limit: int | None = None,
-    tokenizer: str | None = None,
-) -> dict[str, Any]:
-    if tokenizer not in (None, "groove"):
-        raise DataError(f"Groove2Groove is tokenised as groove, not {tokenizer!r}")
-    out = Path(out)
-    root = obtain(Path(source) if source else DEFAULT_SOURCE, download)
-    tok = tokenizer_from_dict({"kind": "groove"})
+class Groove2Groove(Corpus):
+    name = "groove2groove"
+    fractions = {"validation": 0.0, "test": 0.0}  # the dataset's own parts are the splits
 
-    items, styles = [], {split: set() for split in PARTS.values()}
-    for part, split in PARTS.items():
-        for path in sorted((root / "midi" / part / "fixed").glob("*.mid"))[:limit]:  # limit: per part
-            items.append(Item(name=f"{part}/{path.stem}", path=path, group=split))
-            styles[split].add(style_of(path))
-    if not items:
-        raise DataError(f"{root}: no MIDI files under midi/{{train,val,test}}/fixed")
+    def tokenizer(self, option: str | None) -> Tokenizer:
+        if option not in (None, "groove"):
+            raise DataError(f"Groove2Groove is tokenised as groove, not {option!r}")
+        return tokenizer_from_dict({"kind": "groove"})
 
-    write_json(out / "styles.json", {"split_by": "dataset part", "styles": {s: sorted(v) for s, v in styles.items()}})
-    return prepare_shards(
-        tok,
-        items,
-        out,
-        {"validation": 0.0, "test": 0.0},
-        workers,
-        split_of=lambda split: split,
-        extra_report={"styles": {s: len(v) for s, v in styles.items()}},
-    )
+    def locate(self, source: Path | None, download: bool, out: Path) -> Path:
+        return obtain(source or DEFAULT_SOURCE, download)
+
+    def listing(self, root: Path, out: Path, limit: int | None, workers: int | None) -> Listing:
+        """The `fixed` files of each part (`limit` per part), grouped by their part's split; the
+        style sets of the splits go to `<out>/styles.json`."""
+        items, styles = [], {split: set() for split in PARTS.values()}
+        for part, split in PARTS.items():
+            for path in sorted((root / "midi" / part / "fixed").glob("*.mid"))[:limit]:
+                items.append(Item(name=f"{part}/{path.stem}", path=path, group=split))
+                styles[split].add(style_of(path))
+        if not items:
+            raise DataError(f"{root}: no MIDI files under midi/{{train,val,test}}/fixed")
+        sets = {s: sorted(v) for s, v in styles.items()}
+        write_json(out / "styles.json", {"split_by": "dataset part", "styles": sets})
+        return Listing(items, report={"styles": {s: len(v) for s, v in styles.items()}}, split_of=lambda split: split)
+
+
+prepare = Groove2Groove().prepare

@@ -16,21 +16,17 @@ from __future__ import annotations
 import io
 import pickle
 from pathlib import Path
-from typing import Any
 
 import numpy as np
-from tqdm import tqdm
 
-from musegen.errors import DataError, MusegenError, TokenError
-from musegen.shards import write_shards
+from musegen.errors import DataError, TokenError
+from musegen.tokenizers.base import Encoding, Tokenizer
 from musegen.tokenizers.remi import RemiTokenizer
 
-from .common import group_split
+from .common import Corpus, Item, Listing
 from .download import extract, fetch, zenodo_file
-from .pop909 import remi_tokenizer
 
 RECORD, ARCHIVE = 4782721, "remi_dataset.tar.gz"
-FRACTIONS = {"validation": 0.05}
 # numpy scalars are the only non-builtin objects a plain event list may hold
 SAFE_GLOBALS = {("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"), ("numpy", "dtype")}
 
@@ -76,59 +72,45 @@ def load_piece(path: Path, tok: RemiTokenizer) -> np.ndarray:
     return ids
 
 
-def locate(source: Path | None, download: bool, out: Path) -> Path:
-    """The folder of pickles: `source` (folder or archive), or the Zenodo download."""
-    raw = Path(out) / "raw"
-    if source is not None:
-        source = Path(source)
-        if source.is_file():
-            extract(source, raw)
-        elif not source.is_dir():
-            raise DataError(f"{source}: Pop1K7 folder or archive not found")
+class Pop1k7(Corpus):
+    name = "pop1k7"
+    count_encodings = False  # its pieces are stored as they are: there is nothing to count
+
+    def tokenizer(self, option: str | None) -> Tokenizer:
+        tok = super().tokenizer(option)
+        if tok.settings() != RemiTokenizer().settings():
+            raise DataError("Pop1K7 is stored in the default REMI vocabulary only")
+        return tok
+
+    def locate(self, source: Path | None, download: bool, out: Path) -> Path:
+        """The folder of pickles: `source` (folder or archive), or the Zenodo download."""
+        raw = out / "raw"
+        if source is not None:
+            if source.is_file():
+                extract(source, raw)
+            elif not source.is_dir():
+                raise DataError(f"{source}: Pop1K7 folder or archive not found")
+            else:
+                raw = source
+        elif download:
+            url, md5 = zenodo_file(RECORD, ARCHIVE)
+            extract(fetch(url, raw / ARCHIVE, md5=md5), raw)
         else:
-            raw = source
-    elif download:
-        url, md5 = zenodo_file(RECORD, ARCHIVE)
-        extract(fetch(url, raw / ARCHIVE, md5=md5), raw)
-    else:
-        raise DataError("Pop1K7 needs --source (the extracted remi_dataset folder or its archive) or --download")
-    folders = sorted({p.parent for p in raw.rglob("*.pkl")})
-    if not folders:
-        raise DataError(f"{raw}: no Pop1K7 .pkl pieces found")
-    return folders[0]
+            raise DataError("Pop1K7 needs --source (the extracted remi_dataset folder or its archive) or --download")
+        folders = sorted({p.parent for p in raw.rglob("*.pkl")})
+        if not folders:
+            raise DataError(f"{raw}: no Pop1K7 .pkl pieces found")
+        return folders[0]
+
+    def listing(self, root: Path, out: Path, limit: int | None, workers: int | None) -> Listing:
+        """Every piece, each its own group."""
+        files = sorted(root.glob("*.pkl"))[:limit]
+        return Listing(
+            [Item(name=p.stem, path=p, group=p.stem) for p in files], report={"corpus": self.name, "source": str(root)}
+        )
+
+    def encode(self, tokenizer: Tokenizer, item: Item) -> Encoding:
+        return Encoding(load_piece(item.path, tokenizer))
 
 
-def prepare(
-    out: Path,
-    source: Path | None = None,
-    download: bool = False,
-    workers: int | None = None,
-    limit: int | None = None,
-    tokenizer: str | None = None,
-) -> dict[str, Any]:
-    tok = remi_tokenizer(tokenizer, "pop1k7")
-    if tok.settings() != RemiTokenizer().settings():
-        raise DataError("Pop1K7 is stored in the default REMI vocabulary only")
-    folder = locate(source, download, Path(out))
-    files = sorted(folder.glob("*.pkl"))[:limit]
-    splits: dict[str, list] = {"train": [], **{s: [] for s in FRACTIONS}}
-    skipped = []
-    for path in tqdm(files, desc="Pop1K7", unit="piece"):  # plain unpickling: fast, one process is enough
-        try:
-            ids = load_piece(path, tok)
-        except MusegenError as exc:
-            skipped.append({"name": path.stem, "reason": str(exc)})
-            continue
-        splits[group_split(path.stem, FRACTIONS)].append((path.stem, ids))
-    report = {
-        "files": len(files),
-        "encoded": len(files) - len(skipped),
-        "skipped": len(skipped),
-        "skipped_files": skipped,
-        "tokens": {s: int(sum(len(ids) for _, ids in pieces)) for s, pieces in splits.items()},
-        "pieces": {s: len(pieces) for s, pieces in splits.items()},
-        "corpus": "pop1k7",
-        "source": str(folder),
-    }
-    write_shards(out, tok, splits, report)
-    return report
+prepare = Pop1k7().prepare

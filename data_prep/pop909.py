@@ -17,30 +17,20 @@ or, with `--download`, the GitHub archive of music-x-lab/POP909-Dataset.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from musegen.errors import DataError
 from musegen.music.beats import synchronise
 from musegen.music.midi import load_score
-from musegen.tokenizers.base import Encoding, Tokenizer, tokenizer_from_dict
+from musegen.tokenizers.base import Encoding, Tokenizer
 
-from .common import Item
-from .common import prepare as prepare_items
+from .common import SHARED_DATASETS, Corpus, Item, Listing
 from .download import extract, fetch
 
-DEFAULT_SOURCE = Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "pop909"
+DEFAULT_SOURCE = SHARED_DATASETS / "pop909"
 # A branch archive changes with the repository, so there is no fixed checksum to verify.
 ARCHIVE_URL = "https://github.com/music-x-lab/POP909-Dataset/archive/refs/heads/master.zip"
-FRACTIONS = {"validation": 0.05}
-
-
-def remi_tokenizer(option: str | None, corpus: str) -> Tokenizer:
-    """The REMI tokenizer, refusing another representation for a piano corpus."""
-    if option not in (None, "remi"):
-        raise DataError(f"{corpus} is a piano corpus: only --tokenizer remi applies, not {option!r}")
-    return tokenizer_from_dict({"kind": "remi"})
 
 
 def song_files(folder: Path) -> list[Path]:
@@ -74,55 +64,45 @@ def not_in_four(song: Path) -> str | None:
     return None if usual == 4 else f"{song}: annotated bars of {usual} beats; REMI bars are 4/4"
 
 
-def encode_synchronised(tok: Tokenizer, item: Item) -> Encoding:
-    """The song re-timed to its annotated beats, then encoded; the report counts the annotated
-    bars that were not 4 beats long (stretched or squeezed into 4/4 bars)."""
-    seconds, downbeat = annotations(item.path)
-    encoding = tok.encode(synchronise(load_score(item.path), seconds, downbeat))
-    encoding.report["irregular_bars"] = int(np.count_nonzero(np.diff(np.flatnonzero(downbeat)) != 4))
-    return encoding
+class Pop909(Corpus):
+    name = "pop909"
+
+    def locate(self, source: Path | None, download: bool, out: Path) -> Path:
+        if source is not None:
+            if not source.is_dir():
+                raise DataError(f"{source}: POP909 folder not found")
+            return source
+        if DEFAULT_SOURCE.is_dir():
+            return DEFAULT_SOURCE
+        if not download:
+            raise DataError(f"POP909 not found at {DEFAULT_SOURCE}; pass --source FOLDER or --download")
+        raw = out / "raw"
+        archive = fetch(ARCHIVE_URL, raw / "POP909-Dataset.zip")
+        extract(archive, raw)
+        found = [p for p in raw.rglob("POP909") if p.is_dir() and song_files(p)]
+        if not found:
+            raise DataError(f"{archive}: no POP909/NNN/NNN.mid songs inside the downloaded archive")
+        return found[0]
+
+    def listing(self, root: Path, out: Path, limit: int | None, workers: int | None) -> Listing:
+        """Every song, those that cannot be 4/4 bars refused."""
+        files = song_files(root)
+        if not files:
+            raise DataError(f"{root}: no POP909 songs (NNN/NNN.mid) found")
+        refused = {p.stem: why for p in files[:limit] if (why := not_in_four(p))}
+        return Listing(
+            [Item(name=p.stem, path=p, group=p.stem) for p in files[:limit] if p.stem not in refused],
+            list(refused.items()),
+            {"corpus": self.name, "source": str(root), "synchronised": True},
+        )
+
+    def encode(self, tok: Tokenizer, item: Item) -> Encoding:
+        """The song re-timed to its annotated beats, then encoded; the report counts the annotated
+        bars that were not 4 beats long (stretched or squeezed into 4/4 bars)."""
+        seconds, downbeat = annotations(item.path)
+        encoding = tok.encode(synchronise(load_score(item.path), seconds, downbeat))
+        encoding.report["irregular_bars"] = int(np.count_nonzero(np.diff(np.flatnonzero(downbeat)) != 4))
+        return encoding
 
 
-def locate(source: Path | None, download: bool, out: Path) -> Path:
-    if source is not None:
-        if not Path(source).is_dir():
-            raise DataError(f"{source}: POP909 folder not found")
-        return Path(source)
-    if DEFAULT_SOURCE.is_dir():
-        return DEFAULT_SOURCE
-    if not download:
-        raise DataError(f"POP909 not found at {DEFAULT_SOURCE}; pass --source FOLDER or --download")
-    raw = Path(out) / "raw"
-    archive = fetch(ARCHIVE_URL, raw / "POP909-Dataset.zip")
-    extract(archive, raw)
-    found = [p for p in raw.rglob("POP909") if p.is_dir() and song_files(p)]
-    if not found:
-        raise DataError(f"{archive}: no POP909/NNN/NNN.mid songs inside the downloaded archive")
-    return found[0]
-
-
-def prepare(
-    out: Path,
-    source: Path | None = None,
-    download: bool = False,
-    workers: int | None = None,
-    limit: int | None = None,
-    tokenizer: str | None = None,
-) -> dict[str, Any]:
-    tok = remi_tokenizer(tokenizer, "pop909")
-    folder = locate(source, download, Path(out))
-    files = song_files(folder)
-    if not files:
-        raise DataError(f"{folder}: no POP909 songs (NNN/NNN.mid) found")
-    refused = {p.stem: why for p in files[:limit] if (why := not_in_four(p))}
-    items = [Item(name=p.stem, path=p, group=p.stem) for p in files[:limit] if p.stem not in refused]
-    return prepare_items(
-        tok,
-        items,
-        out,
-        FRACTIONS,
-        workers,
-        encode=encode_synchronised,
-        extra_report={"corpus": "pop909", "source": str(folder), "synchronised": True},
-        skipped_before=list(refused.items()),
-    )
+prepare = Pop909().prepare

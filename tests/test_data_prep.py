@@ -299,3 +299,14 @@ def test_prepare_pop1k7_stores_the_reference_pieces_unchanged(tmp_path):
     assert set(got) == set(originals) and all(np.array_equal(got[k], originals[k]) for k in originals)
     with pytest.raises(DataError, match="needs --source"):
         pop1k7.prepare(tmp_path / "o2")
+
+
+def test_every_corpus_is_prepared_by_the_one_shared_prepare():
+    """Each registered corpus is a Corpus under its CLI name, prepared by Corpus.prepare itself."""
+    from data_prep import CORPORA, corpus_prepare
+    from data_prep.common import Corpus
+
+    for name in CORPORA:
+        prepare = corpus_prepare(name)
+        assert isinstance(prepare.__self__, Corpus) and prepare.__self__.name == name
+        assert prepare.__func__ is Corpus.prepare

@@ -18,6 +18,7 @@ import pytest
 import symusic
 
 from data_prep import mma_groove as mg
+from data_prep import mma_pieces, mma_render, mma_styles
 from musegen.errors import DataError
 from musegen.io import read_json
 from musegen.music.beats import round_half_even
@@ -50,7 +51,7 @@ def corpus(tmp_path_factory, pop909_dir):
 
 
 def test_catalogue_has_over_300_styles_split_disjointly_by_family():
-    styles = mg.load_styles()
+    styles = mma_styles.load_styles()
     names = [s.name for s in styles]
     assert len(set(names)) == len(names) >= 300
     split = mg.family_splits(styles)
@@ -60,19 +61,19 @@ def test_catalogue_has_over_300_styles_split_disjointly_by_family():
     assert len(sets["test"]) >= mg.HELD_OUT_STYLES and len(sets["validation"]) >= mg.HELD_OUT_STYLES
     families = {s: {st.family for st in styles if split[st.family] == s} for s in mg.SPLITS}
     assert not (families["train"] & (families["test"] | families["validation"]))
-    assert all(not mg.LEFT_OUT.search(st.groove) for st in styles)
+    assert all(not mma_styles.LEFT_OUT.search(st.groove) for st in styles)
     groove_names = {st.groove for st in styles}
     assert any(g.endswith("Sus") for g in groove_names) and any(g.endswith("Plus") for g in groove_names)
-    _, fills = mg.load_catalogue()
+    _, fills = mma_styles.load_catalogue()
     assert sum(map(len, fills.values())) >= 100 and set(fills) <= {st.family for st in styles}
-    assert all(mg.FILL.search(f) for names in fills.values() for f in names)
+    assert all(mma_styles.FILL.search(f) for names in fills.values() for f in names)
     assert 100 < sum(st.swings for st in styles) < len(styles)  # straight grooves swing, swung ones need not
 
 
 def test_tempo_follows_the_style_name():
-    assert mg.tempo_for("BossaNovaSus") == 132
-    assert mg.tempo_for("SlowJazz") < mg.tempo_for("Jazz") < mg.tempo_for("FastJazz")
-    assert len({s.tempo for s in mg.load_styles()}) >= 20
+    assert mma_styles.tempo_for("BossaNovaSus") == 132
+    assert mma_styles.tempo_for("SlowJazz") < mma_styles.tempo_for("Jazz") < mma_styles.tempo_for("FastJazz")
+    assert len({s.tempo for s in mma_styles.load_styles()}) >= 20
 
 
 # ---------------------------------------------------------------- chords from POP909
@@ -94,11 +95,11 @@ def test_tempo_follows_the_style_name():
     ],
 )
 def test_chord_labels_become_mma_chords(label, name):
-    assert mg.mma_chord(label) == name
+    assert mma_pieces.mma_chord(label) == name
 
 
 def test_song_bars_follow_the_annotation(pop909_dir):
-    bars = mg.song_bars(pop909_dir / "001")
+    bars = mma_pieces.song_bars(pop909_dir / "001")
     assert len(bars) > 40 and all(len(b) == 4 and None not in b for b in bars)
     # 001: downbeats at 0.055 s and 2.72 s; no chord in the first bar, then B major for two
     # beats, C# major for two (chord_midi.txt: 2.72-4.06 B:maj, 4.06-5.39 C#:maj)
@@ -106,47 +107,50 @@ def test_song_bars_follow_the_annotation(pop909_dir):
 
 
 def test_chords_move_to_another_key():
-    assert mg.transpose_chord("Bbm7/Ab", 2) == "Cm7/Bb" and mg.transpose_chord("B", 1) == "C"
-    assert mg.transpose_chord("C#M7/F", -5) == "AbM7/C" and mg.transpose_chord("/", 3) == "/"
+    assert mma_pieces.transpose_chord("Bbm7/Ab", 2) == "Cm7/Bb" and mma_pieces.transpose_chord("B", 1) == "C"
+    assert mma_pieces.transpose_chord("C#M7/F", -5) == "AbM7/C" and mma_pieces.transpose_chord("/", 3) == "/"
 
 
 def test_rendering_is_deterministic():
-    style = mg.load_styles()[0]
-    text = mg.mma_text(style, [["C", "/", "G", "/"], ["Am", "/", "F", "/"]], seed=7)
-    assert mg.render_mma(text) == mg.render_mma(text)
+    style = mma_styles.load_styles()[0]
+    text = mma_render.mma_text(style, [["C", "/", "G", "/"], ["Am", "/", "F", "/"]], seed=7)
+    assert mma_render.render_mma(text) == mma_render.render_mma(text)
     with pytest.raises(DataError, match="mma failed"):
-        mg.render_mma(text.replace("Am", "Hm"))
+        mma_render.render_mma(text.replace("Am", "Hm"))
 
 
 # ---------------------------------------------------------------- variants of a groove
 
 
 def test_variant_plans_cover_every_treatment_key_and_fill(pop909_dir):
-    styles, fills = mg.load_catalogue()
-    songs = mg.progressions(pop909_dir)
+    styles, fills = mma_styles.load_catalogue()
+    songs = mma_pieces.progressions(pop909_dir)
     style = next(st for st in styles if st.swings and st.family in fills)
-    plans = [mg.piece_plan(style, k, songs, fills[style.family]) for k in range(400)]
-    plain, variants = [p for p, _ in plans[: mg.PIECES_PER_STYLE]], [p for p, _ in plans[mg.PIECES_PER_STYLE :]]
+    plans = [mma_pieces.piece_plan(style, k, songs, fills[style.family]) for k in range(400)]
+    plain, variants = (
+        [p for p, _ in plans[: mma_pieces.PIECES_PER_STYLE]],
+        [p for p, _ in plans[mma_pieces.PIECES_PER_STYLE :]],
+    )
     assert all(p.variant == "" and p.key == 0 and p.tempo == style.tempo for p in plain)
-    assert Counter(t for p in variants for t in p.treatments).keys() == mg.TREATMENTS.keys()
-    assert {p.key for p in variants} == set(mg.KEY_SHIFTS) and len({p.tempo for p in variants}) == 3
+    assert Counter(t for p in variants for t in p.treatments).keys() == mma_render.TREATMENTS.keys()
+    assert {p.key for p in variants} == set(mma_pieces.KEY_SHIFTS) and len({p.tempo for p in variants}) == 3
     assert 0.4 < np.mean([p.fill is not None for p in variants]) < 0.6
     assert {p.fill for p in variants} - {None} <= set(fills[style.family])
-    assert all(len(set(p.treatments) & set(group)) <= 1 for p in variants for group in mg.TREATMENT_GROUPS)
+    assert all(len(set(p.treatments) & set(group)) <= 1 for p in variants for group in mma_pieces.TREATMENT_GROUPS)
     for (piece, bars), (again, bars_again) in zip(
-        plans[:20], [mg.piece_plan(style, k, songs, fills[style.family]) for k in range(20)]
+        plans[:20], [mma_pieces.piece_plan(style, k, songs, fills[style.family]) for k in range(20)]
     ):
         assert piece == again and bars == bars_again  # by hashing: reruns render the same pieces
-    moved = next((p, b) for p, b in plans[mg.PIECES_PER_STYLE :] if p.key)
-    original = dict(songs)[moved[0].song][moved[0].first_bar : moved[0].first_bar + mg.BARS_PER_PIECE]
-    assert moved[1] == [[mg.transpose_chord(c, moved[0].key) for c in bar] for bar in original]
+    moved = next((p, b) for p, b in plans[mma_pieces.PIECES_PER_STYLE :] if p.key)
+    original = dict(songs)[moved[0].song][moved[0].first_bar : moved[0].first_bar + mma_pieces.BARS_PER_PIECE]
+    assert moved[1] == [[mma_pieces.transpose_chord(c, moved[0].key) for c in bar] for bar in original]
 
 
 def rendered_trio(tmp_path, style, bars, **variant) -> np.ndarray:
     """(track, pitch, on, off) of a rendering as the groove tokens hold it, 12 ticks a beat."""
     raw, g2g = tmp_path / "raw.mid", tmp_path / "g2g.mid"
-    raw.write_bytes(mg.render_mma(mg.mma_text(style, bars, seed=5, **variant)))
-    mg.to_groove2groove(raw, g2g)
+    raw.write_bytes(mma_render.render_mma(mma_render.mma_text(style, bars, seed=5, **variant)))
+    mma_render.to_groove2groove(raw, g2g)
     return TOK.notes(TOK.encode(g2g).ids)
 
 
@@ -155,7 +159,7 @@ def test_each_variant_changes_the_music_as_it_says(tmp_path):
     chords are off-beat quarter notes, which MMA does not swing), articulation shortens or
     lengthens the notes, the chords move an octave up, a key moves the bass, and a fill changes
     the last bar of each phrase and leaves the bass and drums before it as they were."""
-    style = mg.Style("stdlib/8beat", "8Beat", 120, swings=True)
+    style = mma_styles.Style("stdlib/8beat", "8Beat", 120, swings=True)
     bars = [["C", "/", "Am", "/"], ["F", "/", "G7", "/"], ["Dm7", "/", "G7", "/"], ["C", "/", "/", "/"]] * 4
     plain = rendered_trio(tmp_path, style, bars)
     position = lambda notes: Counter((notes[notes[:, 0] < 3][:, 2] % 12).tolist())  # bass and drums
@@ -169,7 +173,7 @@ def test_each_variant_changes_the_music_as_it_says(tmp_path):
     higher = rendered_trio(tmp_path, style, bars, treatments=("higher",))
     assert track(higher, 3)[:, 1].mean() > track(plain, 3)[:, 1].mean() + 6
 
-    moved = rendered_trio(tmp_path, style, [[mg.transpose_chord(c, 2) for c in bar] for bar in bars])
+    moved = rendered_trio(tmp_path, style, [[mma_pieces.transpose_chord(c, 2) for c in bar] for bar in bars])
     assert np.array_equal(track(moved, 2), track(plain, 2))  # the drums do not change key
     assert Counter(((track(moved, 1)[:, 1] - 2) % 12).tolist()) == Counter((track(plain, 1)[:, 1] % 12).tolist())
 
@@ -243,11 +247,13 @@ def test_round_trip_on_every_prepared_piece(corpus):
 def test_the_groove2groove_layout_of_a_rendering(tmp_path):
     """MMA's tracks get Groove2Groove names (bass by MMA's track name, whatever its program),
     a 2-bar count-in comes first, and a tempo change moves with the music."""
-    text = mg.mma_text(mg.Style("stdlib/bossanova", "BossaNova", 100), [["C", "/", "Am", "/"]] * 2, seed=3)
+    text = mma_render.mma_text(
+        mma_styles.Style("stdlib/bossanova", "BossaNova", 100), [["C", "/", "Am", "/"]] * 2, seed=3
+    )
     text += "Tempo 140\n" + "F / G7 /\n" * 2
     raw, g2g = tmp_path / "raw.mid", tmp_path / "g2g.mid"
-    raw.write_bytes(mg.render_mma(text))
-    mg.to_groove2groove(raw, g2g)
+    raw.write_bytes(mma_render.render_mma(text))
+    mma_render.to_groove2groove(raw, g2g)
     before, after = read_parts(raw), read_parts(g2g)
     assert {p.name for p in after.parts if len(p.notes)} <= G2G_NAMES
     bass = [p for p in after.parts if p.name == "BB Bass"]
@@ -277,12 +283,12 @@ def test_a_restruck_string_ends_its_note_in_the_layout(tmp_path):
     """MMA's strummed guitar re-strikes a sounding string without a note-off; read oldest-first,
     those notes pile up to the end of the piece (up to 193 at once in the first corpus). In the
     layout each string sounds once at a time, with every note kept."""
-    text = mg.mma_text(
-        mg.Style("pflib/16beat1", "16beat1A", 112), [["C", "/", "Am", "/"], ["F", "/", "G", "/"]] * 4, seed=0
+    text = mma_render.mma_text(
+        mma_styles.Style("pflib/16beat1", "16beat1A", 112), [["C", "/", "Am", "/"], ["F", "/", "G", "/"]] * 4, seed=0
     )
     raw, g2g = tmp_path / "raw.mid", tmp_path / "g2g.mid"
-    raw.write_bytes(mg.render_mma(text))
-    mg.to_groove2groove(raw, g2g)
+    raw.write_bytes(mma_render.render_mma(text))
+    mma_render.to_groove2groove(raw, g2g)
     piled = [p for p in read_parts(raw).parts if not p.is_drum and most_sounding_at_once_on_one_pitch(p.notes) > 2]
     assert piled, "the rendering no longer re-strikes without note-offs: this test checks nothing"
     laid_out = [p for p in read_parts(g2g).parts if not p.is_drum]
@@ -299,7 +305,7 @@ def test_augmentations_stay_grammatical_on_real_pieces(corpus):
         assert np.array_equal(TOK.transpose(TOK.transpose(ids, 5), -5), ids)
         for variant in (TOK.skip_bars(ids, 3), TOK.drop_tracks(ids, [2]), TOK.drop_tracks(ids, [1, 3])):
             assert grammar.first_violation(variant) is None
-        assert len(TOK.bar_starts(ids)) == mg.BARS_PER_PIECE
+        assert len(TOK.bar_starts(ids)) == mma_pieces.BARS_PER_PIECE
 
 
 def test_rerun_reuses_renderings(corpus, pop909_dir):
@@ -341,17 +347,17 @@ def test_a_scaled_corpus_adds_variants_and_keeps_the_plain_pieces(corpus, pop909
     assert report["pieces_per_style"] == 8 and report["encoded"] == 8 and not report["render_failures"]
     assert report["styles"]["test"] == 1 and report["style_variants"]["test"] > 1
     plans = read_json(tmp_path / "x2" / "styles.json")["pieces"]
-    variants = [plan for name, plan in plans.items() if int(name.rsplit("/", 1)[1]) >= mg.PIECES_PER_STYLE]
+    variants = [plan for name, plan in plans.items() if int(name.rsplit("/", 1)[1]) >= mma_pieces.PIECES_PER_STYLE]
     assert len(variants) == 4 and all({"key", "tempo", "variant"} <= plan.keys() for plan in variants)
     trial, scaled = Shards(out), Shards(tmp_path / "x2")
     trial_pieces = dict(zip(trial.names("test"), trial.pieces("test")))
     scaled_pieces = dict(zip(scaled.names("test"), scaled.pieces("test")))
-    plain = [name for name in scaled_pieces if int(name.rsplit("/", 1)[1]) < mg.PIECES_PER_STYLE]
+    plain = [name for name in scaled_pieces if int(name.rsplit("/", 1)[1]) < mma_pieces.PIECES_PER_STYLE]
     assert len(plain) == 4 and all(np.array_equal(scaled_pieces[n], trial_pieces[n]) for n in plain)
-    style = next(st for st in mg.load_styles() if st.name == plain[0].rsplit("/", 1)[0])
-    songs, fills = mg.progressions(pop909_dir), mg.load_catalogue()[1].get(style.family, [])
-    for k in range(mg.PIECES_PER_STYLE, 8):
-        piece, _ = mg.piece_plan(style, k, songs, fills)
+    style = next(st for st in mma_styles.load_styles() if st.name == plain[0].rsplit("/", 1)[0])
+    songs, fills = mma_pieces.progressions(pop909_dir), mma_styles.load_catalogue()[1].get(style.family, [])
+    for k in range(mma_pieces.PIECES_PER_STYLE, 8):
+        piece, _ = mma_pieces.piece_plan(style, k, songs, fills)
         assert plans[piece.name] == {
             "song": piece.song,
             "first_bar": piece.first_bar,

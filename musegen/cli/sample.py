@@ -57,7 +57,13 @@ def drawing(temperature, temperature_by, top_p, top_k, keep_note_offs, mono_bass
 
 
 def sample(
-    checkpoint: Path = typer.Option(..., "--checkpoint", "-c", help="Checkpoint folder (model, config, tokenizer)."),
+    checkpoint: Path = typer.Option(
+        ...,
+        "--checkpoint",
+        "-c",
+        help="Checkpoint folder (model, config, tokenizer), or the name of a shipped model, e.g. pop or groove "
+        "(looked for in $MUSEGEN_HOME/checkpoints when set, else in the clone or the installed copy).",
+    ),
     out: Path = typer.Option(
         ...,
         "--out",
@@ -69,7 +75,8 @@ def sample(
         None,
         help="MIDI file to continue, a MIREX 2025 task .json prompt (the "
         "continuation is also written as that task's JSON), or a "
-        "folder: each such file under it (default: from scratch).",
+        "folder: each such file under it (default: from scratch). A bare name that is no file here "
+        "names a shipped example prompt, e.g. pop_progression.",
     ),
     prompt_bars: Optional[int] = typer.Option(
         None, help="Keep only the prompt's first N whole bars, 1..10,000 (groove protocol: 2)."
@@ -113,6 +120,7 @@ def sample(
     ),
 ):
     """Continue a MIDI prompt (or start from scratch) with a trained checkpoint."""
+    from musegen import home
     from musegen.generation.batch import sample_to_folder
     from musegen.generation.settings import SampleSettings
 
@@ -126,6 +134,7 @@ def sample(
         precision=precision,
         **drawing(temperature, temperature_by, top_p, top_k, keep_note_offs, mono_bass, cache),
     )
+    prompt = home.prompt(prompt) if prompt is not None else None
     summary = sample_to_folder(
         checkpoint, out, settings, prompt, audio=audio, pianoroll=pianoroll, device=device, threads=threads
     )

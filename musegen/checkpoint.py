@@ -156,6 +156,7 @@ def export_checkpoint(
 ) -> Path:
     """Copy a checkpoint's model, config and tokenizer (no trainer state) with weights cast to
     `dtype`, merging `meta` into its metadata: how a run's checkpoint becomes a shipped model."""
+    source = home.checkpoint(source)
     if Path(dest).exists() and os.path.samefile(source, dest):
         raise CheckpointError(f"{printable(dest)}: --out is the checkpoint itself; choose another folder")
     model, tokenizer, config, old_meta = load_checkpoint(source)

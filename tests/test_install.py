@@ -16,6 +16,7 @@ import pytest
 from test_cli_hostile import run_cli
 
 from musegen import home
+from musegen.checkpoint import export_checkpoint, read_checkpoint_config
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL_FILES = ("config.json", "tokenizer.json", "model.safetensors", "README.md")
@@ -59,6 +60,14 @@ def test_a_path_that_exists_or_is_not_a_bare_name_is_taken_as_given(tmp_path, mo
     assert home.checkpoint("pop") == Path("pop")  # a folder here wins over the shipped model
     assert home.checkpoint("runs/pop") == Path("runs/pop")  # and a missing path keeps its own error
     assert home.prompt("songs/pop_progression") == Path("songs/pop_progression")
+
+
+def test_a_shipped_model_s_name_is_taken_wherever_a_checkpoint_is(tmp_path, monkeypatch, no_home):
+    monkeypatch.chdir(tmp_path)
+    config, _ = read_checkpoint_config("pop")
+    assert config == read_checkpoint_config(REPO / "checkpoints" / "pop")[0]
+    export_checkpoint("pop", tmp_path / "exported")  # loads it by name too
+    assert read_checkpoint_config(tmp_path / "exported")[0] == config
 
 
 def test_nothing_found_is_one_line_saying_where_it_looked_and_how_to_set_musegen_home(tmp_path, monkeypatch, capsys):

@@ -19,7 +19,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from . import schemas
+from . import home, schemas
 from .errors import CheckpointError, FormatError, InputFileError, MusegenError
 from .io import atomic_path, printable, read_head, write_json
 from .model.config import ModelConfig
@@ -67,8 +67,8 @@ def _cast(name: str, tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def read_checkpoint_config(folder: str | os.PathLike) -> tuple[ModelConfig, dict[str, Any]]:
     """The model config and meta of a checkpoint, checked against their schema (sizes bounded by
-    ModelConfig's own bounds) before anything is built."""
-    folder = Path(folder)
+    ModelConfig's own bounds) before anything is built. `folder` may name a shipped model (`pop`)."""
+    folder = home.checkpoint(folder)
     if not folder.is_dir():
         raise CheckpointError(f"{printable(folder)}: checkpoint folder not found")
     path = folder / CONFIG
@@ -82,14 +82,15 @@ def read_checkpoint_config(folder: str | os.PathLike) -> tuple[ModelConfig, dict
 
 
 def load_checkpoint(folder: str | os.PathLike, device: str | torch.device = "cpu"):
-    """Return (model in eval mode, tokenizer, config, meta) or raise CheckpointError.
+    """Return (model in eval mode, tokenizer, config, meta) or raise CheckpointError. `folder` may
+    name a shipped model (`pop`).
 
     Nothing is allocated from the files' word alone: the config's sizes are bounded, and the
     weight file's header (names and shapes) must match a model built on the meta device, which
     allocates nothing, before any tensor is read or the real model is built."""
     from .model.transformer import MusicPerformer
 
-    folder = Path(folder)
+    folder = home.checkpoint(folder)
     config, meta = read_checkpoint_config(folder)
     try:
         tokenizer = load_tokenizer(folder / TOKENIZER, remedy="retrain the model")
@@ -168,6 +169,7 @@ def export_checkpoint(
 ) -> Path:
     """Copy a checkpoint's model, config and tokenizer (no trainer state) with weights cast to
     `dtype`, merging `meta` into its metadata: how a run's checkpoint becomes a shipped model."""
+    source = home.checkpoint(source)
     if Path(dest).exists() and os.path.samefile(source, dest):
         raise CheckpointError(f"{printable(dest)}: --out is the checkpoint itself; choose another folder")
     model, tokenizer, config, old_meta = load_checkpoint(source)

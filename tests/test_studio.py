@@ -27,11 +27,12 @@ from starlette.testclient import TestClient
 from musegen import schemas
 from musegen.generation.settings import SampleSettings
 from musegen.studio import jobs
-from musegen.studio.models import EXAMPLES, Models
+from musegen.studio.models import Models
 from musegen.studio.server import create_app
 
 ROOT = Path(__file__).resolve().parents[1]
 POP = ROOT / "checkpoints" / "pop"
+EXAMPLES = ROOT / "checkpoints" / "prompts"
 EXAMPLE = "pop_progression.mid"
 A, B = "a" * 32, "b" * 32  # two sessions
 
@@ -319,7 +320,12 @@ def test_musegen_studio_serves_the_page_on_127_0_0_1_and_prints_its_address(tmp_
 @pytest.mark.parametrize(
     "args,message,code",
     [
-        (["--checkpoint", "no-such-folder"], "error: no-such-folder: checkpoint folder not found", 1),
+        (
+            ["--checkpoint", "no-such-folder"],
+            "error: no-such-folder: checkpoint folder not found, nor a shipped model of that name "
+            "(shipped: groove, groove-dur, groove-dur-softmax, pop)",
+            1,
+        ),
         (["--port", "70000"], "error: --port must be within 0..65535, got 70000", 2),
     ],
 )

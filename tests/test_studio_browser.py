@@ -10,9 +10,9 @@ import time
 from urllib.parse import urlsplit
 
 import pytest
-from test_studio import EXAMPLE, POP, serving
+from test_studio import EXAMPLE, EXAMPLES, POP, serving
 
-from musegen.studio.models import EXAMPLES, Models
+from musegen.studio.models import Models
 from musegen.studio.server import create_app
 
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")

@@ -74,7 +74,7 @@ def style(
 
 @evaluate_app.command("loss")
 def loss(
-    checkpoint: Path = typer.Option(..., "--checkpoint", "-c", help="Checkpoint folder."),
+    checkpoint: Path = typer.Option(..., "--checkpoint", "-c", help="Checkpoint folder, or a shipped model's name."),
     data: Path = typer.Option(..., help="Token shards folder (musegen data prepare)."),
     max_len: int = typer.Option(
         ..., help="Score positions 0..max_len-1 (e.g. 2x the training length); at most 65,536."
@@ -101,7 +101,7 @@ def loss(
 @evaluate_app.command("continuation")
 @sampling_options(exclude=PROTOCOL_OWN)
 def continuation(
-    checkpoint: Path = typer.Option(..., "--checkpoint", "-c", help="Checkpoint folder."),
+    checkpoint: Path = typer.Option(..., "--checkpoint", "-c", help="Checkpoint folder, or a shipped model's name."),
     data: Path = typer.Option(
         ...,
         help="Token shards folder (musegen data prepare), or a folder of MIDI files "
@@ -156,7 +156,10 @@ def continuation(
 @sampling_options(exclude=PROTOCOL_OWN)
 def copy(
     checkpoint: list[str] = typer.Option(
-        ..., "--checkpoint", "-c", help="Checkpoint folder, or NAME=FOLDER; repeat to put models side by side."
+        ...,
+        "--checkpoint",
+        "-c",
+        help="Checkpoint folder or shipped model's name, or NAME=FOLDER; repeat to put models side by side.",
     ),
     out: Path = typer.Option(..., "--out", "-o", help="Folder for copy.md, copy.csv, copy.json and the samples."),
     data: Optional[Path] = typer.Option(

@@ -10,7 +10,9 @@ DTYPES = ("fp32", "fp16", "bf16")
 
 
 def export(
-    checkpoint: Path = typer.Argument(..., help="A checkpoint folder (e.g. runs/pop/checkpoints/step-00003000)."),
+    checkpoint: Path = typer.Argument(
+        ..., help="A checkpoint folder (e.g. runs/pop/checkpoints/step-00003000), or a shipped model's name."
+    ),
     out: Path = typer.Option(
         ..., "--out", "-o", help="Folder to write model.safetensors, config.json, tokenizer.json."
     ),

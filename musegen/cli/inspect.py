@@ -9,7 +9,7 @@ import typer
 
 
 def inspect(
-    checkpoint: Path = typer.Option(..., "--checkpoint", "-c", help="Checkpoint folder."),
+    checkpoint: Path = typer.Option(..., "--checkpoint", "-c", help="Checkpoint folder, or a shipped model's name."),
     out: Path = typer.Option(..., "--out", "-o", help="Folder for the PNGs, summary.csv and inspect.json."),
     length: Optional[int] = typer.Option(
         None, min=2, help="Tokens generated for the attention maps and probed (default: 1.5x the training length)."

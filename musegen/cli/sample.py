@@ -13,7 +13,13 @@ from .options import sampling_options
 
 @sampling_options()
 def sample(
-    checkpoint: Path = typer.Option(..., "--checkpoint", "-c", help="Checkpoint folder (model, config, tokenizer)."),
+    checkpoint: Path = typer.Option(
+        ...,
+        "--checkpoint",
+        "-c",
+        help="Checkpoint folder (model, config, tokenizer), or the name of a shipped model, e.g. pop or groove "
+        "(looked for in $MUSEGEN_HOME/checkpoints when set, else in the clone or the installed copy).",
+    ),
     out: Path = typer.Option(
         ...,
         "--out",
@@ -25,7 +31,8 @@ def sample(
         None,
         help="MIDI file to continue, a MIREX 2025 task .json prompt (the "
         "continuation is also written as that task's JSON), or a "
-        "folder: each such file under it (default: from scratch).",
+        "folder: each such file under it (default: from scratch). A bare name that is no file here "
+        "names a shipped example prompt, e.g. pop_progression.",
     ),
     audio: bool = typer.Option(False, "--audio", help="Also render each sample to WAV with FluidSynth."),
     pianoroll: bool = typer.Option(False, "--pianoroll", help="Also draw each sample as a piano-roll PNG."),
@@ -36,8 +43,10 @@ def sample(
     settings: Optional[SampleSettings] = None,  # made by @sampling_options from the flags
 ):
     """Continue a MIDI prompt (or start from scratch) with a trained checkpoint."""
+    from musegen import home
     from musegen.generation.batch import sample_to_folder
 
+    prompt = home.prompt(prompt) if prompt is not None else None
     summary = sample_to_folder(
         checkpoint, out, settings, prompt, audio=audio, pianoroll=pianoroll, device=device, threads=threads
     )

@@ -11,7 +11,10 @@ import typer
 
 def studio(
     checkpoint: Optional[List[Path]] = typer.Option(
-        None, "--checkpoint", "-c", help="A checkpoint folder to offer besides the shipped ones (repeatable)."
+        None,
+        "--checkpoint",
+        "-c",
+        help="A checkpoint folder to offer besides the shipped ones (repeatable; MUSEGEN_HOME says where those are).",
     ),
     out: Path = typer.Option(
         Path("studio-out"),
@@ -25,6 +28,7 @@ def studio(
     """Try a prompt, watch the notes arrive and listen, in a local web page."""
     import uvicorn
 
+    from musegen import home
     from musegen.errors import ConfigError
     from musegen.studio.models import Models, shipped_checkpoints
     from musegen.studio.server import create_app
@@ -33,7 +37,7 @@ def studio(
         raise ConfigError(f"--port must be within 0..65535, got {port}")
     folders = shipped_checkpoints() + list(checkpoint or [])
     if not folders:
-        raise ConfigError("no checkpoint to offer: give one with --checkpoint")
+        raise ConfigError(f"no checkpoint to offer: give one with --checkpoint, or {home.not_found()}")
     out.mkdir(parents=True, exist_ok=True)
     app = create_app(out, Models(folders))
     try:  # bound here, so that the address printed is the one served (any free port for --port 0)

@@ -43,8 +43,8 @@ def train(
     init: Optional[Path] = typer.Option(
         None,
         "--init",
-        help="Start from this checkpoint's weights (a run's or an "
-        "exported one) with a fresh optimiser: fine-tuning. "
+        help="Start from this checkpoint's weights (a run's, an "
+        "exported one or a shipped model's name) with a fresh optimiser: fine-tuning. "
         "The model comes from it; the data's tokenizer must "
         "be its own.",
     ),

@@ -1,5 +1,5 @@
-"""The checkpoints the studio offers, by name: the shipped ones (checkpoints/ beside the package)
-and those given with --checkpoint. Each is loaded once when the studio starts, so a bad folder is
+"""The checkpoints the studio offers, by name: the shipped ones (wherever musegen/home.py finds
+them) and those given with --checkpoint. Each is loaded once when the studio starts, so a bad folder is
 refused before the page is served; a model carries its streaming state while it samples, so each
 worker thread samples with its own copy."""
 
@@ -10,21 +10,19 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from .. import home
 from ..checkpoint import load_checkpoint
 from ..errors import ConfigError
 from ..tokenizers.base import Tokenizer
 
-SHIPPED = Path(__file__).resolve().parents[2] / "checkpoints"  # in a clone of the repository
-EXAMPLES = SHIPPED / "prompts"
-
 
 def shipped_checkpoints() -> list[Path]:
-    return sorted(p for p in SHIPPED.glob("*") if (p / "config.json").is_file()) if SHIPPED.is_dir() else []
+    return list(home.models().values())
 
 
 def examples() -> dict[str, Path]:
     """The example prompts, by file name."""
-    return {p.name: p for p in sorted(EXAMPLES.glob("*.mid"))} if EXAMPLES.is_dir() else {}
+    return home.examples()
 
 
 class Models:

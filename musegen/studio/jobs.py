@@ -23,6 +23,7 @@ from ..music.midi import load_score
 from ..music.notes import NoteTable
 from ..render import PROMPT_END_MARKER, prompt_end_seconds
 from .models import Models
+from .runs import notes_delta
 
 MAX_BARS, MAX_SAMPLES = schemas.STUDIO_MAX_BARS, schemas.STUDIO_MAX_SAMPLES
 REPORT_EVERY = 0.1  # seconds between two reports of the notes drawn so far
@@ -128,17 +129,24 @@ def generate_run(
     report: Callable[[dict[str, Any]], None],
     stop: threading.Event,
 ) -> dict[str, Any]:
-    """Continue `request.prompt` into `out_dir`; `report` gets {"progress", "samples": notes per
-    sample} while sampling. Returns the run's summary (as `musegen sample` writes it)."""
+    """Continue `request.prompt` into `out_dir`; `report` gets {"progress", "samples": a delta per
+    sample (runs.notes_delta) from the notes reported before} while sampling. Ends with Stopped
+    as soon as `stop` is set, while the prompt is fed to the model too. Returns the run's summary
+    (as `musegen sample` writes it)."""
+
+    def go_on() -> None:
+        if stop.is_set():
+            raise Stopped
+
+    go_on()  # a run whose page left while it waited is not started
     model, tokenizer = models.for_this_thread(request.model)
     settings = request.settings().resolved(tokenizer)
     prompt = load_prompt(tokenizer, request.prompt)
-    last = 0.0
+    last, sent = 0.0, [[] for _ in range(settings.num_samples)]
 
     def on_step(rows: list[list[int]]) -> None:
         nonlocal last
-        if stop.is_set():
-            raise Stopped
+        go_on()
         now = time.monotonic()
         if now - last < REPORT_EVERY and last:
             return
@@ -148,8 +156,12 @@ def generate_run(
             samples = [notes_of(NoteTable.from_miditoolkit(tokenizer.decode(ids, prompt.meta), False)) for ids in rows]
         except MusegenError:  # a note cut open by the step: shown at the next report
             return
-        report({"progress": max(0.0, min(1.0, drawn / settings.bars)), "samples": samples})
+        deltas = [notes_delta(before, notes) for before, notes in zip(sent, samples)]
+        sent[:] = samples
+        report({"progress": max(0.0, min(1.0, drawn / settings.bars)), "samples": deltas})
 
     stem = request.prompt.stem if request.prompt else "sample"
     loaded = Loaded(model, tokenizer, models.folders[request.model], "cpu")
-    return sample_prompt(loaded, out_dir, stem, settings, request.prompt, on_step=on_step, prompt=prompt)
+    return sample_prompt(
+        loaded, out_dir, stem, settings, request.prompt, on_step=on_step, prompt=prompt, on_ingest=go_on
+    )

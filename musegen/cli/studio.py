@@ -26,6 +26,7 @@ def studio(
     import uvicorn
 
     from musegen.errors import ConfigError
+    from musegen.studio.guard import LOOPBACK
     from musegen.studio.models import Models, shipped_checkpoints
     from musegen.studio.server import create_app
 
@@ -35,13 +36,19 @@ def studio(
     if not folders:
         raise ConfigError("no checkpoint to offer: give one with --checkpoint")
     out.mkdir(parents=True, exist_ok=True)
-    app = create_app(out, Models(folders))
+    app = create_app(out, Models(folders), host)
     try:  # bound here, so that the address printed is the one served (any free port for --port 0)
         sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
     except OSError as exc:
         raise ConfigError(f"cannot listen on {host}:{port} ({exc.strerror or exc})") from None
     shown = f"[{host}]" if ":" in host else host
     typer.echo(f"musegen studio: http://{shown}:{sock.getsockname()[1]}/  (results in {out}; Ctrl-C to stop)")
+    if host not in LOOPBACK:
+        typer.echo(
+            f"warning: --host {host!r} opens the studio to the network: anyone who can reach this "
+            "machine can use it, read its results and fill its --out folder",
+            err=True,
+        )
     uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
 
 

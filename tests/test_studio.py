@@ -339,3 +339,14 @@ def test_musegen_studio_refuses_a_bad_option_in_one_line(tmp_path, args, message
     done = studio_command(*args, "--out", str(tmp_path / "out"))
     _, err = done.communicate(timeout=120)
     assert done.returncode == 1 and err.strip() == message
+
+
+def test_musegen_studio_on_every_address_warns_that_the_page_is_open_to_the_network(tmp_path):
+    server = studio_command("--host", "0.0.0.0", "--port", "0", "--out", str(tmp_path / "out"))
+    try:
+        assert server.stdout.readline().startswith("musegen studio: http://0.0.0.0:")
+        warning = server.stderr.readline().strip()
+        assert warning.startswith("warning: --host '0.0.0.0' opens the studio to the network: anyone who can reach")
+    finally:
+        server.terminate()
+        server.wait(30)

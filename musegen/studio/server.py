@@ -13,6 +13,7 @@ import re
 import shutil
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -66,98 +67,15 @@ def body_limit(path: str, query: QueryParams) -> tuple[int, str]:
 def create_app(out: Path, models: Models, host: str = "127.0.0.1") -> Starlette:
     """The studio's app, keeping what it is given and makes under `out`; `host` is the address it
     listens on (requests naming another host are refused, see guard.py)."""
-    store = Store(out)
-    pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="studio-sample")
-    places, renders = Places(WORKERS + MAX_WAITING, PER_SESSION), Renders()
-
-    def session(request: Request) -> str:
-        return request.query_params.get("session", "")
-
-    async def index(request: Request):
-        return FileResponse(STATIC / "index.html")
-
-    async def list_models(request: Request):
-        return JSONResponse(
-            {
-                "models": models.describe(),
-                "examples": list(examples()),
-                "max_bars": jobs.MAX_BARS,
-                "max_samples": jobs.MAX_SAMPLES,
-            }
-        )
-
-    async def upload(request: Request):
-        q = request.query_params
-        models.tokenizer(q.get("model", ""))  # an unknown model is refused before anything is kept
-        body = await request.body()  # within MAX_UPLOAD_BYTES (the guard)
-        name = q.get("name", "")
-        if q.get("example"):
-            if q["example"] not in examples():
-                raise RequestError(f"no example prompt {q['example'][:80]!r}")
-            name, body = q["example"], examples()[q["example"]].read_bytes()
-        path = await run_in_threadpool(store.save_prompt, session(request), name, body)
-        try:
-            view = await run_in_threadpool(jobs.prompt_view, models, q.get("model", ""), path)
-        except BaseException:  # a prompt that cannot be used is not kept
-            await run_in_threadpool(shutil.rmtree, path.parent, True)
-            raise
-        return JSONResponse({"prompt": path.parent.name, "name": path.name, **view})
-
-    def checked_job(sid: str, body: bytes) -> jobs.Request:
-        job = jobs.Request.parse(body, lambda prompt: store.prompt(sid, prompt))
-        job.settings().resolved(models.tokenizer(job.model))  # refused here, before the stream starts
-        return job
-
-    async def generate(request: Request):
-        sid = session(request)
-        store.session(sid)  # every check before a place is taken: a refused request holds none
-        job = await run_in_threadpool(checked_job, sid, await request.body())
-        places.take(sid)
-        try:
-            run, folder = store.new_run(sid)
-            events, stop = RunEvents(asyncio.get_running_loop()), threading.Event()
-            pool.submit(_work, models, job, run, folder, events, stop, lambda: places.give_back(sid))
-        except BaseException:
-            places.give_back(sid)
-            raise
-        return RunResponse(_stream(run, events), stop)
-
-    async def results(request: Request):
-        return JSONResponse({"results": await run_in_threadpool(store.results, session(request))})
-
-    async def run_detail(request: Request):
-        def detail():
-            summary = store.summary(session(request), request.path_params["run"])
-            folder = store.run(session(request), request.path_params["run"])
-            return {**summary, "views": jobs.run_view(folder, summary)}
-
-        return JSONResponse(await run_in_threadpool(detail))
-
-    async def run_file(request: Request):
-        sid, run, name = session(request), request.path_params["run"], request.path_params["name"]
-        if name.endswith(".wav"):  # rendered on first request, kept beside the MIDI as `sample --audio` does
-            midi = store.file(sid, run, name[: -len(".wav")] + ".mid")
-            if await renders.wav(midi, request.receive) is None:
-                return Response(status_code=204)  # the client left: nobody reads this
-        if name.endswith(".json") and not (store.run(sid, run) / name).exists():  # a MIDI prompt's sample
-            midi = store.file(sid, run, name[: -len(".json")] + ".mid")
-            body = await run_in_threadpool(jobs.mirex_generation, midi)
-            return JSONResponse(body, headers={"Content-Disposition": f'attachment; filename="{midi.stem}.json"'})
-        path = store.file(sid, run, name)
-        return FileResponse(path, filename=path.name)
-
-    async def failure(request: Request, exc: Exception):
-        status = getattr(exc, "status", 400) if isinstance(exc, MusegenError) else 507 if is_disk_full(exc) else 500
-        return JSONResponse({"error": error_message(exc)}, status_code=status)
-
+    studio = Studio(out, models)
     routes = [
-        Route("/", index),
-        Route("/api/models", list_models),
-        Route("/api/prompts", upload, methods=["POST"]),
-        Route("/api/generate", generate, methods=["POST"]),
-        Route("/api/results", results),
-        Route("/api/runs/{run}", run_detail),
-        Route("/files/{run}/{name}", run_file),
+        Route("/", studio.index),
+        Route("/api/models", studio.list_models),
+        Route("/api/prompts", studio.upload, methods=["POST"]),
+        Route("/api/generate", studio.generate, methods=["POST"]),
+        Route("/api/results", studio.results),
+        Route("/api/runs/{run}", studio.run_detail),
+        Route("/files/{run}/{name}", studio.run_file),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
     app = Starlette(
@@ -165,8 +83,101 @@ def create_app(out: Path, models: Models, host: str = "127.0.0.1") -> Starlette:
         middleware=[Middleware(Guard, host=host, limits=body_limit)],
         exception_handlers={MusegenError: failure, OSError: failure, Exception: failure},
     )
-    app.state.pool, app.state.renders, app.state.places = pool, renders, places
+    app.state.pool, app.state.places = studio.pool, studio.places
     return app
+
+
+async def failure(request: Request, exc: Exception):
+    status = getattr(exc, "status", 400) if isinstance(exc, MusegenError) else 507 if is_disk_full(exc) else 500
+    return JSONResponse({"error": error_message(exc)}, status_code=status)
+
+
+def session(request: Request) -> str:
+    return request.query_params.get("session", "")
+
+
+class Studio:
+    """The routes' handlers, and what they share: the store, the models, the sampling workers and
+    the places in their queue, and the WAV renders."""
+
+    def __init__(self, out: Path, models: Models):
+        self.store, self.models = Store(out), models
+        self.pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="studio-sample")
+        self.places, self.renders = Places(WORKERS + MAX_WAITING, PER_SESSION), Renders()
+
+    async def index(self, request: Request):
+        return FileResponse(STATIC / "index.html")
+
+    async def list_models(self, request: Request):
+        return JSONResponse(
+            {
+                "models": self.models.describe(),
+                "examples": list(examples()),
+                "max_bars": jobs.MAX_BARS,
+                "max_samples": jobs.MAX_SAMPLES,
+            }
+        )
+
+    async def upload(self, request: Request):
+        q = request.query_params
+        self.models.tokenizer(q.get("model", ""))  # an unknown model is refused before anything is kept
+        body = await request.body()  # within MAX_UPLOAD_BYTES (the guard)
+        name = q.get("name", "")
+        if q.get("example"):
+            if q["example"] not in examples():
+                raise RequestError(f"no example prompt {q['example'][:80]!r}")
+            name, body = q["example"], examples()[q["example"]].read_bytes()
+        path = await run_in_threadpool(self.store.save_prompt, session(request), name, body)
+        try:
+            view = await run_in_threadpool(jobs.prompt_view, self.models, q.get("model", ""), path)
+        except BaseException:  # a prompt that cannot be used is not kept
+            await run_in_threadpool(shutil.rmtree, path.parent, True)
+            raise
+        return JSONResponse({"prompt": path.parent.name, "name": path.name, **view})
+
+    def checked_job(self, sid: str, body: bytes) -> jobs.Request:
+        job = jobs.Request.parse(body, lambda prompt: self.store.prompt(sid, prompt))
+        job.settings().resolved(self.models.tokenizer(job.model))  # refused here, before the stream starts
+        return job
+
+    async def generate(self, request: Request):
+        sid = session(request)
+        self.store.session(sid)  # every check before a place is taken: a refused request holds none
+        job = await run_in_threadpool(self.checked_job, sid, await request.body())
+        self.places.take(sid)
+        try:
+            run, folder = self.store.new_run(sid)
+            events, stop = RunEvents(asyncio.get_running_loop()), threading.Event()
+            done = partial(self.places.give_back, sid)
+            self.pool.submit(_work, self.models, job, run, folder, events, stop, done)
+        except BaseException:
+            self.places.give_back(sid)
+            raise
+        return RunResponse(_stream(run, events), stop)
+
+    async def results(self, request: Request):
+        return JSONResponse({"results": await run_in_threadpool(self.store.results, session(request))})
+
+    async def run_detail(self, request: Request):
+        def detail():
+            summary = self.store.summary(session(request), request.path_params["run"])
+            folder = self.store.run(session(request), request.path_params["run"])
+            return {**summary, "views": jobs.run_view(folder, summary)}
+
+        return JSONResponse(await run_in_threadpool(detail))
+
+    async def run_file(self, request: Request):
+        sid, run, name = session(request), request.path_params["run"], request.path_params["name"]
+        if name.endswith(".wav"):  # rendered on first request, kept beside the MIDI as `sample --audio` does
+            midi = self.store.file(sid, run, name[: -len(".wav")] + ".mid")
+            if await self.renders.wav(midi, request.receive) is None:
+                return Response(status_code=204)  # the client left: nobody reads this
+        if name.endswith(".json") and not (self.store.run(sid, run) / name).exists():  # a MIDI prompt's sample
+            midi = self.store.file(sid, run, name[: -len(".json")] + ".mid")
+            body = await run_in_threadpool(jobs.mirex_generation, midi)
+            return JSONResponse(body, headers={"Content-Disposition": f'attachment; filename="{midi.stem}.json"'})
+        path = self.store.file(sid, run, name)
+        return FileResponse(path, filename=path.name)
 
 
 def _work(models: Models, job: jobs.Request, run: str, folder: Path, events: RunEvents, stop, done) -> None:

@@ -26,7 +26,10 @@ from test_render import fluidsynth_children, needs_fluidsynth
 from test_studio import POP, events, serving, upload
 
 from musegen.errors import MusegenError
-from musegen.studio import audio, runs, server
+from musegen.generation.loop import generate
+from musegen.generation.prompt import load_prompt
+from musegen.generation.settings import SampleSettings
+from musegen.studio import audio, jobs, runs, server
 from musegen.studio.models import Models
 from musegen.studio.server import create_app, error_message
 
@@ -423,6 +426,26 @@ def test_a_long_prompt_whose_pages_left_frees_its_workers(models, tmp_path):
             done = events(http, B, model="pop", bars=1, seed=1)[-1]
     assert done["event"] == "done" and freed < 30, freed
     assert max(waits) < ANSWERED_WITHIN, max(waits)
+
+
+def test_a_run_stopped_while_its_prompt_is_fed_feeds_no_more_of_it(models, tmp_path):
+    (tmp_path / "dense.mid").write_bytes(dense_prompt(bars=4))
+    model, tokenizer = models.for_this_thread("pop")
+    prompt = load_prompt(tokenizer, tmp_path / "dense.mid")
+    fed, stop = [], threading.Event()
+
+    def on_ingest() -> None:  # as the studio's: set by the page leaving, here after the first chunk
+        fed.append(len(fed))
+        if stop.is_set():
+            raise jobs.Stopped
+        stop.set()
+
+    assert len(prompt.ids) > 4 * 512
+    with pytest.raises(jobs.Stopped):
+        generate(
+            model, tokenizer, prompt, SampleSettings(bars=1, num_samples=2, seed=1), progress=False, on_ingest=on_ingest
+        )
+    assert fed == [0, 1]  # one chunk of 512 tokens fed, then stopped before the next
 
 
 # ---- the rest of the issue ----------------------------------------------------------------------

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import io
 import json
 import select
 import socket
@@ -18,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import extreme
 import httpx
 import miditoolkit
 import pytest
@@ -126,16 +126,11 @@ def midi_file(path: Path, minutes: float) -> Path:
 def dense_prompt(bars: int = 20, pitches: int = 48) -> bytes:
     """A prompt of `bars` bars with `pitches` notes on every 16th: ~2,300 REMI tokens a bar (the red
     team's 200 bars were 616k tokens; 20 bars take the model minutes to read already)."""
-    midi = miditoolkit.MidiFile(ticks_per_beat=480)
-    midi.time_signature_changes = [miditoolkit.TimeSignature(4, 4, 0)]
-    inst = miditoolkit.Instrument(0)
-    inst.notes = [
-        miditoolkit.Note(80, 36 + p, t * 120, t * 120 + 120) for t in range(bars * 16) for p in range(pitches)
-    ]
-    midi.instruments = [inst]
-    buffer = io.BytesIO()
-    midi.dump(file=buffer)
-    return buffer.getvalue()
+    events = [(0, b"\xff\x58\x04\x04\x02\x18\x08")]  # 4/4
+    for _ in range(bars * 16):
+        events += [(0, extreme.on(36 + p, 80)) for p in range(pitches)]
+        events += [(120 if p == 0 else 0, extreme.off(36 + p)) for p in range(pitches)]
+    return extreme.smf([extreme.track(events)])
 
 
 def wait_until(condition, timeout: float, every: float = 0.05) -> float:
@@ -446,6 +441,16 @@ def test_a_run_stopped_while_its_prompt_is_fed_feeds_no_more_of_it(models, tmp_p
             model, tokenizer, prompt, SampleSettings(bars=1, num_samples=2, seed=1), progress=False, on_ingest=on_ingest
         )
     assert fed == [0, 1]  # one chunk of 512 tokens fed, then stopped before the next
+
+
+def test_a_prompt_of_200_dense_bars_is_refused_before_it_is_encoded(models, tmp_path):
+    client = TestClient(create_app(tmp_path / "out", models), base_url="http://127.0.0.1")
+    started = time.monotonic()
+    answer = upload(client, A, "dense.mid", dense_prompt(bars=200))  # the red team's 616k tokens
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"] == "dense.mid: 153,600 notes; a prompt in the studio has at most 20,000"
+    assert time.monotonic() - started < 60  # (encoding it took minutes)
+    assert not list((tmp_path / "out" / A / "prompts").iterdir())
 
 
 # ---- the rest of the issue ----------------------------------------------------------------------

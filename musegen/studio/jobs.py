@@ -15,7 +15,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from .. import mirex, schemas
-from ..errors import MusegenError
+from ..errors import MusegenError, ResourceError
 from ..generation.batch import Loaded, sample_prompt
 from ..generation.prompt import load_prompt
 from ..generation.settings import SampleSettings
@@ -27,6 +27,9 @@ from .runs import notes_delta
 
 MAX_BARS, MAX_SAMPLES = schemas.STUDIO_MAX_BARS, schemas.STUDIO_MAX_SAMPLES
 REPORT_EVERY = 0.1  # seconds between two reports of the notes drawn so far
+# POP909's longest song has ~4,000 notes; the red team's 200 dense bars (153,600) took minutes to
+# encode and, for 8 samples, half an hour to feed to the model
+MAX_PROMPT_NOTES = 20_000
 
 
 class Stopped(Exception):
@@ -83,8 +86,15 @@ def notes_of(table: NoteTable) -> list[list[int]]:
 
 
 def prompt_view(models: Models, model: str, path: Path) -> dict[str, Any]:
-    """What the page draws of a prompt: its notes as the model's tokenizer reads them."""
+    """What the page draws of a prompt: its notes as the model's tokenizer reads them. A prompt of
+    more than MAX_PROMPT_NOTES notes is refused before it is encoded."""
     tokenizer = models.tokenizer(model)
+    if path.suffix == ".json":
+        notes = len(mirex.read_prompt(path))
+    else:
+        notes = sum(len(track.notes) for track in load_score(path).tracks)
+    if notes > MAX_PROMPT_NOTES:
+        raise ResourceError(f"{path.name}: {notes:,} notes; a prompt in the studio has at most {MAX_PROMPT_NOTES:,}")
     prompt = load_prompt(tokenizer, path)
     piece = prompt.piece
     table = NoteTable.from_miditoolkit(piece, by_role=False)

@@ -307,8 +307,8 @@ def test_a_render_whose_clients_all_left_is_stopped_and_leaves_nothing(models, t
         wait_until(fluidsynth_children, 60)
         for sock in clients:
             sock.close()
-        wait_until(lambda: not fluidsynth_children(), 10)
-        assert sorted(p.name for p in midi.parent.iterdir()) == ["x.mid"]  # the WAV half written is gone
+        left = lambda: sorted(p.name for p in midi.parent.iterdir())  # noqa: E731
+        wait_until(lambda: not fluidsynth_children() and left() == ["x.mid"], 10)  # the WAV half written is gone
 
 
 @needs_fluidsynth

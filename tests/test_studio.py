@@ -325,7 +325,8 @@ def test_musegen_studio_serves_the_page_on_127_0_0_1_and_prints_its_address(tmp_
         assert names == ["groove", "groove-dur", "groove-dur-softmax", "pop"]  # the shipped checkpoints
     finally:
         server.terminate()
-        server.wait(30)
+        out, err = server.communicate(timeout=30)
+    assert (server.returncode, out.strip(), err) == (0, "musegen studio: stopped", "")  # SIGTERM stops it, no error
 
 
 @pytest.mark.parametrize(

@@ -25,6 +25,7 @@ def studio(
     """Try a prompt, watch the notes arrive and listen, in a local web page."""
     import uvicorn
 
+    from musegen.cli import Terminated
     from musegen.errors import ConfigError
     from musegen.studio.guard import LOOPBACK
     from musegen.studio.models import Models, shipped_checkpoints
@@ -49,7 +50,10 @@ def studio(
             "machine can use it, read its results and fill its --out folder",
             err=True,
         )
-    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+    try:
+        uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+    except (KeyboardInterrupt, Terminated):  # how a server is stopped: uvicorn has shut it down and passes it on
+        typer.echo("musegen studio: stopped")
 
 
 def register(app: typer.Typer) -> None:

@@ -166,7 +166,7 @@ function onEvent(event, req) {
     $("progress").value = event.progress;
     const tpb = state.view ? state.view.ticksPerBeat : 480;
     const bars = state.prompt ? state.prompt.bars : 0;
-    state.view = state.view || { ticksPerBeat: tpb, promptNotes: [], promptEnd: 0 };
+    state.view = state.view || { ticksPerBeat: tpb, promptNotes: [], promptEnd: 0, samples: [] };
     state.view.total = (bars + req.bars) * 4 * state.view.ticksPerBeat;
     if (!state.view.samples.length || $("cards").children.length !== event.samples.length) {
       state.view.samples = event.samples.map(() => ({ notes: [] }));

@@ -53,7 +53,7 @@ def one_run(http: httpx.Client, prompt: dict, bars: int, seed: int) -> tuple[flo
         for line in response.iter_lines():
             event = schemas.loads(line, "studio event", "the studio's stream").model_dump()
             if event["event"] == "notes" and first is None:
-                if any(note[0] >= continuation for note in event["samples"][0]):
+                if any(note[0] >= continuation for note in event["samples"][0]["notes"]):  # (the new notes)
                     first = time.perf_counter() - started
             elif event["event"] == "error":
                 raise SystemExit(event["error"])

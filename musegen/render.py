@@ -13,7 +13,10 @@ import shutil
 import struct
 import subprocess
 import tempfile
+import threading
+import time
 import wave
+from collections import deque
 from pathlib import Path
 from typing import Iterator
 
@@ -34,6 +37,25 @@ MAX_FLUIDSYNTH_TRACKS = 127  # its player silently ignores files with more (meas
 # FluidSynth's time grows with the notes it is asked to start, sounding or not: 10^6 notes took 26 s
 # of CPU (2.3, Zen 4); 250,000 take about 7 s, past any real piece (POP909's longest has ~4,000).
 MAX_RENDER_NOTES = 250_000
+# FluidSynth plays on while a voice sounds, so one that never dies (a note held forever) makes it
+# write without end: it is stopped once its WAV holds this much past the end of the music.
+MAX_TAIL_SECONDS = 30.0
+# ... and stopped after this many seconds, plus one per second of music: FluidSynth renders many
+# times faster than real time, so slower than that is a machine too busy or a file it chokes on.
+WALL_SECONDS = 60.0
+POLL_SECONDS = 0.05  # how often a render looks whether it was cancelled or passed a bound
+
+
+class TooLongError(ResourceError):
+    """A piece longer than render writes (`max_minutes`)."""
+
+    def __init__(self, message: str, minutes: float):
+        super().__init__(message)
+        self.minutes = minutes
+
+
+class Cancelled(Exception):
+    """The caller's `cancel` event was set: FluidSynth was stopped and nothing was written."""
 
 
 def soundfont_candidates() -> list[Path]:
@@ -66,26 +88,19 @@ def render_wav(
     soundfont: str | os.PathLike | None = None,
     sample_rate: int = SAMPLE_RATE,
     max_minutes: float = MAX_MINUTES,
+    cancel: threading.Event | None = None,
 ) -> Path:
     """Synthesise `midi_path` to a 16-bit stereo WAV at `wav_path` (written atomically).
 
-    Refused in one line: a piece longer than `max_minutes` (the WAV size is bounded by it), an
-    output path that is the MIDI file or an existing file that is not a WAV, more tracks than
-    FluidSynth plays (127) when merging them by instrument does not bring them within it, and
-    (before FluidSynth starts) more than MAX_RENDER_NOTES notes."""
+    Refused in one line: a piece longer than `max_minutes` (TooLongError; the WAV size is bounded
+    by it), an output path that is the MIDI file or an existing file that is not a WAV, more
+    tracks than FluidSynth plays (127) when merging them by instrument does not bring them within
+    it, and (before FluidSynth starts) more than MAX_RENDER_NOTES notes. FluidSynth is stopped
+    (ResourceError) when its WAV runs MAX_TAIL_SECONDS past the music or it takes longer than
+    WALL_SECONDS plus the music's length; and (Cancelled) as soon as `cancel` is set."""
     score = load_score(midi_path)  # one-line MidiError for anything FluidSynth would choke on
     seconds = score.to("second").end()
-    notes = sum(len(track.notes) for track in score.tracks)
-    if notes > MAX_RENDER_NOTES:
-        raise ResourceError(
-            f"{printable(midi_path)}: {notes:,} notes; render plays at most {MAX_RENDER_NOTES:,} "
-            f"(FluidSynth's time grows with the notes it starts)"
-        )
-    if seconds > 60 * max_minutes:
-        raise MusegenError(
-            f"{printable(midi_path)}: lasts {seconds / 60:,.1f} minutes; render writes at most "
-            f"{max_minutes:g} (--max-minutes)"
-        )
+    _check_size(midi_path, score, seconds, max_minutes)
     wav_path = Path(wav_path)
     refuse_to_replace(wav_path, midi_path, b"RIFF", "WAV")
     exe = shutil.which("fluidsynth")
@@ -96,32 +111,81 @@ def render_wav(
     wav_path.parent.mkdir(parents=True, exist_ok=True)
     if shutil.disk_usage(wav_path.parent).free < needed:
         raise DiskFullError(f"disk full: {printable(wav_path)} needs about {needed / 2**20:,.0f} MiB")
-    with _playable_midi(midi_path, score) as playable, atomic_path(wav_path) as tmp:
+    with _playable_midi(midi_path, score, wav_path.parent) as playable, atomic_path(wav_path) as tmp:
         # -T wav: the temporary name has no .wav suffix for FluidSynth to guess the type from.
-        cmd = [
-            exe,
-            "-n",
-            "-i",
-            "-q",
-            "-r",
-            str(sample_rate),
-            "-T",
-            "wav",
-            "-O",
-            "s16",
-            "-F",
-            str(tmp),
-            str(font),
-            str(playable),
-        ]
-        done = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
-        if done.returncode != 0 or tmp.stat().st_size <= 44:
-            detail = (done.stderr or done.stdout).strip().splitlines()
-            raise MusegenError(
-                f"fluidsynth failed on {printable(midi_path)}: {detail[-1] if detail else 'no audio written'}"
-            )
+        cmd = [exe, "-n", "-i", "-q", "-r", str(sample_rate), "-T", "wav", "-O", "s16", "-F", str(tmp)]
+        bound = _Bound(tmp, 1024 + int((seconds + MAX_TAIL_SECONDS) * sample_rate) * 4, WALL_SECONDS + seconds)
+        returncode, detail = _fluidsynth([*cmd, str(font), str(playable)], bound, cancel, midi_path)
+        if returncode != 0 or tmp.stat().st_size <= 44:
+            raise MusegenError(f"fluidsynth failed on {printable(midi_path)}: {detail or 'no audio written'}")
         _trim_silent_tail(tmp, seconds)
     return wav_path
+
+
+def _check_size(midi_path: str | os.PathLike, score, seconds: float, max_minutes: float) -> None:
+    """Refuse, before FluidSynth starts, what would take it too long or write too much."""
+    notes = sum(len(track.notes) for track in score.tracks)
+    if notes > MAX_RENDER_NOTES:
+        raise ResourceError(
+            f"{printable(midi_path)}: {notes:,} notes; render plays at most {MAX_RENDER_NOTES:,} "
+            f"(FluidSynth's time grows with the notes it starts)"
+        )
+    if seconds > 60 * max_minutes:
+        raise TooLongError(
+            f"{printable(midi_path)}: lasts {seconds / 60:,.1f} minutes; render writes at most "
+            f"{max_minutes:g} (--max-minutes)",
+            seconds / 60,
+        )
+
+
+class _Bound:
+    """How far FluidSynth may go: the WAV's size in bytes and its running time in seconds."""
+
+    def __init__(self, wav: Path, max_bytes: int, max_seconds: float):
+        self.wav, self.max_bytes, self.max_seconds = wav, max_bytes, max_seconds
+        self.deadline = time.monotonic() + max_seconds
+
+    def passed(self, midi_path: str | os.PathLike) -> str | None:
+        """Why FluidSynth must stop now, in one line; None while it is within its bounds."""
+        if time.monotonic() > self.deadline:
+            return f"{printable(midi_path)}: FluidSynth took more than {self.max_seconds:,.0f} s; stopped"
+        if self.wav.stat().st_size > self.max_bytes:
+            return (
+                f"{printable(midi_path)}: FluidSynth played on {MAX_TAIL_SECONDS:g} s past the end of the music "
+                "(a note that never stops?); stopped"
+            )
+        return None
+
+
+def _fluidsynth(
+    cmd: list[str], bound: _Bound, cancel: threading.Event | None, midi_path: str | os.PathLike
+) -> tuple[int, str]:
+    """Run FluidSynth within `bound`, killed when it passes it or `cancel` is set; its exit code
+    and the last line it printed. Its output is read as it comes (a full pipe would stall it)."""
+    process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    said: deque[bytes] = deque(maxlen=16)  # the end of what it printed, for the error line
+    reader = threading.Thread(target=lambda: said.extend(iter(lambda: process.stderr.read1(4096), b"")), daemon=True)
+    reader.start()
+    try:
+        while True:
+            try:
+                process.wait(POLL_SECONDS)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            if cancel is not None and cancel.is_set():
+                raise Cancelled(printable(midi_path))
+            why = bound.passed(midi_path)
+            if why is not None:
+                raise ResourceError(why)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        reader.join()
+        process.stderr.close()
+    lines = b"".join(said).decode(errors="replace").strip().splitlines()
+    return process.returncode, lines[-1] if lines else ""
 
 
 def refuse_to_replace(out: Path, source: str | os.PathLike, signature: bytes, kind: str) -> None:
@@ -135,9 +199,10 @@ def refuse_to_replace(out: Path, source: str | os.PathLike, signature: bytes, ki
 
 
 @contextlib.contextmanager
-def _playable_midi(midi_path: str | os.PathLike, score) -> Iterator[Path]:
+def _playable_midi(midi_path: str | os.PathLike, score, scratch: Path) -> Iterator[Path]:
     """The MIDI file itself when FluidSynth can play it, else a copy with its tracks merged by
-    instrument (FluidSynth's player ignores files of more than 127 tracks and writes silence)."""
+    instrument (FluidSynth's player ignores files of more than 127 tracks and writes silence),
+    kept in a temporary folder under `scratch` (beside the WAV: nothing is written elsewhere)."""
     tracks = struct.unpack(">H", read_head(midi_path, 12, "MIDI file")[10:12])[0]  # what FluidSynth reads
     if tracks <= MAX_FLUIDSYNTH_TRACKS:
         yield Path(midi_path)
@@ -149,14 +214,16 @@ def _playable_midi(midi_path: str | os.PathLike, score) -> Iterator[Path]:
             f"{printable(midi_path)}: {len(score.tracks)} tracks with {melodic} pitched "
             "instruments; FluidSynth plays 127 tracks and 16 channels (15 + drums)"
         )
-    with tempfile.TemporaryDirectory(prefix="musegen-render-") as folder:
+    with tempfile.TemporaryDirectory(prefix=".musegen-render-", dir=scratch) as folder:
         path = Path(folder) / "merged.mid"
         merged.dump_midi(str(path))
         yield path
 
 
 def merge_by_instrument(score):
-    """A copy of `score` with one track per (program, drums) holding all of their notes and controls."""
+    """A copy of `score` with one track per (program, drums) holding all of their notes and controls,
+    the notes of one key that overlap made one (on one channel they would leave FluidSynth notes
+    that never end: a key's second note-on and the first note-off pair up wrongly)."""
     merged = score.copy()
     groups: dict[tuple[int, bool], object] = {}
     for track in score.tracks:
@@ -168,8 +235,28 @@ def merge_by_instrument(score):
             getattr(target, field).extend(getattr(track, field))
     merged.tracks = list(groups.values())
     for track in merged.tracks:
+        track.notes = _joined_overlaps(track.notes)
         track.sort()
     return merged
+
+
+def _joined_overlaps(notes):
+    """`notes` where each run of same-pitch notes that overlap is one note, from the run's first
+    onset to its last end, with the first note's velocity."""
+    if not len(notes):
+        return notes
+    a = notes.numpy()
+    order = np.lexsort((a["time"], a["pitch"]))
+    start, pitch, velocity = a["time"][order], a["pitch"][order], a["velocity"][order]
+    end = start.astype(np.int64) + a["duration"][order]
+    # the latest end so far within each pitch (pitches are sorted, so an offset per pitch keeps them apart)
+    offset = int(end.max()) + 1
+    reach = np.maximum.accumulate(end + pitch.astype(np.int64) * offset) - pitch.astype(np.int64) * offset
+    first = np.ones(len(start), dtype=bool)
+    first[1:] = (pitch[1:] != pitch[:-1]) | (start[1:] >= reach[:-1])
+    at = np.flatnonzero(first)
+    ends = np.maximum.reduceat(end, at)
+    return symusic.Note.from_numpy(start[at], (ends - start[at]).astype(a["duration"].dtype), pitch[at], velocity[at])
 
 
 def _trim_silent_tail(path: Path, music_end: float, threshold: int = 32, margin: float = 0.1) -> None:

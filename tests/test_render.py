@@ -3,8 +3,12 @@ FluidSynth cannot read whole are merged, and only a real soundfont is passed to 
 
 from __future__ import annotations
 
+import os
 import shutil
+import threading
+import time
 import wave
+from pathlib import Path
 
 import extreme
 import miditoolkit
@@ -14,7 +18,7 @@ import symusic
 
 from musegen import render
 from musegen.cli import main
-from musegen.errors import MusegenError
+from musegen.errors import MusegenError, ResourceError
 
 needs_fluidsynth = pytest.mark.skipif(shutil.which("fluidsynth") is None, reason="fluidsynth not installed")
 
@@ -87,8 +91,26 @@ def test_more_tracks_than_fluidsynth_reads_are_merged_by_instrument():
     merged = render.merge_by_instrument(score)
     assert len(score.tracks) == 1000 and len(merged.tracks) == 3 <= render.MAX_FLUIDSYNTH_TRACKS
     assert sorted((t.program, t.is_drum) for t in merged.tracks) == [(0, False), (0, True), (33, False)]
-    notes = lambda s: sorted((n.time, n.duration, n.pitch) for t in s.tracks for n in t.notes)  # noqa: E731
-    assert notes(merged) == notes(score) and merged.end() == score.end()
+    # the same sound, where notes of one key overlapping on one channel are one note (their union)
+    assert spans(merged) == spans(score) and merged.end() == score.end()
+    assert sum(len(t.notes) for t in merged.tracks) < sum(len(t.notes) for t in score.tracks)
+
+
+def spans(score) -> dict[tuple, list[tuple[int, int]]]:
+    """For each (program, drums, pitch): the stretches of time its notes sound, overlaps joined."""
+    found: dict[tuple, list[tuple[int, int]]] = {}
+    for track in score.tracks:
+        for n in track.notes:
+            found.setdefault((track.program, track.is_drum, n.pitch), []).append((n.time, n.time + n.duration))
+    joined = {}
+    for key, notes in found.items():
+        joined[key] = []
+        for start, end in sorted(notes):
+            if joined[key] and start < joined[key][-1][1]:
+                joined[key][-1] = (joined[key][-1][0], max(end, joined[key][-1][1]))
+            else:
+                joined[key].append((start, end))
+    return joined
 
 
 def test_only_a_soundfont_2_file_is_taken_as_soundfont(tmp_path):
@@ -102,3 +124,75 @@ def test_only_a_soundfont_2_file_is_taken_as_soundfont(tmp_path):
     real = next((p for p in render.soundfont_candidates() if p.is_file()), None)
     if real is not None:
         assert render.find_soundfont(real) == real
+
+
+def fluidsynth_children() -> list[int]:
+    """Processes of FluidSynth started by this test process and still running."""
+    found = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line)
+        except OSError:  # ended while listed
+            continue
+        if fields.get("Name", "").strip() == "fluidsynth" and int(fields.get("PPid", 0)) == os.getpid():
+            found.append(int(status.parent.name))
+    return found
+
+
+def held_note_midi(path: Path) -> Path:
+    """A second of organ where one key is pressed and never released: FluidSynth plays it for ever."""
+    organ = [(0, b"\xc0\x13"), (0, extreme.on(64, 90)), (0, extreme.on(60, 90)), (960, extreme.off(60))]
+    path.write_bytes(extreme.smf([extreme.track(organ)]))
+    return path
+
+
+def hostile_tracks_midi(path: Path) -> Path:
+    """The red team's file: 999 tracks on 9 channels, 2 seconds, each channel's tracks sounding the
+    same few keys over each other (merged onto one channel: notes of one key overlapping)."""
+    programs = [0, 16, 19, 48, 52, 33, 40, 56, 73]
+    tracks = []
+    for i in range(999):
+        channel, pitch = i % 9, 60 + i % 5
+        events = [(0, bytes([0xC0 | channel, programs[channel]])), ((i * 37) % 960, extreme.on(pitch, 90, channel))]
+        tracks.append(extreme.track(events + [(960, extreme.off(pitch, channel))]))
+    path.write_bytes(extreme.smf(tracks))
+    return path
+
+
+@needs_fluidsynth
+def test_a_note_that_never_ends_stops_fluidsynth_in_one_line(tmp_path):
+    started = time.monotonic()
+    with pytest.raises(ResourceError, match=r"/held\.mid: FluidSynth played on 30 s past the end of the music"):
+        render.render_wav(held_note_midi(tmp_path / "held.mid"), tmp_path / "held.wav")
+    assert time.monotonic() - started < 60  # (about a second: it wrote for ever before)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["held.mid"] and not fluidsynth_children()
+
+
+@needs_fluidsynth
+def test_999_tracks_on_9_channels_render_their_2_seconds(tmp_path):
+    midi = hostile_tracks_midi(tmp_path / "tracks.mid")
+    render.render_wav(midi, tmp_path / "tracks.wav")
+    frames, rate = read_wav(tmp_path / "tracks.wav")
+    assert 2.0 <= len(frames) / rate <= 2.0 + render.TAIL_SECONDS
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tracks.mid", "tracks.wav"] and not fluidsynth_children()
+
+
+@needs_fluidsynth
+def test_a_render_stops_when_cancelled_or_past_its_time(tmp_path, monkeypatch):
+    midi = held_note_midi(tmp_path / "held.mid")
+    cancel = threading.Event()
+    cancel.set()  # (set before: FluidSynth is started, then killed at its first look)
+    with pytest.raises(render.Cancelled):
+        render.render_wav(midi, tmp_path / "held.wav", cancel=cancel)
+    monkeypatch.setattr(render, "WALL_SECONDS", -1.0)  # (its second of music is its whole allowance)
+    with pytest.raises(ResourceError, match=r"/held\.mid: FluidSynth took more than 0 s; stopped$"):
+        render.render_wav(midi, tmp_path / "held.wav")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["held.mid"] and not fluidsynth_children()
+
+
+def test_a_piece_too_long_is_refused_before_fluidsynth_starts(tmp_path):
+    path = tmp_path / "long.mid"
+    path.write_bytes(extreme.smf([extreme.track([(0, extreme.on(60)), (480 * 2 * 61, extreme.off(60))])]))
+    with pytest.raises(render.TooLongError, match=r"lasts 1\.0 minutes; render writes at most 0\.5 \(--max-minutes\)"):
+        render.render_wav(path, tmp_path / "long.wav", max_minutes=0.5)
+    assert not (tmp_path / "long.wav").exists()

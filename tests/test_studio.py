@@ -44,7 +44,7 @@ def models() -> Models:
 
 @pytest.fixture
 def client(models, tmp_path) -> TestClient:
-    return TestClient(create_app(tmp_path / "out", models))
+    return TestClient(create_app(tmp_path / "out", models), base_url="http://127.0.0.1")
 
 
 @contextlib.contextmanager
@@ -85,6 +85,16 @@ def events(client, session: str, **request) -> list[dict]:
         return [json.loads(line) for line in response.iter_lines() if line]
 
 
+def page_notes(drawn: list[dict]) -> list[list[list]]:
+    """Each sample's notes as the page holds them after each "notes" event: every event keeps a
+    sample's first `from` notes and appends its `notes`."""
+    held, seen = [[] for _ in drawn[0]["samples"]], []
+    for event in drawn:
+        held = [notes[: d["from"]] + d["notes"] for notes, d in zip(held, event["samples"])]
+        seen.append(held)
+    return seen
+
+
 def test_a_run_streams_notes_and_is_written_as_sample_writes_it(client, tmp_path):
     prompt = upload(client, A, EXAMPLE, (EXAMPLES / EXAMPLE).read_bytes()).json()
     assert prompt["bars"] == 4 and len(prompt["notes"]) > 20
@@ -93,8 +103,10 @@ def test_a_run_streams_notes_and_is_written_as_sample_writes_it(client, tmp_path
     assert kinds[:2] == ["queued", "started"] and kinds[-1] == "done", kinds
     drawn = [e for e in got if e["event"] == "notes"]
     assert drawn and all(len(e["samples"]) == 2 for e in drawn)
-    # notes arrive before the run ends, and never fewer as it goes on
-    counts = [len(e["samples"][0]) for e in drawn]
+    # notes arrive before the run ends (each event only what is new), and never fewer as it goes on
+    sent, held = sum(len(d["notes"]) for e in drawn for d in e["samples"]), page_notes(drawn)
+    assert len(drawn) > 1 and sent < sum(len(notes) for seen in held for notes in seen)
+    counts = [len(seen[0]) for seen in held]
     assert counts == sorted(counts) and counts[0] >= len(prompt["notes"]) and counts[-1] > len(prompt["notes"])
     done = got[-1]
     folder = tmp_path / "out" / A / done["run"]
@@ -159,7 +171,7 @@ def test_a_bad_prompt_gets_one_line(client, name, data, message):
 
 def test_a_huge_upload_is_refused_before_it_is_read(client):
     answer = upload(client, A, "huge.mid", b"MThd" + bytes(17 * 2**20))
-    assert answer.status_code == 400 and "more than the 16,777,216" in answer.json()["error"]
+    assert answer.status_code == 413 and "huge.mid: more than the 16,777,216" in answer.json()["error"]
 
 
 @pytest.mark.parametrize(
@@ -314,7 +326,8 @@ def test_musegen_studio_serves_the_page_on_127_0_0_1_and_prints_its_address(tmp_
         assert names == ["groove", "groove-dur", "groove-dur-softmax", "pop"]  # the shipped checkpoints
     finally:
         server.terminate()
-        server.wait(30)
+        out, err = server.communicate(timeout=30)
+    assert (server.returncode, out.strip(), err) == (0, "musegen studio: stopped", "")  # SIGTERM stops it, no error
 
 
 @pytest.mark.parametrize(
@@ -333,3 +346,14 @@ def test_musegen_studio_refuses_a_bad_option_in_one_line(tmp_path, args, message
     done = studio_command(*args, "--out", str(tmp_path / "out"))
     _, err = done.communicate(timeout=120)
     assert done.returncode == code and err.strip() == message
+
+
+def test_musegen_studio_on_every_address_warns_that_the_page_is_open_to_the_network(tmp_path):
+    server = studio_command("--host", "0.0.0.0", "--port", "0", "--out", str(tmp_path / "out"))
+    try:
+        assert server.stdout.readline().startswith("musegen studio: http://0.0.0.0:")
+        warning = server.stderr.readline().strip()
+        assert warning.startswith("warning: --host '0.0.0.0' opens the studio to the network: anyone who can reach")
+    finally:
+        server.terminate()
+        server.wait(30)

@@ -29,7 +29,9 @@ def studio(
     import uvicorn
 
     from musegen import home
+    from musegen.cli import Terminated
     from musegen.errors import ConfigError
+    from musegen.studio.guard import LOOPBACK
     from musegen.studio.models import Models, shipped_checkpoints
     from musegen.studio.server import create_app
 
@@ -39,14 +41,23 @@ def studio(
     if not folders:
         raise ConfigError(f"no checkpoint to offer: give one with --checkpoint, or {home.not_found()}")
     out.mkdir(parents=True, exist_ok=True)
-    app = create_app(out, Models(folders))
+    app = create_app(out, Models(folders), host)
     try:  # bound here, so that the address printed is the one served (any free port for --port 0)
         sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
     except OSError as exc:
         raise ConfigError(f"cannot listen on {host}:{port} ({exc.strerror or exc})") from None
     shown = f"[{host}]" if ":" in host else host
     typer.echo(f"musegen studio: http://{shown}:{sock.getsockname()[1]}/  (results in {out}; Ctrl-C to stop)")
-    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+    if host not in LOOPBACK:
+        typer.echo(
+            f"warning: --host {host!r} opens the studio to the network: anyone who can reach this "
+            "machine can use it, read its results and fill its --out folder",
+            err=True,
+        )
+    try:
+        uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+    except (KeyboardInterrupt, Terminated):  # how a server is stopped: uvicorn has shut it down and passes it on
+        typer.echo("musegen studio: stopped")
 
 
 def register(app: typer.Typer) -> None:

@@ -195,10 +195,12 @@ def sample_prompt(
     progress: bool = False,
     on_step: Callable[[list[list[int]]], None] | None = None,
     prompt: Prompt | None = None,
+    on_ingest: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """Continue one prompt (or none) with a loaded model; write its output set, `<stem>.json`
     and `<stem>_NNN.mid`, ..., as the folder `set_dir` (replacing an earlier set there).
-    `on_step` is passed to `generate` (musegen studio shows the notes while they are drawn);
+    `on_step` and `on_ingest` are passed to `generate` (musegen studio shows the notes while they
+    are drawn, and ends a run nobody waits for);
     `prompt`, when given, is `prompt_path` as the caller already loaded it."""
     tokenizer = run.tokenizer
     if prompt is None:
@@ -212,6 +214,7 @@ def sample_prompt(
         progress=progress,
         threads=run.threads,
         on_step=on_step,
+        on_ingest=on_ingest,
     )
     with output_set(set_dir, stem) as scratch:
         records = write_samples(samples, tokenizer, prompt, scratch, stem, run.audio, run.pianoroll)

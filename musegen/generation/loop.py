@@ -93,12 +93,15 @@ def generate(
     progress: bool = True,
     threads: int | None = None,
     on_step: Callable[[list[list[int]]], None] | None = None,
+    on_ingest: Callable[[], None] | None = None,
 ) -> tuple[list[Sample], dict[str, Any]]:
     """Sample `settings.num_samples` continuations of `prompt` in one batch.
 
     `threads`: torch CPU threads while sampling (default DEFAULT_CPU_THREADS on CPU).
     `on_step`: called after each step with every row's tokens so far (prompt included; not to be
     modified), e.g. to show a continuation while it is drawn; what it raises ends the run.
+    `on_ingest`: called before each chunk of the prompt is fed to the model (a long prompt takes
+    minutes); what it raises ends the run, e.g. when nobody waits for it any more.
     Returns the samples and run statistics (tokens/s of the sampling loop, counts).
     """
     check_threads(threads)
@@ -107,7 +110,7 @@ def generate(
         threads = DEFAULT_CPU_THREADS
     model.for_inference(settings.precision)  # a ConfigError for an unknown precision
     with cpu_threads(threads):
-        return _generate(model, tokenizer, prompt, settings.resolved(tokenizer), device, progress, on_step)
+        return _generate(model, tokenizer, prompt, settings.resolved(tokenizer), device, progress, on_step, on_ingest)
 
 
 @dataclass
@@ -197,7 +200,14 @@ def _start(grammar: Grammar, prompt: Prompt, seed: int) -> tuple[list[int], Any]
 
 
 def _generate(
-    model, tokenizer: Tokenizer, prompt: Prompt, s: SampleSettings, device: torch.device, progress: bool, on_step=None
+    model,
+    tokenizer: Tokenizer,
+    prompt: Prompt,
+    s: SampleSettings,
+    device: torch.device,
+    progress: bool,
+    on_step=None,
+    on_ingest=None,
 ):
     """The batch loop. Each row carries its own given tokens, their grammar state and its target
     bar, so rows could come from different prompts; what is missing for that is ingesting each
@@ -229,7 +239,7 @@ def _generate(
         torch.inference_mode(),
         model.streaming(len(rows), seed=s.seed, choice=choice),
     ):  # (the bar is cleared on errors too)
-        logits = _ingest(model, start_ids, len(rows), device)
+        logits = _ingest(model, start_ids, len(rows), device, on_ingest)
         for _ in range(budget + FINISH_LIMIT):
             active = [row for row in rows if not row.done]
             if not active:
@@ -308,9 +318,12 @@ def _stats(samples: list[Sample], elapsed: float, state_bytes: int) -> dict[str,
     }
 
 
-def _ingest(model, prompt_ids: list[int], batch: int, device, chunk: int = 512) -> torch.Tensor:
-    """Feed the prompt to the streaming model in parallel chunks; the logits after its last token."""
+def _ingest(model, prompt_ids: list[int], batch: int, device, between=None, chunk: int = 512) -> torch.Tensor:
+    """Feed the prompt to the streaming model in parallel chunks; the logits after its last token.
+    `between` is called before each chunk (generate's `on_ingest`)."""
     ids = torch.tensor(prompt_ids, dtype=torch.long, device=device).expand(batch, -1)
     for t0 in range(0, len(prompt_ids), chunk):
+        if between is not None:
+            between()
         logits = model.step(ids[:, t0 : t0 + chunk])
     return logits[:, -1]

@@ -15,7 +15,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from .. import mirex, schemas
-from ..errors import MusegenError
+from ..errors import MusegenError, ResourceError
 from ..generation.batch import Loaded, sample_prompt
 from ..generation.prompt import load_prompt
 from ..generation.settings import SampleSettings
@@ -23,9 +23,13 @@ from ..music.midi import load_score
 from ..music.notes import NoteTable
 from ..render import PROMPT_END_MARKER, prompt_end_seconds
 from .models import Models
+from .runs import notes_delta
 
 MAX_BARS, MAX_SAMPLES = schemas.STUDIO_MAX_BARS, schemas.STUDIO_MAX_SAMPLES
 REPORT_EVERY = 0.1  # seconds between two reports of the notes drawn so far
+# POP909's longest song has ~4,000 notes; the red team's 200 dense bars (153,600) took minutes to
+# encode and, for 8 samples, half an hour to feed to the model
+MAX_PROMPT_NOTES = 20_000
 
 
 class Stopped(Exception):
@@ -82,8 +86,15 @@ def notes_of(table: NoteTable) -> list[list[int]]:
 
 
 def prompt_view(models: Models, model: str, path: Path) -> dict[str, Any]:
-    """What the page draws of a prompt: its notes as the model's tokenizer reads them."""
+    """What the page draws of a prompt: its notes as the model's tokenizer reads them. A prompt of
+    more than MAX_PROMPT_NOTES notes is refused before it is encoded."""
     tokenizer = models.tokenizer(model)
+    if path.suffix == ".json":
+        notes = len(mirex.read_prompt(path))
+    else:
+        notes = sum(len(track.notes) for track in load_score(path).tracks)
+    if notes > MAX_PROMPT_NOTES:
+        raise ResourceError(f"{path.name}: {notes:,} notes; a prompt in the studio has at most {MAX_PROMPT_NOTES:,}")
     prompt = load_prompt(tokenizer, path)
     piece = prompt.piece
     table = NoteTable.from_miditoolkit(piece, by_role=False)
@@ -128,17 +139,24 @@ def generate_run(
     report: Callable[[dict[str, Any]], None],
     stop: threading.Event,
 ) -> dict[str, Any]:
-    """Continue `request.prompt` into `out_dir`; `report` gets {"progress", "samples": notes per
-    sample} while sampling. Returns the run's summary (as `musegen sample` writes it)."""
+    """Continue `request.prompt` into `out_dir`; `report` gets {"progress", "samples": a delta per
+    sample (runs.notes_delta) from the notes reported before} while sampling. Ends with Stopped
+    as soon as `stop` is set, while the prompt is fed to the model too. Returns the run's summary
+    (as `musegen sample` writes it)."""
+
+    def go_on() -> None:
+        if stop.is_set():
+            raise Stopped
+
+    go_on()  # a run whose page left while it waited is not started
     model, tokenizer = models.for_this_thread(request.model)
     settings = request.settings().resolved(tokenizer)
     prompt = load_prompt(tokenizer, request.prompt)
-    last = 0.0
+    last, sent = 0.0, [[] for _ in range(settings.num_samples)]
 
     def on_step(rows: list[list[int]]) -> None:
         nonlocal last
-        if stop.is_set():
-            raise Stopped
+        go_on()
         now = time.monotonic()
         if now - last < REPORT_EVERY and last:
             return
@@ -148,8 +166,12 @@ def generate_run(
             samples = [notes_of(NoteTable.from_miditoolkit(tokenizer.decode(ids, prompt.meta), False)) for ids in rows]
         except MusegenError:  # a note cut open by the step: shown at the next report
             return
-        report({"progress": max(0.0, min(1.0, drawn / settings.bars)), "samples": samples})
+        deltas = [notes_delta(before, notes) for before, notes in zip(sent, samples)]
+        sent[:] = samples
+        report({"progress": max(0.0, min(1.0, drawn / settings.bars)), "samples": deltas})
 
     stem = request.prompt.stem if request.prompt else "sample"
     loaded = Loaded(model, tokenizer, models.folders[request.model], "cpu")
-    return sample_prompt(loaded, out_dir, stem, settings, request.prompt, on_step=on_step, prompt=prompt)
+    return sample_prompt(
+        loaded, out_dir, stem, settings, request.prompt, on_step=on_step, prompt=prompt, on_ingest=go_on
+    )

@@ -1,163 +1,224 @@
 """The studio's web app: the page (static/), a JSON API, and a run streamed to the page as one JSON
 object per line while it samples. Sampling runs in a bounded pool of worker threads, so the event
 loop keeps answering every page meanwhile. A user's input that cannot be used is answered with
-{"error": one line} and status 400; no traceback reaches the page."""
+{"error": one line} and status 400; no traceback reaches the page, nor where the server keeps
+its files. What every request must pass first (its host, its origin, its size) is in guard.py;
+how runs share the workers and reach their pages, in runs.py; the WAVs, in audio.py."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
+import shutil
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import QueryParams
+from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import FileResponse, JSONResponse, StreamingResponse
+from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from ..errors import MusegenError
 from ..io import is_disk_full
-from ..render import render_wav
 from . import jobs
+from .audio import Renders
+from .guard import Guard
 from .models import Models, examples
+from .runs import Places, RunEvents, client_left
 from .store import MAX_UPLOAD_BYTES, RequestError, Store
 
 STATIC = Path(__file__).parent / "static"
 WORKERS = 2  # generations sampled at once; more wait their turn (the page says so)
 MAX_WAITING = 32  # runs accepted beyond those being sampled
+PER_SESSION = 4  # runs one session may have sampling or waiting: the others keep their places
+MAX_JSON_BYTES = 64 * 1024  # a request body other than an upload (a generation request is ~200 bytes)
+# an absolute path in a message: the page is told the file's name only, not where the server keeps it
+ABSOLUTE_PATH = re.compile(r"(?<![\w.:/])/(?:[^\s/'\"]+/)+(?=[^\s/'\"])")
 
 
 def error_message(exc: BaseException) -> str:
     """One line for the page: a MusegenError's own, a full disk, or an internal error by type."""
     if isinstance(exc, MusegenError):
-        return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return ABSOLUTE_PATH.sub("", line)
     if is_disk_full(exc):
         return "disk full: the studio's --out folder has no space left"
     return f"internal error: {type(exc).__name__} (see the studio's console)"
 
 
-def create_app(out: Path, models: Models) -> Starlette:
-    store = Store(out)
-    pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="studio-sample")
-    pending = threading.BoundedSemaphore(WORKERS + MAX_WAITING)
+def body_limit(path: str, query: QueryParams) -> tuple[int, str]:
+    """The most bytes a request body may have on `path`, and the line that refuses more."""
+    if path == "/api/prompts":
+        return (
+            MAX_UPLOAD_BYTES,
+            f"{query.get('name') or 'the file'}: more than the {MAX_UPLOAD_BYTES:,} bytes a prompt may have",
+        )
+    return MAX_JSON_BYTES, f"a request body of more than {MAX_JSON_BYTES:,} bytes; the studio takes no more here"
 
-    def session(request: Request) -> str:
-        return request.query_params.get("session", "")
 
-    async def index(request: Request):
+def create_app(out: Path, models: Models, host: str = "127.0.0.1") -> Starlette:
+    """The studio's app, keeping what it is given and makes under `out`; `host` is the address it
+    listens on (requests naming another host are refused, see guard.py)."""
+    studio = Studio(out, models)
+    routes = [
+        Route("/", studio.index),
+        Route("/api/models", studio.list_models),
+        Route("/api/prompts", studio.upload, methods=["POST"]),
+        Route("/api/generate", studio.generate, methods=["POST"]),
+        Route("/api/results", studio.results),
+        Route("/api/runs/{run}", studio.run_detail),
+        Route("/files/{run}/{name}", studio.run_file),
+        Mount("/static", StaticFiles(directory=STATIC), name="static"),
+    ]
+    app = Starlette(
+        routes=routes,
+        middleware=[Middleware(Guard, host=host, limits=body_limit)],
+        exception_handlers={MusegenError: failure, OSError: failure, Exception: failure},
+    )
+    app.state.pool, app.state.places = studio.pool, studio.places
+    return app
+
+
+async def failure(request: Request, exc: Exception):
+    status = getattr(exc, "status", 400) if isinstance(exc, MusegenError) else 507 if is_disk_full(exc) else 500
+    return JSONResponse({"error": error_message(exc)}, status_code=status)
+
+
+def session(request: Request) -> str:
+    return request.query_params.get("session", "")
+
+
+class Studio:
+    """The routes' handlers, and what they share: the store, the models, the sampling workers and
+    the places in their queue, and the WAV renders."""
+
+    def __init__(self, out: Path, models: Models):
+        self.store, self.models = Store(out), models
+        self.pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="studio-sample")
+        self.places, self.renders = Places(WORKERS + MAX_WAITING, PER_SESSION), Renders()
+
+    async def index(self, request: Request):
         return FileResponse(STATIC / "index.html")
 
-    async def list_models(request: Request):
+    async def list_models(self, request: Request):
         return JSONResponse(
             {
-                "models": models.describe(),
+                "models": self.models.describe(),
                 "examples": list(examples()),
                 "max_bars": jobs.MAX_BARS,
                 "max_samples": jobs.MAX_SAMPLES,
             }
         )
 
-    async def upload(request: Request):
+    async def upload(self, request: Request):
         q = request.query_params
-        models.tokenizer(q.get("model", ""))  # an unknown model is refused before anything is kept
-        name, length = q.get("name", ""), request.headers.get("content-length", "")
-        too_big = f"{name or 'the file'}: more than the {MAX_UPLOAD_BYTES:,} bytes a prompt may have"
-        if length.isdigit() and int(length) > MAX_UPLOAD_BYTES:
-            raise RequestError(too_big)  # refused before it is read
-        body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > MAX_UPLOAD_BYTES:
-                raise RequestError(too_big)
+        self.models.tokenizer(q.get("model", ""))  # an unknown model is refused before anything is kept
+        body = await request.body()  # within MAX_UPLOAD_BYTES (the guard)
+        name = q.get("name", "")
         if q.get("example"):
             if q["example"] not in examples():
                 raise RequestError(f"no example prompt {q['example'][:80]!r}")
             name, body = q["example"], examples()[q["example"]].read_bytes()
-        path = await run_in_threadpool(store.save_prompt, session(request), name, bytes(body))
+        path = await run_in_threadpool(self.store.save_prompt, session(request), name, body)
         try:
-            view = await run_in_threadpool(jobs.prompt_view, models, q.get("model", ""), path)
-        except MusegenError as exc:  # named as the user named it, not by the folder it is kept in
-            raise type(exc)(error_message(exc).replace(str(path), path.name)) from None
+            view = await run_in_threadpool(jobs.prompt_view, self.models, q.get("model", ""), path)
+        except BaseException:  # a prompt that cannot be used is not kept
+            await run_in_threadpool(shutil.rmtree, path.parent, True)
+            raise
         return JSONResponse({"prompt": path.parent.name, "name": path.name, **view})
 
-    async def generate(request: Request):
-        job = jobs.Request.parse(await request.body(), lambda prompt: store.prompt(session(request), prompt))
-        job.settings().resolved(models.tokenizer(job.model))  # refused here, before the stream starts
-        if not pending.acquire(blocking=False):
-            raise RequestError("the studio is busy: too many runs are waiting; try again in a minute")
-        run, folder = store.new_run(session(request))
-        loop, events, stop = asyncio.get_running_loop(), asyncio.Queue(), threading.Event()
-        put = lambda event: loop.call_soon_threadsafe(events.put_nowait, event)
+    def checked_job(self, sid: str, body: bytes) -> jobs.Request:
+        job = jobs.Request.parse(body, lambda prompt: self.store.prompt(sid, prompt))
+        job.settings().resolved(self.models.tokenizer(job.model))  # refused here, before the stream starts
+        return job
 
-        def work() -> None:
-            try:
-                put({"event": "started"})
-                summary = jobs.generate_run(models, job, folder, lambda e: put({"event": "notes", **e}), stop)
-                put({"event": "done", "run": run, "samples": jobs.run_view(folder, summary), "stats": summary["stats"]})
-            except jobs.Stopped:
-                put({"event": "stopped"})
-            except Exception as exc:  # every failure becomes one line in the page
-                put({"event": "error", "error": error_message(exc)})
-            finally:
-                pending.release()
-                put(None)
-
-        pool.submit(work)  # here, not in the stream: its slot is given back even if the stream never starts
-        return StreamingResponse(_stream(run, events, stop), media_type="application/x-ndjson")
-
-    async def _stream(run: str, events: asyncio.Queue, stop: threading.Event):
+    async def generate(self, request: Request):
+        sid = session(request)
+        self.store.session(sid)  # every check before a place is taken: a refused request holds none
+        job = await run_in_threadpool(self.checked_job, sid, await request.body())
+        self.places.take(sid)
         try:
-            yield _line({"event": "queued", "run": run})
-            while (event := await events.get()) is not None:
-                yield _line(event)
-        finally:
-            stop.set()  # the page left or pressed Stop: the worker ends at its next step
+            run, folder = self.store.new_run(sid)
+            events, stop = RunEvents(asyncio.get_running_loop()), threading.Event()
+            done = partial(self.places.give_back, sid)
+            self.pool.submit(_work, self.models, job, run, folder, events, stop, done)
+        except BaseException:
+            self.places.give_back(sid)
+            raise
+        return RunResponse(_stream(run, events), stop)
 
-    async def results(request: Request):
-        return JSONResponse({"results": await run_in_threadpool(store.results, session(request))})
+    async def results(self, request: Request):
+        return JSONResponse({"results": await run_in_threadpool(self.store.results, session(request))})
 
-    async def run_detail(request: Request):
+    async def run_detail(self, request: Request):
         def detail():
-            summary = store.summary(session(request), request.path_params["run"])
-            folder = store.run(session(request), request.path_params["run"])
+            summary = self.store.summary(session(request), request.path_params["run"])
+            folder = self.store.run(session(request), request.path_params["run"])
             return {**summary, "views": jobs.run_view(folder, summary)}
 
         return JSONResponse(await run_in_threadpool(detail))
 
-    async def run_file(request: Request):
+    async def run_file(self, request: Request):
         sid, run, name = session(request), request.path_params["run"], request.path_params["name"]
         if name.endswith(".wav"):  # rendered on first request, kept beside the MIDI as `sample --audio` does
-            midi = store.file(sid, run, name[: -len(".wav")] + ".mid")
-            if not midi.with_suffix(".wav").is_file():
-                await run_in_threadpool(render_wav, midi, midi.with_suffix(".wav"))
-        if name.endswith(".json") and not (store.run(sid, run) / name).exists():  # a MIDI prompt's sample
-            midi = store.file(sid, run, name[: -len(".json")] + ".mid")
+            midi = self.store.file(sid, run, name[: -len(".wav")] + ".mid")
+            if await self.renders.wav(midi, request.receive) is None:
+                return Response(status_code=204)  # the client left: nobody reads this
+        if name.endswith(".json") and not (self.store.run(sid, run) / name).exists():  # a MIDI prompt's sample
+            midi = self.store.file(sid, run, name[: -len(".json")] + ".mid")
             body = await run_in_threadpool(jobs.mirex_generation, midi)
             return JSONResponse(body, headers={"Content-Disposition": f'attachment; filename="{midi.stem}.json"'})
-        path = store.file(sid, run, name)
+        path = self.store.file(sid, run, name)
         return FileResponse(path, filename=path.name)
 
-    async def failure(request: Request, exc: Exception):
-        status = 400 if isinstance(exc, MusegenError) else 507 if is_disk_full(exc) else 500
-        return JSONResponse({"error": error_message(exc)}, status_code=status)
 
-    routes = [
-        Route("/", index),
-        Route("/api/models", list_models),
-        Route("/api/prompts", upload, methods=["POST"]),
-        Route("/api/generate", generate, methods=["POST"]),
-        Route("/api/results", results),
-        Route("/api/runs/{run}", run_detail),
-        Route("/files/{run}/{name}", run_file),
-        Mount("/static", StaticFiles(directory=STATIC), name="static"),
-    ]
-    app = Starlette(routes=routes, exception_handlers={MusegenError: failure, OSError: failure, Exception: failure})
-    app.state.pool = pool
-    return app
+def _work(models: Models, job: jobs.Request, run: str, folder: Path, events: RunEvents, stop, done) -> None:
+    """A run, in a sampling thread: its events for the page, then None; `done` when it ends."""
+    try:
+        events.put({"event": "started"})
+        summary = jobs.generate_run(models, job, folder, lambda e: events.put({"event": "notes", **e}), stop)
+        events.put({"event": "done", "run": run, "samples": jobs.run_view(folder, summary), "stats": summary["stats"]})
+    except jobs.Stopped:
+        events.put({"event": "stopped"})
+    except Exception as exc:  # every failure becomes one line in the page
+        events.put({"event": "error", "error": error_message(exc)})
+    finally:
+        done()
+        events.put(None)
+
+
+async def _stream(run: str, events: RunEvents):
+    yield _line({"event": "queued", "run": run})
+    while (event := await events.get()) is not None:
+        yield _line(event)
+
+
+class RunResponse(StreamingResponse):
+    """A run's events as NDJSON; however the response ends (the run is done, the page pressed
+    Stop or left, the server stops), `stop` is set, so the run's worker ends at its next step."""
+
+    def __init__(self, content, stop: threading.Event):
+        super().__init__(content, media_type="application/x-ndjson")
+        self.stop = stop
+
+    async def __call__(self, scope, receive, send) -> None:
+        # watched from the start, as Starlette does only under ASGI 2.3: a run may send nothing for
+        # minutes (waiting for a worker, or feeding a long prompt to the model)
+        left = asyncio.ensure_future(client_left(receive))
+        left.add_done_callback(lambda task: task.cancelled() or self.stop.set())
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            left.cancel()
+            self.stop.set()
 
 
 def _line(event: dict[str, Any]) -> bytes:

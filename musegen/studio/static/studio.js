@@ -166,15 +166,18 @@ function onEvent(event, req) {
     $("progress").value = event.progress;
     const tpb = state.view ? state.view.ticksPerBeat : 480;
     const bars = state.prompt ? state.prompt.bars : 0;
-    state.view = state.view || { ticksPerBeat: tpb, promptNotes: [], promptEnd: 0 };
+    state.view = state.view || { ticksPerBeat: tpb, promptNotes: [], promptEnd: 0, samples: [] };
     state.view.total = (bars + req.bars) * 4 * state.view.ticksPerBeat;
     if (!state.view.samples.length || $("cards").children.length !== event.samples.length) {
-      state.view.samples = event.samples.map((notes) => ({ notes }));
+      state.view.samples = event.samples.map(() => ({ notes: [] }));
       sampleCards(event.samples.length);
     }
-    event.samples.forEach((notes, i) => { state.view.samples[i].notes = notes; });
+    // each sample's event holds only what changed: keep its first `from` notes, then append the rest
+    event.samples.forEach((delta, i) => {
+      state.view.samples[i].notes = state.view.samples[i].notes.slice(0, delta.from).concat(delta.notes);
+    });
     redraw();
-    $("roll").dataset.notes = event.samples.reduce((a, s) => a + s.length, 0); // read by the browser test
+    $("roll").dataset.notes = state.view.samples.reduce((a, s) => a + s.notes.length, 0); // read by the browser test
   } else if (event.event === "done") {
     $("progress").value = 1;
     showRun(event.run, event.samples);

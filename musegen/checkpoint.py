@@ -23,6 +23,7 @@ from . import home, schemas
 from .errors import CheckpointError, FormatError, InputFileError, MusegenError
 from .io import atomic_path, printable, read_head, write_json
 from .model.config import ModelConfig
+from .model.transformer import MusicPerformer
 from .tokenizers.base import RepresentationError, Tokenizer, load_tokenizer
 
 FORMAT = "musegen-checkpoint"
@@ -88,7 +89,6 @@ def load_checkpoint(folder: str | os.PathLike, device: str | torch.device = "cpu
     Nothing is allocated from the files' word alone: the config's sizes are bounded, and the
     weight file's header (names and shapes) must match a model built on the meta device, which
     allocates nothing, before any tensor is read or the real model is built."""
-    from .model.transformer import MusicPerformer
 
     folder = home.checkpoint(folder)
     config, meta = read_checkpoint_config(folder)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from .io import atomic_path
+
 
 def pyplot():
     """matplotlib.pyplot on the file-only Agg backend (imported late: it is slow to import)."""
@@ -18,7 +20,6 @@ def pyplot():
 
 def save_png(fig, path: str | os.PathLike, dpi: int = 100) -> Path:
     """Write `fig` to `path` atomically and free it."""
-    from .io import atomic_path
 
     path = Path(path)
     with atomic_path(path) as tmp:

@@ -17,6 +17,8 @@ import typer
 
 from ..errors import MusegenError
 from ..io import is_disk_full, printable
+from . import terminate
+from .terminate import Terminated
 
 app = typer.Typer(
     name="musegen",
@@ -51,23 +53,6 @@ def fail(message: str, code: int = 1) -> None:
     raise SystemExit(code)
 
 
-class Terminated(BaseException):
-    """SIGTERM, raised where the program is so that `finally` blocks remove temporary files and
-    stop child processes (a BaseException: no `except Exception` in a library swallows it)."""
-
-
-_handler_pid = os.getpid()
-
-
-def _terminate(signum, frame):
-    if os.getpid() != _handler_pid:
-        # a forked worker inherited this handler (possibly before its own setup could replace it):
-        # it ends as SIGTERM ends a process, quietly, instead of unwinding with a traceback
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
-    raise Terminated
-
-
 def main(argv: list[str] | None = None) -> None:
     _run(app, argv)
 
@@ -81,11 +66,10 @@ def run_command(command, argv: list[str] | None = None) -> None:
 
 
 def _run(typer_app: typer.Typer, argv: list[str] | None) -> None:
-    global _handler_pid
     debug = os.environ.get("MUSEGEN_DEBUG") == "1"
     in_main_thread = threading.current_thread() is threading.main_thread()
-    _handler_pid = os.getpid()
-    previous = signal.signal(signal.SIGTERM, _terminate) if in_main_thread else None
+    terminate.handler_pid = os.getpid()
+    previous = signal.signal(signal.SIGTERM, terminate.on_sigterm) if in_main_thread else None
     try:
         typer_app(args=argv, standalone_mode=True)
     except MusegenError as exc:

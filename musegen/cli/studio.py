@@ -29,7 +29,7 @@ def studio(
     import uvicorn
 
     from musegen import home
-    from musegen.cli import Terminated
+    from musegen.cli.terminate import Terminated
     from musegen.errors import ConfigError
     from musegen.studio.guard import LOOPBACK
     from musegen.studio.models import Models, shipped_checkpoints

@@ -75,6 +75,12 @@ def option(default: Any, *flags: str, help: str, bound: Bound | None = None, **h
     return field(default=default, metadata={"option": Option(flags, help, bound, **how)})
 
 
+def model_default(flag: str, help: str, interval: tuple[float, float], fallback: Any = None) -> Any:
+    """A number option whose default is the model's (`fallback` where the model names none)."""
+    text = f"within [{interval[0]:g}, {interval[1]:g}]"
+    return option(None, flag, help=help, bound=within(*interval, text), per_model=True, fallback=fallback)
+
+
 def options(cls: type | None = None) -> dict[str, Option]:
     """The declared options of `cls` (SampleSettings or a subclass), by field name."""
     return {f.name: f.metadata["option"] for f in fields(cls or SampleSettings) if "option" in f.metadata}
@@ -86,12 +92,8 @@ class SampleSettings:
         None, "--length", help="Tokens to generate after the prompt.", bound=within(1, MAX_LENGTH)
     )
     bars: int | None = option(None, "--bars", help="Or: bars to generate after the prompt.", bound=within(1, MAX_BARS))
-    temperature: float | None = option(
-        None,
-        "--temperature",
-        help="Divides the logits before drawing: below 1 sharper, above 1 flatter.",
-        bound=within(*TEMPERATURE_RANGE, text=f"within [{TEMPERATURE_RANGE[0]:g}, {TEMPERATURE_RANGE[1]:g}]"),
-        per_model=True,
+    temperature: float | None = model_default(
+        "--temperature", "Divides the logits before drawing: below 1 sharper, above 1 flatter.", TEMPERATURE_RANGE
     )
     temperature_by: str = option(
         TEMPERATURE_SCOPES[0],
@@ -101,12 +103,8 @@ class SampleSettings:
         "share as the model gives it.",
         bound=one_of(TEMPERATURE_SCOPES),
     )
-    top_p: float | None = option(
-        None,
-        "--top-p",
-        help="Nucleus mass: draw among the most likely tokens that together hold this much.",
-        bound=within(*TOP_P_RANGE, text=f"within [{TOP_P_RANGE[0]:g}, 1]"),
-        per_model=True,
+    top_p: float | None = model_default(
+        "--top-p", "Nucleus mass: draw among the most likely tokens that together hold this much.", TOP_P_RANGE
     )
     top_k: int = option(0, "--top-k", help="Keep only the k most likely tokens (0: off).", bound=within(0, 2**31))
     num_samples: int = option(
@@ -154,14 +152,12 @@ class SampleSettings:
         help="Groove: a bass note still sounding when a later bass note begins ends at the next event (2% of "
         "the MMA corpus's bass notes sound past the next bass onset); --poly-bass writes the bass as drawn.",
     )
-    cache: float | None = option(
-        None,
+    cache: float | None = model_default(
         "--cache",
-        help="Weight of the suffix cache, mixed with the model before the temperature: it proposes what "
-        "followed the piece's last tokens where they occurred before, so a groove keeps repeating what it "
-        "played (docs/sampling.md).",
-        bound=within(0.0, 1.0, "within [0, 1]"),
-        per_model=True,
+        "Weight of the suffix cache, mixed with the model before the temperature: it proposes what followed the "
+        "piece's last tokens where they occurred before, so a groove keeps repeating what it played "
+        "(docs/sampling.md).",
+        (0.0, 1.0),
         fallback=0.0,
     )
     constraints: tuple[Constraint, ...] = ()  # applied after the grammar's, in this order (not an option)

@@ -1,0 +1,55 @@
+"""Issue 44's hostile inputs, input side: each fault the red team found, built in the test, and the
+bound or the exact encoding that answers it."""
+
+from __future__ import annotations
+
+import pytest
+from tiny_models import tiny_model
+
+from musegen import mirex
+from musegen.errors import MidiError
+from musegen.generation.loop import generate
+from musegen.generation.prompt import Prompt, load_prompt
+from musegen.generation.settings import SampleSettings
+from musegen.music.constants import MAX_BARS, MAX_PROMPT_BARS
+from musegen.tokenizers.remi import RemiTokenizer
+
+REMI = RemiTokenizer()
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def one_line(err: pytest.ExceptionInfo) -> str:
+    assert len(str(err.value).splitlines()) == 1, str(err.value)
+    return str(err.value)
+
+
+# ---- fault 10: a prompt of 10,000 bars ----------------------------------------------------------------
+
+
+def ten_thousand_bars() -> bytes:
+    """The red team's MIREX prompt as MIDI: notes at 16ths 0 and 159,999, the first and last cell
+    of a piece of MAX_BARS bars."""
+    return mirex.prompt_midi([mirex.Note(0, 60, 1), mirex.Note(16 * MAX_BARS - 1, 62, 1)])
+
+
+def test_nothing_follows_eos_in_the_last_bar_a_piece_may_have():
+    ids = REMI.encode(ten_thousand_bars()).ids.tolist()
+    grammar = REMI.grammar()
+    assert REMI.bar_starts(ids)[-1] == len(ids) - 2  # the closing Bar opens bar MAX_BARS: only EOS may come
+    assert not grammar.allowed(grammar.states(ids)[-1]).any()
+
+
+def test_a_prompt_at_the_bar_limit_is_closed_not_stepped_past_its_end():
+    model, tok = tiny_model("remi")
+    ids = tok.encode(ten_thousand_bars()).ids[:-1]  # open before EOS, as a prompt of bare ids
+    samples, stats = generate(model, tok, Prompt(ids), SampleSettings(length=4, seed=0), progress=False)
+    assert stats["invalid"] == 0 and samples[0].ids[-1] == tok.eos_id and samples[0].new_tokens == 1
+
+
+def test_a_prompt_longer_than_the_bound_is_refused_in_one_line_naming_it():
+    with pytest.raises(MidiError) as err:
+        load_prompt(REMI, ten_thousand_bars())
+    assert f"the prompt has {MAX_BARS:,} bars" in one_line(err) and f"{MAX_PROMPT_BARS:,}" in str(err.value)
+    # cut to the bound by --prompt-bars, it is continued
+    assert load_prompt(REMI, ten_thousand_bars(), bars=MAX_PROMPT_BARS).bars == MAX_PROMPT_BARS

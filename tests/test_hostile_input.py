@@ -3,12 +3,16 @@ bound or the exact encoding that answers it."""
 
 from __future__ import annotations
 
+import json
+
+import miditoolkit
 import pytest
 from tiny_models import tiny_model
 
-from musegen import mirex
-from musegen.errors import MidiError
+from musegen import mirex, schemas
+from musegen.errors import MidiError, MusegenError
 from musegen.generation.loop import generate
+from musegen.generation.outputs import write_samples
 from musegen.generation.prompt import Prompt, load_prompt
 from musegen.generation.settings import SampleSettings
 from musegen.music.constants import MAX_BARS, MAX_PROMPT_BARS
@@ -53,3 +57,43 @@ def test_a_prompt_longer_than_the_bound_is_refused_in_one_line_naming_it():
     assert f"the prompt has {MAX_BARS:,} bars" in one_line(err) and f"{MAX_PROMPT_BARS:,}" in str(err.value)
     # cut to the bound by --prompt-bars, it is continued
     assert load_prompt(REMI, ten_thousand_bars(), bars=MAX_PROMPT_BARS).bars == MAX_PROMPT_BARS
+
+
+# ---- fault 13: a MIREX prompt note at 16th 159,999 ----------------------------------------------------
+
+
+def test_a_mirex_prompt_ends_where_its_continuation_still_fits(tmp_path):
+    path = tmp_path / "late.json"
+    path.write_text(json.dumps({"prompt": [{"start": 16 * MAX_BARS - 1, "pitch": 60, "duration": 1}]}))
+    with pytest.raises(MusegenError) as err:
+        mirex.read_prompt(path)
+    assert "prompt.0.start" in one_line(err)
+
+
+def test_the_origin_offset_is_added_before_the_bound():
+    """A continuation decoded at the end of a piece, from a prompt whose origin lies late: every
+    note the writer keeps lies inside the format's bounds."""
+    bar = 480 * 4
+    late = [
+        miditoolkit.Note(80, 60, bar * MAX_PROMPT_BARS, bar * (MAX_PROMPT_BARS + 2)),  # held past the end: cut
+        miditoolkit.Note(80, 62, 0, 480),
+        miditoolkit.Note(80, 64, bar * (MAX_BARS - 1), bar * MAX_BARS),  # past the end: left out
+    ]
+    notes = mirex.generation(late, 480, schemas.MIREX_PROMPT_MAX_TIME - 16)
+    schemas.check({"generation": notes}, "mirex generation", "test")
+    assert [n["pitch"] for n in notes] == [62, 60]
+    assert notes[-1]["start"] + notes[-1]["duration"] == schemas.MIREX_MAX_TIME
+
+
+def test_every_written_mirex_json_validates(tmp_path):
+    """The latest prompt the schema takes, continued: the JSON written reads back through the schema."""
+    path = tmp_path / "late.json"
+    last = schemas.MIREX_PROMPT_MAX_TIME - 1
+    notes = [{"start": 0, "pitch": 60, "duration": 1}, {"start": last, "pitch": 62, "duration": 1}]
+    path.write_text(json.dumps({"prompt": notes}))
+    model, tok = tiny_model("remi")
+    prompt = load_prompt(tok, path)
+    samples, _ = generate(model, tok, prompt, SampleSettings(bars=2, seed=0, num_samples=2), progress=False)
+    for record in write_samples(samples, tok, prompt, tmp_path / "out", "late"):
+        written = schemas.read(tmp_path / "out" / record["json"], "mirex generation")
+        assert all(n.start > last for n in written.generation)

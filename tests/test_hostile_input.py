@@ -3,9 +3,11 @@ bound or the exact encoding that answers it."""
 
 from __future__ import annotations
 
+import io
 import json
 
 import miditoolkit
+import numpy as np
 import pytest
 from tiny_models import tiny_model
 
@@ -97,3 +99,56 @@ def test_every_written_mirex_json_validates(tmp_path):
     for record in write_samples(samples, tok, prompt, tmp_path / "out", "late"):
         written = schemas.read(tmp_path / "out" / record["json"], "mirex generation")
         assert all(n.start > last for n in written.generation)
+
+
+# ---- fault 9: more copies of a note in one cell than decoding can keep in order ---------------------
+
+
+def tracks_of_one_note(n: int, pitch: int = 60) -> bytes:
+    midi = miditoolkit.MidiFile(ticks_per_beat=480)
+    for k in range(n):
+        piano = miditoolkit.Instrument(0, name=f"Piano {k}")
+        piano.notes.append(miditoolkit.Note(60 + k % 5, pitch, 0, 960 if k == n - 1 else 480))  # the last is longest
+        midi.instruments.append(piano)
+    return midi_bytes(midi)
+
+
+def midi_bytes(midi: miditoolkit.MidiFile) -> bytes:
+    out = io.BytesIO()
+    midi.dump(file=out)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("tok", [REMI, RemiTokenizer(beat_resolution=8, max_duration=32, chords=False)])
+@pytest.mark.parametrize(
+    "source",
+    [
+        lambda: tracks_of_one_note(61),
+        lambda: tracks_of_one_note(1000),
+        lambda: mirex.prompt_midi([mirex.Note(0, 60, 4)] * 1000),
+        # rising pitches a tick apart: no copies, but more rises in the cell than decoding keeps in order
+        lambda: mirex_rising(),
+    ],
+    ids=["61 tracks", "1,000 tracks", "1,000 MIREX copies", "rising"],
+)
+def test_a_crowded_cell_encodes_to_ids_the_grammar_accepts(tok, source):
+    enc = tok.encode(source())
+    assert tok.grammar().first_violation(enc.ids) is None
+    assert np.array_equal(tok.encode(midi_bytes(tok.decode(enc.ids))).ids, enc.ids)
+
+
+def mirex_rising() -> bytes:
+    midi = miditoolkit.MidiFile(ticks_per_beat=480)
+    midi.instruments.append(miditoolkit.Instrument(0))
+    midi.instruments[0].notes = [miditoolkit.Note(64, 40 + k, k, 480) for k in range(61)]
+    return midi_bytes(midi)
+
+
+def test_copies_in_a_crowded_cell_become_one_note_the_longest_and_counted():
+    enc = REMI.encode(tracks_of_one_note(61))
+    names = [REMI.vocab[i] for i in enc.ids]
+    assert names.count("Note_Pitch_60") == 1 and enc.report["crowded_notes_merged"] == 60
+    assert names[names.index("Note_Pitch_60") + 2] == "Note_Duration_960"  # the longest copy
+    # a cell within the bound keeps every copy, as the Pop1K7 pipeline writes them
+    enc = REMI.encode(tracks_of_one_note(3))
+    assert [REMI.vocab[i] for i in enc.ids].count("Note_Pitch_60") == 3 and enc.report["crowded_notes_merged"] == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import tracemalloc
 
 import miditoolkit
 import numpy as np
@@ -18,6 +19,9 @@ from musegen.generation.outputs import write_samples
 from musegen.generation.prompt import Prompt, load_prompt
 from musegen.generation.settings import SampleSettings
 from musegen.music.constants import MAX_BARS, MAX_PROMPT_BARS
+from musegen.music.midi import MAX_MIDI_BYTES, MAX_TEMPOS
+from musegen.music.notes import NoteTable, Track
+from musegen.tokenizers import tokenizer_from_dict
 from musegen.tokenizers.remi import RemiTokenizer
 
 REMI = RemiTokenizer()
@@ -152,3 +156,53 @@ def test_copies_in_a_crowded_cell_become_one_note_the_longest_and_counted():
     # a cell within the bound keeps every copy, as the Pop1K7 pipeline writes them
     enc = REMI.encode(tracks_of_one_note(3))
     assert [REMI.vocab[i] for i in enc.ids].count("Note_Pitch_60") == 3 and enc.report["crowded_notes_merged"] == 0
+
+
+# ---- fault 6: millions of tempo changes ----------------------------------------------------------------
+
+
+def tempo_track_midi(changes: int) -> bytes:
+    """A piano note, a drum hit and a bass note, and `changes` tempo changes one tick apart
+    (alternating 100 and 200 bpm): 7 bytes each, so 16 MiB holds 2.4 million."""
+    events = b"\x01\xff\x51\x03\x04\x93\xe0\x01\xff\x51\x03\x02\x49\xf0" * (changes // 2)
+    notes = b"".join(  # a beat each, on channels 1, 10 and 2
+        bytes([0, 0x90 + c, p, 0x40, 0x83, 0x60, 0x80 + c, p, 0]) for c, p in ((0, 60), (9, 36), (1, 36))
+    )
+    tracks = [events + b"\x00\xff\x2f\x00", notes + b"\x00\xff\x2f\x00"]
+    head = b"MThd" + (6).to_bytes(4, "big") + b"\x00\x01\x00\x02\x01\xe0"
+    return head + b"".join(b"MTrk" + len(t).to_bytes(4, "big") + t for t in tracks)
+
+
+def test_the_tempo_quantiser_needs_memory_in_proportion_to_the_tempos():
+    bpm = np.random.default_rng(0).uniform(20, 300, 1_000_000)
+    tracemalloc.start()
+    try:
+        REMI.tempo_bins(bpm)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * bpm.nbytes  # a tempos x 65 matrix was 65 x 8 bytes a tempo, twice over
+    nearest = lambda values, x: np.argmin(np.abs(values[None, :] - x[:, None]), axis=1)  # noqa: E731  (as it was)
+    grid, some = np.arange(32, 225, 3), np.r_[bpm[:1000], np.arange(20, 300, 0.5)]  # halves: ties go down
+    assert np.array_equal(REMI.tempo_bins(some), nearest(np.array(REMI.tempos), grid[nearest(grid, some)]))
+
+
+@pytest.mark.parametrize("kind, changes", [("remi", 2_300_000), ("groove", MAX_TEMPOS + 2)])  # groove-dur: as groove
+def test_millions_of_tempo_changes_are_refused_before_they_are_walked(kind, changes):
+    """Counted on the parsed file, before a reader makes an object of each (REMI took 3.5 GB)."""
+    data = tempo_track_midi(changes)
+    assert len(data) < MAX_MIDI_BYTES
+    with pytest.raises(MidiError) as err:
+        tokenizer_from_dict({"kind": kind}).encode(data)
+    assert f"{changes:,} tempo changes, more than a file may have ({MAX_TEMPOS:,}" in one_line(err)
+
+
+def test_many_tempo_changes_within_the_bound_encode_each_in_its_cell():
+    """20,000 tempo changes, one per 16th, alternating: REMI writes each in its cell, binned."""
+    rows = [(0, 480, 60, 80), (120 * 19_999, 120 * 20_000, 62, 80)]
+    tempos = [(120 * k, 90.0 if k % 2 == 0 else 150.0) for k in range(20_000)]
+    data = NoteTable.of_tracks(480, [(Track("Piano", 0, False), rows)], tempos, [(0, 4, 4)]).midi_bytes()
+    names = [REMI.vocab[i] for i in REMI.encode(data).ids]
+    slow, fast = (REMI.vocab[REMI.tempo_ids[b]] for b in REMI.tempo_bins([90.0, 150.0]))
+    assert [n for n in names if n.startswith("Tempo_")] == [slow, fast] * 10_000
+    assert MAX_TEMPOS < 20_000 * 8 + 1  # one per 16th of the longest piece

@@ -206,3 +206,62 @@ def test_many_tempo_changes_within_the_bound_encode_each_in_its_cell():
     slow, fast = (REMI.vocab[REMI.tempo_ids[b]] for b in REMI.tempo_bins([90.0, 150.0]))
     assert [n for n in names if n.startswith("Tempo_")] == [slow, fast] * 10_000
     assert MAX_TEMPOS < 20_000 * 8 + 1  # one per 16th of the longest piece
+
+
+# ---- fault 8: one 2/4 bar inside 4/4 -----------------------------------------------------------------
+
+KINDS = ("remi", "groove", "groove-dur")
+
+
+def trio_in(signatures, beats: int = 32) -> bytes:
+    """Bass, drums and piano, a note each on every beat, under `signatures` ((numerator,
+    denominator, beat), ...)."""
+    midi = miditoolkit.MidiFile(ticks_per_beat=480)
+    for name, program, drum, pitch in (("Bass", 33, False, 40), ("Drums", 0, True, 36), ("Piano", 0, False, 64)):
+        track = miditoolkit.Instrument(program, is_drum=drum, name=name)
+        track.notes = [miditoolkit.Note(80, pitch + b % 3, 480 * b, 480 * b + 400) for b in range(beats)]
+        midi.instruments.append(track)
+    midi.time_signature_changes = [miditoolkit.TimeSignature(n, d, 480 * beat) for n, d, beat in signatures]
+    return midi_bytes(midi)
+
+
+LONE = ((4, 4, 0), (2, 4, 16), (4, 4, 18))  # bar 5 is the only 2/4 bar
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_lone_2_4_bar_is_refused_in_one_line_naming_it(kind):
+    tok = tokenizer_from_dict({"kind": kind})
+    with pytest.raises(MidiError) as err:
+        tok.encode(trio_in(LONE))
+    assert "bar 5 is in 2/4 and ends off the 4/4 bar lines (at tick 8640)" in one_line(err)
+    with pytest.raises(MidiError, match="bar 5 is in 2/4"):  # as a prompt: never cut mid-bar, 2 beats off
+        load_prompt(tok, trio_in(LONE))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(
+    "signatures",
+    [
+        ((4, 4, 0), (2, 4, 16), (4, 4, 20)),  # a pair of 2/4 bars is one 4/4 bar
+        ((2, 4, 0),),  # 2/4 throughout, in pairs
+        ((4, 4, 0), (2, 4, 28)),  # 2/4 to the end: the last bar is half empty
+        ((4, 4, 0), (2, 4, 40), (4, 4, 42)),  # after the music
+    ],
+    ids=["pair", "all 2/4", "to the end", "after the music"],
+)
+def test_2_4_bars_that_make_4_4_bars_encode_every_note_on_its_beat(kind, signatures):
+    tok = tokenizer_from_dict({"kind": kind})
+    midi = tok.decode(tok.encode(trio_in(signatures)).ids)
+    onsets = sorted({n.start for track in midi.instruments for n in track.notes})
+    assert onsets == [480 * b for b in range(32)]
+
+
+def test_a_pickup_is_exact_for_remi_and_refused_by_the_groove_tokenizers():
+    """REMI puts a pickup at the end of its first bar; the groove tokens count bars from tick 0."""
+    pickup = ((1, 4, 0), (4, 4, 1))
+    midi = REMI.decode(REMI.encode(trio_in(pickup)).ids)
+    onsets = sorted({n.start for track in midi.instruments for n in track.notes})
+    assert onsets == [480 * (b + 3) for b in range(32)]  # three beats of silence before the pickup
+    for kind in KINDS[1:]:
+        with pytest.raises(MidiError, match="bar 1 is in 1/4 and ends off the 4/4 bar lines"):
+            tokenizer_from_dict({"kind": kind}).encode(trio_in(pickup))

@@ -30,8 +30,9 @@ compares it with that pipeline's own output on POP909. Its conventions:
 Meter: bars hold 4 quarter notes. Time signatures of 1, 2 or 4 quarters per bar (1/4, 2/4, 2/2,
 4/4, 4/8) are read as 4/4 from tick 0, as POP909 needs (it writes 1/4 or 2/4 over music in 4/4).
 A 4-quarter signature that starts off that grid (after a pickup, a 2/4 bar, a 1/4 bar) starts a
-new bar there: the bars before it end early (a pickup shorter than a bar sits at the end of its
-bar). Other meters (3/4, 6/8, 5/4, ...) are refused.
+new bar there: a pickup shorter than a bar sits at the end of its bar. Where that would pad a bar
+with silence between notes (a lone 2/4 bar inside 4/4) the file is refused, naming the bar, as are
+other meters (3/4, 6/8, 5/4, ...): never re-gridded in silence.
 """
 
 from __future__ import annotations

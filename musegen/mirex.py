@@ -64,14 +64,21 @@ def origin_offset(notes: list[Note], decoded: miditoolkit.MidiFile) -> int:
 
 
 def generation(notes: Iterable[miditoolkit.Note], ticks_per_beat: int, offset: int) -> list[dict[str, int]]:
-    """Decoded notes as task notes: 16ths from the prompt's origin, each at least a 16th long."""
+    """Decoded notes as task notes: 16ths from the prompt's origin, each at least a 16th long.
+    The format holds a piece of MAX_BARS bars from that origin (schemas.MIREX_MAX_TIME): a note
+    held past its end is cut there, one that starts after it left out (only a continuation of
+    thousands of bars reaches it: a prompt ends by MIREX_PROMPT_MAX_TIME)."""
     out = []
     for n in notes:
-        start = sixteenths(n.start, ticks_per_beat)
-        length = max(1, sixteenths(n.end, ticks_per_beat) - start)
-        out.append({"start": start + offset, "pitch": int(n.pitch), "duration": length})
+        start = sixteenths(n.start, ticks_per_beat) + offset  # the origin first, then the bound
+        if start >= schemas.MIREX_MAX_TIME:
+            continue
+        end = min(sixteenths(n.end, ticks_per_beat) + offset, schemas.MIREX_MAX_TIME)
+        out.append({"start": start, "pitch": int(n.pitch), "duration": max(1, end - start)})
     return sorted(out, key=lambda n: (n["start"], n["pitch"], n["duration"]))
 
 
 def write_generation(path: str | os.PathLike, notes: list[dict[str, int]]) -> None:
-    write_json(path, {"generation": notes})
+    data = {"generation": notes}
+    schemas.check(data, "mirex generation", path)  # what musegen writes, its readers read back
+    write_json(path, data)

@@ -24,7 +24,7 @@ from pydantic_core import PydanticCustomError
 from .errors import ConfigError, FormatError
 from .io import parse_json, printable, read_input, read_json
 from .model.config import ModelConfig
-from .music.constants import BEATS_PER_BAR, MAX_BARS
+from .music.constants import BEATS_PER_BAR, MAX_BARS, MAX_PROMPT_BARS
 
 STRICT = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
 OPEN = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)  # files that carry free-form extras
@@ -139,9 +139,20 @@ class ShardIndex(BaseModel):
 
 
 MIREX_MAX_TIME = MAX_BARS * 4 * BEATS_PER_BAR  # in 16ths: the latest a note may end, as long as a piece may be
+# The latest a prompt's note may end: its continuation, counted from the same origin, then has
+# MAX_BARS - MAX_PROMPT_BARS bars of room before MIREX_MAX_TIME.
+MIREX_PROMPT_MAX_TIME = MAX_PROMPT_BARS * 4 * BEATS_PER_BAR
+
+
+def _ends_by(note: "MirexNote", limit: int, what: str) -> None:
+    if note.start + note.duration > limit:
+        bars = limit // (4 * BEATS_PER_BAR)
+        raise PydanticCustomError("too_late", f"ends after 16th {limit:,} ({bars:,} bars, {what})")
 
 
 class MirexNote(BaseModel):
+    """A note of a continuation musegen writes (`"generation"`)."""
+
     model_config = ConfigDict(strict=True, allow_inf_nan=False)  # extra keys (velocity, ...) ignored
     start: Annotated[int, Field(ge=0, lt=MIREX_MAX_TIME)]  # 16ths from the task's origin
     pitch: Pitch
@@ -149,16 +160,28 @@ class MirexNote(BaseModel):
 
     @model_validator(mode="after")
     def _within_a_piece(self) -> "MirexNote":
-        if self.start + self.duration > MIREX_MAX_TIME:
-            raise PydanticCustomError(
-                "too_late", f"ends after 16th {MIREX_MAX_TIME:,} ({MAX_BARS:,} bars, the longest piece)"
-            )
+        _ends_by(self, MIREX_MAX_TIME, "the longest piece")
+        return self
+
+
+class MirexPromptNote(MirexNote):
+    start: Annotated[int, Field(ge=0, lt=MIREX_PROMPT_MAX_TIME)]
+    duration: Annotated[int, Field(ge=1, le=MIREX_PROMPT_MAX_TIME)]
+
+    @model_validator(mode="after")
+    def _within_a_prompt(self) -> "MirexPromptNote":
+        _ends_by(self, MIREX_PROMPT_MAX_TIME, "the longest prompt")
         return self
 
 
 class MirexPrompt(BaseModel):
     model_config = ConfigDict(strict=True, allow_inf_nan=False)
-    prompt: Annotated[list[MirexNote], Field(min_length=1, max_length=2**20)]
+    prompt: Annotated[list[MirexPromptNote], Field(min_length=1, max_length=2**20)]
+
+
+class MirexGeneration(BaseModel):
+    model_config = STRICT
+    generation: list[MirexNote]
 
 
 # ---- what musegen writes and reads back -----------------------------------------------------------
@@ -325,6 +348,7 @@ FORMATS = {
         Format("shard index", 1, ShardIndex),
         Format("sample summary", None, SampleSummary),
         Format("mirex prompt", None, MirexPrompt),
+        Format("mirex generation", None, MirexGeneration),
         Format("train settings", None, TrainSettings),
         Format("log record", None, LogRecord),
         Format("piece record", None, PieceRecord),

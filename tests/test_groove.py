@@ -532,18 +532,22 @@ def test_bad_input_is_a_one_line_midi_error(data, message):
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
-def test_a_lone_2_4_bar_inside_4_4_keeps_every_note_on_its_beat():
-    """The tokens name beats, not bars, so a 2/4 bar between 4/4 bars moves no note; a 3/4 bar
-    there cannot be written in 4-beat bars and is refused."""
+def test_a_lone_2_4_bar_inside_4_4_is_refused_and_a_pair_kept():
+    """The tokens count 4-beat bars from tick 0: 2/4 bars in pairs make them, a lone 2/4 bar moves
+    every later bar line (issue 44: a prompt cut mid-bar, a continuation 2 beats off), and a 3/4
+    bar cannot be written in 4-beat bars; both are refused, naming the bar."""
     midi = miditoolkit.MidiFile(file=io.BytesIO(midi_bytes([DRUMS, BASS])))
     midi.time_signature_changes += [
         miditoolkit.TimeSignature(2, 4, beats(4)),
-        miditoolkit.TimeSignature(4, 4, beats(6)),
+        miditoolkit.TimeSignature(4, 4, beats(8)),
     ]
     _, notes = trio_of(dump(midi))
     assert notes[1][:, 2].tolist() == [12 * b for b in range(8)]  # bass onsets, 12 grid units a beat
+    midi.time_signature_changes[2] = miditoolkit.TimeSignature(4, 4, beats(6))
+    with pytest.raises(MidiError, match=r"bar 2 is in 2/4 and ends off the 4/4 bar lines \(at tick 2880\)"):
+        TOK.encode(dump(midi))
     midi.time_signature_changes[1] = miditoolkit.TimeSignature(3, 4, beats(4))
-    with pytest.raises(MidiError, match="3/4 at tick 1920"):
+    with pytest.raises(MidiError, match="bar 2: time signature 3/4 at tick 1920"):
         TOK.encode(dump(midi))
 
 

@@ -334,12 +334,16 @@ def test_a_pickup_ends_at_the_first_bar_line(tmp_path):
     assert TOK.grammar().first_violation(enc.ids) is None
 
 
-def test_a_short_bar_inside_four_four_keeps_the_later_bar_lines(tmp_path):
-    # 4/4, one bar of 2/4, 4/4 again: the bar after the 2/4 starts a REMI bar (the short one is padded)
+def test_a_lone_short_bar_inside_four_four_is_refused_naming_it(tmp_path):
+    # 4/4, one bar of 2/4, 4/4 again: REMI could only pad the short bar with silence (issue 44)
     notes = [(0, 480, 60, 64), (1920, 2400, 62, 64), (1920 + 960, 1920 + 1440, 64, 64), (1920 * 2 + 960, 5280, 65, 64)]
     signatures = ((4, 4, 0), (2, 4, 1920), (4, 4, 1920 + 960))
-    enc = TOK.encode(make_midi(tmp_path, notes, time_signatures=signatures))
-    assert bar_of_each_note(enc.ids) == [(0, 0), (1, 0), (2, 0), (3, 0)]
+    with pytest.raises(MidiError, match=r"bar 2 is in 2/4 and ends off the 4/4 bar lines \(at tick 2880\)"):
+        TOK.encode(make_midi(tmp_path, notes, time_signatures=signatures))
+    # before the first note the padding is silence that is not written: the bar after it opens the piece
+    later = [(s + 4800, e + 4800, p, v) for s, e, p, v in notes]
+    enc = TOK.encode(make_midi(tmp_path, later, time_signatures=signatures, name="y.mid"))
+    assert bar_of_each_note(enc.ids) == [(0, 0), (1, 0), (1, 8), (2, 8)]
     assert TOK.grammar().first_violation(enc.ids) is None
 
 

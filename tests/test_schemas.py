@@ -411,6 +411,7 @@ CHECK_ONLY = {  # formats whose real file needs a training run: the schema alone
     },
     "evaluation settings": {"bars": 12, "seed": 0},
     "layout stamp": {"version": 2},
+    "mirex generation": {"generation": [{"start": 80, "pitch": 60, "duration": 4}]},
     "studio event": {"event": "notes", "progress": 0.5, "samples": [{"from": 0, "notes": [[0, 480, 60, 0]]}]},
     "studio request": {"model": "pop", "prompt": "0123456789ab", "bars": 8, "samples": 2, "temperature": 1.2},
     "piece counts": {"notes": 120, "count_in_notes": 8},

@@ -18,6 +18,7 @@ import numpy as np
 from .. import mirex
 from ..errors import MidiError, MusegenError, TokenError
 from ..io import check_regular
+from ..music.constants import MAX_PROMPT_BARS
 from ..tokenizers.base import Grammar, Tokenizer
 
 
@@ -76,6 +77,11 @@ def prompt_from_ids(
     content = _content_end(grammar, ids, states)
     starts = tokenizer.bar_starts(ids[:content])
     whole = len(starts) if bars is None else min(bars, len(starts))
+    if whole > MAX_PROMPT_BARS:  # the continuation needs room within a piece's MAX_BARS
+        raise MidiError(
+            f"{name}: the prompt has {whole:,} bars, more than a prompt may have ({MAX_PROMPT_BARS:,}; "
+            "--prompt-bars keeps fewer)"
+        )
     if whole < len(starts):  # cut at a bar line: time moves to it, and what sounds ends there
         kept = ids[: starts[whole]]
         kept += tokenizer.to_bar_line(states[starts[whole]], whole)

@@ -10,3 +10,4 @@ TICKS_PER_BEAT = 480  # decoded MIDI's resolution
 TICKS_PER_BAR = BEATS_PER_BAR * TICKS_PER_BEAT
 DEFAULT_BPM = 120.0  # MIDI's tempo before any tempo event
 MAX_BARS = 10_000  # about 5 hours at 120 bpm: anything longer is a broken file, not music
+MAX_PROMPT_BARS = MAX_BARS // 2  # a prompt leaves a continuation at least as many bars as it has

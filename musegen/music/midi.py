@@ -10,6 +10,9 @@ Bounds, checked before the parser runs:
   negative, and past 2^32 they wrap to small, plausible times (a note moved onto the music,
   without a word), so the ticks are summed here from the file's own delta-times, in Python
   integers. How many bars a piece may have is each tokenizer's bound (10,000).
+- at most MAX_TEMPOS tempo changes (one per 16th of the longest piece) and MAX_METERS time
+  signatures (one per bar of it), counted on the parsed file before any reader walks them: a
+  16 MiB file can hold 2.4 million tempo changes, which cost gigabytes as Python objects.
 """
 
 from __future__ import annotations
@@ -26,10 +29,13 @@ import symusic
 
 from ..errors import MidiError
 from ..io import printable, read_input
+from .constants import BEATS_PER_BAR, MAX_BARS
 
 MIDI_SUFFIXES = (".mid", ".midi", ".MID", ".MIDI")
 MAX_MIDI_BYTES = 16 * 2**20
 MAX_TICK = 2**31 - 1  # the parser's 32-bit tick counter
+MAX_TEMPOS = MAX_BARS * 4 * BEATS_PER_BAR
+MAX_METERS = MAX_BARS
 
 
 def load_score(source: str | os.PathLike | bytes | symusic.Score) -> symusic.Score:
@@ -140,6 +146,15 @@ def _checked(score: symusic.Score, name: str) -> symusic.Score:
         raise MidiError(f"{name}: invalid ticks-per-quarter {score.tpq}")
     if sum(len(t.notes) for t in score.tracks) == 0:
         raise MidiError(f"{name}: contains no notes")
+    for events, what, bound, unit in (
+        (score.tempos, "tempo changes", MAX_TEMPOS, "16th"),
+        (score.time_signatures, "time signatures", MAX_METERS, "bar"),
+    ):
+        if len(events) > bound:
+            raise MidiError(
+                f"{name}: {len(events):,} {what}, more than a file may have ({bound:,}: one per {unit} "
+                f"of the longest piece, {MAX_BARS:,} bars)"
+            )
     times = [t.notes.numpy()["time"] for t in score.tracks] + [
         np.array([e.time for e in events]) for events in (score.tempos, score.time_signatures, score.markers)
     ]

@@ -25,6 +25,7 @@ import numpy as np
 from ..errors import MidiError, TokenError
 from ..music.beats import round_half_even
 from ..music.constants import BEATS_PER_BAR, MAX_BARS, TICKS_PER_BEAT
+from ..music.meter import bar_at, off_the_bar_lines, signature_changes
 from ..music.midi import Parsed, Part
 from ..music.notes import NoteTable, Track
 from ..music.roles import BASS, DRUMS, OTHER, ROLE_NAMES, TRACKS, Roles, merged_notes, read_trio
@@ -51,13 +52,23 @@ DEFAULT_TEMPO = 120.0
 
 
 def check_meter(parsed: Parsed) -> None:
-    """4-beat bars only: 2/4 and 2/2 pair up into them, 3/4 or 6/8 do not."""
-    for tick, numerator, denominator in parsed.time_signatures:
-        if numerator <= 0 or BEATS_PER_BAR * denominator % (4 * numerator):  # 0/x: fuzzed files
+    """The tokens count 4-beat bars from tick 0, so the file's bars must make those exactly: 4/4
+    bars on that grid, shorter ones (2/4, 1/4, 2/8) that fill it, such as 2/4 bars in pairs. A
+    longer or odd meter (3/4, 6/8), or a bar that leaves the grid (a lone 2/4 bar, a pickup), is
+    refused in one line that names it, where it comes before the music's end."""
+    changes = signature_changes(parsed.time_signatures)
+    end = max((int(p.notes[:, 1].max()) for p in parsed.parts if len(p.notes)), default=0)
+    for tick, numerator, denominator in changes:
+        if tick >= end:
+            break
+        if numerator <= 0 or denominator % numerator:  # 0/x: fuzzed files
+            bar, _ = bar_at(changes, parsed.tpq, tick)
             raise MidiError(
-                f"{parsed.name}: time signature {numerator}/{denominator} at tick {tick}; "
+                f"{parsed.name}: bar {bar}: time signature {numerator}/{denominator} at tick {tick}; "
                 "the groove tokenizer needs 4/4 (or 2/4, 2/2)"
             )
+        if tick * denominator % (4 * parsed.tpq * numerator):  # not on a line of its own bars' grid
+            raise MidiError(off_the_bar_lines(parsed.name, changes, parsed.tpq, tick, "the groove tokenizers encode"))
 
 
 class GrooveTokenizer(Tokenizer):

@@ -22,13 +22,17 @@ compares it with that pipeline's own output on POP909. Its conventions:
   in one cell the first wins: a piece opens with `Bar, Beat_0, Chord, Tempo` (the chord and
   tempo at tick 0);
 - inside a cell the notes come in the order of their unquantised onsets, then of falling pitch;
-  notes of one pitch that overlap are all kept.
+  notes of one pitch that overlap are all kept. Decoding keeps that order for at most
+  `max_note_offset` notes of a cell not lower than the note before them (59 on the 16th grid),
+  so a cell with more (61 copies of a note on 61 tracks) is written by falling pitch, one note
+  per pitch, the longest then the loudest (counted as `crowded_notes_merged`).
 
 Meter: bars hold 4 quarter notes. Time signatures of 1, 2 or 4 quarters per bar (1/4, 2/4, 2/2,
 4/4, 4/8) are read as 4/4 from tick 0, as POP909 needs (it writes 1/4 or 2/4 over music in 4/4).
 A 4-quarter signature that starts off that grid (after a pickup, a 2/4 bar, a 1/4 bar) starts a
-new bar there: the bars before it end early (a pickup shorter than a bar sits at the end of its
-bar). Other meters (3/4, 6/8, 5/4, ...) are refused.
+new bar there: a pickup shorter than a bar sits at the end of its bar. Where that would pad a bar
+with silence between notes (a lone 2/4 bar inside 4/4) the file is refused, naming the bar, as are
+other meters (3/4, 6/8, 5/4, ...): never re-gridded in silence.
 """
 
 from __future__ import annotations
@@ -114,6 +118,7 @@ class RemiTokenizer(RemiVocab, Tokenizer):
             "notes": int(len(notes.cell)),
             "pitches_folded": notes.folded,
             "durations_clipped": notes.clipped,
+            "crowded_notes_merged": notes.merged,
             "bars": last_bar - first_bar + 1,
             "chord_changes": sum(c >= 0 for c, _ in header.values()),
             "tempo_changes": sum(t >= 0 for _, t in header.values()),
@@ -126,17 +131,19 @@ class RemiTokenizer(RemiVocab, Tokenizer):
         if not len(pitched):
             raise MidiError(f"{name}: only drum notes; REMI needs pitched notes")
         pitched = pitched.select(np.lexsort((-pitched.pitch, pitched.start)))  # stable: equal notes keep track order
-        time, duration, pitch, velocity = pitched.start, pitched.end - pitched.start, pitched.pitch, pitched.velocity
         tpq, res = table.tpq, self.beat_resolution
-        cell = grid.position(round_half_even(time * res, tpq))
+        cell = grid.position(round_half_even(pitched.start * res, tpq))
         first_bar, last_bar = int(cell[0]) // self.positions_per_bar, int(cell[-1]) // self.positions_per_bar
         if last_bar - first_bar >= MAX_BARS:
             raise MidiError(
                 f"{name}: notes span {last_bar - first_bar + 1} bars; longer than {MAX_BARS} bars, not a piece of music"
             )
         lo, hi = self.pitch_range
-        folded = np.where(pitch < lo, pitch + 12 * ((lo - pitch + 11) // 12), pitch)
+        folded = np.where(pitched.pitch < lo, pitched.pitch + 12 * ((lo - pitched.pitch + 11) // 12), pitched.pitch)
         folded = np.where(folded > hi, folded - 12 * ((folded - hi + 11) // 12), folded)
+        keep, read = self._thinned(cell, folded, pitched), len(pitched)
+        pitched, cell, folded = pitched.select(keep), cell[keep], folded[keep]
+        duration, pitch, velocity = pitched.end - pitched.start, pitched.pitch, pitched.velocity
         vmin, _, vstep = self.velocity_range
         steps = np.minimum(duration * res, self.max_duration * tpq)  # capped before rounding
         return _Notes(
@@ -150,7 +157,24 @@ class RemiTokenizer(RemiVocab, Tokenizer):
             velocity=np.clip((2 * (velocity - vmin) + vstep - 1) // (2 * vstep), 0, len(self.velocities) - 1),
             folded=int(np.count_nonzero(folded != pitch)),
             clipped=int(np.count_nonzero(duration * res > self.max_duration * tpq)),
+            merged=read - len(keep),
         )
+
+    def _thinned(self, cell: np.ndarray, folded: np.ndarray, notes: NoteTable) -> np.ndarray:
+        """Indices of the notes to write, in token order. Decoding keeps the order of at most
+        `max_note_offset` notes of a cell that are not lower than the note before them (the
+        grammar's bound); a cell with more (e.g. 61 copies of a note on 61 tracks) is written by
+        falling pitch, one note per pitch (the longest, then the loudest), so it has none."""
+        n = len(cell)
+        rise = np.r_[False, (cell[1:] == cell[:-1]) & (folded[1:] >= folded[:-1])]
+        group = np.cumsum(np.r_[True, cell[1:] != cell[:-1]]) - 1  # the cell's index among the cells
+        crowded = (np.bincount(group, weights=rise) > self.max_note_offset)[group]
+        if not crowded.any():
+            return np.arange(n)
+        by = lambda key: np.where(crowded, -key, 0)  # noqa: E731  (crowded cells only; others keep their order)
+        order = np.lexsort((np.arange(n), by(notes.velocity), by(notes.end - notes.start), by(folded), cell))
+        copy = np.r_[False, (cell[order][1:] == cell[order][:-1]) & (folded[order][1:] == folded[order][:-1])]
+        return order[~(copy & crowded[order])]
 
     def _events(self, notes: _Notes, header: dict[int, list[int]], origin: int) -> list[int]:
         triples = np.stack(
@@ -346,6 +370,7 @@ class _Notes:
     velocity: np.ndarray  # velocity bin index
     folded: int
     clipped: int
+    merged: int  # copies of a pitch left out of a crowded cell
 
 
 def _voices(start: np.ndarray, end: np.ndarray, pitch: np.ndarray) -> np.ndarray:

@@ -123,8 +123,8 @@ class RemiGrammar(Grammar):
         tok = self._tok
         if state.opening < len(self._opening):
             return self._opening[state.opening].copy()
-        if state.bar >= MAX_BARS:
-            return self._only_eos.copy()
+        if state.bar >= MAX_BARS:  # EOS, where the layout allows it: nothing once it has come
+            return self._only_eos & self.layout.masks[state.layout]
         mask = self.layout.masks[state.layout].copy()
         cls = state.layout // self.layout.width
         if cls == BEAT and not self._chord_fits(state):

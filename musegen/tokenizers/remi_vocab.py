@@ -131,5 +131,10 @@ def _inverse(ids: np.ndarray, size: int, offset: int = 0) -> np.ndarray:
 
 
 def _nearest(values: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """Index of the nearest of the sorted `values` for each x (ties go to the lower value)."""
-    return np.argmin(np.abs(values[None, :] - np.asarray(x, dtype=np.float64)[:, None]), axis=1)
+    """Index of the nearest of the sorted `values` for each x (ties go to the lower value), in
+    memory proportional to len(x): a file may hold millions of tempos."""
+    x = np.asarray(x, dtype=np.float64)
+    if len(values) == 1:
+        return np.zeros(len(x), dtype=np.int64)
+    above = np.clip(np.searchsorted(values, x), 1, len(values) - 1)  # x's neighbours: above - 1 and above
+    return above - (x - values[above - 1] <= values[above] - x)

@@ -97,10 +97,10 @@ def test_relative_cached_steps_equal_the_parallel_forward(values):
 
 
 def streamed_logits(model: MusicPerformer, ids: torch.Tensor, cut: int) -> torch.Tensor:
-    """Logits of `ids` through streaming(): the first `cut` tokens in one block, then one by one."""
-    with torch.no_grad(), model.streaming(ids.shape[0], seed=0):
-        first = model.step(ids[:, :cut])
-        return torch.cat([first] + [model.step(ids[:, t])[:, None] for t in range(cut, ids.shape[1])], dim=1)
+    """Logits of `ids` through a streaming session: the first `cut` tokens in one block, then one by one."""
+    session = model.session(ids.shape[0], seed=0)
+    first = session.step(ids[:, :cut])
+    return torch.cat([first] + [session.step(ids[:, t])[:, None] for t in range(cut, ids.shape[1])], dim=1)
 
 
 @pytest.mark.parametrize(
@@ -218,10 +218,11 @@ def test_synthesizer_past_max_len_is_a_clear_error():
     model(torch.zeros(1, 12, dtype=torch.long))  # up to max_len is fine
     with pytest.raises(ConfigError, match="max_len=12"):
         model(torch.zeros(1, 13, dtype=torch.long))
-    with pytest.raises(ConfigError, match="max_len=12"), model.streaming(1):
-        model.step(torch.zeros(1, 10, dtype=torch.long))
+    session = model.session(1)
+    with pytest.raises(ConfigError, match="max_len=12"):
+        session.step(torch.zeros(1, 10, dtype=torch.long))
         for _ in range(3):
-            model.step(torch.zeros(1, dtype=torch.long))
+            session.step(torch.zeros(1, dtype=torch.long))
     cfg = build_config(
         "tiny", "d", "o", sets=["model.attention=synthesizer", "model.pe=none", "model.max_len=32", "seq_len=64"]
     )

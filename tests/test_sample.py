@@ -122,7 +122,7 @@ def test_same_seed_same_output_other_seed_differs(models):
 
 
 def test_precision_sets_the_steps_and_a_nonsense_one_is_refused(models, checkpoints, tmp_path, capsys):
-    """Sampling sets the model's step precision (fp32 steps repeat exactly, bf16 steps give valid
+    """Sampling steps in the precision asked for (fp32 steps repeat exactly, bf16 steps give valid
     samples too); an unknown precision is one line and exit 1 from the CLI."""
     model, tok = models["remi"]
 
@@ -130,7 +130,7 @@ def test_precision_sets_the_steps_and_a_nonsense_one_is_refused(models, checkpoi
         samples, stats = generate(
             model, tok, EMPTY, SampleSettings(length=96, num_samples=2, seed=3, precision=precision), progress=False
         )
-        assert model.inference_precision == precision and stats["invalid"] == 0
+        assert stats["invalid"] == 0
         assert stats["precision"]["reason"] == "asked for"  # the JSON says which path made the logits
         assert stats["precision"]["path"] in {"fp32": ["fp32"], "bf16": ["bf16", "bf16-step.c"]}[precision]
         return [s.ids.tolist() for s in samples]

@@ -355,8 +355,8 @@ def test_train_sample_evaluate_and_inspect_each_family(family, pop_small, tmp_pa
     assert code == 0 and "note: no positional templates" in out, err
     assert (tmp_path / "inspect" / "attention_maps.png").is_file()
 
-    if family == "synthesizer":  # past max_len: one line, non-zero exit, no traceback
+    if family == "synthesizer":  # past max_len: one line, a ConfigError's exit 2, no traceback
         code, _, err = cli(["sample", "-c", checkpoint, "-o", tmp_path / "long", "--length", "80"], capsys)
-        assert code == 1 and err.count("\n") == 1 and "max_len=64" in err
+        assert code == 2 and err.count("\n") == 1 and "max_len=64" in err
         code, _, err = cli(["evaluate", "loss", "-c", checkpoint, "--data", pop_small, "--max-len", "100"], capsys)
-        assert code == 1 and err.count("\n") == 1 and "max_len=64" in err
+        assert code == 2 and err.count("\n") == 1 and "max_len=64" in err

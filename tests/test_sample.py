@@ -126,7 +126,7 @@ def test_same_seed_same_output_other_seed_differs(models):
 
 def test_precision_sets_the_steps_and_a_nonsense_one_is_refused(models, checkpoints, tmp_path, capsys):
     """Sampling steps in the precision asked for (fp32 steps repeat exactly, bf16 steps give valid
-    samples too); an unknown precision is one line and exit 1 from the CLI."""
+    samples too); an unknown precision is one line and exit 2 (a ConfigError) from the CLI."""
     model, tok = models["remi"]
 
     def run(precision):
@@ -143,7 +143,7 @@ def test_precision_sets_the_steps_and_a_nonsense_one_is_refused(models, checkpoi
     code, _, err = run_cli(
         ["sample", "-c", checkpoints["remi"], "--length", 8, "--precision", "fp16", "--out", tmp_path / "s"], capsys
     )
-    assert code == 1 and "precision must be one of" in err and len(err.strip().splitlines()) == 1
+    assert code == 2 and "precision must be one of" in err and len(err.strip().splitlines()) == 1
 
 
 def test_threads_sampling_from_one_model_draw_what_each_draws_alone(models):

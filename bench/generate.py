@@ -47,7 +47,6 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import torch
@@ -64,14 +63,15 @@ from bench.common import (
 from musegen.device import native_bf16
 from musegen.generation.cache import SuffixCache
 from musegen.generation.loop import generate
+from musegen.generation.precision import step_choice
 from musegen.generation.prompt import Prompt, load_prompt
 from musegen.generation.settings import SampleSettings
 from musegen.model.c_step import step_kernels
 from musegen.model.config import preset
 from musegen.model.families import FAMILIES
-from musegen.model.torch_step import prepared_weights
-from musegen.model.transformer import MusicPerformer
-from musegen.precision import STEP_C, Choice, step_choice
+from musegen.model.torch_step import PreparedWeights
+from musegen.model.transformer import FP32, STEP_C, MusicPerformer
+from musegen.precision import Choice
 from musegen.tokenizers import tokenizer_from_dict
 
 POSITIONS = (512, 2048, 8192)
@@ -80,16 +80,15 @@ BATCHES = (1, 8)
 FLAT = 1.2  # latency at 8192 within 1.2x of latency at 512
 
 
-def snapshots(
-    model: MusicPerformer, tokens: torch.Tensor, positions, batch: int = 1, choice: Optional[Choice] = None
-) -> dict:
+def snapshots(model: MusicPerformer, tokens: torch.Tensor, positions, batch: int = 1, path: str = FP32) -> dict:
     """{position: the session's state there}, advancing in parallel blocks of up to 512 tokens."""
     states = {}
-    with torch.no_grad(), model.streaming(batch, seed=0, choice=choice):
+    session = model.session(batch, path, seed=0)
+    with torch.no_grad():
         for position in positions:
-            while model.position < position:
-                model.step(tokens[:batch, model.position : min(position, model.position + 512)])
-            states[position] = model.get_state()
+            while session.position < position:
+                session.step(tokens[:batch, session.position : min(position, session.position + 512)])
+            states[position] = session.get_state()
     return states
 
 
@@ -99,15 +98,16 @@ def step_seconds(
     state,
     tokens: torch.Tensor,
     steps: int = 3,
-    choice: Optional[Choice] = None,
+    path: str = FP32,
 ) -> float:
-    """Median time of `steps` single-token steps continuing from `state` (its session entered
+    """Median time of `steps` single-token steps continuing from `state` (its session opened
     and restored untimed)."""
     batch, position = state.batch_size, state.position
-    with torch.no_grad(), model.streaming(batch, choice=choice):
-        model.set_state(state)
+    session = model.session(batch, path)
+    with torch.no_grad():
+        session.set_state(state)
         return statistics.median(
-            seconds(lambda t=t: model.step(tokens[:batch, position + t]), device) for t in range(steps)
+            seconds(lambda t=t: session.step(tokens[:batch, position + t]), device) for t in range(steps)
         )
 
 
@@ -122,7 +122,7 @@ def products_fn(model: MusicPerformer, device: torch.device, path: str, batch: i
     [batch, width] input, as the step of `path` prepares and applies them: what the step would
     cost if it did nothing else."""
     dtype = torch.float32 if path == "fp32" else torch.bfloat16
-    *layers, head = prepared_weights(model, dtype, step_kernels(device) if path == STEP_C else None)
+    *layers, head = PreparedWeights(model).get(dtype, step_kernels(device) if path == STEP_C else None)
     c = model.config
     narrow, wide = (torch.randn(batch, n, device=device) for n in (c.d_model, c.d_ff))  # fp32, as the step's
 
@@ -140,7 +140,7 @@ def step_vs_bound(model: MusicPerformer, device: torch.device, paths, tokens, ro
     states, products = {}, {}
     for path in paths:
         for batch in BATCHES:
-            states[(path, batch)] = snapshots(model, tokens, (512,), batch, Choice(path, "bench"))[512]
+            states[(path, batch)] = snapshots(model, tokens, (512,), batch, path)[512]
             products[(path, batch)] = products_fn(model, device, path, batch)
     bandwidth, times, product_times = CopyBandwidth(device), defaultdict(list), defaultdict(list)
     with torch.no_grad():
@@ -149,7 +149,7 @@ def step_vs_bound(model: MusicPerformer, device: torch.device, paths, tokens, ro
     for _ in range(rounds):  # rounds over every case, so a change in load hits all alike
         bandwidth.measure()
         for (path, batch), state in states.items():
-            times[(path, batch)].append(step_seconds(model, device, state, tokens, choice=Choice(path, "bench")))
+            times[(path, batch)].append(step_seconds(model, device, state, tokens, path=path))
             with torch.no_grad():
                 product_times[(path, batch)].append(seconds(products[(path, batch)], device))
     median = {key: statistics.median(t) for key, t in times.items()}
@@ -192,25 +192,26 @@ def print_auto_choices(model: MusicPerformer, times: dict) -> Choice:
     return choices[1]
 
 
-def step_latencies(model: MusicPerformer, device: torch.device, tokens: torch.Tensor) -> dict[int, tuple]:
-    """{position: (median seconds, peak MiB) of one single-token step there} for POSITIONS."""
-    states = snapshots(model, tokens, POSITIONS)
+def step_latencies(model: MusicPerformer, device: torch.device, tokens: torch.Tensor, path: str) -> dict[int, tuple]:
+    """{position: (median seconds, peak MiB) of one single-token step on `path` there} for POSITIONS."""
+    states = snapshots(model, tokens, POSITIONS, path=path)
     times = {position: [] for position in POSITIONS}
     for _ in range(8):
         for position, state in states.items():
-            times[position].append(step_seconds(model, device, state, tokens, steps=2))
+            times[position].append(step_seconds(model, device, state, tokens, steps=2, path=path))
 
     def one_step(state):
-        with torch.no_grad(), model.streaming(1):
-            model.set_state(state)
-            return peak_memory_mib(lambda: model.step(tokens[:1, state.position]), device)
+        session = model.session(1, path)
+        with torch.no_grad():
+            session.set_state(state)
+            return peak_memory_mib(lambda: session.step(tokens[:1, state.position]), device)
 
     return {position: (statistics.median(times[position]), one_step(states[position])) for position in POSITIONS}
 
 
-def step_vs_prefix(model: MusicPerformer, device: torch.device, tokens, prefix_repeats: int) -> list[tuple]:
+def step_vs_prefix(model: MusicPerformer, device: torch.device, tokens, path: str, prefix_repeats: int) -> list[tuple]:
     rows = []
-    for position, (step_s, step_mib) in step_latencies(model, device, tokens).items():
+    for position, (step_s, step_mib) in step_latencies(model, device, tokens, path).items():
         prefix_s = prefix_mib = None
         if position in PREFIX_POSITIONS:
             prefix = tokens[:1, : position + 1]
@@ -234,21 +235,20 @@ def family_steps(device: torch.device, vocab_size: int, tokens: torch.Tensor) ->
             )
             .to(device)
             .eval()
-            .for_inference()
         )
-        latencies[name] = step_latencies(model, device, tokens)
+        latencies[name] = step_latencies(model, device, tokens, step_choice("auto", model, 1).path)
     return latencies
 
 
-def thread_comparison(model: MusicPerformer, device: torch.device, threads: int, tokens) -> dict[int, float]:
-    """Median step latency at position 512 with 1 thread and with `threads`, in alternating rounds."""
-    state = snapshots(model, tokens, (512,))[512]
+def thread_comparison(model: MusicPerformer, device: torch.device, threads: int, tokens, path: str) -> dict[int, float]:
+    """Median step latency on `path` at position 512 with 1 thread and with `threads`, in alternating rounds."""
+    state = snapshots(model, tokens, (512,), path=path)[512]
     before = torch.get_num_threads()
     times: dict[int, list[float]] = {1: [], threads: []}
     for _ in range(8):
         for n in times:
             torch.set_num_threads(n)
-            times[n].append(step_seconds(model, device, state, tokens, steps=2))
+            times[n].append(step_seconds(model, device, state, tokens, steps=2, path=path))
     torch.set_num_threads(before)
     return {n: statistics.median(t) for n, t in times.items()}
 
@@ -257,14 +257,21 @@ def sampler_rates(model: MusicPerformer, device: torch.device, length: int) -> t
     """(tokens/s reported by the sampler, s/token over the first quarter, over the last quarter)."""
     tok = tokenizer_from_dict({"kind": "remi"})
     step_times: list[float] = []
-    step = model.step
+    open_session = model.session
 
-    def timed_step(tokens):  # record every single-token step of the sampling loop
-        out = []
-        step_times.append(seconds(lambda: out.append(step(tokens)), device))
-        return out[0]
+    def timed_session(*args, **kwargs):  # its steps, every one of the sampling loop's, are timed
+        session = open_session(*args, **kwargs)
+        step = session.step
 
-    model.step = timed_step
+        def timed_step(tokens):
+            out = []
+            step_times.append(seconds(lambda: out.append(step(tokens)), device))
+            return out[0]
+
+        session.step = timed_step
+        return session
+
+    model.session = timed_session
     try:
         _, stats = generate(
             model,
@@ -276,7 +283,7 @@ def sampler_rates(model: MusicPerformer, device: torch.device, length: int) -> t
             threads=torch.get_num_threads(),
         )
     finally:
-        del model.step  # back to the class's method
+        del model.session  # back to the class's method
     single = step_times[1:]  # the first call ingests the one-token start
     quarter = len(single) // 4
     return stats["tokens_per_second"], statistics.median(single[:quarter]), statistics.median(single[-quarter:])
@@ -338,10 +345,9 @@ def main() -> None:
     if args.step_only:
         return
 
-    model.for_inference("auto")
     print(f"# per-token cost by position ({default}, batch 1): step, and re-running the prefix (fp32)")
     print(f"{'position':>9} {'step ms':>9} {'step MiB':>9} {'prefix ms':>10} {'prefix MiB':>11} {'prefix/step':>12}")
-    rows = step_vs_prefix(model, device, tokens, prefix_repeats=1 if args.quick else 3)
+    rows = step_vs_prefix(model, device, tokens, default, prefix_repeats=1 if args.quick else 3)
     for position, step_s, step_mib, prefix_s, prefix_mib in rows:
         prefix = (
             f"{prefix_s * 1e3:>10.0f} {prefix_mib:>11.1f} {prefix_s / step_s:>11.0f}x"
@@ -368,7 +374,7 @@ def main() -> None:
         print(f"{position:>9}" + "".join(f" {s * 1e3:>15.2f} {mib:>7.1f} {s / step_s:>7.2f}x" for s, mib in cells))
 
     if device.type == "cpu" and (os.cpu_count() or 1) > 1:
-        by_threads = thread_comparison(model, device, os.cpu_count(), tokens)
+        by_threads = thread_comparison(model, device, os.cpu_count(), tokens, default)
         many = max(by_threads)
         print(
             f"step at 512 with {many} threads: {by_threads[many] * 1e3:.2f} ms, with 1 thread: "

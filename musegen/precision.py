@@ -6,13 +6,17 @@ and trains at 0.70x fp32 in bf16 (docs/performance.md). So on first use on a mac
 - training times full updates (the trainer's loss and optimiser) of a fresh model of the run's
   config, at the run's batch and length, in fp32 and under bf16 autocast (musegen.training.precision);
 - sampling times the single-token step at the session's batch in fp32, in bf16 as PyTorch runs
-  it, and in bf16 through step.c (musegen/model/c_step.py) where it builds (`step_choice`);
+  it, and in bf16 through step.c (musegen/model/c_step.py) where it builds
+  (musegen.generation.precision);
 and the fastest is kept in `~/.cache/musegen/precision.json`, keyed by the CPU, the torch
 threads, the torch and musegen versions and the shapes. A measurement takes seconds on an idle
 machine (a few updates, a few dozen steps) and says so on stderr. `MUSEGEN_PRECISION=fp32` or
 `bf16` makes "auto" mean that without timing; `MUSEGEN_PRECISION=measure` times again and
 replaces the cached choice. Not timed: CPUs that list no bf16 arithmetic (bf16 is emulated
 there: fp32) and GPUs (bf16 where supported).
+
+This module is the policy alone: the callers build what is timed (`choose`'s candidates), so it
+imports nothing of the model, and the model runs whichever path its caller names.
 """
 
 from __future__ import annotations
@@ -34,28 +38,20 @@ from . import __version__, schemas
 from .device import check_precision, cpu_flags, cpu_name, native_bf16
 from .errors import ConfigError, MusegenError
 from .io import write_json
-from .model import c_step
-from .model.torch_step import RecurrentStep, forget_prepared
 
 ENV = "MUSEGEN_PRECISION"
 ENV_VALUES = ("fp32", "bf16", "measure")
-STEP_C = "bf16-step.c"  # sampling's bf16 step in C; "bf16" alone is PyTorch's
 
 
 @dataclass(frozen=True)
 class Choice:
-    path: str  # "fp32", "bf16" or STEP_C
+    path: str  # "fp32" or the caller's bf16 path ("bf16", or sampling's "bf16-step.c")
     reason: str
     seconds: dict = field(default_factory=dict)  # each candidate's median time, when timed
 
     @property
     def bf16(self) -> bool:
         return self.path != "fp32"
-
-    @property
-    def step_c(self) -> bool:
-        """Whether step.c computes the logits (with its own exp and erf: docs/performance.md)."""
-        return self.path == STEP_C
 
     def record(self) -> dict:
         """For the training log and the sample JSON."""
@@ -81,42 +77,6 @@ def machine() -> str:
 
 def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
-
-
-def step_choice(precision: str, model, batch: int, quiet: bool = False) -> Choice:
-    """fp32, bf16 or STEP_C for `model`'s single-token steps at `batch` sequences."""
-    fast = RecurrentStep.supports(model.config)
-    with_c = c_step.supports(model.config) and c_step.step_kernels(model.device) is not None
-
-    built = []
-
-    @torch.no_grad()
-    def candidates():
-        built.append(True)
-        noise = model.draw_noise(torch.Generator(model.device).manual_seed(0))
-        tokens = torch.zeros(batch, dtype=torch.long, device=model.device)
-        steps = {
-            "fp32": RecurrentStep(model, batch, noise, torch.float32),
-            "bf16": RecurrentStep(model, batch, noise, torch.bfloat16, use_kernels=False),
-        }
-        if with_c:
-            steps[STEP_C] = RecurrentStep(model, batch, noise, torch.bfloat16)
-        return {name: torch.no_grad()(lambda step=step: step(tokens, 0)) for name, step in steps.items()}
-
-    what = f"the step of {digest(model.config.to_dict())} at batch {batch}"
-    choice = choose(
-        precision,
-        model.device,
-        what,
-        STEP_C if with_c else "bf16",
-        candidates if fast else None,
-        rounds=(5, 30),
-        budget=1.5,
-        quiet=quiet,
-    )
-    if built:
-        forget_prepared(model)  # the candidates' weights: the session prepares what it uses
-    return choice
 
 
 def choose(

@@ -46,10 +46,8 @@ def test_export_halves_the_weights_and_keeps_the_model(tmp_path):
     assert meta["step"] == 7 and meta["dtype"] == "fp16"
     assert meta["exported_from"] == "run"  # the source by name, not by this machine's path
     ids = torch.randint(0, tok.vocab_size, (1, 32))
-    with loaded.streaming(1, seed=0):
-        a = loaded.step(ids)
-    with model.streaming(1, seed=0):
-        b = model.step(ids)
+    a = loaded.session(1, seed=0).step(ids)
+    b = model.session(1, seed=0).step(ids)
     assert torch.allclose(a, b, atol=5e-2) and not torch.equal(a, b)  # fp16 rounding, same model
 
 

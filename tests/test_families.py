@@ -97,10 +97,10 @@ def test_relative_cached_steps_equal_the_parallel_forward(values):
 
 
 def streamed_logits(model: MusicPerformer, ids: torch.Tensor, cut: int) -> torch.Tensor:
-    """Logits of `ids` through streaming(): the first `cut` tokens in one block, then one by one."""
-    with torch.no_grad(), model.streaming(ids.shape[0], seed=0):
-        first = model.step(ids[:, :cut])
-        return torch.cat([first] + [model.step(ids[:, t])[:, None] for t in range(cut, ids.shape[1])], dim=1)
+    """Logits of `ids` through a streaming session: the first `cut` tokens in one block, then one by one."""
+    session = model.session(ids.shape[0], seed=0)
+    first = session.step(ids[:, :cut])
+    return torch.cat([first] + [session.step(ids[:, t])[:, None] for t in range(cut, ids.shape[1])], dim=1)
 
 
 @pytest.mark.parametrize(
@@ -218,10 +218,11 @@ def test_synthesizer_past_max_len_is_a_clear_error():
     model(torch.zeros(1, 12, dtype=torch.long))  # up to max_len is fine
     with pytest.raises(ConfigError, match="max_len=12"):
         model(torch.zeros(1, 13, dtype=torch.long))
-    with pytest.raises(ConfigError, match="max_len=12"), model.streaming(1):
-        model.step(torch.zeros(1, 10, dtype=torch.long))
+    session = model.session(1)
+    with pytest.raises(ConfigError, match="max_len=12"):
+        session.step(torch.zeros(1, 10, dtype=torch.long))
         for _ in range(3):
-            model.step(torch.zeros(1, dtype=torch.long))
+            session.step(torch.zeros(1, dtype=torch.long))
     cfg = build_config(
         "tiny", "d", "o", sets=["model.attention=synthesizer", "model.pe=none", "model.max_len=32", "seq_len=64"]
     )
@@ -354,8 +355,8 @@ def test_train_sample_evaluate_and_inspect_each_family(family, pop_small, tmp_pa
     assert code == 0 and "note: no positional templates" in out, err
     assert (tmp_path / "inspect" / "attention_maps.png").is_file()
 
-    if family == "synthesizer":  # past max_len: one line, non-zero exit, no traceback
+    if family == "synthesizer":  # past max_len: one line, a ConfigError's exit 2, no traceback
         code, _, err = cli(["sample", "-c", checkpoint, "-o", tmp_path / "long", "--length", "80"], capsys)
-        assert code == 1 and err.count("\n") == 1 and "max_len=64" in err
+        assert code == 2 and err.count("\n") == 1 and "max_len=64" in err
         code, _, err = cli(["evaluate", "loss", "-c", checkpoint, "--data", pop_small, "--max-len", "100"], capsys)
-        assert code == 1 and err.count("\n") == 1 and "max_len=64" in err
+        assert code == 2 and err.count("\n") == 1 and "max_len=64" in err

@@ -1,8 +1,11 @@
 """The layout's rules (docs/ARCHITECTURE.md), checked on the source: no import cycle among
 musegen's modules, counting imports inside functions; no module over 500 lines; the metrics
-know no tokenizer's internals."""
+know no tokenizer's internals; the model imports nothing above it, and the precision policy
+nothing of the model."""
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +13,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "musegen"
 MAX_LINES = 500
+# What the model may import from outside musegen/model/: the errors and the device's facts, which
+# import nothing of musegen but each other.
+BELOW_THE_MODEL = {"musegen", "musegen.errors", "musegen.device"}
 
 
 def module_name(path: Path) -> str:
@@ -130,3 +136,30 @@ def test_no_evaluation_module_imports_a_tokenizer_module():
             imports = imported_modules(name)
             inside = sorted(m for m in imports if m.startswith("musegen.tokenizers."))
             assert inside in ([], ["musegen.tokenizers.base"]), f"{name} imports {inside}"
+
+
+def test_the_model_imports_nothing_above_it():
+    """The caller chooses the precision and passes it down (musegen.generation.precision): the
+    model needs no policy, so no arrow runs from musegen/model/ back up."""
+    for name in MODULES:
+        if name.startswith("musegen.model"):
+            above = sorted(
+                m for m in imported_modules(name) if not m.startswith("musegen.model") and m not in BELOW_THE_MODEL
+            )
+            assert above == [], f"{name} imports {above}"
+    for name in BELOW_THE_MODEL - {"musegen"}:
+        assert imported_modules(name) <= BELOW_THE_MODEL, f"{name} imports {imported_modules(name)}"
+
+
+def test_the_precision_policy_imports_nothing_of_the_model():
+    """musegen.precision times and caches what its callers build; it runs no step itself."""
+    assert not [m for m in imported_modules("musegen.precision") if m.startswith("musegen.model")]
+
+
+def test_importing_the_model_runs_no_precision_policy():
+    """In a fresh interpreter, as a user's script would: the model alone loads no musegen.precision."""
+    check = "import sys, musegen.model.transformer; print(*(m for m in sys.modules if m.startswith('musegen')))"
+    loaded = subprocess.run([sys.executable, "-c", check], cwd=ROOT, capture_output=True, text=True, check=True)
+    modules = loaded.stdout.split()
+    assert "musegen.model.transformer" in modules and "musegen.precision" not in modules
+    assert all(m.startswith("musegen.model") or m in BELOW_THE_MODEL for m in modules), modules

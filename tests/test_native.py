@@ -10,7 +10,7 @@ from musegen.device import cpu_flags
 from musegen.model import c_step, dropout, native, torch_step
 from musegen.model.config import preset
 from musegen.model.dropout import _HASH_BLOCK, Dropout
-from musegen.model.transformer import MusicPerformer
+from musegen.model.transformer import BF16, STEP_C, MusicPerformer
 
 needs_compiler = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
 
@@ -178,13 +178,13 @@ def test_the_portable_build_computes_the_native_builds_bits(monkeypatch, variant
     """The emulated bf16 dot product adds each pair's products in VDPBF16PS's order, and the
     other operations follow their instructions: whole steps give the same logits, bit for bit."""
     torch.manual_seed(0)
-    model = MusicPerformer(preset("tiny", dropout=0.0, **variant)).eval().for_inference("bf16")
+    model = MusicPerformer(preset("tiny", dropout=0.0, **variant)).eval()
     tokens = torch.randint(0, 333, (3, 20), generator=torch.Generator().manual_seed(1))
 
     def logits(library):
         monkeypatch.setattr(c_step, "step_kernels", lambda device: library)
-        with model.streaming(3, seed=5):
-            return torch.stack([model.step(tokens[:, t]) for t in range(tokens.shape[1])], dim=1)
+        session = model.session(3, STEP_C, seed=5)
+        return torch.stack([session.step(tokens[:, t]) for t in range(tokens.shape[1])], dim=1)
 
     assert torch.equal(logits(NATIVE_STEP), logits(c_step.step_library(portable=True)))
 
@@ -224,7 +224,8 @@ def attention_inputs(model, batch: int, magnitude: float, seed: int = 0):
     """A session's step with random projections (values followed by their constant 1), SPE codes
     of position 9 and a random positive state, as a layer's attention sees them."""
     generator = torch.Generator().manual_seed(seed)
-    step = torch_step.RecurrentStep(model, batch, model.draw_noise(generator), torch.bfloat16)
+    noise, weights = model.draw_noise(generator), torch_step.PreparedWeights(model)
+    step = torch_step.RecurrentStep(model, batch, noise, torch.bfloat16, weights)
     H, D = step.H, step.D
     projected = torch.randn(batch, 2 * H * D + H * (D + 1), generator=generator) * magnitude
     projected[:, 2 * H * D :].view(batch, H, D + 1)[..., D] = 1
@@ -302,15 +303,13 @@ def test_kernel_steps_follow_the_pytorch_steps(step_kernel, monkeypatch, variant
     through step.c and through PyTorch: the same logits to well within bf16's tolerance (the
     kernel keeps its products' outputs in fp32, PyTorch rounds them to bf16)."""
     torch.manual_seed(0)
-    model = MusicPerformer(preset("tiny", dropout=0.0, **variant)).eval().for_inference("bf16")
+    model = MusicPerformer(preset("tiny", dropout=0.0, **variant)).eval()
     torch.nn.init.normal_(model.head.weight, std=0.5)
     tokens = torch.randint(0, 333, (batch, 40), generator=torch.Generator().manual_seed(1))
 
-    def logits():
-        with model.streaming(batch, seed=5):
-            return torch.stack([model.step(tokens[:, t]) for t in range(tokens.shape[1])], dim=1)
+    def logits(path):
+        session = model.session(batch, path, seed=5)
+        return torch.stack([session.step(tokens[:, t]) for t in range(tokens.shape[1])], dim=1)
 
-    kernel = logits()
-    monkeypatch.setattr(c_step, "step_kernels", lambda device: None)
-    pytorch = logits()
+    kernel, pytorch = logits(STEP_C), logits(BF16)
     assert (kernel - pytorch).abs().max() <= 2e-3 * pytorch.abs().max()

@@ -10,9 +10,11 @@ import torch
 from musegen import precision
 from musegen.device import cpu_name
 from musegen.errors import ConfigError
+from musegen.generation.precision import step_choice
 from musegen.model import c_step
 from musegen.model.config import preset
-from musegen.model.transformer import MusicPerformer
+from musegen.model.torch_step import PreparedWeights
+from musegen.model.transformer import STEP_C, MusicPerformer
 from musegen.training import precision as train_precision
 
 CPU = torch.device("cpu")
@@ -75,16 +77,16 @@ def test_the_step_auto_is_the_fastest_path_and_the_session_runs_it(machine, monk
         pytest.skip("step.c does not build here (no C compiler)")
     monkeypatch.setattr(c_step, "step_kernels", lambda device: library)
     machine.timings = KINDS[kind][batch]
-    model = tiny().for_inference("auto")
-    with model.streaming(batch, seed=1):
-        fast = model._session.fast
-        model.step(torch.zeros(batch, dtype=torch.long))
-    choice = model.inference_choice
+    model = tiny()
+    choice = step_choice("auto", model, batch)
+    session = model.session(batch, choice.path, seed=1)
+    session.step(torch.zeros(batch, dtype=torch.long))
+    fast = session.fast
     assert machine.offered == [["bf16", "bf16-step.c", "fp32"]]
     assert choice.seconds[choice.path] <= 1.05 * min(machine.timings.values())
     assert choice.path == {("intel", 1): "bf16-step.c", ("intel", 8): "fp32"}.get((kind, batch), "bf16-step.c")
     assert fast.dtype == (torch.float32 if choice.path == "fp32" else torch.bfloat16)
-    assert (fast.kernels is not None) == choice.step_c
+    assert (fast.kernels is not None) == (choice.path == STEP_C)
 
 
 def test_a_choice_is_timed_once_then_cached_forced_or_timed_again(machine, monkeypatch, tmp_path, capsys):
@@ -134,7 +136,8 @@ def test_without_bf16_arithmetic_nothing_is_timed(machine, monkeypatch):
 
 def test_real_timings_leave_the_run_as_it_was(monkeypatch, tmp_path):
     """Timed for real (tiny model): every candidate gets a time, the global random state and the
-    model's weights are untouched, and the candidates' prepared weights are freed."""
+    model's weights are untouched, and nothing is left on the model (the candidates' prepared
+    weights were their own); the caller's prepared weights serve its sessions until a weight changes."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.delenv(precision.ENV, raising=False)
     monkeypatch.setattr(precision, "native_bf16", lambda device: True)
@@ -145,12 +148,17 @@ def test_real_timings_leave_the_run_as_it_was(monkeypatch, tmp_path):
     assert torch.equal(torch.get_rng_state(), before)
     model = tiny()
     weights = {k: v.clone() for k, v in model.state_dict().items()}
+    attributes = dict(vars(model))
     torch.manual_seed(5)
-    step = precision.step_choice("auto", model, 2, quiet=True)
+    step = step_choice("auto", model, 2, quiet=True)
     assert torch.equal(torch.get_rng_state(), before)
     assert {"fp32", "bf16"} <= set(step.seconds) and step.path in step.seconds
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in weights.items())
-    assert "_prepared" not in model.__dict__
-    with model.for_inference("auto").streaming(2):  # the cached choice: nothing timed, the weights kept
-        prepared = model._prepared
-    assert precision.step_choice("auto", model, 2).path == step.path and model._prepared is prepared
+    assert vars(model) == attributes
+    assert step_choice("auto", model, 2).path == step.path  # cached: nothing timed
+    prepared = PreparedWeights(model)
+    first, second = (model.session(2, step.path, weights=prepared) for _ in range(2))
+    assert first.fast.weights is second.fast.weights
+    with torch.no_grad():
+        model.head.bias.add_(1.0)
+    assert model.session(2, step.path, weights=prepared).fast.weights is not first.fast.weights

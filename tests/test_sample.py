@@ -9,8 +9,10 @@ import math
 import os
 import shutil
 import tempfile
+import threading
 import wave
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -30,6 +32,7 @@ from musegen.generation.loop import filter_logits, generate, temper_within_famil
 from musegen.generation.outputs import new_notes, write_samples
 from musegen.generation.prompt import Prompt, load_prompt, prompt_from_ids, with_ending
 from musegen.generation.settings import SampleSettings
+from musegen.model.torch_step import PreparedWeights
 from musegen.render import PROMPT_END_MARKER
 from musegen.tokenizers import Tokenizer, tokenizer_from_dict
 
@@ -122,15 +125,15 @@ def test_same_seed_same_output_other_seed_differs(models):
 
 
 def test_precision_sets_the_steps_and_a_nonsense_one_is_refused(models, checkpoints, tmp_path, capsys):
-    """Sampling sets the model's step precision (fp32 steps repeat exactly, bf16 steps give valid
-    samples too); an unknown precision is one line and exit 1 from the CLI."""
+    """Sampling steps in the precision asked for (fp32 steps repeat exactly, bf16 steps give valid
+    samples too); an unknown precision is one line and exit 2 (a ConfigError) from the CLI."""
     model, tok = models["remi"]
 
     def run(precision):
         samples, stats = generate(
             model, tok, EMPTY, SampleSettings(length=96, num_samples=2, seed=3, precision=precision), progress=False
         )
-        assert model.inference_precision == precision and stats["invalid"] == 0
+        assert stats["invalid"] == 0
         assert stats["precision"]["reason"] == "asked for"  # the JSON says which path made the logits
         assert stats["precision"]["path"] in {"fp32": ["fp32"], "bf16": ["bf16", "bf16-step.c"]}[precision]
         return [s.ids.tolist() for s in samples]
@@ -140,7 +143,32 @@ def test_precision_sets_the_steps_and_a_nonsense_one_is_refused(models, checkpoi
     code, _, err = run_cli(
         ["sample", "-c", checkpoints["remi"], "--length", 8, "--precision", "fp16", "--out", tmp_path / "s"], capsys
     )
-    assert code == 1 and "precision must be one of" in err and len(err.strip().splitlines()) == 1
+    assert code == 2 and "precision must be one of" in err and len(err.strip().splitlines()) == 1
+
+
+def test_threads_sampling_from_one_model_draw_what_each_draws_alone(models):
+    """A run only reads the model: two threads sampling from one model at once, each in its own
+    session and sharing the prepared weights, draw what each draws alone (fp32: the same bits).
+    A barrier holds them in step for the first steps, so their steps interleave."""
+    model, tok = models["remi"]
+    weights = PreparedWeights(model)
+
+    def run(seed: int, barrier: threading.Barrier | None = None) -> list[list[int]]:
+        steps = []
+
+        def on_step(rows):
+            steps.append(len(rows))
+            if barrier is not None and len(steps) <= 20:
+                barrier.wait(timeout=60)
+
+        settings = SampleSettings(length=48, num_samples=2, seed=seed, precision="fp32")
+        samples, _ = generate(model, tok, EMPTY, settings, progress=False, on_step=on_step, weights=weights)
+        return [s.ids.tolist() for s in samples]
+
+    alone = [run(5), run(6)]
+    barrier = threading.Barrier(2)
+    with ThreadPoolExecutor(2) as pool:
+        assert list(pool.map(lambda seed: run(seed, barrier), (5, 6))) == alone and alone[0] != alone[1]
 
 
 def test_a_stop_mid_note_is_finished_then_closed(models):

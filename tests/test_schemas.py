@@ -31,6 +31,7 @@ from musegen import mirex, schemas
 from musegen.checkpoint import load_checkpoint
 from musegen.errors import FormatError, MusegenError
 from musegen.model.config import preset
+from musegen.model.transformer import BF16, FP32
 from musegen.shards import Shards
 from musegen.tokenizers import Tokenizer, load_tokenizer
 
@@ -484,15 +485,12 @@ def test_weights_that_bf16_cannot_hold_are_refused_before_sampling_in_bf16(check
     assert torch.isfinite(below.to(torch.bfloat16)) and torch.isinf(above.to(torch.bfloat16))
     with torch.no_grad():
         model.head.weight[0, 0] = below
-        with model.for_inference("bf16").streaming(1):
-            pass
+        model.session(1, BF16)
         model.head.weight[0, 0] = above
         with pytest.raises(
             CheckpointError,
             match=r"head.weight holds values up to 3.39618e\+38, beyond the range "
             r"of torch.bfloat16; sample with --precision fp32",
         ):
-            with model.for_inference("bf16").streaming(1):
-                pass
-        with model.for_inference("fp32").streaming(1):
-            pass
+            model.session(1, BF16)
+        model.session(1, FP32)

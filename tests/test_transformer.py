@@ -13,7 +13,8 @@ from musegen.model.attention import EPS, fast_transformers_available
 from musegen.model.config import preset
 from musegen.model.dropout import _HASH_BLOCK, Dropout, random_words
 from musegen.model.features import FEATURE_MAPS, FeatureMap
-from musegen.model.transformer import MusicPerformer, StreamState
+from musegen.model.torch_step import PreparedWeights
+from musegen.model.transformer import BF16, FP32, STEP_C, MusicPerformer, StreamState
 
 TRAIN_LEN = 16  # "training length" of the tiny models; streaming runs 3x past it
 # bf16 inference (weights and matrix products in bf16, sums and logits in fp32) against the fp32
@@ -46,18 +47,17 @@ VARIANTS = [
 ]
 
 
-def three_ways(model, tokens, seed=7):
+def three_ways(model, tokens, path=FP32, seed=7):
     """The logits of `tokens` in one parallel block, token by token, and a 21-token block then
-    token by token, each in a fresh session with the same noise."""
-    with model.streaming(2, seed=seed):
-        parallel = model.step(tokens)
-    with model.streaming(2, seed=seed):
-        recurrent = torch.stack([model.step(tokens[:, t]) for t in range(tokens.shape[1])], dim=1)
-    with model.streaming(2, seed=seed):
-        mixed = torch.cat(
-            [model.step(tokens[:, :21])] + [model.step(tokens[:, t])[:, None] for t in range(21, tokens.shape[1])],
-            dim=1,
-        )
+    token by token, each in a fresh session on `path` with the same noise."""
+    parallel = model.session(2, path, seed=seed).step(tokens)
+    session = model.session(2, path, seed=seed)
+    recurrent = torch.stack([session.step(tokens[:, t]) for t in range(tokens.shape[1])], dim=1)
+    session = model.session(2, path, seed=seed)
+    mixed = torch.cat(
+        [session.step(tokens[:, :21])] + [session.step(tokens[:, t])[:, None] for t in range(21, tokens.shape[1])],
+        dim=1,
+    )
     return parallel, recurrent, mixed
 
 
@@ -87,22 +87,21 @@ def softplus_features():
 def test_a_feature_map_is_one_class_and_both_forms_run_it(softplus_features, pe):
     """Registered, it is a setting of the config, runs in the parallel pass and in the
     recurrent step (the PyTorch one: it declares no step.c kernel), and they agree."""
-    model = tiny(attention="softplus", pe=pe).for_inference("bf16")
+    model = tiny(attention="softplus", pe=pe)
     assert isinstance(model.layers[0].attention.features, softplus_features)
-    parallel, recurrent, mixed = three_ways(model.for_inference("fp32"), ids())
+    parallel, recurrent, mixed = three_ways(model, ids())
     assert parallel.std(dim=1).mean() > 0.1
     assert (recurrent - parallel).abs().max() <= 1e-4 and (mixed - parallel).abs().max() <= 1e-4
-    with model.for_inference("bf16").streaming(2, seed=1):
-        assert model._session.fast is not None and model._session.fast.kernels is None
-        assert model.step(ids()[:, 0]).isfinite().all()
+    assert STEP_C not in model.step_paths()
+    session = model.session(2, STEP_C, seed=1)  # asked for step.c all the same: PyTorch's bf16 step
+    assert session.fast is not None and session.fast.kernels is None
+    assert session.step(ids()[:, 0]).isfinite().all()
 
 
-@pytest.fixture(params=["step.c", "pytorch"])
-def bf16_step(request, monkeypatch):
-    """The bf16 single-token step as step.c runs it (where it builds) and as PyTorch runs it."""
-    if request.param == "pytorch":
-        monkeypatch.setattr(c_step, "step_kernels", lambda device: None)
-    elif c_step.step_kernels(torch.device("cpu")) is None:
+@pytest.fixture(params=[STEP_C, BF16])
+def bf16_step(request):
+    """The path of the bf16 single-token step as step.c runs it (where it builds) and as PyTorch runs it."""
+    if request.param == STEP_C and c_step.step_kernels(torch.device("cpu")) is None:
         pytest.skip("step.c does not build here (it needs AVX512-BF16 and a C compiler)")
     return request.param
 
@@ -114,30 +113,29 @@ def test_bf16_inference_stays_within_its_tolerance_of_the_fp32_parallel_pass(var
     model, tokens = tiny(**variant), ids()
     reference, _, _ = three_ways(model, tokens)
     bound = BF16_LOGIT_TOLERANCE * reference.abs().max()
-    for logits in three_ways(model.for_inference("bf16"), tokens):
+    for logits in three_ways(model, tokens, bf16_step):
         assert logits.dtype == torch.float32
         assert 0 < (logits - reference).abs().max() <= bound  # bf16 really ran, and stayed close
 
 
 @pytest.mark.parametrize("pe", ["sine", "conv"])
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_streaming_noise_is_what_step_uses(pe, precision):
+@pytest.mark.parametrize("path", [FP32, BF16])
+def test_streaming_noise_is_what_step_uses(pe, path):
     """Steps follow whatever noise the session holds: a seed-7 session given a seed-8 session's
     starting state (its noise) continues exactly as the seed-8 session, token by token and in
     blocks, and not as seed 7 does."""
-    model, tokens = tiny(pe=pe).for_inference(precision), ids()
+    model, tokens = tiny(pe=pe), ids()
 
     def run(session_seed, start=None):
-        with model.streaming(2, seed=session_seed):
-            if start is not None:
-                model.set_state(start)
-            return torch.cat(
-                [model.step(tokens[:, :5])] + [model.step(tokens[:, t])[:, None] for t in range(5, tokens.shape[1])],
-                dim=1,
-            )
+        session = model.session(2, path, seed=session_seed)
+        if start is not None:
+            session.set_state(start)
+        return torch.cat(
+            [session.step(tokens[:, :5])] + [session.step(tokens[:, t])[:, None] for t in range(5, tokens.shape[1])],
+            dim=1,
+        )
 
-    with model.streaming(2, seed=8):
-        start8 = model.get_state()
+    start8 = model.session(2, path, seed=8).get_state()
     a, b, swapped = run(7), run(8), run(7, start8)
     assert (a - b).abs().max() > 1e-2
     assert torch.equal(swapped, b)
@@ -156,20 +154,20 @@ def test_streaming_noise_is_what_step_uses(pe, precision):
 )
 def test_a_snapshot_continues_the_same_way_every_time(variant):
     model, tokens = tiny(**variant), ids()
-    with model.streaming(2, seed=3):
-        model.step(tokens[:, :10])
-        snapshot = model.get_state()
-        first = [model.step(tokens[:, t]) for t in range(10, 20)]
-        assert model.position == 20 and snapshot.position == 10
-        model.set_state(snapshot)
-        assert model.position == 10
-        again = [model.step(tokens[:, t]) for t in range(10, 20)]
-        with pytest.raises(ValueError, match="batch size"):
-            model.set_state(StreamState(3, snapshot.position, snapshot.noise, snapshot.layers))
+    session = model.session(2, seed=3)
+    session.step(tokens[:, :10])
+    snapshot = session.get_state()
+    first = [session.step(tokens[:, t]) for t in range(10, 20)]
+    assert session.position == 20 and snapshot.position == 10
+    session.set_state(snapshot)
+    assert session.position == 10
+    again = [session.step(tokens[:, t]) for t in range(10, 20)]
+    with pytest.raises(ValueError, match="batch size"):
+        session.set_state(StreamState(3, snapshot.position, snapshot.noise, snapshot.layers))
     assert all(torch.equal(x, y) for x, y in zip(first, again))
-    with model.streaming(2, seed=99):  # another session takes the snapshot, noise included
-        model.set_state(snapshot)
-        assert torch.equal(model.step(tokens[:, 10]), first[0])
+    other = model.session(2, seed=99)  # another session takes the snapshot, noise included
+    other.set_state(snapshot)
+    assert torch.equal(other.step(tokens[:, 10]), first[0])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # bf16: what autocast hands it
@@ -306,18 +304,20 @@ def test_a_float64_model_mixes_sine_spe_codes_and_attends_in_float64():
         assert (y - want_y).abs().max() <= 1e-10 * want_y.abs().max()
 
 
-def test_inference_precision_is_checked():
-    with pytest.raises(ConfigError, match="precision"):
-        tiny().for_inference("fp8")
-    assert tiny().inference_precision == "fp32" and tiny().for_inference().inference_precision == "auto"
+def test_a_session_takes_a_known_path_and_its_own_model_s_weights():
+    model = tiny()
+    with pytest.raises(ValueError, match="step path"):
+        model.session(2, "auto")
+    with pytest.raises(ValueError, match="another model"):
+        model.session(2, weights=PreparedWeights(tiny()))
+    assert model.session(2).path == FP32 and not model.session(2).bf16
 
 
 def test_softmax_baseline_streams_with_a_cache():
     model, tokens = tiny(attention="softmax", pe="sine"), ids()
-    with model.streaming(2, seed=3):
-        parallel = model.step(tokens)
-    with model.streaming(2, seed=3):
-        recurrent = torch.stack([model.step(tokens[:, t]) for t in range(tokens.shape[1])], dim=1)
+    parallel = model.session(2, seed=3).step(tokens)
+    session = model.session(2, seed=3)
+    recurrent = torch.stack([session.step(tokens[:, t]) for t in range(tokens.shape[1])], dim=1)
     assert (recurrent - parallel).abs().max() <= 1e-4
 
 
@@ -327,32 +327,27 @@ def test_forward_is_causal(pe):
     changed = tokens.clone()
     changed[:, 20] = (changed[:, 20] + 1) % 333
     # Same noise for both passes so only the token differs.
-    with model.streaming(2, seed=1):
-        a = model.step(tokens)
-    with model.streaming(2, seed=1):
-        b = model.step(changed)
+    a = model.session(2, seed=1).step(tokens)
+    b = model.session(2, seed=1).step(changed)
     assert torch.allclose(a[:, :20], b[:, :20], atol=1e-5)
     assert not torch.allclose(a[:, 20:], b[:, 20:], atol=1e-3)
 
 
 def test_recurrent_state_does_not_grow():
     model = tiny(pe="conv")
-    with model.streaming(1, seed=0):
-        model.step(ids(1, 10))
-        sizes = [sum(t.numel() for t in state) for state in model.get_state().layers]
-        for t in range(40):
-            model.step(torch.tensor([t]))
-        assert [sum(t.numel() for t in state) for state in model.get_state().layers] == sizes
-        assert model.position == 50
+    session = model.session(1, seed=0)
+    session.step(ids(1, 10))
+    sizes = [sum(t.numel() for t in state) for state in session.get_state().layers]
+    for t in range(40):
+        session.step(torch.tensor([t]))
+    assert [sum(t.numel() for t in state) for state in session.get_state().layers] == sizes
+    assert session.position == 50
 
 
-def test_step_needs_streaming_and_the_right_batch():
-    model = tiny()
-    with pytest.raises(RuntimeError):
-        model.step(torch.tensor([1, 2]))
-    with model.streaming(2):
-        with pytest.raises(ValueError):
-            model.step(torch.tensor([1, 2, 3]))
+def test_step_needs_the_right_batch():
+    session = tiny().session(2)
+    with pytest.raises(ValueError):
+        session.step(torch.tensor([1, 2, 3]))
 
 
 def test_training_forward_draws_fresh_noise_and_backpropagates():
@@ -400,8 +395,8 @@ def test_bf16_autocast_forward_and_backward():
         logits = model(tokens)
     assert logits.dtype == torch.bfloat16 and torch.isfinite(logits.float()).all()
     logits.float().sum().backward()
-    with torch.autocast("cpu", dtype=torch.bfloat16), model.streaming(2, seed=0):
-        assert torch.isfinite(model.step(tokens[:, 0]).float()).all()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.isfinite(model.session(2, seed=0).step(tokens[:, 0]).float()).all()
 
 
 @pytest.mark.skipif(not fast_transformers_available(), reason="fast-transformers not installed")
@@ -410,8 +405,7 @@ def test_fast_transformers_kernel_gives_the_same_model_output():
     outputs = []
     for kernel in ("torch", "fast-transformers"):
         model = tiny(pe="sine", kernel=kernel)
-        with model.streaming(2, seed=4):
-            outputs.append(model.step(tokens))
+        outputs.append(model.session(2, seed=4).step(tokens))
     assert (outputs[0] - outputs[1]).abs().max() <= 1e-4
 
 
@@ -428,18 +422,17 @@ def test_cuda_graph_steps_equal_the_parallel_pass_and_follow_set_state(variant):
     model, tokens = tiny(**variant).to("cuda"), ids().to("cuda")
     reference, recurrent, mixed = three_ways(model, tokens)
     assert (recurrent - reference).abs().max() <= 1e-4 and (mixed - reference).abs().max() <= 1e-4
-    for logits in three_ways(model.for_inference("bf16"), tokens):
+    for logits in three_ways(model, tokens, BF16):
         assert (logits - reference).abs().max() <= BF16_LOGIT_TOLERANCE * reference.abs().max()
-    model.for_inference("fp32")
-    with model.streaming(2, seed=8):
-        model.step(tokens[:, :9])
-        other = model.get_state()
-        expected = [model.step(tokens[:, t]) for t in range(9, 14)]
-    with model.streaming(2, seed=7):
-        for t in range(5):
-            model.step(tokens[:, t])  # the graph is captured here
-        model.set_state(other)
-        got = [model.step(tokens[:, t]) for t in range(9, 14)]
+    session = model.session(2, seed=8)
+    session.step(tokens[:, :9])
+    other = session.get_state()
+    expected = [session.step(tokens[:, t]) for t in range(9, 14)]
+    session = model.session(2, seed=7)
+    for t in range(5):
+        session.step(tokens[:, t])  # the graph is captured here
+    session.set_state(other)
+    got = [session.step(tokens[:, t]) for t in range(9, 14)]
     assert all((a - b).abs().max() <= 1e-5 for a, b in zip(got, expected))
 
 
@@ -447,10 +440,9 @@ def test_cuda_graph_steps_equal_the_parallel_pass_and_follow_set_state(variant):
 @pytest.mark.parametrize("pe", ["sine", "conv"])
 def test_cuda_recurrent_equals_parallel(pe):
     model, tokens = tiny(pe=pe).to("cuda"), ids().to("cuda")
-    with model.streaming(2, seed=7):
-        parallel = model.step(tokens)
-    with model.streaming(2, seed=7):
-        recurrent = torch.stack([model.step(tokens[:, t]) for t in range(tokens.shape[1])], dim=1)
+    parallel = model.session(2, seed=7).step(tokens)
+    session = model.session(2, seed=7)
+    recurrent = torch.stack([session.step(tokens[:, t]) for t in range(tokens.shape[1])], dim=1)
     assert (recurrent - parallel).abs().max() <= 1e-4
     with torch.autocast("cuda", dtype=torch.bfloat16):
         model(tokens).float().sum().backward()
@@ -484,10 +476,10 @@ def test_state_bytes_is_constant_for_recurrent_attention_and_grows_for_a_cache(a
     pe = "sine" if attention == "performer" else "none"
     model = MusicPerformer(preset("tiny", vocab_size=40, attention=attention, pe=pe)).eval()
     sizes = []
-    with model.streaming(2, seed=0):
-        for t in range(48):
-            model.step(torch.randint(0, 40, (2,)))
-            if t in (15, 47):
-                sizes.append(model.state_bytes)
+    session = model.session(2, seed=0)
+    for t in range(48):
+        session.step(torch.randint(0, 40, (2,)))
+        if t in (15, 47):
+            sizes.append(session.state_bytes)
     assert sizes[0] > 0
     assert (sizes[1] == 3 * sizes[0]) if grows else (sizes[1] == sizes[0])

@@ -2,7 +2,7 @@
 the settings' chain of constraints (musegen.generation.constraints), then temperature, top-k and
 nucleus (top-p).
 
-Generation runs the model in recurrent mode (`model.streaming`): the SPE noise, gate noise and
+Generation runs the model in recurrent mode (a `model.session`): the SPE noise, gate noise and
 random features are drawn once per batch and held fixed, so every step costs the same whatever
 the length. Each sample is tracked by one `Row` (its tokens, its grammar state, what the grammar
 allows next). With the grammar on, the mask removes what the grammar rejects before sampling
@@ -25,10 +25,12 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from ..device import check_precision
 from ..errors import NumericError
-from ..precision import step_choice
+from ..model.torch_step import PreparedWeights
 from ..tokenizers.base import Grammar, Tokenizer
 from .constraints import Constraint, Row, Run
+from .precision import step_choice
 from .prompt import Prompt, walked
 from .resources import DEFAULT_CPU_THREADS, check_memory, check_threads, checked_device, cpu_threads
 from .settings import MAX_TOKENS_PER_BAR, SampleSettings
@@ -94,6 +96,7 @@ def generate(
     threads: int | None = None,
     on_step: Callable[[list[list[int]]], None] | None = None,
     on_ingest: Callable[[], None] | None = None,
+    weights: PreparedWeights | None = None,
 ) -> tuple[list[Sample], dict[str, Any]]:
     """Sample `settings.num_samples` continuations of `prompt` in one batch.
 
@@ -102,15 +105,20 @@ def generate(
     modified), e.g. to show a continuation while it is drawn; what it raises ends the run.
     `on_ingest`: called before each chunk of the prompt is fed to the model (a long prompt takes
     minutes); what it raises ends the run, e.g. when nobody waits for it any more.
+    `weights`: the model's prepared weights, shared with other runs (each run prepares its own
+    without); the model is only read, so threads may sample from one model at once.
     Returns the samples and run statistics (tokens/s of the sampling loop, counts).
     """
     check_threads(threads)
     device = checked_device(device)
     if threads is None and device.type == "cpu":
         threads = DEFAULT_CPU_THREADS
-    model.for_inference(settings.precision)  # a ConfigError for an unknown precision
+    check_precision(settings.precision)
+    if weights is None:
+        weights = PreparedWeights(model)
     with cpu_threads(threads):
-        return _generate(model, tokenizer, prompt, settings.resolved(tokenizer), device, progress, on_step, on_ingest)
+        resolved = settings.resolved(tokenizer)
+        return _generate(model, tokenizer, prompt, resolved, device, progress, on_step, on_ingest, weights)
 
 
 @dataclass
@@ -206,8 +214,9 @@ def _generate(
     s: SampleSettings,
     device: torch.device,
     progress: bool,
-    on_step=None,
-    on_ingest=None,
+    on_step,
+    on_ingest,
+    weights: PreparedWeights,
 ):
     """The batch loop. Each row carries its own given tokens, their grammar state and its target
     bar, so rows could come from different prompts; what is missing for that is ingesting each
@@ -217,7 +226,7 @@ def _generate(
     start_ids, start_state = _start(grammar, prompt, s.seed)
     budget = s.length if s.length else s.bars * MAX_TOKENS_PER_BAR
     model.config.check_length(len(start_ids) + (s.length or 0), "the prompt plus --length")
-    check_memory(model, s.num_samples, len(start_ids) + budget + FINISH_LIMIT, device)
+    check_memory(model, s.num_samples, len(start_ids) + budget + FINISH_LIMIT, device, weights)
     run, chain = Run(tokenizer, grammar, budget, device), s.chain()
     moves = _Rows(run, prefixed=s.grammar and s.mono_bass)
     target = None if s.bars is None else prompt.bars + s.bars
@@ -234,12 +243,9 @@ def _generate(
     )
     choice = step_choice(s.precision, model, len(rows))  # timed before the clock starts, where not cached
     started = time.perf_counter()
-    with (
-        bar,
-        torch.inference_mode(),
-        model.streaming(len(rows), seed=s.seed, choice=choice),
-    ):  # (the bar is cleared on errors too)
-        logits = _ingest(model, start_ids, len(rows), device, on_ingest)
+    with bar, torch.inference_mode():  # (the bar is cleared on errors too)
+        session = model.session(len(rows), choice.path, seed=s.seed, weights=weights)
+        logits = _ingest(session, start_ids, len(rows), device, on_ingest)
         for _ in range(budget + FINISH_LIMIT):
             active = [row for row in rows if not row.done]
             if not active:
@@ -252,10 +258,10 @@ def _generate(
             bar.update(len(active))
             if on_step is not None:
                 on_step([row.ids for row in rows])
-            if limit is not None and model.position >= limit and all(r.done or r.new >= budget for r in rows):
+            if limit is not None and session.position >= limit and all(r.done or r.new >= budget for r in rows):
                 break  # only notes to finish are left, past the last position: they stay unfinished
-            logits = model.step(tokens.to(device))  # past the last position: a ConfigError
-        state_bytes = model.state_bytes // len(rows)
+            logits = session.step(tokens.to(device))  # past the last position: a ConfigError
+        state_bytes = session.state_bytes // len(rows)
     elapsed = time.perf_counter() - started
     samples = [
         Sample(np.array(r.ids, dtype=np.int64), len(prompt.ids), r.new, r.closed and r.violation is None, r.violation)

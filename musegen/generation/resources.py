@@ -8,7 +8,7 @@ import torch
 
 from ..device import check_fits, device_memory, resolve_device
 from ..errors import ConfigError
-from ..precision import Choice
+from ..model.torch_step import PreparedWeights
 
 MAX_THREADS = 256
 # CPU threads while sampling, unless asked otherwise. A step is many small ops; on a busy machine
@@ -42,19 +42,19 @@ def checked_device(device: str | torch.device | None) -> torch.device:
     return resolved
 
 
-def check_memory(model, num_samples: int, tokens: int, device: torch.device) -> None:
+def check_memory(model, num_samples: int, tokens: int, device: torch.device, weights: PreparedWeights) -> None:
     """ConfigError when `num_samples` sequences of `tokens` tokens cannot fit in the device's
     memory: per sample, the model's streaming state (measured on two steps, so a cache that
     grows per token is counted at full length), the logits' working copies and the tokens.
     The state is the same size on every precision path, so fp32 is used untimed: the session's
     own choice is timed later, at its batch size, only once the batch is known to fit."""
-    untimed = Choice("fp32", "memory estimate")
-    with torch.inference_mode(), model.streaming(1, seed=0, choice=untimed):
+    with torch.inference_mode():
+        session = model.session(1, seed=0, weights=weights)
         one = torch.zeros(1, dtype=torch.long, device=device)
-        model.step(one)
-        first = model.state_bytes
-        model.step(one)
-        growth = model.state_bytes - first
+        session.step(one)
+        first = session.state_bytes
+        session.step(one)
+        growth = session.state_bytes - first
     per_sample = first + growth * tokens + 64 * model.config.vocab_size + 64 * tokens
     memory = device_memory(device) or 0
     check_fits(

@@ -11,7 +11,8 @@ parallel pass) in far fewer operations, by preparing its operands once per sessi
 - the SPE codes of the position once per step for all layers, each layer's gate folded into one
   [2, H, D, R] matrix that meets q and k in one bmm;
 - the weights cast once (`Linear`: bf16 where the device computes bf16 natively, reordered by
-  oneDNN on CPU), or packed for step.c, which then runs each whole layer in one call (c_step);
+  oneDNN on CPU), or packed for step.c, which then runs each whole layer in one call (c_step),
+  kept in a `PreparedWeights` that sessions may share;
 - the value projection given one more output per head (zero weights, bias 1), so the recurrent
   sums S and z live in one [H * B, M, Dv + 1] tensor, updated by one outer-product add and read
   by one product (numerator and denominator together);
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import threading
 from dataclasses import dataclass
 from functools import cache, partial
 from typing import Optional
@@ -127,16 +129,8 @@ class LayerWeights:
     ff_out: Linear
 
 
-def prepared_weights(model, dtype: torch.dtype, kernels: Optional[ctypes.CDLL] = None) -> list:
-    """Every layer's `LayerWeights` plus the head, built once per (dtype, device, kernels) and
-    kept on the model until a parameter changes (an optimiser step or a load bumps its version)."""
-    version = tuple((p.data_ptr(), p._version) for p in model.parameters())
-    cache = model.__dict__.setdefault("_prepared", {})
-    for key in [key for key, (seen, _) in cache.items() if seen != version]:
-        del cache[key]  # stale: free it before building anything new
-    key = (dtype, model.device, kernels is not None)
-    if key in cache:
-        return cache[key][1]
+def _prepare(model, dtype: torch.dtype, kernels: Optional[ctypes.CDLL]) -> list:
+    """Every layer's `LayerWeights` plus the head, as the step reads them."""
     layers = []
     for layer in model.layers:
         ff_in, ff_out = layer.ff[0], layer.ff[3]
@@ -149,14 +143,29 @@ def prepared_weights(model, dtype: torch.dtype, kernels: Optional[ctypes.CDLL] =
             )
         )
     # The head stays fp32: it is small (vocab x d_model), and bf16 logits would be rounded to 2^-8.
-    prepared = layers + [Linear(model.head.weight, model.head.bias, torch.float32)]
-    cache[key] = (version, prepared)
-    return prepared
+    return layers + [Linear(model.head.weight, model.head.bias, torch.float32)]
 
 
-def forget_prepared(model) -> None:
-    """Free every prepared copy of the weights (the next session prepares what it uses)."""
-    model.__dict__.pop("_prepared", None)
+class PreparedWeights:
+    """A model's weights as the step reads them (cast, packed), built once per dtype and kernels
+    and rebuilt once a parameter changes (an optimiser step or a load bumps its version). Held by
+    the caller, not the model: sessions given the same one share its copies, and as it only reads
+    the model, threads sampling from one model may share it too."""
+
+    def __init__(self, model):
+        self.model = model
+        self._built: dict = {}  # (dtype, step.c's or not) -> (the parameters' versions, weights)
+        self._lock = threading.Lock()  # two threads asking at once build one copy
+
+    def get(self, dtype: torch.dtype, kernels: Optional[ctypes.CDLL] = None) -> list:
+        version = tuple((p.data_ptr(), p._version) for p in self.model.parameters())
+        key = (dtype, kernels is not None)
+        with self._lock:
+            # stale copies go before anything new is built, so two never coexist
+            self._built = {k: built for k, built in self._built.items() if built[0] == version}
+            if key not in self._built:
+                self._built[key] = (version, _prepare(self.model, dtype, kernels))
+            return self._built[key][1]
 
 
 class RecurrentStep:
@@ -164,17 +173,19 @@ class RecurrentStep:
     (module docstring). Holds the session's recurrent sums; `states()` / `load()` convert them
     to and from the parallel pass's (S, z) so both forms can continue each other."""
 
-    def __init__(self, model, batch_size: int, noise, dtype: torch.dtype, use_kernels: bool = True):
+    def __init__(
+        self, model, batch_size: int, noise, dtype: torch.dtype, weights: PreparedWeights, use_kernels: bool = True
+    ):
         c = model.config
         self.model, self.dtype, self.batch = model, dtype, batch_size
         self.H, self.D = c.n_heads, c.d_model // c.n_heads
         self.pre_norm, self.eps = c.norm == "pre", EPS
-        # step.c runs whole layers in bf16; fp32 sessions (and machines without it, or where
-        # PyTorch's step was timed faster: musegen.precision) run PyTorch
+        # step.c runs whole layers in bf16; fp32 sessions (and machines without it, or where the
+        # caller chose PyTorch's bf16: musegen.generation.precision) run PyTorch
         use_kernels = use_kernels and dtype == torch.bfloat16 and c_step.supports(c)
         kernels = c_step.step_kernels(model.device) if use_kernels else None
         self.kernels = kernels
-        self.weights = prepared_weights(model, dtype, kernels)
+        self.weights = weights.get(dtype, kernels)
         self.embedding = model.embedding.weight.detach() * math.sqrt(c.d_model)
         # F.layer_norm with each norm's arguments: read through nn.Module's attribute lookup at
         # every step, they cost about 4% of it

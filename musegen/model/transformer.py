@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -10,9 +9,8 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from ..device import check_precision
 from ..errors import NumericError
-from ..precision import Choice, step_choice
+from . import c_step
 from .attention import causal_linear_attention, softmax_attention
 from .config import ModelConfig, parse_redraw
 from .dropout import Dropout
@@ -20,7 +18,13 @@ from .families import FAMILIES
 from .features import FEATURE_MAPS
 from .layer import ACTIVATIONS, residual_branches
 from .spe import ConvSPE, SineSPE, SPEFilter, share_codes
-from .torch_step import RecurrentStep
+from .torch_step import PreparedWeights, RecurrentStep
+
+# The paths a streaming session's steps can take, named by the caller (the model times nothing:
+# musegen.generation.precision chooses). STEP_C: bf16 with step.c running whole layers
+# (musegen/model/c_step.py), where it builds for the model, else PyTorch's bf16 step.
+FP32, BF16, STEP_C = "fp32", "bf16", "bf16-step.c"
+STEP_PATHS = (FP32, BF16, STEP_C)
 
 
 def sinusoids(t0: int, t1: int, width: int, device=None) -> torch.Tensor:
@@ -150,28 +154,6 @@ def clone_states(states):
     return states
 
 
-class _Session:
-    """A streaming session: frozen noise, position, and every layer's recurrent state, held by
-    the fast single-token step where the model has one (torch_step.RecurrentStep), else as the
-    parallel pass takes it."""
-
-    def __init__(self, batch_size: int, noise: Noise, bf16: bool, fast: Optional[RecurrentStep], n_layers: int):
-        self.batch_size, self.noise, self.bf16, self.fast = batch_size, noise, bf16, fast
-        self.position = 0
-        self._states = None if fast is not None else [None] * n_layers
-
-    @property
-    def states(self) -> list:
-        return self.fast.states() if self.fast is not None else self._states
-
-    @states.setter
-    def states(self, states: list) -> None:
-        if self.fast is not None:
-            self.fast.load(states)
-        else:
-            self._states = states
-
-
 class MusicPerformer(nn.Module):
     """Decoder-only Performer over token ids (docs/method.md).
 
@@ -179,27 +161,24 @@ class MusicPerformer(nn.Module):
     noise on every call. Call `on_train_step(step)` after each optimiser step to apply the
     config's feature-redraw policy.
 
-    Generation: inside `with model.streaming(batch_size, seed=None):` all noise is drawn once
-    (SPE noise, every layer's gate noise; the random features are the model's buffers and do
-    not change) and each layer keeps its recurrent state. `model.step(tokens)` then consumes
-    the next tokens of every sequence:
-      - tokens [B] -> logits [B, vocab] for that position (the RNN step);
-      - tokens [B, T] -> logits [B, T, vocab], the parallel chunked form continuing the same
-        state: use it to ingest a prompt quickly.
-    Both give the same logits (to float rounding), in any mix: a whole sequence through one
-    `step(ids)` is the parallel forward with the session's frozen noise, and two sessions with
-    the same `seed` draw the same noise. Per-token time and memory are constant for the linear
-    attentions and "aaren"; "softmax", "relative" and "synthesizer" keep a growing key/value
-    cache instead, and "synthesizer" stops at `max_len` positions. `step` runs without
-    gradients; call `model.eval()` first so dropout is off. `get_state()` snapshots a session and
-    `set_state(state)` continues from a snapshot.
+    Generation: `session = model.session(batch_size, path, seed)` draws all noise once (SPE
+    noise, every layer's gate noise; the random features are the model's buffers and do not
+    change) and keeps each layer's recurrent state; `session.step(tokens)` then consumes the
+    next tokens of every sequence, one at a time or in parallel chunks (`Session`). A whole
+    sequence through one `step(ids)` is the parallel forward with the session's frozen noise,
+    and two sessions with the same `seed` draw the same noise. Per-token time and memory are
+    constant for the linear attentions and "aaren"; "softmax", "relative" and "synthesizer"
+    keep a growing key/value cache instead, and "synthesizer" stops at `max_len` positions.
+    Steps run without gradients; call `model.eval()` first so dropout is off. The session holds
+    everything that changes, so one model serves any number of sessions, in any threads.
 
-    Precision of generation: `model.for_inference("auto" | "fp32" | "bf16")` (default "fp32").
-    In bf16 the weights are read as bf16 (see torch_step.py) and block steps run under bf16
-    autocast (SPE's products included); the attention sums and logits stay fp32, and the fast
-    single-token step applies the SPE codes in fp32. Single-token steps of the
-    attentions without a fast step (softmax and the families) stay fp32. The logits then differ from
-    fp32 by bf16 rounding (BF16_LOGIT_TOLERANCE, tests/test_transformer.py).
+    Precision of generation: the caller names the session's path, one of STEP_PATHS (default
+    fp32; musegen.generation.precision chooses for "auto"). In bf16 the weights are read as
+    bf16 (see torch_step.py) and block steps run under bf16 autocast (SPE's products included);
+    the attention sums and logits stay fp32, and the fast single-token step applies the SPE
+    codes in fp32. Single-token steps of the attentions without a fast step (softmax and the
+    families) stay fp32. The logits then differ from fp32 by bf16 rounding
+    (BF16_LOGIT_TOLERANCE, tests/test_transformer.py).
     """
 
     def __init__(self, config: ModelConfig):
@@ -218,9 +197,6 @@ class MusicPerformer(nn.Module):
         self.final_norm = nn.LayerNorm(config.d_model) if config.norm == "pre" else nn.Identity()
         self.head = nn.Linear(config.d_model, config.vocab_size)
         self._redraw_kind, self._redraw_value = parse_redraw(config.redraw)
-        self._session: Optional[_Session] = None
-        self.inference_precision = "fp32"
-        self.inference_choice = None  # the last session's musegen.precision.Choice
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, std=0.02)
@@ -296,12 +272,36 @@ class MusicPerformer(nn.Module):
         return self.head(hidden)
 
     # --- streaming generation --------------------------------------------------------------
-    def for_inference(self, precision: str = "auto") -> "MusicPerformer":
-        """Set the precision of later streaming sessions ("auto": the fastest here, timed once per
-        machine and batch size, musegen.precision); returns the model."""
-        check_precision(precision)
-        self.inference_precision = precision
-        return self
+    def session(
+        self,
+        batch_size: int,
+        path: str = FP32,
+        seed: Optional[int] = None,
+        weights: Optional[PreparedWeights] = None,
+    ) -> "Session":
+        """A streaming session of `batch_size` sequences on step path `path` (STEP_PATHS), all its
+        noise drawn from `seed` (None: from torch's global generator). `weights`: the prepared
+        weights to share with other sessions of this model (None: the session prepares its own)."""
+        if path not in STEP_PATHS:
+            raise ValueError(f"a step path is one of {', '.join(STEP_PATHS)}, got {path!r}")
+        if weights is None:
+            weights = PreparedWeights(self)
+        elif weights.model is not self:
+            raise ValueError("these prepared weights are another model's")
+        if path != FP32:
+            self._check_range(torch.bfloat16)
+        generator = torch.Generator(device=self.device)
+        generator.manual_seed(int(torch.randint(0, 2**62, ())) if seed is None else seed)
+        return Session(self, batch_size, path, self.draw_noise(generator), weights)
+
+    def step_paths(self) -> tuple[str, ...]:
+        """The paths whose single-token steps run differently here, for a caller to time: fp32,
+        PyTorch's bf16, and STEP_C where step.c builds with bf16 arithmetic and has the model's
+        feature map. None without a fast step: single tokens then run the parallel pass in fp32."""
+        if not RecurrentStep.supports(self.config):
+            return ()
+        step_c_runs = c_step.supports(self.config) and c_step.step_kernels(self.device) is not None
+        return STEP_PATHS if step_c_runs else (FP32, BF16)
 
     def _check_range(self, dtype: torch.dtype) -> None:
         """NumericError when a weight, cast to `dtype` for the steps, would become inf."""
@@ -312,89 +312,88 @@ class MusicPerformer(nn.Module):
                     f"of {dtype}; sample with --precision fp32"
                 )
 
-    @contextlib.contextmanager
-    def streaming(self, batch_size: int, seed: Optional[int] = None, choice: Optional[Choice] = None):
-        """Freeze all noise and hold per-layer recurrent state for `batch_size` sequences.
-        `choice`: the precision's, when made already (else step_choice makes it)."""
-        generator = torch.Generator(device=self.device)
-        generator.manual_seed(int(torch.randint(0, 2**62, ())) if seed is None else seed)
-        noise = self.draw_noise(generator)
-        self.inference_choice = choice or step_choice(self.inference_precision, self, batch_size)
-        bf16 = self.inference_choice.bf16
-        if bf16:
-            self._check_range(torch.bfloat16)
-        with torch.no_grad():
-            fast = (
-                RecurrentStep(
-                    self, batch_size, noise, torch.bfloat16 if bf16 else torch.float32, self.inference_choice.step_c
-                )
-                if RecurrentStep.supports(self.config)
-                else None
-            )
-        self._session = _Session(batch_size, noise, bf16, fast, len(self.layers))
-        try:
-            yield self
-        finally:
-            self._session = None
 
-    def _current(self, what: str) -> _Session:
-        if self._session is None:
-            raise RuntimeError(f"{what} only works inside `with model.streaming(batch_size):`")
-        return self._session
+class Session:
+    """A streaming session (`MusicPerformer.session`): frozen noise, the position, and every
+    layer's recurrent state, held by the fast single-token step where the model has one
+    (torch_step.RecurrentStep), else as the parallel pass takes it. The session holds all that
+    changes; the model and the prepared weights are only read, so threads may sample from one
+    model at once, each with its own sessions.
+
+    `step(tokens)` consumes the next tokens of every sequence:
+      - tokens [B] -> logits [B, vocab] for that position (the RNN step);
+      - tokens [B, T] -> logits [B, T, vocab], the parallel chunked form continuing the same
+        state: use it to ingest a prompt quickly.
+    Both give the same logits (to float rounding), in any mix. `get_state()` snapshots the
+    session and `set_state(state)` continues from a snapshot."""
+
+    def __init__(self, model: MusicPerformer, batch_size: int, path: str, noise: Noise, weights: PreparedWeights):
+        self.model, self.batch_size, self.path, self.noise = model, batch_size, path, noise
+        self.bf16 = path != FP32
+        self.position = 0  # tokens consumed
+        self.fast = None
+        if RecurrentStep.supports(model.config):
+            with torch.no_grad():
+                dtype = torch.bfloat16 if self.bf16 else torch.float32
+                self.fast = RecurrentStep(model, batch_size, noise, dtype, weights, use_kernels=path == STEP_C)
+        self._states = None if self.fast is not None else [None] * len(model.layers)
 
     @property
-    def position(self) -> int:
-        """Number of tokens consumed in the current streaming session."""
-        return self._current("position").position
+    def states(self) -> list:
+        return self.fast.states() if self.fast is not None else self._states
+
+    @states.setter
+    def states(self, states: list) -> None:
+        if self.fast is not None:
+            self.fast.load(states)
+        else:
+            self._states = states
 
     @property
     def state_bytes(self) -> int:
-        """Bytes the streaming session carries between tokens: every layer's recurrent state or
-        key/value cache (constant for the linear attentions, growing for the softmax ones)."""
-        session = self._current("state_bytes")
-        if session.fast is not None:
-            return sum(sums.nbytes for sums in session.fast.sums)
+        """Bytes the session carries between tokens: every layer's recurrent state or key/value
+        cache (constant for the linear attentions, growing for the softmax ones)."""
+        if self.fast is not None:
+            return sum(sums.nbytes for sums in self.fast.sums)
 
         def size(x) -> int:
             if isinstance(x, torch.Tensor):
                 return x.nbytes
             return sum(size(y) for y in x) if isinstance(x, (list, tuple)) else 0
 
-        return size(session.states)
+        return size(self.states)
 
     def get_state(self) -> StreamState:
-        """A snapshot of the current session (a copy: later steps do not change it)."""
-        session = self._current("get_state()")
-        return StreamState(session.batch_size, session.position, session.noise, clone_states(session.states))
+        """A snapshot of the session (a copy: later steps do not change it)."""
+        return StreamState(self.batch_size, self.position, self.noise, clone_states(self.states))
 
     def set_state(self, state: StreamState) -> None:
-        """Continue the current session from a snapshot of a session with the same batch size."""
-        session = self._current("set_state()")
-        if state.batch_size != session.batch_size:
-            raise ValueError(f"a state of batch size {state.batch_size} in a session of {session.batch_size}")
-        session.noise, session.position = state.noise, state.position
-        session.states = list(state.layers)  # the parallel pass never changes a state in place
-        if session.fast is not None:
-            session.fast.use_noise(state.noise)
+        """Continue from a snapshot of a session with the same batch size (of this model)."""
+        if state.batch_size != self.batch_size:
+            raise ValueError(f"a state of batch size {state.batch_size} in a session of {self.batch_size}")
+        self.noise, self.position = state.noise, state.position
+        self.states = list(state.layers)  # the parallel pass never changes a state in place
+        if self.fast is not None:
+            self.fast.use_noise(state.noise)
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
-        session = self._current("step()")
         single = tokens.dim() == 1
         ids = tokens[:, None] if single else tokens
-        if ids.dim() != 2 or ids.shape[0] != session.batch_size:
+        if ids.dim() != 2 or ids.shape[0] != self.batch_size:
             raise ValueError(
-                f"step() expects [{session.batch_size}] or [{session.batch_size}, T] "
+                f"step() expects [{self.batch_size}] or [{self.batch_size}, T] "
                 f"token ids, got shape {tuple(tokens.shape)}"
             )
-        if single and session.fast is not None:
-            with torch.autocast(self.device.type, enabled=False):
-                logits = session.fast(tokens, session.position)
+        model, device = self.model, self.model.device.type
+        if single and self.fast is not None:
+            with torch.autocast(device, enabled=False):
+                logits = self.fast(tokens, self.position)
         else:  # single tokens without a fast step stay fp32: autocast would cast every weight every step
-            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=session.bf16 and not single):
-                hidden, session.states = self._run(ids, session.position, session.noise, session.states)
-            with torch.autocast(self.device.type, enabled=False):  # fp32 logits, as the fast step's
-                logits = self.head(hidden.float())
+            with torch.autocast(device, dtype=torch.bfloat16, enabled=self.bf16 and not single):
+                hidden, self.states = model._run(ids, self.position, self.noise, self.states)
+            with torch.autocast(device, enabled=False):  # fp32 logits, as the fast step's
+                logits = model.head(hidden.float())
             logits = logits[:, 0] if single else logits
-        session.position += ids.shape[1]
+        self.position += ids.shape[1]
         return logits

@@ -391,7 +391,7 @@ def test_segments_out_of_bounds_is_one_line(tmp_path, capsys, value):
             ]
         )
     err = capsys.readouterr().err.strip()
-    assert exit_.value.code == 1 and err == f"error: --segments must be a whole number from 1 to 64, got {value}"
+    assert exit_.value.code == 2 and err == f"error: --segments must be a whole number from 1 to 64, got {value}"
 
 
 def test_evaluate_style_without_matches_is_one_line_error(tmp_path, capsys):

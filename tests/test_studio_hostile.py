@@ -425,7 +425,7 @@ def test_a_long_prompt_whose_pages_left_frees_its_workers(models, tmp_path):
 
 def test_a_run_stopped_while_its_prompt_is_fed_feeds_no_more_of_it(models, tmp_path):
     (tmp_path / "dense.mid").write_bytes(dense_prompt(bars=4))
-    model, tokenizer = models.for_this_thread("pop")
+    model, tokenizer, _ = models.shared("pop")
     prompt = load_prompt(tokenizer, tmp_path / "dense.mid")
     fed, stop = [], threading.Event()
 

@@ -18,6 +18,7 @@ from .. import schemas
 from ..checkpoint import load_checkpoint
 from ..errors import MidiError, MusegenError
 from ..io import check_regular, write_json
+from ..model.torch_step import PreparedWeights
 from ..music.midi import MIDI_SUFFIXES
 from ..render import INSTALL_HINT, find_soundfont
 from ..tokenizers.base import Tokenizer
@@ -184,6 +185,7 @@ class Loaded:
     audio: bool = False
     pianoroll: bool = False
     threads: int | None = None
+    weights: PreparedWeights | None = None  # the model's prepared weights, shared by the runs that read it
 
 
 def sample_prompt(
@@ -215,6 +217,7 @@ def sample_prompt(
         threads=run.threads,
         on_step=on_step,
         on_ingest=on_ingest,
+        weights=run.weights,
     )
     with output_set(set_dir, stem) as scratch:
         records = write_samples(samples, tokenizer, prompt, scratch, stem, run.audio, run.pianoroll)

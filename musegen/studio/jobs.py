@@ -149,7 +149,7 @@ def generate_run(
             raise Stopped
 
     go_on()  # a run whose page left while it waited is not started
-    model, tokenizer = models.for_this_thread(request.model)
+    model, tokenizer, weights = models.shared(request.model)
     settings = request.settings().resolved(tokenizer)
     prompt = load_prompt(tokenizer, request.prompt)
     last, sent = 0.0, [[] for _ in range(settings.num_samples)]
@@ -171,7 +171,7 @@ def generate_run(
         report({"progress": max(0.0, min(1.0, drawn / settings.bars)), "samples": deltas})
 
     stem = request.prompt.stem if request.prompt else "sample"
-    loaded = Loaded(model, tokenizer, models.folders[request.model], "cpu")
+    loaded = Loaded(model, tokenizer, models.folders[request.model], "cpu", weights=weights)
     return sample_prompt(
         loaded, out_dir, stem, settings, request.prompt, on_step=on_step, prompt=prompt, on_ingest=go_on
     )

@@ -1,18 +1,17 @@
 """The checkpoints the studio offers, by name: the shipped ones (wherever musegen/home.py finds
 them) and those given with --checkpoint. Each is loaded once when the studio starts, so a bad folder is
-refused before the page is served; a model carries its streaming state while it samples, so each
-worker thread samples with its own copy."""
+refused before the page is served. Workers share each model and its prepared weights: a run keeps
+its streaming state in a session of its own (MusicPerformer.session)."""
 
 from __future__ import annotations
 
-import copy
-import threading
 from pathlib import Path
 from typing import Any
 
 from .. import home
 from ..checkpoint import load_checkpoint
 from ..errors import ConfigError
+from ..model.torch_step import PreparedWeights
 from ..tokenizers.base import Tokenizer
 
 
@@ -34,7 +33,7 @@ class Models:
                 name, n = f"{folder.name}-{n}", n + 1
             self.folders[name] = folder
         self._loaded = {name: load_checkpoint(folder)[:2] for name, folder in self.folders.items()}
-        self._local = threading.local()
+        self._weights = {name: PreparedWeights(model) for name, (model, _) in self._loaded.items()}
 
     def describe(self) -> list[dict[str, Any]]:
         return [
@@ -45,13 +44,11 @@ class Models:
     def tokenizer(self, name: str) -> Tokenizer:
         return self._get(name)[1]
 
-    def for_this_thread(self, name: str):
-        """(model, tokenizer): this thread's own copy of the model."""
-        template, tokenizer = self._get(name)
-        copies = self._local.__dict__.setdefault("copies", {})
-        if name not in copies:
-            copies[name] = copy.deepcopy(template)
-        return copies[name], tokenizer
+    def shared(self, name: str) -> tuple[Any, Tokenizer, PreparedWeights]:
+        """(model, tokenizer, prepared weights), one of each for every worker: a run only reads the
+        model, and keeps what changes while it samples in a session of its own."""
+        model, tokenizer = self._get(name)
+        return model, tokenizer, self._weights[name]
 
     def _get(self, name: str):
         if name not in self._loaded:

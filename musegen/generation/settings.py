@@ -179,11 +179,12 @@ class SampleSettings:
             record["constraints"] = [repr(c) for c in self.constraints]
         return record
 
-    def resolved(self, tokenizer: Tokenizer | None = None) -> "SampleSettings":
+    def resolved(self, tokenizer: Tokenizer | None = None, by_field: bool = False) -> "SampleSettings":
         """Every option the run left unset (None) that is the model's takes the tokenizer's sampling
         default (the checkpoint's, where its meta names one: musegen.checkpoint), a seed is drawn,
         and every value is checked against its bound: a ConfigError of one line naming the option
-        otherwise (a CheckpointError where the model's own default breaks it)."""
+        otherwise, by its flag or (`by_field`, for a JSON request) its field's name; a
+        CheckpointError where the model's own default breaks it."""
         defaults = model_defaults(tokenizer)
         values: dict[str, Any] = {}
         for name, how in options(type(self)).items():
@@ -200,7 +201,7 @@ class SampleSettings:
         for name, how in options(type(self)).items():
             value = values[name]
             if value is not None and how.bound and not how.bound.holds(value):
-                raise ConfigError(f"{how.flag} must be {how.bound.text}, got {value}")
+                raise ConfigError(f"{name if by_field else how.flag} must be {how.bound.text}, got {value}")
         if not all(isinstance(c, Constraint) for c in self.constraints):
             raise ConfigError("constraints must be musegen.generation.constraints.Constraint objects")
         return replace(self, **values)

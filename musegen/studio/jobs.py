@@ -150,7 +150,7 @@ def generate_run(
 
     go_on()  # a run whose page left while it waited is not started
     model, tokenizer, weights = models.shared(request.model)
-    settings = request.settings().resolved(tokenizer)
+    settings = request.settings().resolved(tokenizer, by_field=True)
     prompt = load_prompt(tokenizer, request.prompt)
     last, sent = 0.0, [[] for _ in range(settings.num_samples)]
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import reprlib
 from dataclasses import dataclass
-from typing import Annotated, Any, Callable, Literal
+from typing import Annotated, Any, Callable, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, TypeAdapter, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
@@ -151,27 +151,22 @@ def _ends_by(note: "MirexNote", limit: int, what: str) -> None:
 
 
 class MirexNote(BaseModel):
-    """A note of a continuation musegen writes (`"generation"`)."""
+    """A note of a continuation musegen writes (`"generation"`): it ends by `LATEST`."""
 
+    LATEST: ClassVar[tuple[int, str]] = (MIREX_MAX_TIME, "the longest piece")
     model_config = ConfigDict(strict=True, allow_inf_nan=False)  # extra keys (velocity, ...) ignored
-    start: Annotated[int, Field(ge=0, lt=MIREX_MAX_TIME)]  # 16ths from the task's origin
+    start: Annotated[int, Field(ge=0)]  # 16ths from the task's origin
     pitch: Pitch
-    duration: Annotated[int, Field(ge=1, le=MIREX_MAX_TIME)]
+    duration: Annotated[int, Field(ge=1)]
 
     @model_validator(mode="after")
-    def _within_a_piece(self) -> "MirexNote":
-        _ends_by(self, MIREX_MAX_TIME, "the longest piece")
+    def _in_time(self) -> "MirexNote":
+        _ends_by(self, *self.LATEST)
         return self
 
 
 class MirexPromptNote(MirexNote):
-    start: Annotated[int, Field(ge=0, lt=MIREX_PROMPT_MAX_TIME)]
-    duration: Annotated[int, Field(ge=1, le=MIREX_PROMPT_MAX_TIME)]
-
-    @model_validator(mode="after")
-    def _within_a_prompt(self) -> "MirexPromptNote":
-        _ends_by(self, MIREX_PROMPT_MAX_TIME, "the longest prompt")
-        return self
+    LATEST = (MIREX_PROMPT_MAX_TIME, "the longest prompt")
 
 
 class MirexPrompt(BaseModel):

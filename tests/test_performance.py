@@ -84,9 +84,15 @@ def test_sampler_uses_its_thread_setting_and_restores_the_callers():
     tok = tokenizer_from_dict({"kind": "remi"})
     torch.manual_seed(0)
     model = MusicPerformer(preset("tiny", vocab_size=tok.vocab_size)).eval()
-    seen = []
-    step = model.step
-    model.step = lambda tokens: (seen.append(torch.get_num_threads()), step(tokens))[1]
+    seen, open_session = [], model.session
+
+    def recording_session(*args, **kwargs):  # each step notes the threads it ran with
+        session = open_session(*args, **kwargs)
+        step = session.step
+        session.step = lambda tokens: (seen.append(torch.get_num_threads()), step(tokens))[1]
+        return session
+
+    model.session = recording_session
     outside = torch.get_num_threads()
     torch.set_num_threads(3)  # the caller's setting, unlike both the default and the override
     try:

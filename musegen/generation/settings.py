@@ -118,7 +118,7 @@ class SampleSettings:
         None,
         "--seed",
         help="Random seed (default: drawn and recorded in the JSON).",
-        bound=within(0, SEED_MAX, f"within 0..{SEED_MAX} (2**63 - 1)"),
+        bound=within(0, SEED_MAX, "within 0..2**63-1"),
     )
     grammar: bool = option(
         True,

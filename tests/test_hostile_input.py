@@ -73,7 +73,7 @@ def test_a_mirex_prompt_ends_where_its_continuation_still_fits(tmp_path):
     path.write_text(json.dumps({"prompt": [{"start": 16 * MAX_BARS - 1, "pitch": 60, "duration": 1}]}))
     with pytest.raises(MusegenError) as err:
         mirex.read_prompt(path)
-    assert "prompt.0.start" in one_line(err)
+    assert "prompt.0: ends after 16th 80,000 (5,000 bars, the longest prompt)" in one_line(err)
 
 
 def test_the_origin_offset_is_added_before_the_bound():

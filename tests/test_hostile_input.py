@@ -3,13 +3,13 @@ bound or the exact encoding that answers it."""
 
 from __future__ import annotations
 
-import io
 import json
 import tracemalloc
 
 import miditoolkit
 import numpy as np
 import pytest
+from test_groove import dump as midi_bytes
 from tiny_models import tiny_model
 
 from musegen import mirex, schemas
@@ -115,12 +115,6 @@ def tracks_of_one_note(n: int, pitch: int = 60) -> bytes:
         piano.notes.append(miditoolkit.Note(60 + k % 5, pitch, 0, 960 if k == n - 1 else 480))  # the last is longest
         midi.instruments.append(piano)
     return midi_bytes(midi)
-
-
-def midi_bytes(midi: miditoolkit.MidiFile) -> bytes:
-    out = io.BytesIO()
-    midi.dump(file=out)
-    return out.getvalue()
 
 
 @pytest.mark.parametrize("tok", [REMI, RemiTokenizer(beat_resolution=8, max_duration=32, chords=False)])

@@ -12,7 +12,7 @@ One call writes into the output folder:
 - `summary.csv` (section, quantity, layer, head, detail, value) and `inspect.json` (arguments).
 What does not apply to a model (templates without SPE) is skipped with a one-line note.
 Layers and heads are numbered from 1 in every output. The measurements themselves live in
-`musegen.evaluation.attention`; this module runs them on a checkpoint and draws them.
+`musegen.metrics.attention`; this module runs them on a checkpoint and draws them.
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ import torch
 from .checkpoint import load_checkpoint
 from .device import resolve_device
 from .errors import ConfigError, DataError
-from .evaluation import attention as att
 from .generation.loop import generate
 from .generation.prompt import Prompt
 from .generation.settings import SampleSettings
 from .io import write_json, write_text
+from .metrics import attention as att
 from .plots import pyplot, save_png
 from .shards import Shards
 

@@ -21,18 +21,18 @@ from data_prep.common import Item, prepare
 from musegen.checkpoint import save_checkpoint
 from musegen.cli import main
 from musegen.errors import ConfigError, DataError, FormatError
-from musegen.evaluation.metric import Metric, Span, measure
 from musegen.evaluation.run_continuation import (
-    METRICS,
+    SPAN_METRICS,
     ContinuationSettings,
     ResultLog,
     evaluate_continuation,
     usable_pieces,
 )
-from musegen.evaluation.span import pitch_classes, role_metrics, sounding, span_metrics
-from musegen.evaluation.style import reference_profiles, style_metrics
 from musegen.generation.settings import SampleSettings
 from musegen.io import read_json
+from musegen.metrics.metric import Metric, Span, measure
+from musegen.metrics.span import pitch_classes, role_metrics, sounding, span_metrics
+from musegen.metrics.style import reference_profiles, style_metrics
 from musegen.model.config import preset
 from musegen.model.transformer import MusicPerformer
 from musegen.music.notes import NoteTable
@@ -153,9 +153,9 @@ def test_role_and_style_metrics_on_a_repeated_groove():
     assert 0 < style["style time-pitch Q1"][1] < 1  # one bar's pairs miss the pairs across bar lines
     reference = reference_profiles(notes)
     context = {"prompt_classes": pitch_classes(notes.pitched().onsets_in(0, 4))}
-    values = measure(METRICS, Span(notes, 4, 4, context | {"reference": reference, "roles": list(reference)}))
+    values = measure(SPAN_METRICS, Span(notes, 4, 4, context | {"reference": reference, "roles": list(reference)}))
     assert {"bass notes per bar", "style onset-drum Q4"} <= set(values)
-    assert "bass notes per bar" not in measure(METRICS, Span(notes, 4, 4, context))
+    assert "bass notes per bar" not in measure(SPAN_METRICS, Span(notes, 4, 4, context))
 
 
 # ---------------------------------------------------------------- the protocol on prepared shards
@@ -235,7 +235,7 @@ def test_quarters_partition_the_span(pop, tmp_path, one_torch_thread):
         shards.pieces("train"),
         ContinuationSettings(sample=SampleSettings(bars=8, num_samples=2, seed=0)),
     )[0][0]
-    values = measure(METRICS, Span(piece.notes, piece.span_start, 8, piece.context()), by_quarter=True)
+    values = measure(SPAN_METRICS, Span(piece.notes, piece.span_start, 8, piece.context()), by_quarter=True)
     for metric in ("notes per bar", "silent beats", "bars with a low note"):
         quarters = [values[f"{metric} Q{q}"][0] for q in range(1, 5)]
         assert np.mean(quarters) == pytest.approx(values[metric][0])
@@ -451,7 +451,7 @@ def test_a_metric_added_through_the_interface_is_measured_and_reported_like_the_
         prompt_bars=1, sample=SampleSettings(bars=4, num_samples=1, seed=0), by_quarter=True
     )
     ckpt, out = tiny_checkpoint(tmp_path / "ckpt", tok), tmp_path / "eval"
-    metrics = METRICS + (NotesAboveMiddleC(),)
+    metrics = SPAN_METRICS + (NotesAboveMiddleC(),)
     evaluate_continuation(
         ckpt, pop, out, settings, split="train", limit=2, device="cpu", progress=False, metrics=metrics
     )

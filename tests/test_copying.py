@@ -16,7 +16,6 @@ from data_prep.common import Item
 from data_prep.common import prepare as prepare_shards
 from musegen.cli import main
 from musegen.errors import DataError
-from musegen.evaluation.copy_score import Loop
 from musegen.evaluation.run_copy import (
     BUILT_GROOVES,
     PROMPT_BARS,
@@ -28,6 +27,7 @@ from musegen.evaluation.run_copy import (
     prepare,
     silence,
 )
+from musegen.metrics.copy_score import Loop
 from musegen.music.notes import NoteTable
 from musegen.tokenizers.groove import GrooveTokenizer
 

@@ -14,10 +14,10 @@ from train_fixtures import prepare_pop909
 
 from musegen.cli import main
 from musegen.errors import ConfigError
-from musegen.evaluation import attention as att
 from musegen.generation.loop import generate
 from musegen.generation.prompt import Prompt
 from musegen.generation.settings import SampleSettings
+from musegen.metrics import attention as att
 from musegen.model.config import SYNTHESIZER_VARIANTS, ModelConfig, preset
 from musegen.model.families import Aaren, RelativeAttention, Synthesizer, prefix_scan
 from musegen.model.transformer import MusicPerformer, SelfAttention

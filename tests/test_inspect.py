@@ -11,8 +11,8 @@ from train_fixtures import prepare_pop909
 
 from musegen.checkpoint import save_checkpoint
 from musegen.cli import main
-from musegen.evaluation import attention as att
 from musegen.inspect import inspect_checkpoint, shown_layers
+from musegen.metrics import attention as att
 from musegen.model.config import preset
 from musegen.model.spe import ConvSPE, SineSPE, SPEFilter
 from musegen.model.transformer import MusicPerformer
@@ -272,7 +272,7 @@ def test_cli_inspect_and_its_errors(tiny_checkpoint, tmp_path, capsys):
 def test_nll_comparison_reads_evaluate_loss_csvs(tmp_path):
     import numpy as np
 
-    from musegen.evaluation.report import plot_position_nll, write_position_nll
+    from musegen.metrics.report import plot_position_nll, write_position_nll
 
     sums, counts = np.array([2.0, 4.0, 0.0, 9.0, 3.0]), np.array([1, 2, 0, 3, 1])  # position 2: no token
     files = write_position_nll(tmp_path, "nll_valid", sums, counts, train_len=2)

@@ -132,10 +132,24 @@ def test_no_module_is_longer_than_500_lines(name):
 
 def test_no_evaluation_module_imports_a_tokenizer_module():
     for name in MODULES:
-        if name.startswith("musegen.evaluation"):
+        if name.startswith(("musegen.evaluation", "musegen.metrics")):
             imports = imported_modules(name)
             inside = sorted(m for m in imports if m.startswith("musegen.tokenizers."))
             assert inside in ([], ["musegen.tokenizers.base"]), f"{name} imports {inside}"
+
+
+def test_metrics_are_pure_so_training_may_import_them():
+    """musegen.metrics measures notes and losses; the runners in musegen.evaluation load
+    checkpoints and sample. Training imports metrics, so metrics import no runner, no generation,
+    no checkpoint and no training."""
+    above = ("musegen.evaluation", "musegen.generation", "musegen.training", "musegen.checkpoint", "musegen.studio")
+    for name in MODULES:
+        if name.startswith("musegen.metrics"):
+            wrong = sorted(m for m in imported_modules(name) if m.startswith(above))
+            assert wrong == [], f"{name} imports {wrong}"
+    for name in MODULES:
+        if name.startswith("musegen.training"):
+            assert not [m for m in imported_modules(name) if m.startswith("musegen.evaluation")], name
 
 
 def test_the_model_imports_nothing_above_it():

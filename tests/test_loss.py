@@ -11,8 +11,8 @@ from train_fixtures import prepare_pop909
 
 from musegen.checkpoint import save_checkpoint
 from musegen.errors import CheckpointError, DataError
-from musegen.evaluation.loss import position_nll, summarize
 from musegen.evaluation.run_loss import evaluate_loss
+from musegen.metrics.loss import position_nll, summarize
 from musegen.model.config import preset
 from musegen.model.transformer import MusicPerformer
 from musegen.shards import Shards
@@ -123,7 +123,7 @@ TEST_PIECE = ["Bar_None", "Beat_0", "Chord_N_N", "Tempo_119"] + NOTE + ["Beat_4"
 
 
 def test_position_tokens_are_conditioned_on_the_previous_position_in_their_bar():
-    from musegen.evaluation.loss import BAR_START, token_contexts
+    from musegen.metrics.loss import BAR_START, token_contexts
     from musegen.tokenizers.groove import GrooveTokenizer
     from musegen.tokenizers.groove_events import NOTE_OFF, note_on_id, serialize, shift_id
     from musegen.tokenizers.remi import RemiTokenizer
@@ -155,7 +155,7 @@ def test_position_tokens_are_conditioned_on_the_previous_position_in_their_bar()
 
 
 def test_baselines_match_counts_worked_out_by_hand():
-    from musegen.evaluation.loss import TypeBaselines, uniform_allowed_nll
+    from musegen.metrics.loss import TypeBaselines, uniform_allowed_nll
     from musegen.tokenizers.remi import RemiTokenizer
 
     tok = RemiTokenizer()
@@ -179,7 +179,7 @@ def test_baselines_match_counts_worked_out_by_hand():
 
 
 def test_model_nll_given_the_type_matches_a_direct_computation(pop):
-    from musegen.evaluation.loss import token_nll
+    from musegen.metrics.loss import token_nll
 
     shards = Shards(pop)
     tok = shards.tokenizer

@@ -16,8 +16,9 @@ import symusic
 from conftest import GOLDEN
 
 from musegen.cli import main
-from musegen.evaluation import run_style, style
-from musegen.evaluation.metric import cosine
+from musegen.evaluation import run_style
+from musegen.metrics import style
+from musegen.metrics.metric import cosine
 from musegen.render import PROMPT_END_MARKER
 
 TPQ = 480

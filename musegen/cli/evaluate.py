@@ -84,8 +84,8 @@ def loss(
 ):
     """Teacher-forced NLL per token position, within and beyond the training length (paper Fig. 3),
     and per token type beside baselines counted on the training split."""
-    from musegen.evaluation.report import fmt
     from musegen.evaluation.run_loss import evaluate_loss
+    from musegen.metrics.report import fmt
 
     result = evaluate_loss(checkpoint, data, max_len, split=split, out_dir=out)
     for key, value in result.items():

@@ -1,14 +1,6 @@
-"""Measurements of models and music.
+"""Runners: each loads a checkpoint or reads files, samples where it must, measures with
+`musegen.metrics` and writes its tables and figures with `musegen.metrics.report`.
 
-- `metric`: the interface every span metric follows (`Metric`, `Span`, `measure`, the statistics);
-- metrics (the math; none imports another, only `metric`): `span` (a continuation
-  span's notes, polyphony, pitch and groove; per role), `style` (style profiles and their
-  similarity per quarter), `copy_score` (how exactly a bar repeats a loop), `loss` (NLL per
-  position and per token type), `attention` (inside a model);
-- `report`: every table and figure;
-- runners (load checkpoints, sample, read files, call metrics and `report`): `run_continuation`,
-  `run_copy`, `run_loss`, `run_style`; `compare` and `targets` read runners' outputs.
-
-A new span metric: a `Metric` subclass in a metric module, added to `run_continuation.METRICS`
-(or passed to `evaluate_continuation(..., metrics=...)`), described in docs/evaluation.md.
+`run_continuation`, `run_copy`, `run_loss`, `run_recall`, `run_style`; `compare` reads runners'
+outputs side by side.
 """

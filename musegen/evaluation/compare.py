@@ -21,8 +21,8 @@ import numpy as np
 
 from .. import schemas
 from ..errors import DataError, FormatError
-from .loss import summarize
-from .report import (
+from ..metrics.loss import summarize
+from ..metrics.report import (
     fmt,
     plot_grouped_segments,
     plot_position_nll,
@@ -31,9 +31,9 @@ from .report import (
     read_position_nll,
     write_table,
 )
+from ..metrics.style import STYLE_METRICS
 from .run_continuation import mean_positions
 from .run_style import empty_shares, medians
-from .style import METRICS
 
 
 def labelled_paths(spec: str | None, default: dict[str, Path]) -> dict[str, Path]:
@@ -85,7 +85,7 @@ def plot_style_comparison(
     `musegen evaluate style` CSV or its rows."""
     rows = {label: p if isinstance(p, list) else read_style_rows(p) for label, p in tables.items()}
     segments = max(r["segment"] for table in rows.values() for r in table)
-    metrics = [m for m in METRICS if any(r["metric"] == m for table in rows.values() for r in table)]
+    metrics = [m for m in STYLE_METRICS if any(r["metric"] == m for table in rows.values() for r in table)]
     values = {
         label: {
             metric: [
@@ -301,7 +301,7 @@ def compare_style_drops(
     first = next(iter(tables))
     rng = np.random.default_rng(0)
     results = []
-    for metric in METRICS:
+    for metric in STYLE_METRICS:
         base = _style_drops(tables[first], metric, last)
         for name, table in tables.items():
             drops = base if name == first else _style_drops(table, metric, last)

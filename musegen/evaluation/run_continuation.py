@@ -11,8 +11,8 @@ is seldom of the same style). Pieces whose last note starts before bar K + M - 1
 and skipped. Instead of a prepared corpus, a folder of MIDI files can give the pieces (real music
 in no corpus), each encoded by the model's tokenizer.
 
-Every span is measured by `METRICS` (`musegen.evaluation.span`: the span and role metrics;
-`musegen.evaluation.style`: the style similarity per quarter against the whole real piece, for
+Every span is measured by `SPAN_METRICS` (`musegen.metrics.span`: the span and role metrics;
+`musegen.metrics.style`: the style similarity per quarter against the whole real piece, for
 pieces with more than one track role); definitions in those modules and docs/evaluation.md.
 """
 
@@ -38,17 +38,17 @@ from ..generation.outputs import write_samples
 from ..generation.prompt import prompt_from_ids
 from ..generation.settings import SampleSettings, nth_seed
 from ..io import write_json, write_text
+from ..metrics.metric import QUARTERS, STATISTICS, Metric, Span, measure, nan_median
+from ..metrics.report import fmt, json_safe, plot_boxes, plot_quarters, write_table
+from ..metrics.span import RoleMetrics, SpanMetrics, pitch_classes
+from ..metrics.style import StyleQuarters, reference_profiles
 from ..music.midi import MIDI_SUFFIXES
 from ..music.notes import NoteTable
 from ..shard_midi import piece_stem
 from ..shards import INDEX, Shards
 from ..tokenizers.base import Tokenizer
-from .metric import QUARTERS, STATISTICS, Metric, Span, measure, nan_median
-from .report import fmt, json_safe, plot_boxes, plot_quarters, write_table
-from .span import RoleMetrics, SpanMetrics, pitch_classes
-from .style import StyleQuarters, reference_profiles
 
-METRICS: tuple[Metric, ...] = (SpanMetrics(), RoleMetrics(), StyleQuarters())
+SPAN_METRICS: tuple[Metric, ...] = (SpanMetrics(), RoleMetrics(), StyleQuarters())
 
 
 # ---- the protocol over a prepared split -----------------------------------------------------------
@@ -175,7 +175,7 @@ def continue_piece(
     device,
     threads: int | None,
     samples_dir: Path,
-    metrics: Sequence[Metric] = METRICS,
+    metrics: Sequence[Metric] = SPAN_METRICS,
 ) -> dict[str, Any]:
     """Sample one piece's continuations, write them as MIDI, and measure them beside the real span
     and the floor: the piece's record for pieces.jsonl."""
@@ -392,13 +392,13 @@ def evaluate_continuation(
     device: str = "auto",
     threads: int | None = None,
     progress: bool = True,
-    metrics: Sequence[Metric] = METRICS,
+    metrics: Sequence[Metric] = SPAN_METRICS,
 ) -> dict[str, Any]:
     """The whole protocol of the module docstring on `split` (the first `limit` usable pieces),
     each span measured by `metrics`.
 
     Writes to `out_dir`: run.json (settings; the metrics' class names too when they are not
-    `METRICS`, so that a run resumes only with its own), pieces.jsonl (every value of every piece,
+    `SPAN_METRICS`, so that a run resumes only with its own), pieces.jsonl (every value of every piece,
     kept across interruptions), samples/<piece>_<i>.mid, and continuation.csv/.md/.png (the table).
     """
 
@@ -424,7 +424,7 @@ def evaluate_continuation(
             "split": split,
             **settings.record(),
             **_fingerprints(model, ids),
-            **({} if metrics is METRICS else {"metrics": [type(m).__name__ for m in metrics]}),
+            **({} if metrics is SPAN_METRICS else {"metrics": [type(m).__name__ for m in metrics]}),
         },
     )
     todo = [(i, p) for i, p in enumerate(chosen) if p.name not in log.records]

@@ -9,7 +9,7 @@ the model's tokenizer; the model continues it for N bars with the normal sampler
 settings.
 
 Each continuation bar is scored role by role against the prompt's bar of the same phase, as the
-tokenizer gave it back (`musegen.evaluation.copy_score`: 1 for an exact loop, 0 for silence).
+tokenizer gave it back (`musegen.metrics.copy_score`: 1 for an exact loop, 0 for silence).
 
 Two rows bracket the models' (per tokenizer, since they go through its encoding):
 - *ceiling*: the pattern itself looped on for the same bars, encoded and decoded like the
@@ -41,13 +41,13 @@ from ..generation.outputs import write_samples
 from ..generation.prompt import load_prompt
 from ..generation.settings import SampleSettings, nth_seed
 from ..io import write_json
+from ..metrics.copy_score import CopyScore, Loop
+from ..metrics.metric import Span, nan_mean
+from ..metrics.report import fmt, json_safe, write_table
 from ..music.constants import BEATS_PER_BAR
 from ..music.notes import ROLES, NoteTable
 from ..shards import Shards, resolve_split
 from ..tokenizers.base import Tokenizer
-from .copy_score import CopyScore, Loop
-from .metric import Span, nan_mean
-from .report import fmt, json_safe, write_table
 
 if TYPE_CHECKING:
     from ..generation.prompt import Prompt

@@ -1,5 +1,5 @@
 """`musegen evaluate loss`: the NLL of a checkpoint on a prepared split, per position and per token
-type (`musegen.evaluation.loss`), written as tables and figures."""
+type (`musegen.metrics.loss`), written as tables and figures."""
 
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ import torch
 from ..checkpoint import load_checkpoint
 from ..device import resolve_device
 from ..errors import ConfigError, DataError
-from ..shards import Shards
-from .loss import (
+from ..metrics.loss import (
     MAX_SCORED_LEN,
     TYPE_COLUMNS,
     TypeBaselines,
@@ -22,7 +21,8 @@ from .loss import (
     token_nll,
     type_nll_rows,
 )
-from .report import fmt, write_position_nll, write_table
+from ..metrics.report import fmt, write_position_nll, write_table
+from ..shards import Shards
 
 
 def write_type_nll(

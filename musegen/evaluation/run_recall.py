@@ -25,11 +25,11 @@ from ..checkpoint import load_checkpoint
 from ..device import resolve_device
 from ..errors import ConfigError
 from ..io import write_json
+from ..metrics.loss import token_nll
+from ..metrics.metric import nan_mean
+from ..metrics.report import fmt, json_safe, write_table
 from ..music.loops import HELD_OUT_SEEDS, random_loop_piece
 from ..plots import pyplot, save_png
-from .loss import token_nll
-from .metric import nan_mean
-from .report import fmt, json_safe, write_table
 
 BARS = 8  # bars scored per loop
 FIRST, LATER = (0, 1), (4, 5, 6, 7)  # bar indices: the pattern's first pass, and after two passes

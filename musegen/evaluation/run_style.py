@@ -1,5 +1,5 @@
 """`musegen evaluate style`: generated continuations scored against their reference pieces with
-the style profiles of `musegen.evaluation.style` (paper Fig. 5; docs/method.md).
+the style profiles of `musegen.metrics.style` (paper Fig. 5; docs/method.md).
 
 Tracks are compared by role (`musegen.music.roles`): by name in a Groove2Groove file (whose 2-bar
 count-in is left out) or one `decode` wrote, else drums on the drum channel and bass by GM
@@ -22,13 +22,13 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ConfigError, MidiError, MusegenError
+from ..metrics.report import plot_segments, write_rows_csv
+from ..metrics.style import ROLES, STYLE_METRICS, profiles, role_notes, similarity
 from ..music.constants import BEATS_PER_BAR
 from ..music.midi import find_midi_files
 from ..music.notes import NoteTable
 from ..music.roles import merged_notes, read_trio
 from ..render import PROMPT_END_MARKER
-from .report import plot_segments, write_rows_csv
-from .style import METRICS, ROLES, profiles, role_notes, similarity
 
 OTHER_CHOICES = ("busiest", "merged")
 MAX_SEGMENTS = 64  # segments of a continuation; more would cut it finer than its notes
@@ -262,7 +262,7 @@ def medians(rows: list[dict], n_segments: int = 4) -> dict[str, list[float]]:
     """Median similarity per metric and segment over the comparisons made (an empty segment
     counts as 0; a role the reference lacks compares nothing)."""
     out = {}
-    for metric in METRICS:
+    for metric in STYLE_METRICS:
         per_segment = _per_segment(rows, metric, n_segments)
         if any(per_segment):
             out[metric] = [float(np.median([r["similarity"] for r in v])) if v else math.nan for v in per_segment]
@@ -273,7 +273,7 @@ def empty_shares(rows: list[dict], n_segments: int = 4) -> dict[str, list[float]
     """Per metric and segment, the share of those comparisons whose generated segment played
     no note in that role."""
     out = {}
-    for metric in METRICS:
+    for metric in STYLE_METRICS:
         per_segment = _per_segment(rows, metric, n_segments)
         if any(per_segment):
             out[metric] = [
@@ -286,6 +286,6 @@ def _per_segment_values(rows: list[dict], n_segments: int) -> dict[str, list[lis
     """{metric: [the similarities of each segment]} for the metrics the rows score."""
     return {
         metric: [[r["similarity"] for r in v] for v in _per_segment(rows, metric, n_segments)]
-        for metric in METRICS
+        for metric in STYLE_METRICS
         if any(r["metric"] == metric for r in rows)
     }

@@ -6,7 +6,7 @@ tensors; a projection the family does not use is None (and has no weights). `sta
 for a fresh sequence; a block of T new positions continues whatever the state summarises, so
 one call over the whole sequence is the parallel training form and T = 1 is a sampling step.
 `logits(q, k, v)` gives the un-normalised log attention [B, H, T, T] of a whole sequence, which
-inspection draws (musegen.evaluation.attention).
+inspection draws (musegen.metrics.attention).
 
 - RelativeAttention: Shaw et al. 2018 softmax attention with learned relative embeddings,
   computed with Music Transformer's skewing (Huang et al. 2018). State: a key/value cache.

@@ -23,7 +23,7 @@ from tqdm import tqdm
 from ..data import derive_seed
 from ..device import check_fits
 from ..errors import CheckpointError, ConfigError, TrainingError
-from ..evaluation.loss import position_nll, summarize
+from ..metrics.loss import position_nll, summarize
 from ..model.config import ModelConfig
 from ..model.transformer import MusicPerformer
 from ..precision import Choice

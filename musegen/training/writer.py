@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from ..evaluation.report import write_position_nll
 from ..io import write_json
+from ..metrics.report import write_position_nll
 from ..precision import Choice
 from ..tokenizers.base import Tokenizer
 from .learner import Learner

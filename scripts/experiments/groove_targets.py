@@ -32,9 +32,9 @@ from musegen import schemas
 from musegen.cli import run_command
 from musegen.errors import ConfigError, DataError
 from musegen.evaluation.compare import read_jsonl
-from musegen.evaluation.report import fmt, write_table
 from musegen.evaluation.run_continuation import pooled_values, summary_rows
 from musegen.io import write_json
+from musegen.metrics.report import fmt, write_table
 
 MMA_PIECES, MMA_SAMPLES, PROMPT_BARS = 60, 2, 2
 STYLE_TARGETS = {"time-pitch": 0.6, "onset-duration": 0.5, "onset-drum": 0.7}

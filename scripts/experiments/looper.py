@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 
 from musegen import schemas
-from musegen.evaluation.metric import Span, measure
-from musegen.evaluation.report import json_safe
-from musegen.evaluation.run_continuation import METRICS, Piece, split_pieces
+from musegen.evaluation.run_continuation import SPAN_METRICS, Piece, split_pieces
+from musegen.metrics.metric import Span, measure
+from musegen.metrics.report import json_safe
 from musegen.music.constants import BEATS_PER_BAR
 from musegen.music.notes import NoteTable
 from musegen.shards import Shards
@@ -59,7 +59,7 @@ def main(run: str, data: str, split: str, out: str) -> None:
             span = Span(
                 looped(notes, piece.span_start, settings["bars"]), piece.span_start, settings["bars"], piece.context()
             )
-            record |= {"model": [measure(METRICS, span)], "model_positions": [], "seconds": 0.0}
+            record |= {"model": [measure(SPAN_METRICS, span)], "model_positions": [], "seconds": 0.0}
             lines.write(json.dumps(json_safe(record), allow_nan=False) + "\n")
     print(f"{len(records)} pieces looped into {out}")
 

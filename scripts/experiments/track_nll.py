@@ -9,7 +9,7 @@ import sys
 import numpy as np
 
 from musegen.checkpoint import load_checkpoint
-from musegen.evaluation.loss import token_nll
+from musegen.metrics.loss import token_nll
 from musegen.music.roles import TRACKS
 from musegen.shards import Shards
 from musegen.tokenizers.groove_dur import DURATION, N_PITCH

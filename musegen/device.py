@@ -10,9 +10,9 @@ from pathlib import Path
 
 import torch
 
+from .choices import PRECISIONS
 from .errors import ConfigError, ResourceError
 
-PRECISIONS = ("auto", "fp32", "bf16")
 # CPU flags (Linux /proc/cpuinfo) of bf16 arithmetic in hardware: x86 AVX512-BF16 and AMX,
 # Arm's BF16 extension. Without them a bf16 matmul is emulated and slower than fp32.
 _BF16_CPU_FLAGS = {"avx512_bf16", "amx_bf16", "bf16"}

@@ -20,7 +20,7 @@ from musegen.evaluation.run_continuation import ContinuationSettings, evaluate_c
 from musegen.evaluation.run_copy import built_patterns, prepare
 from musegen.generation.cache import SuffixCache, cache_probs, continuations
 from musegen.generation.constraints import Row
-from musegen.generation.loop import generate
+from musegen.generation.loop import constraint_chain, generate
 from musegen.generation.settings import SampleSettings
 from musegen.metrics.copy_score import CopyScore
 from musegen.metrics.metric import Span
@@ -97,8 +97,8 @@ def test_the_mixture_is_the_weighted_sum_over_the_allowed_ids_and_the_model_alon
 
 
 def test_the_weight_is_checked_and_recorded_and_zero_leaves_the_chain_as_it_was():
-    assert SampleSettings(length=8, cache=0.5).resolved().chain()[3] == SuffixCache(0.5)
-    assert not any(isinstance(c, SuffixCache) for c in SampleSettings(length=8).resolved().chain())
+    assert constraint_chain(SampleSettings(length=8, cache=0.5).resolved())[3] == SuffixCache(0.5)
+    assert not any(isinstance(c, SuffixCache) for c in constraint_chain(SampleSettings(length=8).resolved()))
     assert SampleSettings(length=8).resolved().cache == 0.0
     for bad in (-0.1, 1.5, float("nan")):
         with pytest.raises(ConfigError, match="--cache must be within"):

@@ -4,6 +4,7 @@ know no tokenizer's internals; the model imports nothing above it, and the preci
 nothing of the model."""
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ PACKAGE = ROOT / "musegen"
 MAX_LINES = 500
 # What the model may import from outside musegen/model/: the errors and the device's facts, which
 # import nothing of musegen but each other.
-BELOW_THE_MODEL = {"musegen", "musegen.errors", "musegen.device"}
+BELOW_THE_MODEL = {"musegen", "musegen.errors", "musegen.choices", "musegen.device"}
 
 
 def module_name(path: Path) -> str:
@@ -177,3 +178,23 @@ def test_importing_the_model_runs_no_precision_policy():
     modules = loaded.stdout.split()
     assert "musegen.model.transformer" in modules and "musegen.precision" not in modules
     assert all(m.startswith("musegen.model") or m in BELOW_THE_MODEL for m in modules), modules
+
+
+def test_the_command_line_builds_its_help_without_torch():
+    """`musegen --help` and `musegen sample --help` take their options from the declarations in
+    musegen.generation.settings; loading torch there costs seconds before any help is shown."""
+    check = "import sys, musegen.cli.sample, musegen.cli.evaluate; print('torch' in sys.modules)"
+    loaded = subprocess.run([sys.executable, "-c", check], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert loaded.stdout.strip() == "False"
+
+
+HISTORY = re.compile(r"\b[Ii]ssues? #?\d+\b|\(#\d+\)|\b(?:second|third|fourth|fifth) round\b")
+
+
+def test_code_and_reference_docs_narrate_no_history():
+    """Issue numbers and rounds belong in commit messages and docs/experiments/, not in the code
+    or the reference docs a user reads."""
+    texts = [*(ROOT / "musegen").rglob("*.py"), *(ROOT / "musegen").rglob("*.md"), ROOT / "README.md"]
+    texts += [p for p in (ROOT / "docs").rglob("*.md") if "experiments" not in p.relative_to(ROOT / "docs").parts]
+    found = [f"{p.relative_to(ROOT)}: {m.group(0)}" for p in texts for m in HISTORY.finditer(p.read_text())]
+    assert found == []

@@ -1,5 +1,5 @@
 """Constraints on what the sampler may draw: each is one object in the chain the settings carry
-(`SampleSettings.chain`), applied by the loop in order at every step.
+(`loop.constraint_chain`), applied by the loop in order at every step.
 
 A constraint has two hooks (`Constraint.allow`: narrow one sample's mask; `Constraint.reweight`:
 reshape the batch's logits once the masks are known); after them come temperature, top-k and
@@ -7,7 +7,7 @@ top-p (`loop.filter_logits`) and the draw. The grammar's rules are four such con
 (GrammarMask, HoldEnds, Finish, NoteOffMass); the suffix cache (`cache.SuffixCache`) is one
 too. A new one is a subclass of `Constraint`, here or anywhere, given as
 `SampleSettings(constraints=(...))`; to be on by default it is also an entry in
-`SampleSettings.chain`. Without a prompt the first token is the grammar's opening one, drawn
+`loop.constraint_chain`. Without a prompt the first token is the grammar's opening one, drawn
 before the chain runs.
 """
 

@@ -25,11 +25,11 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from ..device import check_precision
-from ..errors import NumericError
+from ..errors import ConfigError, NumericError
 from ..model.torch_step import PreparedWeights
 from ..tokenizers.base import Grammar, Tokenizer
-from .constraints import Constraint, Row, Run
+from .cache import SuffixCache
+from .constraints import Constraint, Finish, GrammarMask, HoldEnds, NoteOffMass, Row, Run
 from .precision import step_choice
 from .prompt import Prompt, walked
 from .resources import DEFAULT_CPU_THREADS, check_memory, check_threads, checked_device, cpu_threads
@@ -86,6 +86,19 @@ def temper_within_families(logits: torch.Tensor, families: list[torch.Tensor], t
     return out
 
 
+def constraint_chain(s: SampleSettings) -> tuple[Constraint, ...]:
+    """The constraints a run applies, in order: the grammar's masks (unless `grammar` is off), the
+    suffix cache (with a weight above 0), NoteOffMass (with the grammar), then the settings' own
+    `constraints`. The cache mixes the model's own distribution, before NoteOffMass moves the
+    note-off share over the mask the others leave."""
+    if not all(isinstance(c, Constraint) for c in s.constraints):
+        raise ConfigError("constraints must be musegen.generation.constraints.Constraint objects")
+    masks = (GrammarMask(), HoldEnds(), Finish()) if s.grammar else ()
+    cache = (SuffixCache(s.cache),) if s.cache else ()
+    note_offs = (NoteOffMass(),) if s.grammar and s.keep_note_offs else ()
+    return masks + cache + note_offs + tuple(s.constraints)
+
+
 def generate(
     model: torch.nn.Module,
     tokenizer: Tokenizer,
@@ -113,7 +126,6 @@ def generate(
     device = checked_device(device)
     if threads is None and device.type == "cpu":
         threads = DEFAULT_CPU_THREADS
-    check_precision(settings.precision)
     if weights is None:
         weights = PreparedWeights(model)
     with cpu_threads(threads):
@@ -227,7 +239,7 @@ def _generate(
     budget = s.length if s.length else s.bars * MAX_TOKENS_PER_BAR
     model.config.check_length(len(start_ids) + (s.length or 0), "the prompt plus --length")
     check_memory(model, s.num_samples, len(start_ids) + budget + FINISH_LIMIT, device, weights)
-    run, chain = Run(tokenizer, grammar, budget, device), s.chain()
+    run, chain = Run(tokenizer, grammar, budget, device), constraint_chain(s)
     moves = _Rows(run, prefixed=s.grammar and s.mono_bass)
     target = None if s.bars is None else prompt.bars + s.bars
     rows = [moves.start(start_ids, start_state, target) for _ in range(s.num_samples)]

@@ -14,12 +14,10 @@ from dataclasses import dataclass, field, fields, replace
 from functools import cache
 from typing import Any, Callable, Mapping, get_type_hints
 
-from ..device import PRECISIONS
+from ..choices import PRECISIONS
 from ..errors import CheckpointError, ConfigError
 from ..music.constants import MAX_BARS
 from ..tokenizers.base import Tokenizer
-from .cache import SuffixCache
-from .constraints import Constraint, Finish, GrammarMask, HoldEnds, NoteOffMass
 
 MAX_TOKENS_PER_BAR = 1024  # safety cap on --bars generation
 MAX_LENGTH = MAX_BARS * MAX_TOKENS_PER_BAR  # --length: what the longest piece can hold
@@ -160,17 +158,10 @@ class SampleSettings:
         (0.0, 1.0),
         fallback=0.0,
     )
-    constraints: tuple[Constraint, ...] = ()  # applied after the grammar's, in this order (not an option)
-
-    def chain(self) -> tuple[Constraint, ...]:
-        """The constraints a run applies, in order: the grammar's masks (unless `grammar` is off),
-        the suffix cache (with a weight above 0), NoteOffMass (with the grammar), then
-        `constraints`. The cache mixes the model's own distribution, before NoteOffMass moves
-        the note-off share over the mask the others leave."""
-        masks = (GrammarMask(), HoldEnds(), Finish()) if self.grammar else ()
-        cache = (SuffixCache(self.cache),) if self.cache else ()
-        note_offs = (NoteOffMass(),) if self.grammar and self.keep_note_offs else ()
-        return masks + cache + note_offs + tuple(self.constraints)
+    # musegen.generation.constraints.Constraint objects, applied after the grammar's in this order
+    # (not an option; typed loosely so that declaring the options needs no torch: the command
+    # line builds its help from them)
+    constraints: tuple = ()
 
     def record(self) -> dict[str, Any]:
         """The settings as written in a run's summary JSON (added constraints by their repr)."""
@@ -202,8 +193,6 @@ class SampleSettings:
             value = values[name]
             if value is not None and how.bound and not how.bound.holds(value):
                 raise ConfigError(f"{name if by_field else how.flag} must be {how.bound.text}, got {value}")
-        if not all(isinstance(c, Constraint) for c in self.constraints):
-            raise ConfigError("constraints must be musegen.generation.constraints.Constraint objects")
         return replace(self, **values)
 
 

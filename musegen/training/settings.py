@@ -11,6 +11,7 @@ from typing import Any, Iterable
 
 from .. import schemas
 from ..checkpoint import read_checkpoint_config
+from ..choices import PRECISIONS
 from ..data import CROP_CHOICES, SAMPLING_CHOICES
 from ..errors import ConfigError, FormatError
 from ..model.config import ModelConfig, preset, replace_checked
@@ -93,8 +94,8 @@ class TrainConfig:
             (self.crop in CROP_CHOICES + ("auto",), f"crop must be 'auto' or one of {CROP_CHOICES}, got {self.crop!r}"),
             (self.optimizer in ("adam", "adamw"), f"optimizer must be 'adam' or 'adamw', got {self.optimizer!r}"),
             (
-                self.precision in ("auto", "fp32", "bf16"),
-                f"precision must be auto, fp32 or bf16, got {self.precision!r}",
+                self.precision in PRECISIONS,
+                f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}",
             ),
         ]
         for ok, message in choices:

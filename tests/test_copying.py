@@ -57,15 +57,14 @@ def moved(pattern: Pattern, ticks: int = 0, semitones: int = 0) -> Pattern:
 def real_pattern(path, every_role: bool = False) -> Pattern:
     """2 bars of a real file as the tokenizer reads it: from the first bar with a note, or with
     `every_role` from the first bar where bass, drums and other play in both bars."""
-    midi = TOK.decode(TOK.encode(path).ids)
-    notes = NoteTable.from_miditoolkit(midi)
+    notes = TOK.decode(TOK.encode(path).ids)
     first = next(
         b
         for b in range(notes.first_bar(), notes.last_onset_bar())
         if not every_role
         or all(set(notes.onsets_in(b + k, 1).role.tolist()) == {"bass", "drums", "other"} for k in (0, 1))
     )
-    return cut_pattern(midi, first, path.stem, "corpus")
+    return cut_pattern(notes.to_miditoolkit(), first, path.stem, "corpus")
 
 
 def test_the_built_grooves_are_distinct_two_bar_trios():

@@ -20,11 +20,12 @@ import musegen.generation
 from musegen.checkpoint import load_checkpoint
 from musegen.errors import CheckpointError, MusegenError, TokenError
 from musegen.generation.loop import generate
-from musegen.generation.outputs import new_notes, write_samples
+from musegen.generation.outputs import write_samples
 from musegen.generation.prompt import load_prompt
 from musegen.generation.settings import SampleSettings
 from musegen.model.config import preset
 from musegen.model.transformer import MusicPerformer
+from musegen.music.notes import NoteTable
 from musegen.tokenizers import RepresentationError, Tokenizer, load_tokenizer, tokenizer_from_dict
 from musegen.tokenizers.base import Encoding, Grammar
 
@@ -277,9 +278,8 @@ def test_a_new_representation_samples_without_touching_the_sampler(mono, tmp_pat
         assert len(mono.bar_starts(sample.ids)) == 5  # 3 prompt bars + 2 new
     records = write_samples(samples, mono, prompt, tmp_path / "out", "line")
     for record in records:
-        decoded = miditoolkit.MidiFile(str(tmp_path / "out" / record["midi"]))
-        fresh = new_notes(prompt, decoded)
-        assert all(3 * 1920 <= n.start < 5 * 1920 for n in fresh)
+        fresh = NoteTable.read(tmp_path / "out" / record["midi"]).after_prompt()
+        assert all(3 * 1920 <= start < 5 * 1920 for start in fresh.start.tolist())
     defaults = SampleSettings(length=4).resolved(mono)
     assert (defaults.temperature, defaults.top_p) == (0.9, 0.95)
 

@@ -141,16 +141,15 @@ def corpus_patterns(data_dir: str | os.PathLike, split: str, limit: int) -> tupl
             break
         name, ids = names[index], pieces[index]
         try:
-            midi = tokenizer.decode(ids)
+            notes = tokenizer.decode(ids)
         except TokenError as exc:
             skipped[name] = f"cannot decode: {str(exc).splitlines()[0]}"
             continue
-        notes = NoteTable.from_miditoolkit(midi)
         first = notes.first_bar()
         if first is None or any(not len(notes.onsets_in(first + k, 1)) for k in range(PATTERN_BARS)):
             skipped[name] = f"fewer than {PATTERN_BARS} playing bars from its first note"
             continue
-        patterns.append(cut_pattern(midi, first, name, "corpus"))
+        patterns.append(cut_pattern(notes.to_miditoolkit(), first, name, "corpus"))
     return patterns, skipped
 
 
@@ -263,15 +262,14 @@ def prepare(tokenizer: Tokenizer, pattern: Pattern) -> Prepared:
     prompt = load_prompt(tokenizer, looped(pattern, PROMPT_BARS))
     if prompt.bars != PROMPT_BARS:
         raise DataError(f"the {tokenizer.kind} tokenizer keeps {prompt.bars} of its {PROMPT_BARS} prompt bars")
-    notes = NoteTable.from_miditoolkit(prompt.piece)
-    return Prepared(pattern, prompt, Loop.of(notes, PROMPT_BARS - PATTERN_BARS, PATTERN_BARS, tokenizer.roles))
+    return Prepared(pattern, prompt, Loop.of(prompt.piece, PROMPT_BARS - PATTERN_BARS, PATTERN_BARS, tokenizer.roles))
 
 
 def loop_scores(tokenizer: Tokenizer, loop: Loop, pattern: Pattern, bars: int) -> dict[str, float]:
     """The scores of `pattern` played on past the prompt (encoded and decoded by the tokenizer),
     measured against `loop`: the ceiling for the loop's own pattern, a floor for another."""
-    midi = tokenizer.decode(tokenizer.encode(looped(pattern, PROMPT_BARS + bars)).ids)
-    return loop.scores(NoteTable.from_miditoolkit(midi), PROMPT_BARS, bars)
+    notes = tokenizer.decode(tokenizer.encode(looped(pattern, PROMPT_BARS + bars)).ids)
+    return loop.scores(notes, PROMPT_BARS, bars)
 
 
 # ---- the test over checkpoints --------------------------------------------------------------------
@@ -344,7 +342,7 @@ def evaluate_copy(
             write_samples(samples, tokenizer, item.prompt, out_dir / "samples" / name, _stem(item.pattern.name))
             for j, sample in enumerate(samples):
                 try:
-                    notes = NoteTable.from_miditoolkit(tokenizer.decode(sample.ids))
+                    notes = tokenizer.decode(sample.ids)
                 except TokenError:  # nothing usable written: no credit
                     notes = silence()
                 span = Span(notes, item.prompt.bars, settings.bars, {"loop": item.loop})

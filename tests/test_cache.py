@@ -17,13 +17,14 @@ from musegen.checkpoint import load_checkpoint
 from musegen.cli import main
 from musegen.errors import ConfigError
 from musegen.evaluation.run_continuation import ContinuationSettings, evaluate_continuation
-from musegen.evaluation.run_copy import built_patterns, prepare
+from musegen.evaluation.run_copy import prepare
 from musegen.generation.cache import SuffixCache, cache_probs, continuations
 from musegen.generation.constraints import Row
 from musegen.generation.loop import generate
 from musegen.generation.settings import SampleSettings
 from musegen.metrics.copy_score import CopyScore
 from musegen.metrics.metric import Span
+from musegen.music.grooves import built_patterns
 
 GROOVE_DUR = Path(__file__).resolve().parents[1] / "checkpoints" / "groove-dur"
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import miditoolkit
+import numpy as np
 import pytest
 from conftest import DATA, GOLDEN
 from tiny_models import tiny_checkpoint
@@ -16,18 +18,9 @@ from data_prep.common import Item
 from data_prep.common import prepare as prepare_shards
 from musegen.cli import main
 from musegen.errors import DataError
-from musegen.evaluation.run_copy import (
-    BUILT_GROOVES,
-    PROMPT_BARS,
-    Pattern,
-    built_patterns,
-    corpus_patterns,
-    cut_pattern,
-    loop_scores,
-    prepare,
-    silence,
-)
+from musegen.evaluation.run_copy import PROMPT_BARS, corpus_patterns, loop_scores, prepare
 from musegen.metrics.copy_score import Loop
+from musegen.music.grooves import BUILT_GROOVES, Pattern, built_patterns, cut_pattern
 from musegen.music.notes import NoteTable
 from musegen.tokenizers.groove import GrooveTokenizer
 
@@ -39,19 +32,13 @@ TOK = GrooveTokenizer()
 def moved(pattern: Pattern, ticks: int = 0, semitones: int = 0) -> Pattern:
     """The pattern with every note `ticks` later and every pitched note `semitones` higher (notes
     moved past its end are dropped)."""
-    midi = miditoolkit.MidiFile(ticks_per_beat=pattern.midi.ticks_per_beat)
-    midi.tempo_changes, midi.time_signature_changes = pattern.midi.tempo_changes, pattern.midi.time_signature_changes
-    end = 2 * 4 * midi.ticks_per_beat
-    for inst in pattern.midi.instruments:
-        copy = miditoolkit.Instrument(inst.program, is_drum=inst.is_drum, name=inst.name)
-        shift = 0 if inst.is_drum else semitones
-        copy.notes = [
-            miditoolkit.Note(n.velocity, n.pitch + shift, n.start + ticks, min(n.end + ticks, end))
-            for n in inst.notes
-            if n.start + ticks < end
-        ]
-        midi.instruments.append(copy)
-    return Pattern(pattern.name + " moved", pattern.source, midi)
+    notes = pattern.notes
+    end = 2 * 4 * notes.tpq
+    drums = np.array([t.is_drum for t in notes.tracks])[notes.track]
+    start = notes.start + ticks
+    pitch = np.where(drums, notes.pitch, notes.pitch + semitones)
+    shifted = replace(notes, start=start, end=np.minimum(notes.end + ticks, end), pitch=pitch)
+    return Pattern(pattern.name + " moved", pattern.source, shifted.select(start < end))
 
 
 def real_pattern(path, every_role: bool = False) -> Pattern:
@@ -64,20 +51,20 @@ def real_pattern(path, every_role: bool = False) -> Pattern:
         if not every_role
         or all(set(notes.onsets_in(b + k, 1).role.tolist()) == {"bass", "drums", "other"} for k in (0, 1))
     )
-    return cut_pattern(notes.to_miditoolkit(), first, path.stem, "corpus")
+    return cut_pattern(notes, first, path.stem, "corpus")
 
 
 def test_the_built_grooves_are_distinct_two_bar_trios():
     patterns = built_patterns()
     assert len(patterns) == len(BUILT_GROOVES) >= 4
     for pattern in patterns:
-        notes = NoteTable.from_miditoolkit(pattern.midi)
+        notes = pattern.notes
         assert set(notes.role.tolist()) == {"bass", "drums", "other"}
         assert notes.start.min() == 0 and notes.beats(notes.start).max() < 8
         for role in ("bass", "other"):  # the second bar changes chord
             mine = notes.select(notes.role == role)
             assert set(mine.onsets_in(0, 1).pitch.tolist()) != set(mine.onsets_in(1, 1).pitch.tolist())
-    tempos = {p.midi.tempo_changes[0].tempo for p in patterns}
+    tempos = {p.notes.tempos[0][1] for p in patterns}
     assert len(tempos) >= 3
 
 
@@ -85,9 +72,9 @@ def test_a_perfect_loop_scores_one_late_or_transposed_less_and_silence_zero():
     for pattern in built_patterns():
         loop = prepare(TOK, pattern).loop
         assert loop_scores(TOK, loop, pattern, 4) == {"bass": 1.0, "drums": 1.0, "other": 1.0}, pattern.name
-        assert loop.scores(silence(), PROMPT_BARS, 4) == {"bass": 0.0, "drums": 0.0, "other": 0.0}
+        assert loop.scores(NoteTable.empty(480), PROMPT_BARS, 4) == {"bass": 0.0, "drums": 0.0, "other": 0.0}
         # one step of the tokenizer's grid (1/12 beat) late: no onset is where it was
-        late = loop_scores(TOK, loop, moved(pattern, ticks=pattern.midi.ticks_per_beat // 12), 4)
+        late = loop_scores(TOK, loop, moved(pattern, ticks=pattern.notes.tpq // 12), 4)
         assert late == {"bass": 0.0, "drums": 0.0, "other": 0.0}, pattern.name
         # a tone up: the drums (never transposed) still loop, bass and chords miss every note
         assert loop_scores(TOK, loop, moved(pattern, semitones=2), 4) == {"bass": 0.0, "drums": 1.0, "other": 0.0}
@@ -144,8 +131,7 @@ def test_corpus_patterns_are_the_first_two_playing_bars_of_one_piece_a_style(gro
     assert [p.name for p in patterns] == [f"style{i // 2}/{p.stem}" for i, p in zip((0, 2, 4, 1), chosen)]
     assert not skipped
     for pattern, path in zip(patterns, chosen):
-        wanted = NoteTable.from_miditoolkit(real_pattern(path).midi)
-        got = NoteTable.from_miditoolkit(pattern.midi)
+        wanted, got = real_pattern(path).notes, pattern.notes
         assert sorted(zip(got.start, got.pitch)) == sorted(zip(wanted.start, wanted.pitch))
     with pytest.raises(DataError, match="no split"):
         corpus_patterns(groove_corpus, "nope", 3)

@@ -8,7 +8,6 @@ import json
 import math
 from dataclasses import replace
 
-import miditoolkit
 import numpy as np
 import pytest
 from conftest import DATA, GOLDEN
@@ -21,7 +20,7 @@ from musegen.errors import DataError
 from musegen.evaluation.run_copy import PROMPT_BARS, corpus_patterns, loop_scores, prepare
 from musegen.metrics.copy_score import Loop
 from musegen.music.grooves import BUILT_GROOVES, Pattern, built_patterns, cut_pattern
-from musegen.music.notes import NoteTable
+from musegen.music.notes import NoteTable, Track
 from musegen.tokenizers.groove import GrooveTokenizer
 
 MMA_FILES = sorted((GOLDEN / "groove_spe").glob("mma_*.mid"))[:6]
@@ -83,21 +82,16 @@ def test_a_perfect_loop_scores_one_late_or_transposed_less_and_silence_zero():
 def test_the_score_is_the_f1_of_onsets_and_pitches_per_bar_worked_out_by_hand():
     # pattern: bar 0 drums kick-snare-kick-snare on the beats, bar 1 drums silent
     loop = Loop(480, {"drums": [{(0, 36), (480, 38), (960, 36), (1440, 38)}, set()]})
-    midi = miditoolkit.MidiFile(ticks_per_beat=480)
-    drums = miditoolkit.Instrument(0, is_drum=True)
     bar = 4 * 480
     # bar 4 (phase 0): two of the four, one extra; bar 5 (phase 1): one note where the pattern rests
-    drums.notes = [
-        miditoolkit.Note(100, p, t, t + 60)
-        for p, t in [(36, 4 * bar), (38, 4 * bar + 480), (42, 4 * bar + 240), (42, 5 * bar)]
-    ]
-    midi.instruments = [drums]
-    notes = NoteTable.from_miditoolkit(midi)
+    hits = [(t, t + 60, p, 100) for p, t in [(36, 4 * bar), (38, 4 * bar + 480), (42, 4 * bar + 240), (42, 5 * bar)]]
+    drums = Track(None, 0, True, "drums")
+    notes = NoteTable.of_tracks(480, [(drums, hits)])
     assert loop.scores(notes, 4, 1) == {"drums": pytest.approx(2 * 2 / (3 + 4))}
     assert loop.scores(notes, 4, 2) == {"drums": pytest.approx((4 / 7 + 0) / 2)}
-    drums.notes = drums.notes[:3]  # both silent in bar 5: that bar is left out
-    assert loop.scores(NoteTable.from_miditoolkit(midi), 4, 2) == {"drums": pytest.approx(4 / 7)}
-    assert math.isnan(loop.scores(NoteTable.from_miditoolkit(midi), 5, 1)["drums"])  # nothing to compare
+    notes = NoteTable.of_tracks(480, [(drums, hits[:3])])  # both silent in bar 5: that bar is left out
+    assert loop.scores(notes, 4, 2) == {"drums": pytest.approx(4 / 7)}
+    assert math.isnan(loop.scores(notes, 5, 1)["drums"])  # nothing to compare
 
 
 @pytest.mark.parametrize("path", MMA_FILES + FREEDOOM_FILES, ids=lambda p: p.stem)

@@ -105,28 +105,6 @@ class NoteTable:
         return cls.from_parsed(read_parts(source), by_role)
 
     @classmethod
-    def from_miditoolkit(cls, midi, by_role: bool = True) -> NoteTable:
-        """A `miditoolkit.MidiFile`."""
-        parts = [
-            Part(
-                inst.name,
-                inst.program,
-                inst.is_drum,
-                np.array([(n.start, n.end, n.pitch, n.velocity) for n in inst.notes], dtype=np.int64).reshape(-1, 4),
-            )
-            for inst in midi.instruments
-        ]
-        parsed = Parsed(
-            "<midi>",
-            int(midi.ticks_per_beat),
-            parts,
-            [(int(t.time), float(t.tempo)) for t in midi.tempo_changes],
-            [(int(s.time), int(s.numerator), int(s.denominator)) for s in midi.time_signature_changes],
-            [(int(m.time), m.text) for m in midi.markers],
-        )
-        return cls.from_parsed(parsed, by_role)
-
-    @classmethod
     def from_score(cls, score: symusic.Score, by_role: bool = True) -> NoteTable:
         """A score parsed by symusic (`musegen.music.midi.load_score`), one track per score track.
         Symusic pairs note-ons and note-offs as miditoolkit does, which REMI's reference pipeline

@@ -133,7 +133,7 @@ def tracks_of_one_note(n: int, pitch: int = 60) -> bytes:
 def test_a_crowded_cell_encodes_to_ids_the_grammar_accepts(tok, source):
     enc = tok.encode(source())
     assert tok.grammar().first_violation(enc.ids) is None
-    assert np.array_equal(tok.encode(midi_bytes(tok.decode(enc.ids))).ids, enc.ids)
+    assert np.array_equal(tok.encode(tok.decode(enc.ids).midi_bytes()).ids, enc.ids)
 
 
 def mirex_rising() -> bytes:

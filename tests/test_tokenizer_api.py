@@ -25,7 +25,7 @@ from musegen.generation.prompt import load_prompt
 from musegen.generation.settings import SampleSettings
 from musegen.model.config import preset
 from musegen.model.transformer import MusicPerformer
-from musegen.music.notes import NoteTable
+from musegen.music.notes import NoteTable, Track
 from musegen.tokenizers import RepresentationError, Tokenizer, load_tokenizer, tokenizer_from_dict
 from musegen.tokenizers.base import Encoding, Grammar
 
@@ -225,16 +225,13 @@ def _mono_class():
             return Encoding(np.array(ids + [self.end_id]), {"notes": len(onsets)})
 
         def decode(self, ids, meta=None):
-            midi = miditoolkit.MidiFile(ticks_per_beat=480)
-            line = miditoolkit.Instrument(0)
-            step = 0
+            notes, step = [], 0
             for token in self.check_ids(ids).tolist():
                 if token in self.step_ids:
                     if token != self.rest_id:
-                        line.notes.append(miditoolkit.Note(80, 60 + token - 2, step * 120, step * 120 + 120))
+                        notes.append((step * 120, step * 120 + 120, 60 + token - 2, 80))
                     step += 1
-            midi.instruments.append(line)
-            return midi
+            return NoteTable.of_tracks(480, [(Track(None, 0, False, "other"), notes)])
 
         def grammar(self):
             return _MonoGrammar(self)

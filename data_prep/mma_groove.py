@@ -190,9 +190,8 @@ class MmaGroove(Corpus):
             return
         for name in shards.names("test"):
             enc = tokenizer.encode(out / "g2g" / f"{name}.mid")
-            midi = tokenizer.decode(enc.ids, enc.report["meta"])
-            with atomic_path(out / "references" / f"{name}.mid") as tmp:
-                midi.dump(str(tmp))
+            piece = tokenizer.decode(enc.ids, enc.report["meta"])
+            write_bytes(out / "references" / f"{name}.mid", piece.midi_bytes())
 
 
 prepare = MmaGroove().prepare

@@ -13,8 +13,6 @@ import os
 from pathlib import Path
 from typing import Iterable, NamedTuple
 
-import miditoolkit
-
 from . import schemas
 from .errors import MidiError
 from .io import write_json
@@ -56,25 +54,24 @@ def sixteenths(ticks: int, ticks_per_beat: int) -> int:
     return int((8 * int(ticks) + ticks_per_beat) // (2 * ticks_per_beat))
 
 
-def origin_offset(notes: list[Note], decoded: miditoolkit.MidiFile) -> int:
+def origin_offset(notes: list[Note], decoded: NoteTable) -> int:
     """What to add to a 16th-note time of the decoded prompt to get the JSON's time: the tokens
     may not keep the origin (an encoder that drops leading empty bars, such as a blank pickup)."""
-    onsets = [n.start for inst in decoded.instruments for n in inst.notes]
-    return notes[0].start - sixteenths(min(onsets), decoded.ticks_per_beat) if onsets else 0
+    return notes[0].start - sixteenths(decoded.start.min(), decoded.tpq) if len(decoded) else 0
 
 
-def generation(notes: Iterable[miditoolkit.Note], ticks_per_beat: int, offset: int) -> list[dict[str, int]]:
+def generation(notes: NoteTable, offset: int) -> list[dict[str, int]]:
     """Decoded notes as task notes: 16ths from the prompt's origin, each at least a 16th long.
     The format holds a piece of MAX_BARS bars from that origin (schemas.MIREX_MAX_TIME): a note
     held past its end is cut there, one that starts after it left out (only a continuation of
     thousands of bars reaches it: a prompt ends by MIREX_PROMPT_MAX_TIME)."""
     out = []
-    for n in notes:
-        start = sixteenths(n.start, ticks_per_beat) + offset  # the origin first, then the bound
+    for on, off, pitch in zip(notes.start.tolist(), notes.end.tolist(), notes.pitch.tolist()):
+        start = sixteenths(on, notes.tpq) + offset  # the origin first, then the bound
         if start >= schemas.MIREX_MAX_TIME:
             continue
-        end = min(sixteenths(n.end, ticks_per_beat) + offset, schemas.MIREX_MAX_TIME)
-        out.append({"start": start, "pitch": int(n.pitch), "duration": max(1, end - start)})
+        end = min(sixteenths(off, notes.tpq) + offset, schemas.MIREX_MAX_TIME)
+        out.append({"start": start, "pitch": pitch, "duration": max(1, end - start)})
     return sorted(out, key=lambda n: (n["start"], n["pitch"], n["duration"]))
 
 

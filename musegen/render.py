@@ -26,10 +26,10 @@ import symusic
 from .errors import DiskFullError, MusegenError, ResourceError
 from .io import atomic_path, printable, read_head
 from .music.midi import load_score
+from .music.notes import PROMPT_END_MARKER
 from .plots import pyplot, save_png
 
 INSTALL_HINT = "apt-get install fluidsynth fluid-soundfont-gm"
-PROMPT_END_MARKER = "musegen:prompt_end"
 SAMPLE_RATE = 44100
 MAX_MINUTES = 30.0  # default bound on a render: 30 minutes of 44.1 kHz stereo 16-bit is 318 MB of WAV
 TAIL_SECONDS = 5.0  # FluidSynth plays on after the last note until the voices have died out

@@ -9,7 +9,7 @@ from typing import Any
 from tqdm import tqdm
 
 from .errors import DataError, TokenError
-from .io import NAME_MAX, TEMP_NAME_EXTRA, atomic_path, name_fits
+from .io import NAME_MAX, TEMP_NAME_EXTRA, name_fits, write_bytes
 from .music.midi import MIDI_SUFFIXES
 from .shards import Shards, resolve_split
 
@@ -58,15 +58,14 @@ def export_midi(
             existing.append(name)
             continue
         try:
-            midi = tokenizer.decode(ids)
+            piece = tokenizer.decode(ids)
         except TokenError as exc:
             skipped[name] = f"cannot decode: {str(exc).splitlines()[0]}"
             continue
-        if not any(inst.notes for inst in midi.instruments):
+        if not len(piece):
             skipped[name] = "decodes to no notes"
             continue
-        with atomic_path(path) as tmp:
-            midi.dump(str(tmp))
+        write_bytes(path, piece.midi_bytes())
         written.append(name)
     return {
         "split": found,

@@ -17,14 +17,14 @@ from musegen.checkpoint import load_checkpoint
 from musegen.cli import main
 from musegen.errors import ConfigError
 from musegen.evaluation.run_continuation import ContinuationSettings, evaluate_continuation
-from musegen.evaluation.run_copy import built_patterns, prepare
+from musegen.evaluation.run_copy import prepare
 from musegen.generation.cache import SuffixCache, cache_probs, continuations
 from musegen.generation.constraints import Row
 from musegen.generation.loop import constraint_chain, generate
 from musegen.generation.settings import SampleSettings
 from musegen.metrics.copy_score import CopyScore
 from musegen.metrics.metric import Span
-from musegen.music.notes import NoteTable
+from musegen.music.grooves import built_patterns
 
 GROOVE_DUR = Path(__file__).resolve().parents[1] / "checkpoints" / "groove-dur"
 
@@ -120,7 +120,7 @@ def copy_scores(model, tokenizer, cache: float | None) -> list[float]:
         samples, stats = generate(model, tokenizer, item.prompt, settings, progress=False)
         assert stats["invalid"] == 0
         for sample in samples:
-            notes = NoteTable.from_miditoolkit(tokenizer.decode(sample.ids))
+            notes = tokenizer.decode(sample.ids)
             by_role = CopyScore().compute(Span(notes, item.prompt.bars, 4, {"loop": item.loop}))
             scores.append(np.nanmean([by_role[role] for role in tokenizer.roles]))
     return scores

@@ -9,7 +9,6 @@ import json
 import math
 import shutil
 
-import miditoolkit
 import muspy
 import numpy as np
 import pytest
@@ -35,21 +34,21 @@ from musegen.metrics.span import pitch_classes, role_metrics, sounding, span_met
 from musegen.metrics.style import reference_profiles, style_metrics
 from musegen.model.config import preset
 from musegen.model.transformer import MusicPerformer
-from musegen.music.notes import NoteTable
+from musegen.music.notes import NoteTable, Track
 from musegen.shards import Shards
 from musegen.tokenizers.groove import GrooveTokenizer
 
 TPB = 480
 
 
-def midi_of(tracks: dict[tuple[int, bool], list[tuple[float, float, int]]]) -> miditoolkit.MidiFile:
-    """A MIDI file from {(program, is_drum): [(start beat, duration in beats, pitch)]}."""
-    midi = miditoolkit.MidiFile(ticks_per_beat=TPB)
-    for (program, is_drum), notes in tracks.items():
-        inst = miditoolkit.Instrument(program=program, is_drum=is_drum)
-        inst.notes = [miditoolkit.Note(100, p, int(s * TPB), int((s + d) * TPB)) for s, d, p in notes]
-        midi.instruments.append(inst)
-    return midi
+def piece_of(tracks: dict[tuple[int, bool], list[tuple[float, float, int]]]) -> NoteTable:
+    """A piece from {(program, is_drum): [(start beat, duration in beats, pitch)]}, read back from
+    its MIDI file so that its tracks get their roles as a file's do."""
+    written = [
+        (Track(None, program, is_drum), [(int(s * TPB), int((s + d) * TPB), p, 100) for s, d, p in notes])
+        for (program, is_drum), notes in tracks.items()
+    ]
+    return NoteTable.read(NoteTable.of_tracks(TPB, written).midi_bytes())
 
 
 # Bar 0 (the prompt): C4 E4 G4 quarter notes. Bars 1-2 (the span): C3 held for bar 1 with E4 then
@@ -58,7 +57,7 @@ PIANO = [(0, 1, 60), (1, 1, 64), (2, 1, 67), (4, 4, 48), (4, 1, 64), (5, 1, 67),
 
 
 def test_every_span_metric_on_a_piece_worked_out_by_hand():
-    notes = NoteTable.from_miditoolkit(midi_of({(0, False): PIANO}))
+    notes = piece_of({(0, False): PIANO})
     prompt = pitch_classes(notes.onsets_in(0, 1))
     m = span_metrics(notes, first_bar=1, bars=2, prompt_classes=prompt)
     assert m["notes per bar"] == 4 / 2
@@ -78,7 +77,7 @@ def test_every_span_metric_on_a_piece_worked_out_by_hand():
 
 def test_polyphony_and_groove_consistency_agree_with_muspy():
     span = [(s - 4, d, p) for s, d, p in PIANO if s >= 4]  # the span alone, starting at 0
-    notes = NoteTable.from_miditoolkit(midi_of({(0, False): span}))
+    notes = piece_of({(0, False): span})
     music = muspy.Music(
         resolution=4, tracks=[muspy.Track(notes=[muspy.Note(int(s * 4), p, int(d * 4)) for s, d, p in span])]
     )
@@ -89,7 +88,7 @@ def test_polyphony_and_groove_consistency_agree_with_muspy():
     assert m["scale consistency"] == pytest.approx(muspy.scale_consistency(music))
     # muspy's rate runs over its piano roll, to the last note's end: a chord of three filling the bar
     chord = [(0, 4, 60), (0, 4, 64), (1, 2, 67), (1, 1, 71)]
-    notes = NoteTable.from_miditoolkit(midi_of({(0, False): chord}))
+    notes = piece_of({(0, False): chord})
     music = muspy.Music(
         resolution=4, tracks=[muspy.Track(notes=[muspy.Note(int(s * 4), p, int(d * 4)) for s, d, p in chord])]
     )
@@ -102,7 +101,7 @@ def test_polyphony_and_groove_consistency_agree_with_muspy():
 
 def test_a_note_sounds_where_it_overlaps_the_grid():
     # held from the prompt into the span; ending exactly on a step edge; shorter than a step
-    notes = NoteTable.from_miditoolkit(midi_of({(0, False): [(3, 1.5, 60), (4.25, 0.25, 62), (5.1, 0.05, 64)]}))
+    notes = piece_of({(0, False): [(3, 1.5, 60), (4.25, 0.25, 62), (5.1, 0.05, 64)]})
     roll = sounding(notes, first_bar=1, bars=1)
     assert np.flatnonzero(roll[:, 60]).tolist() == [0, 1]  # beats 4 to 4.5: steps 0 and 1
     assert np.flatnonzero(roll[:, 62]).tolist() == [1]  # 4.25 to 4.5: step 1 only, not step 2
@@ -113,7 +112,7 @@ def test_a_note_sounds_where_it_overlaps_the_grid():
 
 
 def test_an_empty_span_is_silent_and_has_no_pitch_statistics():
-    notes = NoteTable.from_miditoolkit(midi_of({(0, False): [(0, 1, 60)]}))
+    notes = piece_of({(0, False): [(0, 1, 60)]})
     m = span_metrics(notes, first_bar=1, bars=2, prompt_classes=np.ones(12))
     assert m["notes per bar"] == 0 and m["silent beats"] == 1.0 and m["pitch-class cosine"] == 0.0
     assert m["bars with a low note"] == 0.0 and m["groove consistency"] == 1.0
@@ -137,11 +136,11 @@ def groove_piece(bars: int, bass_pitch: int = 36, swap: bool = False, bass_until
             bass += [(t, 1.5, bass_pitch), (t + 2, 1.5, bass_pitch + 7)]
         drums += [(t + k, 0.25, 36 if k % 2 == 0 else 38) for k in range(4)] + [(t + k / 2, 0.25, 42) for k in range(8)]
         piano += [(t + (1 if swap else 0), 2, 60), (t + (1 if swap else 0), 2, 64), (t + 3, 1, 67)]
-    return midi_of({(33, False): bass, (0, True): drums, (0, False): piano})
+    return piece_of({(33, False): bass, (0, True): drums, (0, False): piano})
 
 
 def test_role_and_style_metrics_on_a_repeated_groove():
-    notes = NoteTable.from_miditoolkit(groove_piece(8, bass_until=7))
+    notes = groove_piece(8, bass_until=7)
     m = role_metrics(notes, first_bar=4, bars=4, roles=["bass", "drums", "other"])
     assert m["bass notes per bar"] == 6 / 4 and m["drums notes per bar"] == 12
     assert m["other notes per bar"] == 3 and m["other median duration"] == 2 and m["bass median duration"] == 1.5
@@ -315,8 +314,8 @@ def test_short_pieces_are_skipped_and_counted(pop, tmp_path):
 def test_groove_protocol_adds_roles_and_style(tmp_path, one_torch_thread):
     pieces = {f"p{k}": groove_piece(12, bass_pitch=33 + k, swap=k % 2 == 1) for k in range(3)}
     items = []
-    for name, midi in pieces.items():
-        midi.dump(str(tmp_path / f"{name}.mid"))
+    for name, piece in pieces.items():
+        (tmp_path / f"{name}.mid").write_bytes(piece.midi_bytes())
         items.append(Item(name=name, path=tmp_path / f"{name}.mid", group=name))
     tok = GrooveTokenizer()
     prepare(tok, items, tmp_path / "data", {"test": 1.0}, workers=1, split_of=lambda group: "test")
@@ -419,7 +418,7 @@ def test_a_folder_of_midi_files_is_continued_tune_by_tune(tmp_path, one_torch_th
     for path in tunes:
         record = records[path.stem]
         assert record["floor_piece"] == next(p.stem for p in tunes if p != path)
-        notes = NoteTable.from_miditoolkit(tok.decode(tok.encode(path).ids))  # the tune as the tokenizer reads it
+        notes = tok.decode(tok.encode(path).ids)  # the tune as the tokenizer reads it
         span = notes.select(notes.role == "bass").onsets_in(record["span_start_bar"], 2)
         assert record["real"]["bass notes per bar"] == [len(span) / 2]
         assert record["span_start_bar"] == notes.first_bar() + 3  # pickup bar + 2 prompt bars

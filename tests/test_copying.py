@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
-import miditoolkit
+import numpy as np
 import pytest
 from conftest import DATA, GOLDEN
 from tiny_models import tiny_checkpoint
@@ -16,19 +17,10 @@ from data_prep.common import Item
 from data_prep.common import prepare as prepare_shards
 from musegen.cli import main
 from musegen.errors import DataError
-from musegen.evaluation.run_copy import (
-    BUILT_GROOVES,
-    PROMPT_BARS,
-    Pattern,
-    built_patterns,
-    corpus_patterns,
-    cut_pattern,
-    loop_scores,
-    prepare,
-    silence,
-)
+from musegen.evaluation.run_copy import PROMPT_BARS, corpus_patterns, loop_scores, prepare
 from musegen.metrics.copy_score import Loop
-from musegen.music.notes import NoteTable
+from musegen.music.grooves import BUILT_GROOVES, Pattern, built_patterns, cut_pattern
+from musegen.music.notes import NoteTable, Track
 from musegen.tokenizers.groove import GrooveTokenizer
 
 MMA_FILES = sorted((GOLDEN / "groove_spe").glob("mma_*.mid"))[:6]
@@ -39,46 +31,39 @@ TOK = GrooveTokenizer()
 def moved(pattern: Pattern, ticks: int = 0, semitones: int = 0) -> Pattern:
     """The pattern with every note `ticks` later and every pitched note `semitones` higher (notes
     moved past its end are dropped)."""
-    midi = miditoolkit.MidiFile(ticks_per_beat=pattern.midi.ticks_per_beat)
-    midi.tempo_changes, midi.time_signature_changes = pattern.midi.tempo_changes, pattern.midi.time_signature_changes
-    end = 2 * 4 * midi.ticks_per_beat
-    for inst in pattern.midi.instruments:
-        copy = miditoolkit.Instrument(inst.program, is_drum=inst.is_drum, name=inst.name)
-        shift = 0 if inst.is_drum else semitones
-        copy.notes = [
-            miditoolkit.Note(n.velocity, n.pitch + shift, n.start + ticks, min(n.end + ticks, end))
-            for n in inst.notes
-            if n.start + ticks < end
-        ]
-        midi.instruments.append(copy)
-    return Pattern(pattern.name + " moved", pattern.source, midi)
+    notes = pattern.notes
+    end = 2 * 4 * notes.tpq
+    drums = np.array([t.is_drum for t in notes.tracks])[notes.track]
+    start = notes.start + ticks
+    pitch = np.where(drums, notes.pitch, notes.pitch + semitones)
+    shifted = replace(notes, start=start, end=np.minimum(notes.end + ticks, end), pitch=pitch)
+    return Pattern(pattern.name + " moved", pattern.source, shifted.select(start < end))
 
 
 def real_pattern(path, every_role: bool = False) -> Pattern:
     """2 bars of a real file as the tokenizer reads it: from the first bar with a note, or with
     `every_role` from the first bar where bass, drums and other play in both bars."""
-    midi = TOK.decode(TOK.encode(path).ids)
-    notes = NoteTable.from_miditoolkit(midi)
+    notes = TOK.decode(TOK.encode(path).ids)
     first = next(
         b
         for b in range(notes.first_bar(), notes.last_onset_bar())
         if not every_role
         or all(set(notes.onsets_in(b + k, 1).role.tolist()) == {"bass", "drums", "other"} for k in (0, 1))
     )
-    return cut_pattern(midi, first, path.stem, "corpus")
+    return cut_pattern(notes, first, path.stem, "corpus")
 
 
 def test_the_built_grooves_are_distinct_two_bar_trios():
     patterns = built_patterns()
     assert len(patterns) == len(BUILT_GROOVES) >= 4
     for pattern in patterns:
-        notes = NoteTable.from_miditoolkit(pattern.midi)
+        notes = pattern.notes
         assert set(notes.role.tolist()) == {"bass", "drums", "other"}
         assert notes.start.min() == 0 and notes.beats(notes.start).max() < 8
         for role in ("bass", "other"):  # the second bar changes chord
             mine = notes.select(notes.role == role)
             assert set(mine.onsets_in(0, 1).pitch.tolist()) != set(mine.onsets_in(1, 1).pitch.tolist())
-    tempos = {p.midi.tempo_changes[0].tempo for p in patterns}
+    tempos = {p.notes.tempos[0][1] for p in patterns}
     assert len(tempos) >= 3
 
 
@@ -86,9 +71,9 @@ def test_a_perfect_loop_scores_one_late_or_transposed_less_and_silence_zero():
     for pattern in built_patterns():
         loop = prepare(TOK, pattern).loop
         assert loop_scores(TOK, loop, pattern, 4) == {"bass": 1.0, "drums": 1.0, "other": 1.0}, pattern.name
-        assert loop.scores(silence(), PROMPT_BARS, 4) == {"bass": 0.0, "drums": 0.0, "other": 0.0}
+        assert loop.scores(NoteTable.empty(480), PROMPT_BARS, 4) == {"bass": 0.0, "drums": 0.0, "other": 0.0}
         # one step of the tokenizer's grid (1/12 beat) late: no onset is where it was
-        late = loop_scores(TOK, loop, moved(pattern, ticks=pattern.midi.ticks_per_beat // 12), 4)
+        late = loop_scores(TOK, loop, moved(pattern, ticks=pattern.notes.tpq // 12), 4)
         assert late == {"bass": 0.0, "drums": 0.0, "other": 0.0}, pattern.name
         # a tone up: the drums (never transposed) still loop, bass and chords miss every note
         assert loop_scores(TOK, loop, moved(pattern, semitones=2), 4) == {"bass": 0.0, "drums": 1.0, "other": 0.0}
@@ -97,21 +82,16 @@ def test_a_perfect_loop_scores_one_late_or_transposed_less_and_silence_zero():
 def test_the_score_is_the_f1_of_onsets_and_pitches_per_bar_worked_out_by_hand():
     # pattern: bar 0 drums kick-snare-kick-snare on the beats, bar 1 drums silent
     loop = Loop(480, {"drums": [{(0, 36), (480, 38), (960, 36), (1440, 38)}, set()]})
-    midi = miditoolkit.MidiFile(ticks_per_beat=480)
-    drums = miditoolkit.Instrument(0, is_drum=True)
     bar = 4 * 480
     # bar 4 (phase 0): two of the four, one extra; bar 5 (phase 1): one note where the pattern rests
-    drums.notes = [
-        miditoolkit.Note(100, p, t, t + 60)
-        for p, t in [(36, 4 * bar), (38, 4 * bar + 480), (42, 4 * bar + 240), (42, 5 * bar)]
-    ]
-    midi.instruments = [drums]
-    notes = NoteTable.from_miditoolkit(midi)
+    hits = [(t, t + 60, p, 100) for p, t in [(36, 4 * bar), (38, 4 * bar + 480), (42, 4 * bar + 240), (42, 5 * bar)]]
+    drums = Track(None, 0, True, "drums")
+    notes = NoteTable.of_tracks(480, [(drums, hits)])
     assert loop.scores(notes, 4, 1) == {"drums": pytest.approx(2 * 2 / (3 + 4))}
     assert loop.scores(notes, 4, 2) == {"drums": pytest.approx((4 / 7 + 0) / 2)}
-    drums.notes = drums.notes[:3]  # both silent in bar 5: that bar is left out
-    assert loop.scores(NoteTable.from_miditoolkit(midi), 4, 2) == {"drums": pytest.approx(4 / 7)}
-    assert math.isnan(loop.scores(NoteTable.from_miditoolkit(midi), 5, 1)["drums"])  # nothing to compare
+    notes = NoteTable.of_tracks(480, [(drums, hits[:3])])  # both silent in bar 5: that bar is left out
+    assert loop.scores(notes, 4, 2) == {"drums": pytest.approx(4 / 7)}
+    assert math.isnan(loop.scores(notes, 5, 1)["drums"])  # nothing to compare
 
 
 @pytest.mark.parametrize("path", MMA_FILES + FREEDOOM_FILES, ids=lambda p: p.stem)
@@ -145,8 +125,7 @@ def test_corpus_patterns_are_the_first_two_playing_bars_of_one_piece_a_style(gro
     assert [p.name for p in patterns] == [f"style{i // 2}/{p.stem}" for i, p in zip((0, 2, 4, 1), chosen)]
     assert not skipped
     for pattern, path in zip(patterns, chosen):
-        wanted = NoteTable.from_miditoolkit(real_pattern(path).midi)
-        got = NoteTable.from_miditoolkit(pattern.midi)
+        wanted, got = real_pattern(path).notes, pattern.notes
         assert sorted(zip(got.start, got.pitch)) == sorted(zip(wanted.start, wanted.pitch))
     with pytest.raises(DataError, match="no split"):
         corpus_patterns(groove_corpus, "nope", 3)

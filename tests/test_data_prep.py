@@ -237,8 +237,8 @@ def test_prepare_chorales_from_music21(tmp_path):
     assert sum(1 for i in ids if tok.pitch_of[i] >= 0) == n_notes
     # the pickup is padded so the first full bar starts on a REMI Bar
     pickup = float(score.parts[0].getElementsByClass("Measure")[0].paddingLeft or 0)
-    midi = tok.decode(ids)
-    assert min(n.start for n in midi.instruments[0].notes) == round(pickup * midi.ticks_per_beat)
+    piece = tok.decode(ids)
+    assert piece.start.min() == round(pickup * piece.tpq)
 
 
 def _events_of(tok, ids):

@@ -171,10 +171,10 @@ def test_groove2groove_names_decide_the_roles_and_the_count_in_is_dropped():
     assert notes[1].tolist() == [[1, 40, 0, 24]]
     assert 37 not in notes[2][:, 1] and notes[2][:, 2].min() == 0
     assert meta["tempos"] == [[0, 100.0], [48, 140.0]]
-    midi = TOK.decode(enc.ids, meta)
-    assert [(t.tempo, t.time) for t in midi.tempo_changes] == [(100.0, 0), (140.0, 48 * 40)]
-    assert [i.name for i in midi.instruments] == ["Bass", "Drums", "Other"]
-    again = TOK.encode(dump(midi))  # musegen's own names: no count-in to drop
+    piece = TOK.decode(enc.ids, meta)
+    assert piece.tempos == [(0, 100.0), (48 * 40, 140.0)]
+    assert [(t.name, t.role) for t in piece.tracks] == [("Bass", "bass"), ("Drums", "drums"), ("Other", "other")]
+    again = TOK.encode(piece.midi_bytes())  # musegen's own names: no count-in to drop
     assert np.array_equal(again.ids, enc.ids) and again.report["meta"]["tempos"] == meta["tempos"]
 
 
@@ -233,7 +233,7 @@ def test_crossing_notes_of_merged_parts_are_paired_first_in_first_out():
     enc, notes = trio_of(data)
     assert notes[2].tolist() == [[2, 36, 0, 1], [2, 36, 1, 2]] and enc.report["crossing_notes"] == 2
     assert TOK.grammar().first_violation(enc.ids) is None
-    assert TOK.encode(dump(TOK.decode(enc.ids))).ids.tolist() == enc.ids.tolist()
+    assert TOK.encode(TOK.decode(enc.ids).midi_bytes()).ids.tolist() == enc.ids.tolist()
 
 
 @settings(max_examples=60, deadline=None)
@@ -261,13 +261,13 @@ def test_serialize_then_notes_ends_each_slot_first_in_first_out(raw):
 
 def test_decode_writes_three_tracks_with_programs_and_drum_channel(tmp_path):
     enc, notes = trio_of(midi_bytes([PIANO, DRUMS, BASS, STRINGS]))
-    midi = TOK.decode(enc.ids, enc.report["meta"])
-    assert [(i.program, i.is_drum) for i in midi.instruments] == [(33, False), (0, True), (0, False)]
+    piece = TOK.decode(enc.ids, enc.report["meta"])
+    assert [(t.program, t.is_drum) for t in piece.tracks] == [(33, False), (0, True), (0, False)]
     default = TOK.decode(enc.ids)
-    assert default.instruments[0].program == 33 and default.instruments[2].program == 0
+    assert default.tracks[0].program == 33 and default.tracks[2].program == 0
     custom = GrooveTokenizer(programs={"other": 48}).decode(enc.ids)
-    assert custom.instruments[2].program == 48
-    midi.dump(str(tmp_path / "out.mid"))
+    assert custom.tracks[2].program == 48
+    (tmp_path / "out.mid").write_bytes(piece.midi_bytes())
     score = symusic.Score(str(tmp_path / "out.mid"))
     drums = [t for t in score.tracks if t.is_drum]
     assert len(drums) == 1 and len(drums[0].notes) == len(notes[2])

@@ -22,9 +22,10 @@ from tokenizer_properties import check_decode_total, closed_walk
 
 from musegen.errors import DataError, TokenError
 from musegen.generation.loop import generate
-from musegen.generation.outputs import new_notes, write_samples
+from musegen.generation.outputs import write_samples
 from musegen.generation.prompt import load_prompt
 from musegen.generation.settings import SampleSettings
+from musegen.music.notes import NoteTable
 from musegen.shards import Shards
 from musegen.tokenizers import load_tokenizer, tokenizer_from_dict
 from musegen.tokenizers.groove import GrooveTokenizer
@@ -89,7 +90,7 @@ def check_keeps_notes(path) -> None:
         if room is not None and want > room:
             want = max(d for d in DURATIONS.tolist() if d <= room)
         assert off - on == want
-    assert TOK.encode(dump(TOK.decode(encoding.ids, encoding.meta))).ids.tolist() == encoding.ids.tolist()
+    assert TOK.encode(TOK.decode(encoding.ids, encoding.meta).midi_bytes()).ids.tolist() == encoding.ids.tolist()
 
 
 # ---- real MMA renderings --------------------------------------------------------------------------
@@ -166,9 +167,9 @@ def test_midi_built_here_keeps_onsets_pitches_roles_and_durations():
     assert {tuple(n) for n in TOK.notes(encoding.ids).tolist()} == want
     assert [encoding.report[k] for k in ("merged_notes", "cut_notes", "long_notes")] == [1, 1, 1]
     assert TOK.vocab[encoding.ids[1]] == "Note_1_36" and TOK.vocab[encoding.ids[2]] == "Duration_12"
-    midi = TOK.decode(encoding.ids, encoding.meta)
-    assert [i.name for i in midi.instruments] == ["Bass", "Drums", "Other"] and midi.instruments[1].is_drum
-    assert TOK.encode(dump(midi)).ids.tolist() == encoding.ids.tolist()
+    piece = TOK.decode(encoding.ids, encoding.meta)
+    assert [t.name for t in piece.tracks] == ["Bass", "Drums", "Other"] and piece.tracks[1].is_drum
+    assert TOK.encode(piece.midi_bytes()).ids.tolist() == encoding.ids.tolist()
 
 
 def test_durations_are_a_log_grid_up_to_four_bars():
@@ -264,7 +265,7 @@ def test_every_accepted_sequence_is_the_encoding_of_its_notes(data):
     ids = random_walk(data, 80)
     assert TOK.grammar().first_violation(ids) is None
     assert serialize(decode_notes(np.array(ids)))[0].tolist() == ids
-    assert TOK.encode(dump(TOK.decode(ids))).ids.tolist() == ids
+    assert TOK.encode(TOK.decode(ids).midi_bytes()).ids.tolist() == ids
 
 
 NOTES = st.lists(
@@ -311,8 +312,8 @@ def test_a_tiny_model_samples_valid_midi_through_the_real_sampler(tmp_path, one_
     for sample, record in zip(samples, records):
         assert tok.grammar().first_violation(sample.ids) is None and sample.closed
         midi = miditoolkit.MidiFile(str(tmp_path / record["midi"]))
-        fresh = new_notes(prompt, midi)
-        assert fresh and all(2 * 1920 <= n.start < 4 * 1920 for n in fresh)
+        fresh = NoteTable.read(tmp_path / record["midi"]).after_prompt()
+        assert len(fresh) and all(2 * 1920 <= start < 4 * 1920 for start in fresh.start.tolist())
         lengths = {(n.end - n.start) // UNIT for inst in midi.instruments if not inst.is_drum for n in inst.notes}
         assert lengths <= set(DURATIONS.tolist())
         assert len(tok.encode(tmp_path / record["midi"]).ids) > len(prompt.ids)

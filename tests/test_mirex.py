@@ -12,6 +12,7 @@ from tiny_models import tiny_checkpoint
 from musegen import mirex
 from musegen.cli import main
 from musegen.errors import MusegenError
+from musegen.music.notes import NoteTable, Track
 from musegen.render import PROMPT_END_MARKER
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -80,17 +81,19 @@ def test_a_bad_prompt_file_is_one_clear_line(tmp_path, content, message):
 
 
 def test_generation_counts_16ths_from_the_prompts_origin():
-    notes = [miditoolkit.Note(80, 60, 0, 120), miditoolkit.Note(80, 62, 1920, 2400), miditoolkit.Note(80, 64, 59, 61)]
-    assert mirex.generation(notes, 480, 16) == [
+    notes = piano([(0, 120, 60, 80), (1920, 2400, 62, 80), (59, 61, 64, 80)])
+    assert mirex.generation(notes, 16) == [
         {"start": 16, "pitch": 60, "duration": 1},
         {"start": 16, "pitch": 64, "duration": 1},  # 59 ticks is nearer 0 than a 16th; a note lasts >= 1
         {"start": 32, "pitch": 62, "duration": 4},
     ]
     # an encoder that drops a blank pickup bar decodes the first note a bar early: the offset puts it back
-    decoded = miditoolkit.MidiFile(ticks_per_beat=480)
-    decoded.instruments.append(miditoolkit.Instrument(0))
-    decoded.instruments[0].notes = [miditoolkit.Note(80, 60, 240, 480)]
-    assert mirex.origin_offset([mirex.Note(18, 60, 2)], decoded) == 16
+    assert mirex.origin_offset([mirex.Note(18, 60, 2)], piano([(240, 480, 60, 80)])) == 16
+
+
+def piano(rows: list[tuple[int, int, int, int]]) -> NoteTable:
+    """One piano track at 480 ticks per beat, notes as (start, end, pitch, velocity)."""
+    return NoteTable.of_tracks(480, [(Track(None, 0, False), rows)])
 
 
 @pytest.fixture(scope="module")

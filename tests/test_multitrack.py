@@ -46,7 +46,7 @@ def test_the_groove_tokenizer_finds_the_roles_and_keeps_their_notes(name):
     kept = roles.busiest()[0]
     assert (kept.name if isinstance(other, str) else kept.program) == other
     assert len(roles.harmonic) >= 1 + (name != "freedoom1_D_E1M6.mid")  # a choice among several tracks
-    midi = tok.decode(encoding.ids, encoding.meta)
+    midi = tok.decode(encoding.ids, encoding.meta).to_miditoolkit()  # the MIDI file as written
     assert [inst.name for inst in midi.instruments] == ["Bass", "Drums", "Other"]
     assert midi.instruments[0].program == bass_program
     unit = midi.ticks_per_beat // UNITS_PER_BEAT

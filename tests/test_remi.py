@@ -19,6 +19,7 @@ import symusic
 from conftest import pop909_files
 
 from musegen.errors import MidiError, TokenError
+from musegen.music.notes import NoteTable
 from musegen.tokenizers import tokenizer_from_dict
 from musegen.tokenizers.remi import RemiTokenizer
 
@@ -89,21 +90,15 @@ def expected_notes(source, tok: RemiTokenizer) -> Counter:
     return Counter((onset - first_bar * tok.positions_per_bar, *rest) for onset, *rest in notes)
 
 
-def decoded_notes(midi: miditoolkit.MidiFile, tok: RemiTokenizer) -> Counter:
+def decoded_notes(piece: NoteTable, tok: RemiTokenizer) -> Counter:
     """(grid position, pitch, duration, velocity) of every decoded note, over all its tracks."""
-    step = midi.ticks_per_beat // tok.beat_resolution
+    step = piece.tpq // tok.beat_resolution
     notes = Counter()
-    for track in midi.instruments:
-        for n in track.notes:
-            assert n.start % step <= tok.max_note_offset  # a cell's notes start a few ticks apart at most
-            notes[(n.start // step, n.pitch, round((n.end - n.start) / step), n.velocity)] += 1
+    columns = (piece.start, piece.end, piece.pitch, piece.velocity)
+    for start, end, pitch, velocity in zip(*(c.tolist() for c in columns)):
+        assert start % step <= tok.max_note_offset  # a cell's notes start a few ticks apart at most
+        notes[(start // step, pitch, round((end - start) / step), velocity)] += 1
     return notes
-
-
-def midi_bytes(midi: miditoolkit.MidiFile) -> bytes:
-    out = io.BytesIO()
-    midi.dump(file=out)
-    return out.getvalue()
 
 
 def _check_song(path):
@@ -113,11 +108,11 @@ def _check_song(path):
         enc = TOK.encode(path)
     except MidiError as exc:
         return [], str(exc)
-    midi = TOK.decode(enc.ids)
-    got, want = decoded_notes(midi, TOK), expected_notes(path, TOK)
+    piece = TOK.decode(enc.ids)
+    got, want = decoded_notes(piece, TOK), expected_notes(path, TOK)
     if got != want:
         problems.append(f"{path}: {sum((want - got).values())} missing, {sum((got - want).values())} extra notes")
-    if not np.array_equal(TOK.encode(midi_bytes(midi)).ids, enc.ids):
+    if not np.array_equal(TOK.encode(piece.midi_bytes()).ids, enc.ids):
         problems.append(f"{path}: decode then encode changes the ids")
     violation = TOK.grammar().first_violation(enc.ids)
     if violation is not None:
@@ -205,9 +200,9 @@ def test_encoding_layout_chords_and_tempo_changes(tmp_path):
         "EOS_None",
     ]
     assert enc.report["notes"] == 4 and enc.report["bars"] == 2
-    midi = TOK.decode(enc.ids)
-    assert [(t.time, round(t.tempo, 3)) for t in midi.tempo_changes] == [(0, 119), (2880, 89)]
-    assert [(m.time, m.text) for m in midi.markers] == [(0, "C_M"), (1920, "N_N")]
+    piece = TOK.decode(enc.ids)
+    assert [(tick, round(qpm, 3)) for tick, qpm in piece.tempos] == [(0, 119), (2880, 89)]
+    assert piece.markers == [(0, "C_M"), (1920, "N_N")]
 
 
 def test_reference_conventions(tmp_path):
@@ -267,10 +262,10 @@ def test_same_pitch_notes_are_all_kept_and_round_trip(tmp_path):
     assert enc.report["notes"] == 6
     cell0 = [n for n in names(enc.ids)[4:] if n.startswith("Note_Pitch")][:4]
     assert cell0 == ["Note_Pitch_67", "Note_Pitch_60", "Note_Pitch_60", "Note_Pitch_64"]  # onset, then falling pitch
-    midi = TOK.decode(enc.ids)
-    assert len(midi.instruments) == 3  # 60 sounds three times at once
-    assert decoded_notes(midi, TOK) == expected_notes(path, TOK)
-    assert np.array_equal(TOK.encode(midi_bytes(midi)).ids, enc.ids)
+    piece = TOK.decode(enc.ids)
+    assert len(piece.tracks) == 3  # 60 sounds three times at once
+    assert decoded_notes(piece, TOK) == expected_notes(path, TOK)
+    assert np.array_equal(TOK.encode(piece.midi_bytes()).ids, enc.ids)
 
 
 def test_pitches_out_of_range_are_folded_and_counted(tmp_path):
@@ -526,8 +521,8 @@ def test_bar_starts_and_decode_of_truncated_or_bad_ids():
         "Note_Velocity_80",
     )
     assert TOK.bar_starts(ids) == [0, 5]
-    midi = TOK.decode(ids + [TOK.pad_id, TOK.pad_id])  # a truncated last note is dropped; padding ignored
-    assert [(n.pitch, n.start) for n in midi.instruments[0].notes] == [(60, 0)]
+    piece = TOK.decode(ids + [TOK.pad_id, TOK.pad_id])  # a truncated last note is dropped; padding ignored
+    assert list(zip(piece.pitch.tolist(), piece.start.tolist())) == [(60, 0)]
     with pytest.raises(TokenError, match="outside the vocabulary"):
         TOK.decode([0, 999])
     with pytest.raises(TokenError, match="may not follow"):

@@ -90,7 +90,7 @@ def walk(tok: RemiTokenizer, seed: int, length: int) -> list[int]:
 def check_walk_round_trip(tok: RemiTokenizer, seed: int, length: int) -> None:
     ids = walk(tok, seed, length)
     assert ids[-2:] == [tok.bar_id, tok.eos_id]
-    again = tok.encode(midi_bytes(tok.decode(ids))).ids.tolist()
+    again = tok.encode(tok.decode(ids).midi_bytes()).ids.tolist()
     if again != ids:
         k = next((i for i, (a, b) in enumerate(zip(again, ids)) if a != b), min(len(again), len(ids)))
         raise AssertionError(
@@ -141,12 +141,12 @@ def check_decode_of_anything(ids: list[int]) -> None:
     tok = TOKENIZERS["pop1k7"]
     started = time.perf_counter()
     try:
-        midi = tok.decode(ids)
+        piece = tok.decode(ids)
     except TokenError as exc:
         assert "\n" not in str(exc)
         return
     assert time.perf_counter() - started < 1.0
-    data = midi_bytes(midi)  # whatever decodes is a MIDI file that loads back
+    data = piece.midi_bytes()  # whatever decodes is a MIDI file that loads back
     try:
         tok.encode(data)
     except MidiError as exc:  # e.g. a layout with no note at all
@@ -192,9 +192,9 @@ def check_note_list(kind: str, tpq: int, tracks) -> None:
         return
     enc = tok.encode(data)
     assert tok.grammar().first_violation(enc.ids) is None
-    midi = tok.decode(enc.ids)
-    assert decoded_notes(midi, tok) == expected_notes(score, tok)
-    assert np.array_equal(tok.encode(midi_bytes(midi)).ids, enc.ids)
+    piece = tok.decode(enc.ids)
+    assert decoded_notes(piece, tok) == expected_notes(score, tok)
+    assert np.array_equal(tok.encode(piece.midi_bytes()).ids, enc.ids)
 
 
 @settings(deadline=None, max_examples=FAST, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -20,11 +20,12 @@ import musegen.generation
 from musegen.checkpoint import load_checkpoint
 from musegen.errors import CheckpointError, MusegenError, TokenError
 from musegen.generation.loop import generate
-from musegen.generation.outputs import new_notes, write_samples
+from musegen.generation.outputs import write_samples
 from musegen.generation.prompt import load_prompt
 from musegen.generation.settings import SampleSettings
 from musegen.model.config import preset
 from musegen.model.transformer import MusicPerformer
+from musegen.music.notes import NoteTable, Track
 from musegen.tokenizers import RepresentationError, Tokenizer, load_tokenizer, tokenizer_from_dict
 from musegen.tokenizers.base import Encoding, Grammar
 
@@ -224,16 +225,13 @@ def _mono_class():
             return Encoding(np.array(ids + [self.end_id]), {"notes": len(onsets)})
 
         def decode(self, ids, meta=None):
-            midi = miditoolkit.MidiFile(ticks_per_beat=480)
-            line = miditoolkit.Instrument(0)
-            step = 0
+            notes, step = [], 0
             for token in self.check_ids(ids).tolist():
                 if token in self.step_ids:
                     if token != self.rest_id:
-                        line.notes.append(miditoolkit.Note(80, 60 + token - 2, step * 120, step * 120 + 120))
+                        notes.append((step * 120, step * 120 + 120, 60 + token - 2, 80))
                     step += 1
-            midi.instruments.append(line)
-            return midi
+            return NoteTable.of_tracks(480, [(Track(None, 0, False, "other"), notes)])
 
         def grammar(self):
             return _MonoGrammar(self)
@@ -277,9 +275,8 @@ def test_a_new_representation_samples_without_touching_the_sampler(mono, tmp_pat
         assert len(mono.bar_starts(sample.ids)) == 5  # 3 prompt bars + 2 new
     records = write_samples(samples, mono, prompt, tmp_path / "out", "line")
     for record in records:
-        decoded = miditoolkit.MidiFile(str(tmp_path / "out" / record["midi"]))
-        fresh = new_notes(prompt, decoded)
-        assert all(3 * 1920 <= n.start < 5 * 1920 for n in fresh)
+        fresh = NoteTable.read(tmp_path / "out" / record["midi"]).after_prompt()
+        assert all(3 * 1920 <= start < 5 * 1920 for start in fresh.start.tolist())
     defaults = SampleSettings(length=4).resolved(mono)
     assert (defaults.temperature, defaults.top_p) == (0.9, 0.95)
 

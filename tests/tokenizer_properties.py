@@ -42,8 +42,8 @@ def closed_walk(
 def check_decode_total(tok, ids) -> None:
     """`ids` decode to the three tracks, or raise a one-line TokenError."""
     try:
-        midi = tok.decode(ids)
+        piece = tok.decode(ids)
     except TokenError as err:
         assert str(err) and "\n" not in str(err)
     else:
-        assert len(midi.instruments) == 3
+        assert len(piece.tracks) == 3

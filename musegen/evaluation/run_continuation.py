@@ -147,7 +147,7 @@ def usable_pieces(
     usable, skipped = [], {}
     for name, ids in zip(names, pieces):
         try:
-            notes = NoteTable.from_miditoolkit(tokenizer.decode(ids), by_role=bool(tokenizer.roles))
+            notes = tokenizer.decode(ids)
         except TokenError as exc:
             skipped[name] = f"cannot decode: {str(exc).splitlines()[0]}"
             continue
@@ -193,7 +193,7 @@ def continue_piece(
     model_values, positions, errors = [], [], 0
     for sample in samples:
         try:
-            notes = NoteTable.from_miditoolkit(tokenizer.decode(sample.ids), by_role=bool(tokenizer.roles))
+            notes = tokenizer.decode(sample.ids)
         except TokenError:
             errors += 1
             continue

@@ -3,8 +3,8 @@
 Continuing a groove is mostly copying: the drum pattern, the bass figure and the chord rhythm of
 the bars just heard. This test asks for nothing else. A *pattern* is 2 bars of a multi-track
 piece: the first 2 bars from the first bar holding a note of a prepared corpus's pieces (the
-test styles), or one of a few grooves built here (`BUILT_GROOVES`: drums, a bass figure and a
-chord rhythm, at several tempos). The prompt is the pattern played twice (4 bars), encoded with
+test styles), or one of a few grooves built by hand (`musegen.music.grooves`: drums, a bass
+figure and a chord rhythm, at several tempos). The prompt is the pattern played twice (4 bars), encoded with
 the model's tokenizer; the model continues it for N bars with the normal sampler and its default
 settings.
 
@@ -20,7 +20,6 @@ Two rows bracket the models' (per tokenizer, since they go through its encoding)
 
 from __future__ import annotations
 
-import io
 import math
 import os
 import re
@@ -29,8 +28,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-import miditoolkit
-import numpy as np
 from tqdm import tqdm
 
 from ..checkpoint import load_checkpoint
@@ -44,7 +41,7 @@ from ..io import write_json
 from ..metrics.copy_score import CopyScore, Loop
 from ..metrics.metric import Span, nan_mean
 from ..metrics.report import fmt, json_safe, write_table
-from ..music.constants import BEATS_PER_BAR
+from ..music.grooves import PATTERN_BARS, TPQ, Pattern, built_patterns, cut_pattern, looped
 from ..music.notes import ROLES, NoteTable
 from ..shards import Shards, resolve_split
 from ..tokenizers.base import Tokenizer
@@ -52,72 +49,12 @@ from ..tokenizers.base import Tokenizer
 if TYPE_CHECKING:
     from ..generation.prompt import Prompt
 
-PATTERN_BARS = 2
 PROMPT_REPEATS = 2  # the prompt: the pattern played this many times
 PROMPT_BARS = PATTERN_BARS * PROMPT_REPEATS
-TPQ = 480  # ticks per beat of the patterns built here
 MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # a model's name is a folder of samples/
 
 
-@dataclass
-class Pattern:
-    """PATTERN_BARS bars of multi-track MIDI (notes from tick 0, none past the pattern's end)."""
-
-    name: str
-    source: str  # "corpus" or "built"
-    midi: miditoolkit.MidiFile
-
-
 # ---- patterns -------------------------------------------------------------------------------------
-
-
-def cut_pattern(midi: miditoolkit.MidiFile, first_bar: int, name: str, source: str) -> Pattern:
-    """Bars first_bar .. first_bar + PATTERN_BARS - 1 of `midi` as a pattern: the notes that start
-    in them, moved to tick 0 and ended at the pattern's end at the latest."""
-    bar = BEATS_PER_BAR * midi.ticks_per_beat
-    lo, hi = first_bar * bar, (first_bar + PATTERN_BARS) * bar
-    out = miditoolkit.MidiFile(ticks_per_beat=midi.ticks_per_beat)
-    out.tempo_changes = [miditoolkit.TempoChange(_tempo_at(midi, lo), 0)]
-    out.time_signature_changes = [miditoolkit.TimeSignature(BEATS_PER_BAR, 4, 0)]
-    for inst in midi.instruments:
-        notes = [
-            miditoolkit.Note(n.velocity, n.pitch, n.start - lo, min(n.end, hi) - lo)
-            for n in inst.notes
-            if lo <= n.start < hi
-        ]
-        if notes:
-            kept = miditoolkit.Instrument(inst.program, is_drum=inst.is_drum, name=inst.name)
-            kept.notes = notes
-            out.instruments.append(kept)
-    return Pattern(name, source, out)
-
-
-def _tempo_at(midi: miditoolkit.MidiFile, tick: int) -> float:
-    before = [t.tempo for t in sorted(midi.tempo_changes, key=lambda t: t.time) if t.time <= tick]
-    return float(before[-1]) if before else 120.0
-
-
-def looped(pattern: Pattern, bars: int) -> bytes:
-    """The pattern played on for `bars` bars (a whole number of repeats, or cut in the last), as
-    MIDI file bytes."""
-    midi = pattern.midi
-    length = PATTERN_BARS * BEATS_PER_BAR * midi.ticks_per_beat
-    out = miditoolkit.MidiFile(ticks_per_beat=midi.ticks_per_beat)
-    out.tempo_changes, out.time_signature_changes = midi.tempo_changes, midi.time_signature_changes
-    repeats = math.ceil(bars / PATTERN_BARS)
-    end = bars * BEATS_PER_BAR * midi.ticks_per_beat
-    for inst in midi.instruments:
-        copy = miditoolkit.Instrument(inst.program, is_drum=inst.is_drum, name=inst.name)
-        copy.notes = [
-            miditoolkit.Note(n.velocity, n.pitch, n.start + k * length, n.end + k * length)
-            for k in range(repeats)
-            for n in inst.notes
-            if n.start + k * length < end
-        ]
-        out.instruments.append(copy)
-    buffer = io.BytesIO()
-    out.dump(file=buffer)
-    return buffer.getvalue()
 
 
 def corpus_patterns(data_dir: str | os.PathLike, split: str, limit: int) -> tuple[list[Pattern], dict[str, str]]:
@@ -141,16 +78,15 @@ def corpus_patterns(data_dir: str | os.PathLike, split: str, limit: int) -> tupl
             break
         name, ids = names[index], pieces[index]
         try:
-            midi = tokenizer.decode(ids)
+            notes = tokenizer.decode(ids)
         except TokenError as exc:
             skipped[name] = f"cannot decode: {str(exc).splitlines()[0]}"
             continue
-        notes = NoteTable.from_miditoolkit(midi)
         first = notes.first_bar()
         if first is None or any(not len(notes.onsets_in(first + k, 1)) for k in range(PATTERN_BARS)):
             skipped[name] = f"fewer than {PATTERN_BARS} playing bars from its first note"
             continue
-        patterns.append(cut_pattern(midi, first, name, "corpus"))
+        patterns.append(cut_pattern(notes, first, name, "corpus"))
     return patterns, skipped
 
 
@@ -165,86 +101,7 @@ def _by_style(names: list[str]) -> list[int]:
     return sorted(range(len(names)), key=lambda i: (rank[i], i))
 
 
-# Each groove: tempo, then per role (program, is_drum) the notes of its 2 bars as (beat, length,
-# pitch); the second bar moves to another chord, so the two bars differ.
-def _groove(
-    tempo: float, bass: list, drums: list, chords: list, bass_program: int = 33, chord_program: int = 0
-) -> dict[str, Any]:
-    return {"tempo": tempo, "parts": [(bass_program, False, bass), (0, True, drums), (chord_program, False, chords)]}
-
-
-def _each(beats, length: float, pitches) -> list[tuple[float, float, int]]:
-    return [(b, length, p) for b in beats for p in pitches]
-
-
-KICK, SNARE, HAT, RIDE, RIM = 36, 38, 42, 51, 37
-C_MAJOR, F_MAJOR, A_MINOR, D_MINOR = (60, 64, 67), (60, 65, 69), (57, 60, 64), (57, 62, 65)
-BUILT_GROOVES = {
-    "rock-8ths": _groove(
-        120,
-        bass=_each([0, 1.5, 2, 3], 0.5, [36]) + _each([4, 5.5, 6, 7], 0.5, [41]),
-        drums=_each([0, 2.5, 4, 6.5], 0.25, [KICK])
-        + _each([1, 3, 5, 7], 0.25, [SNARE])
-        + _each(np.arange(0, 8, 0.5), 0.25, [HAT]),
-        chords=_each([0], 4, C_MAJOR) + _each([4], 4, F_MAJOR),
-    ),
-    "funk-16ths": _groove(
-        100,
-        bass=_each([0, 0.75, 1.5], 0.25, [33])
-        + _each([2.5, 3.25], 0.25, [45])
-        + _each([4, 4.75, 5.5], 0.25, [38])
-        + _each([6.5, 7.25], 0.25, [50]),
-        drums=_each([0, 0.75, 2.5, 4, 4.75, 6.5], 0.25, [KICK])
-        + _each([1, 3, 5, 7], 0.25, [SNARE])
-        + _each(np.arange(0, 8, 0.25), 0.125, [HAT]),
-        chords=_each([0.5, 1.75, 3.5], 0.25, A_MINOR) + _each([4.5, 5.75, 7.5], 0.25, D_MINOR),
-        chord_program=27,
-    ),
-    "bossa": _groove(
-        140,
-        bass=_each([0, 1.5], 0.5, [36])
-        + _each([2, 3.5], 0.5, [43])
-        + _each([4, 5.5], 0.5, [38])
-        + _each([6, 7.5], 0.5, [45]),
-        drums=_each([0, 1.5, 2, 3.5, 4, 5.5, 6, 7.5], 0.25, [KICK])
-        + _each([0, 1.5, 3, 4.5, 5.5, 6.5], 0.25, [RIM])
-        + _each(np.arange(0, 8, 0.5), 0.25, [HAT]),
-        chords=_each([0, 1.5, 3], 1, C_MAJOR) + _each([4.5, 5.5, 7], 1, D_MINOR),
-        chord_program=24,
-    ),
-    "shuffle": _groove(
-        90,
-        bass=_each([0, 1, 2, 3], 2 / 3, [36])
-        + _each([b + 2 / 3 for b in range(4)], 1 / 3, [43])
-        + _each([4, 5, 6, 7], 2 / 3, [41])
-        + _each([b + 2 / 3 for b in range(4, 8)], 1 / 3, [48]),
-        drums=_each([0, 2, 4, 6], 0.25, [KICK])
-        + _each([1, 3, 5, 7], 0.25, [SNARE])
-        + _each([b + t for b in range(8) for t in (0, 2 / 3)], 0.25, [RIDE]),
-        chords=_each([1, 3], 2 / 3, C_MAJOR) + _each([5, 7], 2 / 3, F_MAJOR),
-    ),
-}
-
-
-def built_patterns() -> list[Pattern]:
-    patterns = []
-    for name, groove in BUILT_GROOVES.items():
-        midi = miditoolkit.MidiFile(ticks_per_beat=TPQ)
-        midi.tempo_changes = [miditoolkit.TempoChange(groove["tempo"], 0)]
-        midi.time_signature_changes = [miditoolkit.TimeSignature(BEATS_PER_BAR, 4, 0)]
-        for program, is_drum, notes in groove["parts"]:
-            inst = miditoolkit.Instrument(program, is_drum=is_drum)
-            inst.notes = [miditoolkit.Note(100, int(p), round(b * TPQ), round((b + d) * TPQ)) for b, d, p in notes]
-            midi.instruments.append(inst)
-        patterns.append(Pattern(f"built/{name}", "built", midi))
-    return patterns
-
-
 # ---- scoring --------------------------------------------------------------------------------------
-
-
-def silence() -> NoteTable:
-    return NoteTable.from_miditoolkit(miditoolkit.MidiFile())
 
 
 @dataclass
@@ -260,18 +117,17 @@ def prepare(tokenizer: Tokenizer, pattern: Pattern) -> Prepared:
     """The pattern's prompt (played PROMPT_REPEATS times, encoded) and its loop; DataError when
     the tokenizer does not keep its PROMPT_BARS bars."""
 
-    prompt = load_prompt(tokenizer, looped(pattern, PROMPT_BARS))
+    prompt = load_prompt(tokenizer, looped(pattern, PROMPT_BARS).midi_bytes())
     if prompt.bars != PROMPT_BARS:
         raise DataError(f"the {tokenizer.kind} tokenizer keeps {prompt.bars} of its {PROMPT_BARS} prompt bars")
-    notes = NoteTable.from_miditoolkit(prompt.piece)
-    return Prepared(pattern, prompt, Loop.of(notes, PROMPT_BARS - PATTERN_BARS, PATTERN_BARS, tokenizer.roles))
+    return Prepared(pattern, prompt, Loop.of(prompt.piece, PROMPT_BARS - PATTERN_BARS, PATTERN_BARS, tokenizer.roles))
 
 
 def loop_scores(tokenizer: Tokenizer, loop: Loop, pattern: Pattern, bars: int) -> dict[str, float]:
     """The scores of `pattern` played on past the prompt (encoded and decoded by the tokenizer),
     measured against `loop`: the ceiling for the loop's own pattern, a floor for another."""
-    midi = tokenizer.decode(tokenizer.encode(looped(pattern, PROMPT_BARS + bars)).ids)
-    return loop.scores(NoteTable.from_miditoolkit(midi), PROMPT_BARS, bars)
+    notes = tokenizer.decode(tokenizer.encode(looped(pattern, PROMPT_BARS + bars).midi_bytes()).ids)
+    return loop.scores(notes, PROMPT_BARS, bars)
 
 
 # ---- the test over checkpoints --------------------------------------------------------------------
@@ -344,9 +200,9 @@ def evaluate_copy(
             write_samples(samples, tokenizer, item.prompt, out_dir / "samples" / name, _stem(item.pattern.name))
             for j, sample in enumerate(samples):
                 try:
-                    notes = NoteTable.from_miditoolkit(tokenizer.decode(sample.ids))
+                    notes = tokenizer.decode(sample.ids)
                 except TokenError:  # nothing usable written: no credit
-                    notes = silence()
+                    notes = NoteTable.empty(TPQ)
                 span = Span(notes, item.prompt.bars, settings.bars, {"loop": item.loop})
                 rows.append(_row(item.pattern, j, CopyScore().compute(span)))
         models[name] = {

@@ -26,9 +26,8 @@ from ..metrics.report import plot_segments, write_rows_csv
 from ..metrics.style import ROLES, STYLE_METRICS, profiles, role_notes, similarity
 from ..music.constants import BEATS_PER_BAR
 from ..music.midi import find_midi_files
-from ..music.notes import NoteTable
+from ..music.notes import NoteTable, prompt_end
 from ..music.roles import merged_notes, read_trio
-from ..render import PROMPT_END_MARKER
 
 OTHER_CHOICES = ("busiest", "merged")
 MAX_SEGMENTS = 64  # segments of a continuation; more would cut it finer than its notes
@@ -50,8 +49,8 @@ def read_piece(path: str | os.PathLike, other: str = "busiest") -> tuple[dict[st
         if len(rows):
             start = np.maximum(rows[:, 0], 0)  # a count-in cut may leave an onset half a grid unit early
             by_role[role] = role_notes(role, parsed.tpq, start, rows[:, 1], rows[:, 2])
-    ends = [tick for tick, text in parsed.markers if text == PROMPT_END_MARKER]
-    return by_role, (max(ends[0], 0) if ends else None)
+    end = prompt_end(parsed.markers)
+    return by_role, (None if end is None else max(end, 0))
 
 
 def continuation_segments(

@@ -12,15 +12,15 @@ import re
 import shutil
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterator
 
-import miditoolkit
-
 from .. import mirex, schemas
 from ..errors import ConfigError, MusegenError
-from ..io import UMASK, atomic_path, printable
-from ..render import PROMPT_END_MARKER, pianoroll_png, render_wav
+from ..io import UMASK, printable, write_bytes
+from ..music.notes import PROMPT_END_MARKER, NoteTable
+from ..render import pianoroll_png, render_wav
 from ..tokenizers.base import Tokenizer
 from .loop import Sample
 from .prompt import Prompt, with_piece
@@ -28,22 +28,19 @@ from .prompt import Prompt, with_piece
 SCRATCH_PREFIX = ".musegen-sample-"  # hidden folders a set is written into before it is renamed into place
 
 
-def new_notes(prompt: Prompt, full: miditoolkit.MidiFile) -> list[miditoolkit.Note]:
-    """The notes of a decoded sample that the prompt alone does not have (by track, onset, pitch)."""
-    alone = prompt.piece.instruments if prompt.piece is not None else []
-    own = {(i, n.start, n.pitch) for i, inst in enumerate(alone) for n in inst.notes}
-    return [n for i, inst in enumerate(full.instruments) for n in inst.notes if (i, n.start, n.pitch) not in own]
-
-
-def prompt_end_tick(prompt: Prompt, full: miditoolkit.MidiFile) -> int | None:
-    """Where the continuation begins: the earliest of the prompt's last note end and the first
-    note onset that the prompt alone does not have (a long prompt note may overlap the cut)."""
+def with_prompt_end(prompt: Prompt, full: NoteTable) -> NoteTable:
+    """A decoded sample of `prompt` (with its piece) marked where the continuation begins, so that
+    `after_prompt()` gives the continuation: the earliest of the prompt's last note end and the
+    first onset the prompt alone does not have (by track, onset, pitch; a long prompt note may
+    overlap the cut). Without a prompt the sample is left unmarked: all of it is new."""
     if not len(prompt.ids):
-        return None
-    ends = [n.end for inst in prompt.piece.instruments for n in inst.notes]
-    fresh = [n.start for n in new_notes(prompt, full)]
-    candidates = ([max(ends)] if ends else []) + ([min(fresh)] if fresh else [])
-    return min(candidates) if candidates else 0
+        return full
+    alone = prompt.piece
+    own = set(zip(alone.track.tolist(), alone.start.tolist(), alone.pitch.tolist()))
+    notes = zip(full.track.tolist(), full.start.tolist(), full.pitch.tolist())
+    fresh = [start for track, start, pitch in notes if (track, start, pitch) not in own]
+    candidates = ([int(alone.end.max())] if len(alone) else []) + ([min(fresh)] if fresh else [])
+    return replace(full, markers=[*full.markers, (min(candidates, default=0), PROMPT_END_MARKER)])
 
 
 def write_samples(
@@ -75,19 +72,15 @@ def write_samples(
         ids = sample.ids
         if not sample.valid:
             ids, record["dropped_tokens"] = tokenizer.grammar().repair(sample.ids)
-        midi = tokenizer.decode(ids, prompt.meta)
-        tick = prompt_end_tick(prompt, midi)
-        if tick is not None:
-            midi.markers.append(miditoolkit.Marker(PROMPT_END_MARKER, int(tick)))
+        piece = with_prompt_end(prompt, tokenizer.decode(ids, prompt.meta))
         path = out_dir / f"{stem}_{i:03d}.mid"
-        with atomic_path(path) as tmp:
-            midi.dump(str(tmp))
+        write_bytes(path, piece.midi_bytes())
         record["midi"] = path.name
         if prompt.mirex_offset is not None:
-            notes = mirex.generation(new_notes(prompt, midi), midi.ticks_per_beat, prompt.mirex_offset)
+            notes = mirex.generation(piece.after_prompt(), prompt.mirex_offset)
             mirex.write_generation(path.with_suffix(".json"), notes)
             record["json"] = path.with_suffix(".json").name
-        if not any(inst.notes for inst in midi.instruments):
+        if not len(piece):
             record["error"] = "no notes"  # nothing to listen to or draw
         else:
             if audio:

@@ -12,13 +12,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import miditoolkit
 import numpy as np
 
 from .. import mirex
 from ..errors import MidiError, MusegenError, TokenError
 from ..io import check_regular
 from ..music.constants import MAX_PROMPT_BARS
+from ..music.notes import NoteTable
 from ..tokenizers.base import Grammar, Tokenizer
 
 
@@ -31,7 +31,7 @@ class Prompt:
     source: str | None = None
     state: Any = None  # the grammar state after `ids`; None: walked when first needed
     bars: int | None = None  # whole bars before the continuation; None: counted when first needed
-    piece: miditoolkit.MidiFile | None = None  # the prompt alone, closed and decoded
+    piece: NoteTable | None = None  # the prompt alone, closed and decoded
     mirex_offset: int | None = None  # JSON prompts: added to a decoded 16th to get the JSON's time
 
     @property
@@ -91,7 +91,7 @@ def prompt_from_ids(
     opened, state, closed = _reopen(grammar, kept, state)
     report = dict(report or {})
     piece = tokenizer.decode(closed, report.get("meta"))
-    if not any(inst.notes for inst in piece.instruments):
+    if not len(piece):
         raise MidiError(_no_notes(tokenizer, name, ids, report, bars))
     return Prompt(np.asarray(opened, dtype=np.int64), report, source, state, whole, piece)
 
@@ -99,10 +99,9 @@ def prompt_from_ids(
 def _no_notes(tokenizer: Tokenizer, name: str, ids: list[int], report: dict[str, Any], bars: int | None) -> str:
     """Why a prompt holds no notes: none the tokenizer could represent, or none before the cut."""
     whole = tokenizer.decode(ids, report.get("meta"))
-    onsets = [n.start for inst in whole.instruments for n in inst.notes]
-    if bars is None or not onsets:
+    if bars is None or not len(whole):
         return f"{name}: the prompt holds no notes the {tokenizer.kind} tokenizer can represent"
-    first = min(onsets) // (4 * whole.ticks_per_beat) + 1
+    first = whole.first_bar() + 1
     return (
         f"{name}: the prompt's first {bars} bars hold no notes; its first note comes in bar {first} "
         f"(--prompt-bars {first} or more)"

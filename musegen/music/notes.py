@@ -21,6 +21,7 @@ from .midi import Parsed, Part, read_parts
 from .roles import BASS, DRUMS, TRACKS, assign_roles
 
 ROLES = tuple(TRACKS.values())  # ("bass", "drums", "other")
+PROMPT_END_MARKER = "musegen:prompt_end"  # the marker text where a written sample's prompt ends
 
 
 @dataclass(frozen=True)
@@ -104,28 +105,6 @@ class NoteTable:
         return cls.from_parsed(read_parts(source), by_role)
 
     @classmethod
-    def from_miditoolkit(cls, midi, by_role: bool = True) -> NoteTable:
-        """A `miditoolkit.MidiFile` (what the tokenizers' `decode` returns)."""
-        parts = [
-            Part(
-                inst.name,
-                inst.program,
-                inst.is_drum,
-                np.array([(n.start, n.end, n.pitch, n.velocity) for n in inst.notes], dtype=np.int64).reshape(-1, 4),
-            )
-            for inst in midi.instruments
-        ]
-        parsed = Parsed(
-            "<midi>",
-            int(midi.ticks_per_beat),
-            parts,
-            [(int(t.time), float(t.tempo)) for t in midi.tempo_changes],
-            [(int(s.time), int(s.numerator), int(s.denominator)) for s in midi.time_signature_changes],
-            [(int(m.time), m.text) for m in midi.markers],
-        )
-        return cls.from_parsed(parsed, by_role)
-
-    @classmethod
     def from_score(cls, score: symusic.Score, by_role: bool = True) -> NoteTable:
         """A score parsed by symusic (`musegen.music.midi.load_score`), one track per score track.
         Symusic pairs note-ons and note-offs as miditoolkit does, which REMI's reference pipeline
@@ -150,9 +129,9 @@ class NoteTable:
     # ---- writing -----------------------------------------------------------------------------------
 
     def to_miditoolkit(self) -> miditoolkit.MidiFile:
-        """The table as a `miditoolkit.MidiFile` (what the tokenizers' `decode` returns, ready to
-        `dump`): one instrument per track in `tracks` order, empty tracks included, each holding its
-        notes in table order; tempos, time signatures and markers as listed."""
+        """The table as a `miditoolkit.MidiFile`, ready to `dump` as the reference pipelines wrote
+        their files: one instrument per track in `tracks` order, empty tracks included, each
+        holding its notes in table order; tempos, time signatures and markers as listed."""
         midi = miditoolkit.MidiFile(ticks_per_beat=self.tpq)
         midi.instruments = [
             miditoolkit.Instrument(program=t.program, is_drum=t.is_drum, name=t.name or "") for t in self.tracks
@@ -212,11 +191,25 @@ class NoteTable:
         lo, hi = first_bar * BEATS_PER_BAR * self.tpq, (first_bar + bars) * BEATS_PER_BAR * self.tpq
         return self.select((self.start >= lo) & (self.start < hi))
 
+    def prompt_end(self) -> int | None:
+        return prompt_end(self.markers)
+
+    def after_prompt(self) -> NoteTable:
+        """The notes a sample added to its prompt: those that start at its prompt-end marker or
+        later (`musegen.generation.outputs.with_prompt_end` places it); all of them without one."""
+        end = self.prompt_end()
+        return self if end is None else self.select(self.start >= end)
+
     def first_bar(self) -> int | None:
         return int(self.start.min() // (BEATS_PER_BAR * self.tpq)) if len(self) else None
 
     def last_onset_bar(self) -> int | None:
         return int(self.start.max() // (BEATS_PER_BAR * self.tpq)) if len(self) else None
+
+
+def prompt_end(markers: list[tuple[int, str]]) -> int | None:
+    """The tick of the first prompt-end marker among (tick, text) markers; None without one."""
+    return next((tick for tick, text in markers if text == PROMPT_END_MARKER), None)
 
 
 def _part_roles(parsed: Parsed, by_role: bool) -> list[str]:

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-import miditoolkit
 import numpy as np
 from pydantic import ValidationError
 
@@ -21,7 +20,7 @@ from ..generation.prompt import load_prompt
 from ..generation.settings import SampleSettings
 from ..music.midi import load_score
 from ..music.notes import NoteTable
-from ..render import PROMPT_END_MARKER, prompt_end_seconds
+from ..render import prompt_end_seconds
 from .models import Models
 from .runs import notes_delta
 
@@ -96,9 +95,7 @@ def prompt_view(models: Models, model: str, path: Path) -> dict[str, Any]:
     if notes > MAX_PROMPT_NOTES:
         raise ResourceError(f"{path.name}: {notes:,} notes; a prompt in the studio has at most {MAX_PROMPT_NOTES:,}")
     prompt = load_prompt(tokenizer, path)
-    piece = prompt.piece
-    table = NoteTable.from_miditoolkit(piece, by_role=False)
-    return {"notes": notes_of(table), "ticks_per_beat": table.tpq, "bars": int(prompt.bars)}
+    return {"notes": notes_of(prompt.piece), "ticks_per_beat": prompt.piece.tpq, "bars": int(prompt.bars)}
 
 
 def run_view(folder: Path, summary: dict[str, Any]) -> list[dict[str, Any]]:
@@ -108,13 +105,12 @@ def run_view(folder: Path, summary: dict[str, Any]) -> list[dict[str, Any]]:
     for record in summary["samples"]:
         score = load_score(folder / record["midi"])
         table = NoteTable.from_score(score, by_role=False)
-        ends = [tick for tick, text in table.markers if text == PROMPT_END_MARKER]
         views.append(
             {
                 "index": record["index"],
                 "notes": notes_of(table),
                 "ticks_per_beat": table.tpq,
-                "prompt_end": ends[0] if ends else None,
+                "prompt_end": table.prompt_end(),
                 "prompt_end_seconds": prompt_end_seconds(score),
                 "files": {k: record[k] for k in ("midi", "json") if record.get(k)},
             }
@@ -126,10 +122,7 @@ def mirex_generation(midi_path: Path) -> dict[str, Any]:
     """A sample's continuation as MIREX task JSON, for a sample whose prompt was a MIDI file (a
     task prompt's run has its own, written by `musegen sample`): the notes from the prompt-end
     marker on, in 16ths from the piece's start."""
-    midi = miditoolkit.MidiFile(str(midi_path))
-    ends = [m.time for m in midi.markers if m.text == PROMPT_END_MARKER]
-    notes = [n for inst in midi.instruments for n in inst.notes if n.start >= (ends[0] if ends else 0)]
-    return {"generation": mirex.generation(notes, midi.ticks_per_beat, 0)}
+    return {"generation": mirex.generation(NoteTable.read(midi_path, by_role=False).after_prompt(), 0)}
 
 
 def generate_run(
@@ -163,7 +156,7 @@ def generate_run(
         last = now
         drawn = min(len(tokenizer.bar_starts(ids)) for ids in rows) - (prompt.bars or 0)
         try:
-            samples = [notes_of(NoteTable.from_miditoolkit(tokenizer.decode(ids, prompt.meta), False)) for ids in rows]
+            samples = [notes_of(tokenizer.decode(ids, prompt.meta)) for ids in rows]
         except MusegenError:  # a note cut open by the step: shown at the next report
             return
         deltas = [notes_delta(before, notes) for before, notes in zip(sent, samples)]

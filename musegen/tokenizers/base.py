@@ -17,11 +17,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar, Mapping
 
-import miditoolkit
 import numpy as np
 
 from ..errors import ConfigError, FormatError, TokenError
 from ..io import write_json
+from ..music.notes import NoteTable
 
 
 @dataclass
@@ -242,10 +242,10 @@ class Tokenizer(abc.ABC):
         """Encode a MIDI file (path or bytes). Raises MidiError for unusable input."""
 
     @abc.abstractmethod
-    def decode(self, ids, meta: Mapping[str, Any] | None = None) -> miditoolkit.MidiFile:
-        """Decode ids to MIDI. `meta`: an encoding's `meta` (what the tokens do not hold, e.g.
-        programs or tempo), to restore it; None: the tokenizer's defaults. Raises TokenError
-        when the ids cannot be decoded."""
+    def decode(self, ids, meta: Mapping[str, Any] | None = None) -> NoteTable:
+        """Decode ids to a piece (`midi_bytes()` writes it as MIDI). `meta`: an encoding's `meta`
+        (what the tokens do not hold, e.g. programs or tempo), to restore it; None: the
+        tokenizer's defaults. Raises TokenError when the ids cannot be decoded."""
 
     @abc.abstractmethod
     def grammar(self) -> Grammar: ...

@@ -19,7 +19,6 @@ import os
 import random
 from typing import Any
 
-import miditoolkit
 import numpy as np
 
 from ..errors import MidiError, TokenError
@@ -188,19 +187,17 @@ class GrooveTokenizer(Tokenizer):
         decoded; a missing End is tolerated (notes still sounding end at the last time)."""
         return decode_events(as_ids(ids, self.vocab_size))[0]
 
-    def decode(self, ids, meta: dict[str, Any] | None = None) -> miditoolkit.MidiFile:
-        """A 3-track MIDI: Bass, Drums (channel 10), Other. `meta` (an encoding report's, or any
+    def decode(self, ids, meta: dict[str, Any] | None = None) -> NoteTable:
+        """A 3-track piece: Bass, Drums (channel 10), Other, with their roles. `meta` (an encoding report's, or any
         dict with bass_program / other_program / tempos / tempo) gives programs and tempo
         changes; otherwise the `programs` setting and 120 bpm. A zero-length note lasts one
         tick; velocities keep the order of notes that differ only by track, so that
         `encode(decode(ids)) == ids` for every sequence the grammar accepts."""
         notes, ties = decode_events(as_ids(ids, self.vocab_size))
-        return self.trio_midi(notes, DEFAULT_VELOCITY + ties, meta)
+        return self.trio_piece(notes, DEFAULT_VELOCITY + ties, meta)
 
-    def trio_midi(
-        self, notes: np.ndarray, velocities: np.ndarray, meta: dict[str, Any] | None = None
-    ) -> miditoolkit.MidiFile:
-        """Notes (track, pitch, onset, offset) in grid units as the 3-track MIDI `decode` writes,
+    def trio_piece(self, notes: np.ndarray, velocities: np.ndarray, meta: dict[str, Any] | None = None) -> NoteTable:
+        """Notes (track, pitch, onset, offset) in grid units as the 3-track piece `decode` returns,
         with programs and tempo changes from `meta` (see `decode`)."""
         meta = meta or {}
         program = {
@@ -215,7 +212,7 @@ class GrooveTokenizer(Tokenizer):
             Track(ROLE_NAMES[OTHER], program["other"], False, TRACKS[OTHER]),
         ]
         track, pitch, on, off = np.asarray(notes, dtype=np.int64).reshape(-1, 4).T
-        table = NoteTable(
+        return NoteTable(
             TICKS_PER_BEAT,
             on * unit,
             np.maximum(off * unit, on * unit + 1),  # a zero-length note lasts one tick
@@ -226,7 +223,6 @@ class GrooveTokenizer(Tokenizer):
             [(int(time) * unit, float(qpm)) for time, qpm in tempos],
             [(0, BEATS_PER_BAR, 4)],
         )
-        return table.to_miditoolkit()
 
     # ---- token-level operations (bars, augmentation) -------------------------------------
 

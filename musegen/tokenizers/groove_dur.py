@@ -29,10 +29,10 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import miditoolkit
 import numpy as np
 
 from ..errors import TokenError
+from ..music.notes import NoteTable
 from ..music.roles import DRUMS, TRACKS
 from .base import Encoding, FramedGrammar, Tokenizer
 from .groove import DEFAULT_VELOCITY, GrooveTokenizer
@@ -271,11 +271,11 @@ class GrooveDurTokenizer(Tokenizer):
         """The notes as rows (track, pitch, onset, offset) in grid units (see `decode_notes`)."""
         return decode_notes(self.check_ids(ids))
 
-    def decode(self, ids, meta: dict[str, Any] | None = None) -> miditoolkit.MidiFile:
-        """The 3-track MIDI groove's `decode` writes (Bass, Drums on channel 10, Other), with
+    def decode(self, ids, meta: dict[str, Any] | None = None) -> NoteTable:
+        """The 3-track piece groove's `decode` returns (Bass, Drums on channel 10, Other), with
         programs and tempo changes from `meta`."""
         notes = self.notes(ids)
-        return self.reader.trio_midi(notes, np.full(len(notes), DEFAULT_VELOCITY), meta)
+        return self.reader.trio_piece(notes, np.full(len(notes), DEFAULT_VELOCITY), meta)
 
     def bar_starts(self, ids) -> list[int]:
         """For each bar the piece reaches, the index of its first token (a shift landing on or

@@ -42,7 +42,6 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-import miditoolkit
 import numpy as np
 import symusic
 
@@ -262,9 +261,10 @@ class RemiTokenizer(RemiVocab, Tokenizer):
         return cells, self.tempo_ids[self.tempo_bins(np.asarray(bpms)[order])]
 
     # ------------------------------------------------------------------ decode
-    def decode(self, ids, meta=None) -> miditoolkit.MidiFile:
-        """A piano MIDI file at 480 ticks per beat, with chords as markers and every Tempo as a tempo
-        change, that `encode` reads back to the same ids (for every sequence the grammar accepts).
+    def decode(self, ids, meta=None) -> NoteTable:
+        """A piano piece at 480 ticks per beat (role "other"), with chords as markers and every Tempo
+        as a tempo change, whose MIDI file (`midi_bytes()`) `encode` reads back to the same ids (for
+        every sequence the grammar accepts).
 
         Any sequence in the REMI layout decodes (the grammar's other rules are not needed); a
         trailing unfinished note (a sampler stopped mid-triple) is dropped; any other layout
@@ -279,15 +279,15 @@ class RemiTokenizer(RemiVocab, Tokenizer):
         notes, tempos, chords = self._read(ids)
         start, end, pitch, velocity = np.array(notes, dtype=np.int64).reshape(-1, 4).T
         track = _voices(start, end, pitch)
-        pianos = [Track("Piano" if k == 0 else f"Piano {k + 1}", 0, False) for k in range(max(track, default=0) + 1)]
+        voices = range(max(track, default=0) + 1)
+        pianos = [Track("Piano" if k == 0 else f"Piano {k + 1}", 0, False, "other") for k in voices]
         written, mspq_before = [], 0
         for tick, bpm in tempos:
             mspq = round(60e6 / bpm)
             mspq = mspq + 1 if mspq == mspq_before else mspq
             written.append((tick, 60e6 / mspq))
             mspq_before = mspq
-        table = NoteTable(TICKS_PER_BEAT, start, end, pitch, velocity, track, pianos, written, [(0, 4, 4)], chords)
-        return table.to_miditoolkit()
+        return NoteTable(TICKS_PER_BEAT, start, end, pitch, velocity, track, pianos, written, [(0, 4, 4)], chords)
 
     def _read(self, ids: np.ndarray):
         """Notes (start, end, pitch, velocity in token order), (tick, bpm) tempos and (tick, text) chords."""

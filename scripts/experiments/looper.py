@@ -54,7 +54,7 @@ def main(run: str, data: str, split: str, out: str) -> None:
     with open(Path(out) / "pieces.jsonl", "w") as lines:
         for record in records:
             ids = ids_of[record["piece"]]
-            notes = NoteTable.from_miditoolkit(tok.decode(ids), by_role=True)
+            notes = tok.decode(ids)
             piece = Piece(record["piece"], ids, notes, record["span_start_bar"])
             span = Span(
                 looped(notes, piece.span_start, settings["bars"]), piece.span_start, settings["bars"], piece.context()

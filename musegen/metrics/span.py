@@ -59,27 +59,11 @@ def pitch_classes(notes: NoteTable) -> np.ndarray:
     return np.bincount(notes.pitch % 12, minlength=12).astype(np.float64)
 
 
-MAJOR = np.array([1, 0, 1, 0, 1, 1, 0, 1, 0, 1, 0, 1], dtype=bool)  # C major's pitch classes
-MINOR = np.array([1, 0, 1, 1, 0, 1, 0, 1, 1, 0, 1, 0], dtype=bool)  # C natural minor's
-SCALES = np.array([np.roll(scale, root) for scale in (MAJOR, MINOR) for root in range(12)], dtype=np.float64)
+def _muspy_music(notes: NoteTable):
+    """A muspy.Music of `notes` for its pitch metrics (which read only the pitches)."""
+    import muspy
 
-
-def pitch_class_entropy(classes: np.ndarray) -> float:
-    """Shannon entropy (bits) of a pitch-class histogram; NaN for an empty one. muspy's
-    `pitch_class_entropy`, step for step (tests/test_continuation.py checks against it)."""
-    total = classes.sum()
-    if total < 1:
-        return math.nan
-    prob = classes / total
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return float(-np.nansum(prob * np.log2(prob)))
-
-
-def scale_consistency(classes: np.ndarray) -> float:
-    """The largest share of a pitch-class histogram's notes in one major or minor scale; NaN for an
-    empty one (muspy's `scale_consistency`)."""
-    total = classes.sum()
-    return float((SCALES @ classes).max() / total) if total >= 1 else math.nan
+    return muspy.Music(tracks=[muspy.Track(notes=[muspy.Note(0, int(p), 1) for p in notes.pitch])])
 
 
 def groove_consistency(notes: NoteTable, first_bar: int, bars: int) -> float:
@@ -98,6 +82,8 @@ def groove_consistency(notes: NoteTable, first_bar: int, bars: int) -> float:
 
 def span_metrics(notes: NoteTable, first_bar: int, bars: int, prompt_classes: np.ndarray) -> dict[str, float]:
     """The metrics of the module docstring on bars first_bar .. first_bar + bars - 1 of `notes`."""
+    import muspy
+
     pitched = notes.pitched()
     onsets = pitched.onsets_in(first_bar, bars)
     roll = sounding(pitched, first_bar, bars)
@@ -107,6 +93,7 @@ def span_metrics(notes: NoteTable, first_bar: int, bars: int, prompt_classes: np
     low_bars = np.unique(onsets.beats(onsets.start[onsets.pitch < LOW_PITCH]) // BEATS_PER_BAR)
     durations = onsets.beats(onsets.end) - onsets.beats(onsets.start)
     classes = pitch_classes(onsets)
+    music = _muspy_music(onsets) if len(onsets) else None
     return {
         "notes per bar": len(onsets) / bars,
         "mean duration": float(durations.mean()) if len(onsets) else math.nan,
@@ -116,9 +103,9 @@ def span_metrics(notes: NoteTable, first_bar: int, bars: int, prompt_classes: np
         "silent beats": float(1 - beats.mean()),
         "mean pitch": float(onsets.pitch.mean()) if len(onsets) else math.nan,
         "bars with a low note": len(low_bars) / bars,
-        "pitch-class entropy": pitch_class_entropy(classes),
+        "pitch-class entropy": float(muspy.pitch_class_entropy(music)) if music else math.nan,
         "pitch-class cosine": 0.0 if not len(onsets) else _nan_to(cosine(classes, prompt_classes), 0.0),
-        "scale consistency": scale_consistency(classes),
+        "scale consistency": float(muspy.scale_consistency(music)) if music else math.nan,
         "groove consistency": groove_consistency(notes, first_bar, bars),
     }
 

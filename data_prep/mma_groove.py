@@ -56,6 +56,7 @@ from musegen.errors import DataError, MusegenError
 from musegen.io import atomic_path, write_bytes, write_json
 from musegen.music.loops import LOOP_GROUP, random_loop_piece
 from musegen.music.roles import TRACKS
+from musegen.shards import Shards
 from musegen.tokenizers.base import Encoding, Tokenizer, tokenizer_from_dict
 
 from .common import SHARED_DATASETS, Corpus, Item, Listing, numeric_counts, worker_pool
@@ -196,8 +197,6 @@ class MmaGroove(Corpus):
 
     def finish(self, out: Path, tokenizer: Tokenizer) -> None:
         """Each test piece's trio as MIDI, with its original programs and tempo changes."""
-        from musegen.shards import Shards
-
         shards = Shards(out)
         if "test" not in shards.splits:
             return

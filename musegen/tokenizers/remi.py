@@ -59,7 +59,7 @@ from .remi_vocab import RemiSettings, RemiVocab
 
 
 class RemiTokenizer(RemiVocab, Tokenizer):
-    """REMI over the vocabulary its settings make (`RemiVocab`: the constructor's arguments)."""
+    """REMI over the vocabulary its settings make (`RemiSettings`: the constructor's arguments)."""
 
     kind = "remi"
     settings_schema = RemiSettings

@@ -26,6 +26,7 @@ import httpx
 
 from bench.common import cpu_name
 from musegen import schemas
+from musegen.studio.server import STUDIO_EVENT
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = "pop_progression.mid"
@@ -51,7 +52,7 @@ def one_run(http: httpx.Client, prompt: dict, bars: int, seed: int) -> tuple[flo
     started, first = time.perf_counter(), None
     with http.stream("POST", f"/api/generate?session={SESSION}", json=request) as response:
         for line in response.iter_lines():
-            event = schemas.loads(line, "studio event", "the studio's stream").model_dump()
+            event = schemas.loads(line, STUDIO_EVENT, "the studio's stream").model_dump()
             if event["event"] == "notes" and first is None:
                 if any(note[0] >= continuation for note in event["samples"][0]["notes"]):  # (the new notes)
                     first = time.perf_counter() - started

@@ -38,6 +38,7 @@ from musegen.model.attention import fast_transformers_available
 from musegen.model.config import preset
 from musegen.model.transformer import MusicPerformer
 from musegen.training.precision import training_choice, training_update
+from musegen.training.run_folder import LOG_RECORD
 
 REPO = Path(__file__).resolve().parents[1]
 # name: (model overrides, precision)
@@ -119,7 +120,7 @@ def run_training(data: Path, out: Path, precision: str, seed: int, args) -> list
         args.device,
     ] + [x for key, value in settings.items() for x in ("--set", f"{key}={value}")]
     subprocess.run(command, check=True, cwd=REPO, capture_output=True)
-    rows = read_jsonl(out / "log.jsonl", "log record")
+    rows = read_jsonl(out / "log.jsonl", LOG_RECORD)
     return [row["loss"] for row in rows if "loss" in row]
 
 

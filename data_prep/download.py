@@ -13,7 +13,9 @@ import urllib.error
 import urllib.request
 import zipfile
 from pathlib import Path
+from typing import Annotated
 
+from pydantic import BaseModel, Field, JsonValue
 from tqdm import tqdm
 
 from musegen import schemas
@@ -24,6 +26,24 @@ CHUNK = 1 << 20
 TIMEOUT_S = 60
 ZENODO_API = "https://zenodo.org/api/records"
 MAX_RECORD_BYTES = 16 * 2**20  # a record's metadata is a few kB
+
+
+class ZenodoFile(BaseModel):
+    model_config = schemas.OPEN
+    key: schemas.Name | None = None
+    filename: schemas.Name | None = None  # (older records)
+    checksum: schemas.Name = ""  # "md5:<hex>"
+    links: dict[str, JsonValue] = {}
+
+
+class ZenodoRecord(BaseModel):
+    """What Zenodo's records API says of a record (data_prep/download.py reads its files' checksums)."""
+
+    model_config = schemas.OPEN
+    files: Annotated[list[ZenodoFile], Field(max_length=100_000)] = []
+
+
+ZENODO_RECORD = schemas.Format("zenodo record", None, ZenodoRecord)
 
 
 def fetch(
@@ -68,7 +88,7 @@ def zenodo_file(record: int | str, filename: str, api: str = ZENODO_API) -> tupl
         raise DataError(
             f"Zenodo record {record}: metadata unavailable ({getattr(exc, 'reason', None) or exc})"
         ) from None
-    for entry in schemas.loads(text, "zenodo record", f"Zenodo record {record}").files:
+    for entry in schemas.loads(text, ZENODO_RECORD, f"Zenodo record {record}").files:
         if (entry.key or entry.filename) == filename:
             algorithm, _, digest = entry.checksum.partition(":")
             if algorithm != "md5" or not digest:

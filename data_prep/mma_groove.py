@@ -45,8 +45,10 @@ import json
 import shutil
 import time
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
+from pydantic import BaseModel, Field
 from tqdm import tqdm
 
 from musegen import schemas
@@ -54,6 +56,7 @@ from musegen.errors import DataError, MusegenError
 from musegen.io import atomic_path, write_bytes, write_json
 from musegen.music.loops import LOOP_GROUP, random_loop_piece
 from musegen.music.roles import TRACKS
+from musegen.shards import Shards
 from musegen.tokenizers.base import Encoding, Tokenizer, tokenizer_from_dict
 
 from .common import SHARED_DATASETS, Corpus, Item, Listing, numeric_counts, worker_pool
@@ -65,6 +68,17 @@ HELD_OUT_STYLES = 50  # at least this many styles each in test and validation, a
 SPLITS = ("test", "validation", "train")
 LAYOUT_VERSION = 1  # raise it when to_groove2groove changes: reruns then lay every piece out again
 MAX_LOOPS = 1_000_000  # below musegen.music.loops.HELD_OUT_SEEDS: no evaluation loop is a training one
+
+
+class LayoutStamp(BaseModel):
+    """g2g/layout.json of a groove corpus: the version of the layout its files were written in."""
+
+    model_config = schemas.STRICT
+    version: Annotated[int, Field(ge=1, le=1000)]
+
+
+LAYOUT_STAMP = schemas.Format("layout stamp", None, LayoutStamp)
+PIECE_COUNTS = schemas.Format("piece counts", None, dict[schemas.Name, int | float])  # a kept piece's report counts
 
 
 def family_splits(styles: list[Style]) -> dict[str, str]:
@@ -175,7 +189,7 @@ class MmaGroove(Corpus):
             fresh = False
         if fresh:
             with np.load(kept) as stored:
-                return Encoding(stored["ids"], schemas.loads(str(stored["counts"]), "piece counts", kept))
+                return Encoding(stored["ids"], schemas.loads(str(stored["counts"]), PIECE_COUNTS, kept))
         enc = tokenizer.encode(item.path)
         with atomic_path(kept) as tmp, open(tmp, "wb") as f:
             np.savez_compressed(f, ids=enc.ids, counts=json.dumps(numeric_counts(enc.report)))
@@ -183,8 +197,6 @@ class MmaGroove(Corpus):
 
     def finish(self, out: Path, tokenizer: Tokenizer) -> None:
         """Each test piece's trio as MIDI, with its original programs and tempo changes."""
-        from musegen.shards import Shards
-
         shards = Shards(out)
         if "test" not in shards.splits:
             return
@@ -235,7 +247,7 @@ def _current_layouts(g2g: Path) -> None:
     unstamped folder) are removed, to be written again from the raw renderings."""
     stamp = g2g / "layout.json"
     try:
-        current = schemas.read(stamp, "layout stamp").version == LAYOUT_VERSION
+        current = schemas.read(stamp, LAYOUT_STAMP).version == LAYOUT_VERSION
     except MusegenError:
         current = False
     if not current:

@@ -10,8 +10,9 @@ import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+from pydantic import BaseModel, Field
 from tqdm import tqdm
 
 from musegen import schemas
@@ -25,6 +26,29 @@ LIBRARY = Path("/usr/share/mma/lib")  # where Debian's `mma` keeps its groove li
 STYLES_FILE = Path(__file__).with_name("mma_styles.json")
 LEFT_OUT = re.compile(r"intro|end|fill|break", re.IGNORECASE)  # not grooves one plays a song in
 FILL = re.compile(r"fill", re.IGNORECASE)  # a groove for the last bar of a phrase
+
+
+class MmaStyle(BaseModel):
+    model_config = schemas.STRICT
+    family: schemas.Name  # an MMA library file without suffix, e.g. "stdlib/bossanova"
+    groove: schemas.Name
+    tempo: Annotated[int, Field(ge=1, le=1000)]  # bpm
+    swings: bool  # whether MMA's swing setting changes what the groove plays
+
+
+class MmaStyles(BaseModel):
+    """data_prep/mma_styles.json: the MMA grooves the groove corpus is rendered from, and each
+    family's fill grooves."""
+
+    model_config = schemas.STRICT
+    mma_version: schemas.Name
+    styles: Annotated[list[MmaStyle], Field(max_length=100_000)]
+    fills: Annotated[
+        dict[schemas.Name, Annotated[list[schemas.Name], Field(max_length=1_000)]], Field(max_length=100_000)
+    ]
+
+
+MMA_STYLES = schemas.Format("mma styles", None, MmaStyles)
 
 
 @dataclass(frozen=True)
@@ -178,7 +202,7 @@ def build_catalogue(workers: int | None = None) -> list[dict[str, Any]]:
 
 def load_catalogue() -> tuple[list[Style], dict[str, list[str]]]:
     """The styles of mma_styles.json, and the fill grooves of each family."""
-    catalogue = schemas.read(STYLES_FILE, "mma styles")
+    catalogue = schemas.read(STYLES_FILE, MMA_STYLES)
     return [Style(s.family, s.groove, s.tempo, s.swings) for s in catalogue.styles], catalogue.fills
 
 

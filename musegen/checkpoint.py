@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
+from pydantic import BaseModel, JsonValue, ValidationError
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from . import home, schemas
-from .errors import CheckpointError, FormatError, InputFileError, MusegenError
+from .errors import CheckpointError, ConfigError, FormatError, InputFileError, MusegenError
 from .io import atomic_path, printable, read_head, write_json
 from .model.config import ModelConfig
 from .model.transformer import MusicPerformer
@@ -30,6 +31,19 @@ FORMAT = "musegen-checkpoint"
 VERSION = 1
 WEIGHTS, CONFIG, TOKENIZER = "model.safetensors", "config.json", "tokenizer.json"
 MAX_CONFIG_BYTES = 2**20
+
+
+class CheckpointConfig(BaseModel):
+    """A checkpoint's config.json. `model` is the ModelConfig itself, bounds included."""
+
+    model_config = schemas.STRICT
+    format: Literal["musegen-checkpoint"]
+    version: Literal[1]
+    model: dict[str, JsonValue]  # checked by ModelConfig (`_model_config`), which knows its defaults
+    meta: dict[str, JsonValue] = {}
+
+
+CHECKPOINT_CONFIG = schemas.Format("checkpoint config", VERSION, CheckpointConfig)
 
 
 def save_checkpoint(
@@ -76,10 +90,20 @@ def read_checkpoint_config(folder: str | os.PathLike) -> tuple[ModelConfig, dict
     if not path.exists() and not path.is_symlink():
         raise CheckpointError(f"{printable(folder)}: missing {CONFIG}")
     try:
-        data = schemas.read(path, "checkpoint config", MAX_CONFIG_BYTES)
+        data = schemas.read(path, CHECKPOINT_CONFIG, MAX_CONFIG_BYTES)
     except InputFileError as exc:
         raise CheckpointError(str(exc)) from None
-    return schemas.model_settings(data.model, path), data.meta
+    return _model_config(data.model, path), data.meta
+
+
+def _model_config(settings: dict[str, Any], where: str | os.PathLike) -> ModelConfig:
+    """A ModelConfig from a file's settings (defaults for those it lacks), as FormatError."""
+    try:
+        return ModelConfig(**settings)
+    except ValidationError as exc:
+        raise FormatError(f"{printable(where)}: invalid model config: {schemas.first_problem(exc)}") from None
+    except (ConfigError, TypeError) as exc:  # the config's own cross-field checks; a key named like `self`
+        raise FormatError(f"{printable(where)}: invalid model config: {exc}") from None
 
 
 def load_checkpoint(folder: str | os.PathLike, device: str | torch.device = "cpu"):

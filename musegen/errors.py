@@ -51,7 +51,7 @@ class InputFileError(MusegenError, OSError):
 
 class FormatError(ConfigError):
     """A file (JSON, YAML) or a setting whose value breaks its declared schema: a wrong type, a
-    missing field, a number out of bounds (musegen/schemas.py, ModelConfig)."""
+    missing field, a number out of bounds (a `schemas.Format`'s model, ModelConfig)."""
 
 
 class ResourceError(ConfigError):

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Iterable, NamedTuple
+from typing import Annotated, ClassVar, Iterable, NamedTuple
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
 
 from . import schemas
 from .errors import MidiError
 from .io import write_json
-from .music.constants import BEATS_PER_BAR, TICKS_PER_BEAT
+from .music.constants import BEATS_PER_BAR, MAX_BARS, MAX_PROMPT_BARS, TICKS_PER_BEAT
 from .music.notes import NoteTable, Track
 
 SIXTEENTHS_PER_BAR = 4 * BEATS_PER_BAR
@@ -24,6 +27,51 @@ TICKS_PER_SIXTEENTH = TICKS_PER_BEAT // 4
 TEMPO_BPM = 120.0  # the task states no tempo; 120 bpm is MIDI's own default
 VELOCITY = 80  # the task states no dynamics; mezzo-forte, inside REMI's velocity bins (40..86)
 MAX_FILE_BYTES = 16 * 2**20  # a prompt of 10,000 bars of dense piano is a few MB
+
+
+MIREX_MAX_TIME = MAX_BARS * SIXTEENTHS_PER_BAR  # in 16ths: the latest a note may end, as long as a piece may be
+# The latest a prompt's note may end: its continuation, counted from the same origin, then has
+# MAX_BARS - MAX_PROMPT_BARS bars of room before MIREX_MAX_TIME.
+MIREX_PROMPT_MAX_TIME = MAX_PROMPT_BARS * SIXTEENTHS_PER_BAR
+
+
+def _ends_by(note: "MirexNote", limit: int, what: str) -> None:
+    if note.start + note.duration > limit:
+        bars = limit // SIXTEENTHS_PER_BAR
+        raise PydanticCustomError("too_late", f"ends after 16th {limit:,} ({bars:,} bars, {what})")
+
+
+class MirexNote(BaseModel):
+    """A note of a continuation musegen writes (`"generation"`): it ends by `LATEST`."""
+
+    LATEST: ClassVar[tuple[int, str]] = (MIREX_MAX_TIME, "the longest piece")
+    model_config = ConfigDict(strict=True, allow_inf_nan=False)  # extra keys (velocity, ...) ignored
+    start: Annotated[int, Field(ge=0)]  # 16ths from the task's origin
+    pitch: schemas.Pitch
+    duration: Annotated[int, Field(ge=1)]
+
+    @model_validator(mode="after")
+    def _in_time(self) -> "MirexNote":
+        _ends_by(self, *self.LATEST)
+        return self
+
+
+class MirexPromptNote(MirexNote):
+    LATEST = (MIREX_PROMPT_MAX_TIME, "the longest prompt")
+
+
+class MirexPrompt(BaseModel):
+    model_config = ConfigDict(strict=True, allow_inf_nan=False)
+    prompt: Annotated[list[MirexPromptNote], Field(min_length=1, max_length=2**20)]
+
+
+class MirexGeneration(BaseModel):
+    model_config = schemas.STRICT
+    generation: list[MirexNote]
+
+
+MIREX_PROMPT = schemas.Format("mirex prompt", None, MirexPrompt)
+MIREX_GENERATION = schemas.Format("mirex generation", None, MirexGeneration)
 
 
 class Note(NamedTuple):
@@ -37,7 +85,7 @@ def read_prompt(path: str | os.PathLike) -> list[Note]:
     path = Path(path)
     if path.stat().st_size > MAX_FILE_BYTES:
         raise MidiError(f"{path}: {path.stat().st_size:,} bytes, more than a prompt can be ({MAX_FILE_BYTES:,})")
-    return sorted(Note(n.start, n.pitch, n.duration) for n in schemas.read(path, "mirex prompt").prompt)
+    return sorted(Note(n.start, n.pitch, n.duration) for n in schemas.read(path, MIREX_PROMPT).prompt)
 
 
 def prompt_midi(notes: Iterable[Note]) -> bytes:
@@ -62,20 +110,20 @@ def origin_offset(notes: list[Note], decoded: NoteTable) -> int:
 
 def generation(notes: NoteTable, offset: int) -> list[dict[str, int]]:
     """Decoded notes as task notes: 16ths from the prompt's origin, each at least a 16th long.
-    The format holds a piece of MAX_BARS bars from that origin (schemas.MIREX_MAX_TIME): a note
+    The format holds a piece of MAX_BARS bars from that origin (MIREX_MAX_TIME): a note
     held past its end is cut there, one that starts after it left out (only a continuation of
     thousands of bars reaches it: a prompt ends by MIREX_PROMPT_MAX_TIME)."""
     out = []
     for on, off, pitch in zip(notes.start.tolist(), notes.end.tolist(), notes.pitch.tolist()):
         start = sixteenths(on, notes.tpq) + offset  # the origin first, then the bound
-        if start >= schemas.MIREX_MAX_TIME:
+        if start >= MIREX_MAX_TIME:
             continue
-        end = min(sixteenths(off, notes.tpq) + offset, schemas.MIREX_MAX_TIME)
+        end = min(sixteenths(off, notes.tpq) + offset, MIREX_MAX_TIME)
         out.append({"start": start, "pitch": pitch, "duration": max(1, end - start)})
     return sorted(out, key=lambda n: (n["start"], n["pitch"], n["duration"]))
 
 
 def write_generation(path: str | os.PathLike, notes: list[dict[str, int]]) -> None:
     data = {"generation": notes}
-    schemas.check(data, "mirex generation", path)  # what musegen writes, its readers read back
+    schemas.check(data, MIREX_GENERATION, path)  # what musegen writes, its readers read back
     write_json(path, data)

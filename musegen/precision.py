@@ -30,9 +30,10 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Annotated, Callable, Literal
 
 import torch
+from pydantic import BaseModel, Field
 
 from . import __version__, schemas
 from .device import check_precision, cpu_flags, cpu_name, native_bf16
@@ -144,9 +145,21 @@ def measure(candidates: dict[str, Callable[[], object]], rounds: tuple[int, int]
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+class PrecisionChoice(BaseModel):
+    """One entry of ~/.cache/musegen/precision.json (musegen.precision): the path timed fastest."""
+
+    model_config = schemas.STRICT
+    path: Literal["fp32", "bf16", "bf16-step.c"]
+    seconds: dict[schemas.Name, Annotated[float, Field(ge=0)]]
+    date: schemas.Name
+
+
+PRECISION_CACHE = schemas.Format("precision cache", None, dict[schemas.Name, PrecisionChoice])
+
+
 def _read_cache() -> dict:
     try:
-        entries = schemas.read(cache_file(), "precision cache")
+        entries = schemas.read(cache_file(), PRECISION_CACHE)
     except (OSError, MusegenError):  # none yet, or unreadable: time again and write it anew
         return {}
     return {key: entry.model_dump() for key, entry in entries.items()}

@@ -16,9 +16,11 @@ import hashlib
 import os
 import re
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Annotated, Any, Literal, Sequence
 
 import numpy as np
+from pydantic import BaseModel, Field, JsonValue, model_validator
+from pydantic_core import PydanticCustomError
 
 from . import schemas
 from .errors import CheckpointError, DataError, FormatError, MusegenError
@@ -28,6 +30,44 @@ from .tokenizers.base import Tokenizer, load_tokenizer
 FORMAT, VERSION = "musegen-shards", 1
 VALIDATION_NAMES = ("valid", "validation")  # corpora name their held-out split either way
 INDEX, TOKENIZER = "index.json", "tokenizer.json"
+
+
+class ShardSplit(BaseModel):
+    """One split of a shard index: its pieces lie one after another in its .npy file."""
+
+    model_config = schemas.STRICT
+    file: Annotated[str, Field(pattern=r"^[\w-][\w.-]*\.npy$", max_length=255)] | None = None  # None: `<split>.npy`
+    names: Annotated[list[schemas.Name], Field(max_length=schemas.MAX_ITEMS)]
+    offsets: Annotated[list[schemas.Count], Field(max_length=schemas.MAX_ITEMS)]
+    lengths: Annotated[list[schemas.Count], Field(max_length=schemas.MAX_ITEMS)]
+
+    @model_validator(mode="after")
+    def _consecutive(self) -> "ShardSplit":
+        counts = len(self.names), len(self.offsets), len(self.lengths)
+        if len(set(counts)) > 1:
+            raise PydanticCustomError("pieces", "{n} names, {o} offsets and {l} lengths", dict(zip("nol", counts)))
+        end = 0
+        for i, (offset, length) in enumerate(zip(self.offsets, self.lengths)):
+            if offset != end:
+                raise PydanticCustomError(
+                    "pieces",
+                    "offsets.{i} is {o}, not {e}, where the piece before ends",
+                    {"i": i, "o": offset, "e": end},
+                )
+            end += length
+        return self
+
+
+class ShardIndex(BaseModel):
+    model_config = schemas.STRICT
+    format: Literal["musegen-shards"]
+    version: Literal[1]
+    tokenizer: schemas.Name
+    splits: dict[schemas.Name, ShardSplit]
+    report: dict[str, JsonValue] = {}
+
+
+SHARD_INDEX = schemas.Format("shard index", VERSION, ShardIndex)
 
 
 def write_shards(
@@ -74,7 +114,7 @@ def _indexed_files(folder: Path) -> set[str]:
     """The shard files the folder's current index names (plain `<split>-<digest>.npy` names only:
     an edited index must not make a rewrite delete files elsewhere)."""
     try:
-        splits = schemas.read(folder / INDEX, "shard index").splits
+        splits = schemas.read(folder / INDEX, SHARD_INDEX).splits
     except MusegenError:  # no index of ours: nothing to delete
         return set()
     return {
@@ -91,7 +131,7 @@ class Shards:
             raise DataError(f"{self.folder}: data folder not found")
         if not (self.folder / INDEX).is_file():
             raise DataError(f"{self.folder}: no {INDEX}; prepare it with `musegen data prepare`")
-        self.index = schemas.read(self.folder / INDEX, "shard index").model_dump()
+        self.index = schemas.read(self.folder / INDEX, SHARD_INDEX).model_dump()
         try:
             self.tokenizer = load_tokenizer(self.folder / TOKENIZER)
         except FormatError:  # names the file and the field

@@ -279,7 +279,7 @@ TAMPERING = {
 }
 
 
-# exit 2: the file breaks its declared schema (musegen/schemas.py); the others exit 1
+# exit 2: the file breaks its declared schema (CHECKPOINT_CONFIG, TOKENIZER_FILE); the others exit 1
 AGAINST_SCHEMA = {
     "unknown tokenizer kind",
     "tokenizer not JSON",

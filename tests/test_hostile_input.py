@@ -86,23 +86,23 @@ def test_the_origin_offset_is_added_before_the_bound():
         (bar * (MAX_BARS - 1), bar * MAX_BARS, 64, 80),  # past the end: left out
     ]
     piano = NoteTable.of_tracks(480, [(Track(None, 0, False), late)])
-    notes = mirex.generation(piano, schemas.MIREX_PROMPT_MAX_TIME - 16)
-    schemas.check({"generation": notes}, "mirex generation", "test")
+    notes = mirex.generation(piano, mirex.MIREX_PROMPT_MAX_TIME - 16)
+    schemas.check({"generation": notes}, mirex.MIREX_GENERATION, "test")
     assert [n["pitch"] for n in notes] == [62, 60]
-    assert notes[-1]["start"] + notes[-1]["duration"] == schemas.MIREX_MAX_TIME
+    assert notes[-1]["start"] + notes[-1]["duration"] == mirex.MIREX_MAX_TIME
 
 
 def test_every_written_mirex_json_validates(tmp_path):
     """The latest prompt the schema takes, continued: the JSON written reads back through the schema."""
     path = tmp_path / "late.json"
-    last = schemas.MIREX_PROMPT_MAX_TIME - 1
+    last = mirex.MIREX_PROMPT_MAX_TIME - 1
     notes = [{"start": 0, "pitch": 60, "duration": 1}, {"start": last, "pitch": 62, "duration": 1}]
     path.write_text(json.dumps({"prompt": notes}))
     model, tok = tiny_model("remi")
     prompt = load_prompt(tok, path)
     samples, _ = generate(model, tok, prompt, SampleSettings(bars=2, seed=0, num_samples=2), progress=False)
     for record in write_samples(samples, tok, prompt, tmp_path / "out", "late"):
-        written = schemas.read(tmp_path / "out" / record["json"], "mirex generation")
+        written = schemas.read(tmp_path / "out" / record["json"], mirex.MIREX_GENERATION)
         assert all(n.start > last for n in written.generation)
 
 

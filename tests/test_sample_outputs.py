@@ -22,7 +22,7 @@ from tiny_models import tiny_checkpoint
 from musegen import schemas
 from musegen.generation import outputs
 from musegen.generation.batch import sample_to_folder
-from musegen.generation.outputs import SCRATCH_PREFIX
+from musegen.generation.outputs import SAMPLE_SUMMARY, SCRATCH_PREFIX
 from musegen.generation.settings import SampleSettings
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -52,7 +52,7 @@ def complete_sets_only(out: Path) -> int:
     for path in visible(out):
         if path.is_dir():
             if (path / f"{path.name}.json").is_file():
-                summary = schemas.read(path / f"{path.name}.json", "sample summary")
+                summary = schemas.read(path / f"{path.name}.json", SAMPLE_SUMMARY)
                 listed = {n for r in summary.samples for n in (r.midi, r.wav, r.pianoroll, r.json_) if n}
                 assert {p.name for p in path.iterdir()} == listed | {f"{path.name}.json"}, sorted(path.iterdir())
                 for name in listed:
@@ -64,7 +64,7 @@ def complete_sets_only(out: Path) -> int:
             continue
         if not (path.parent / f"{path.parent.name}.json").is_file():  # not in a set: a batch summary
             assert path.parent == out and path.name.startswith("batch"), f"{path} lies outside any set"
-            schemas.read(path, "sample summary")
+            schemas.read(path, SAMPLE_SUMMARY)
     return sets
 
 

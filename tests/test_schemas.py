@@ -1,9 +1,12 @@
-"""Every file musegen reads is checked against its declared schema (musegen/schemas.py).
+"""Every file musegen reads is checked against its declared schema: a `schemas.Format` that the
+module owning the file declares (musegen/schemas.py holds the machinery and the registry).
 
 - The red team's hostile-but-valid cases that once went wrong (a checkpoint trusted field by
   field, settings that passed validation and failed later), each through the real command in a
   subprocess under a memory cap (2 GB) and a time limit: one line, exit 2, within 20 s of CPU.
 - The list of readers: no module parses JSON or YAML but through the schemas.
+- Where formats live: each declared once, by its own module, never in schemas.py, which imports
+  nothing of musegen but errors and io (so not torch).
 - Property tests: files built from each format's schema, made hostile (wrong types, extreme
   numbers, deep nesting, huge counts), read by the real reader: a FormatError of one line naming
   the file, or a result, never another exception, within a time bound.
@@ -11,9 +14,13 @@
 
 from __future__ import annotations
 
+import ast
+import importlib
 import json
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import extreme
@@ -24,18 +31,32 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 from test_extreme import musegen
 from test_fuzz import time_limit
+from test_layout import imported_modules
 from tiny_models import tiny_checkpoint
 from train_fixtures import prepare_pop909
 
 from musegen import mirex, schemas
 from musegen.checkpoint import load_checkpoint
 from musegen.errors import FormatError, MusegenError
+from musegen.generation.outputs import SAMPLE_SUMMARY
 from musegen.model.config import preset
 from musegen.model.transformer import BF16, FP32
 from musegen.shards import Shards
-from musegen.tokenizers import Tokenizer, load_tokenizer
+from musegen.tokenizers import Tokenizer, load_tokenizer, tokenizer_from_dict
+from musegen.tokenizers.base import NoSettings
 
 REPO = Path(__file__).resolve().parents[1]
+SOURCES = sorted(p for folder in ("musegen", "data_prep") for p in (REPO / folder).rglob("*.py"))
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+for _path in SOURCES:  # every module that may declare a format, so that `schemas.FORMATS` holds them all
+    if _path.name != "__main__.py":
+        importlib.import_module(_module_name(_path))
 # A refusal costs the command at most 20 s of CPU time (user + system: what it computes, however
 # loaded the machine is; 3-6 s measured, half of it importing torch), and the wall clock at most
 # 60 s (a hang, with room for waiting on the shared 2-core machine's other work).
@@ -240,10 +261,34 @@ def test_no_module_parses_json_or_yaml_but_through_the_schemas():
     assert set(readers) == {"musegen/io.py", "musegen/schemas.py"}, readers
 
 
-def test_every_format_is_declared_once_and_every_tokenizer_kind_has_its_settings():
+def _declarations(path: Path) -> list[str]:
+    """The names of the formats a source file declares (`schemas.Format("name", ...)` calls)."""
+    calls = [node for node in ast.walk(ast.parse(path.read_text(), str(path))) if isinstance(node, ast.Call)]
+    return [
+        call.args[0].value
+        for call in calls
+        if "Format" in (getattr(call.func, "attr", None), getattr(call.func, "id", None))
+        and call.args
+        and isinstance(call.args[0], ast.Constant)
+    ]
+
+
+def test_every_format_is_declared_once_by_its_own_module_and_every_tokenizer_kind_has_its_settings():
+    declared = {path.relative_to(REPO).as_posix(): _declarations(path) for path in SOURCES}
+    names = [name for found in declared.values() for name in found]
+    assert sorted(names) == sorted(schemas.FORMATS), "each registered format is declared once, in the sources"
+    assert declared["musegen/schemas.py"] == []
     assert all(name == fmt.name for name, fmt in schemas.FORMATS.items())
-    with_settings = {kind for kind, cls in Tokenizer.registry.items() if cls.__init__ is not Tokenizer.__init__}
-    assert with_settings <= set(schemas.TOKENIZER_SETTINGS), with_settings - set(schemas.TOKENIZER_SETTINGS)
+    with_settings = [cls for cls in Tokenizer.registry.values() if cls.__init__ is not Tokenizer.__init__]
+    assert all(cls.settings_schema is not NoSettings for cls in with_settings), with_settings
+
+
+def test_the_schemas_machinery_imports_nothing_of_musegen_but_errors_and_io():
+    """So any module may declare its formats, and reading a file loads no model (nor torch)."""
+    assert imported_modules("musegen.schemas") <= {"musegen", "musegen.errors", "musegen.io"}
+    check = "import sys, musegen.schemas; print('torch' in sys.modules)"
+    loaded = subprocess.run([sys.executable, "-c", check], cwd=REPO, capture_output=True, text=True, check=True)
+    assert loaded.stdout.strip() == "False"
 
 
 # ---- property tests: hostile files built from the schemas ----------------------------------------------
@@ -340,7 +385,7 @@ def _read_checkpoint(config: Path):
 def _read_sample_summary(path: Path):
     from musegen.generation.outputs import is_set  # what a rerun reads to decide whether to replace the set
 
-    schemas.read(path, "sample summary")
+    schemas.read(path, SAMPLE_SUMMARY)
     return is_set(path.parent, path.stem)
 
 
@@ -434,7 +479,7 @@ def test_every_format_has_a_property_test():
 @pytest.mark.parametrize("format_name", list(CHECK_ONLY))
 def test_hostile_values_of_each_format_are_refused_in_one_line_or_accepted(format_name, tmp_path):
     baseline = CHECK_ONLY[format_name]
-    schemas.check(baseline, format_name, "f.json")
+    schemas.check(baseline, schemas.FORMATS[format_name], "f.json")
 
     outcomes = []
 
@@ -442,7 +487,9 @@ def test_hostile_values_of_each_format_are_refused_in_one_line_or_accepted(forma
     @given(text=hostile_files(format_name, baseline))
     def check(text):
         (tmp_path / "f.json").write_text(text)
-        outcomes.append(refused_or_read(lambda path: schemas.read(path, format_name), tmp_path / "f.json"))
+        outcomes.append(
+            refused_or_read(lambda path: schemas.read(path, schemas.FORMATS[format_name]), tmp_path / "f.json")
+        )
 
     check()
     assert "refused" in outcomes, outcomes
@@ -455,7 +502,7 @@ def test_a_value_shared_many_times_over_is_refused_in_a_short_line():
     for _ in range(8):
         nested = [nested] * 9  # 9^9 strings, built from 80 lists
     with time_limit(10), pytest.raises(FormatError, match=r"f.json: invalid sample summary: stats: input should"):
-        schemas.check({"samples": [], "stats": nested}, "sample summary", "f.json")
+        schemas.check({"samples": [], "stats": nested}, SAMPLE_SUMMARY, "f.json")
 
 
 def test_bounds_hold_at_their_edges():
@@ -464,13 +511,13 @@ def test_bounds_hold_at_their_edges():
         assert getattr(preset("tiny", **{field: largest}), field) == largest
         with pytest.raises(FormatError, match=rf"setting {field}: input should be less than or equal to {largest}"):
             preset("tiny", **{field: largest + 2})
-    assert schemas.tokenizer_settings("remi", {"max_duration": 4096}, "t") == {"max_duration": 4096}
+    assert tokenizer_from_dict({"kind": "remi", "settings": {"max_duration": 4096}}, "t").max_duration == 4096
     with pytest.raises(
         FormatError,
         match=r"t: invalid remi tokenizer settings: max_duration: input should be less "
         r"than or equal to 4096 \(got 4097\)",
     ):
-        schemas.tokenizer_settings("remi", {"max_duration": 4097}, "t")
+        tokenizer_from_dict({"kind": "remi", "settings": {"max_duration": 4097}}, "t")
 
 
 def test_weights_that_bf16_cannot_hold_are_refused_before_sampling_in_bf16(checkpoint):

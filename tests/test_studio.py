@@ -25,6 +25,7 @@ import uvicorn
 from starlette.testclient import TestClient
 
 from musegen import schemas
+from musegen.generation.outputs import SAMPLE_SUMMARY
 from musegen.generation.settings import SampleSettings
 from musegen.studio import jobs
 from musegen.studio.models import Models
@@ -110,7 +111,7 @@ def test_a_run_streams_notes_and_is_written_as_sample_writes_it(client, tmp_path
     assert counts == sorted(counts) and counts[0] >= len(prompt["notes"]) and counts[-1] > len(prompt["notes"])
     done = got[-1]
     folder = tmp_path / "out" / A / done["run"]
-    summary = schemas.read(folder / "pop_progression.json", "sample summary")
+    summary = schemas.read(folder / "pop_progression.json", SAMPLE_SUMMARY)
     assert [s.midi for s in summary.samples] == ["pop_progression_000.mid", "pop_progression_001.mid"]
     assert summary.settings["bars"] == 4 and summary.settings["seed"] == 5
     assert all(v["prompt_end"] > 0 and v["notes"] for v in done["samples"])

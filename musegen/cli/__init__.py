@@ -28,10 +28,10 @@ app = typer.Typer(
     "before tick 2^31, at most 160,000 tempo changes and 10,000 time signatures, and (for the tokenizers) "
     "10,000 bars, of which a prompt may hold 5,000; a JSON file 256 MiB and 64 levels of "
     "nesting. `data prepare` skips, counts and lists a file that is bad, takes over 60 s, or whose "
-    "worker process is killed (e.g. out of memory). Every JSON and YAML file is checked against its declared "
-    "schema (musegen/schemas.py). Exit codes: 1 a bad input file or folder, 2 an option or setting out of its "
-    "bounds, a file that breaks its schema, or a request refused before allocation (memory, notes), 3 an "
-    "internal error.",
+    "worker process is killed (e.g. out of memory). Every JSON and YAML file is checked against the "
+    "schema its module declares (read through musegen/schemas.py). Exit codes: 1 a bad input file or "
+    "folder, 2 an option or setting out of its bounds, a file that breaks its schema, or a request refused "
+    "before allocation (memory, notes), 3 an internal error.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

@@ -21,6 +21,7 @@ import numpy as np
 
 from .. import schemas
 from ..errors import DataError, FormatError
+from ..generation.outputs import SAMPLE_SUMMARY
 from ..metrics.loss import summarize
 from ..metrics.report import (
     fmt,
@@ -32,7 +33,8 @@ from ..metrics.report import (
     write_table,
 )
 from ..metrics.style import STYLE_METRICS
-from .run_continuation import mean_positions
+from ..training.run_folder import LOG_RECORD
+from .run_continuation import PIECE_RECORD, mean_positions
 from .run_style import empty_shares, medians
 
 
@@ -111,7 +113,7 @@ def read_sampling(folder: Path) -> dict[str, float] | None:
     """Generation speed and recurrent-state size from a `musegen sample` summary, if one is there."""
     for path in _found(folder, "batch.json") + _found(folder, "*.json"):
         try:
-            stats = schemas.read(path, "sample summary").stats
+            stats = schemas.read(path, SAMPLE_SUMMARY).stats
         except FormatError:  # another JSON file in the folder
             continue
         return {
@@ -121,7 +123,7 @@ def read_sampling(folder: Path) -> dict[str, float] | None:
     return None
 
 
-def read_jsonl(path: Path, format: str) -> list[dict[str, Any]]:
+def read_jsonl(path: Path, format: schemas.Format) -> list[dict[str, Any]]:
     """The records of a JSON-lines file (blank lines skipped), each checked as `format`."""
     return [
         schemas.loads(line, format, path).model_dump(by_alias=True, exclude_unset=True)
@@ -133,7 +135,7 @@ def read_jsonl(path: Path, format: str) -> list[dict[str, Any]]:
 def read_log(folder: Path) -> list[dict[str, Any]]:
     """A run folder's log.jsonl records (none when the folder is not a run)."""
     path = folder / "log.jsonl"
-    return read_jsonl(path, "log record") if path.is_file() else []
+    return read_jsonl(path, LOG_RECORD) if path.is_file() else []
 
 
 def read_training(records: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -370,7 +372,7 @@ def read_quarters(path: Path) -> dict[str, dict[tuple[str, str], list[float]]]:
 
 def mean_quarter_starts(folder: Path) -> list[float]:
     """Mean token position where each quarter of the model's continuations begins (pieces.jsonl)."""
-    means = mean_positions(read_jsonl(folder / "pieces.jsonl", "piece record"))
+    means = mean_positions(read_jsonl(folder / "pieces.jsonl", PIECE_RECORD))
     return [math.nan] * 4 if means is None else means[:4].tolist()
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
+from pydantic import BaseModel, JsonValue
 from tqdm import tqdm
 
 from .. import schemas
@@ -231,6 +232,17 @@ def mean_positions(records: list[dict[str, Any]]) -> np.ndarray | None:
     return np.array(positions, dtype=np.float64).mean(0) if positions else None
 
 
+class PieceRecord(BaseModel):
+    """A line of `evaluate continuation`'s pieces.jsonl."""
+
+    model_config = schemas.OPEN
+    piece: schemas.Name
+
+
+PIECE_RECORD = schemas.Format("piece record", None, PieceRecord)
+EVALUATION_SETTINGS = schemas.Format("evaluation settings", None, dict[str, JsonValue])  # run.json
+
+
 class ResultLog:
     """`pieces.jsonl` in the output folder, one line per evaluated piece, rewritten atomically after
     each piece so that an interrupted run resumes where it stopped; `run.json` holds the settings
@@ -240,7 +252,7 @@ class ResultLog:
         self.path, self.run = out_dir / "pieces.jsonl", out_dir / "run.json"
         self.records: dict[str, dict[str, Any]] = {}
         if self.run.is_file():
-            before = schemas.read(self.run, "evaluation settings")
+            before = schemas.read(self.run, EVALUATION_SETTINGS)
             if before != settings:
                 changed = sorted(k for k in set(before) | set(settings) if before.get(k) != settings.get(k))
                 raise ConfigError(
@@ -248,7 +260,7 @@ class ResultLog:
                 )
             if self.path.is_file():
                 lines = self.path.read_text(encoding="utf-8").splitlines()
-                records = [schemas.loads(line, "piece record", self.path) for line in filter(None, lines)]
+                records = [schemas.loads(line, PIECE_RECORD, self.path) for line in filter(None, lines)]
                 self.records = {r.piece: r.model_dump() for r in records}
         else:
             write_json(self.run, settings)

@@ -26,10 +26,12 @@ import re
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
+from pydantic import BaseModel, Field, JsonValue
 from tqdm import tqdm
 
+from .. import schemas
 from ..checkpoint import load_checkpoint
 from ..device import resolve_device
 from ..errors import ConfigError, DataError, MusegenError, TokenError
@@ -52,6 +54,30 @@ if TYPE_CHECKING:
 PROMPT_REPEATS = 2  # the prompt: the pattern played this many times
 PROMPT_BARS = PATTERN_BARS * PROMPT_REPEATS
 MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # a model's name is a folder of samples/
+
+
+class CopyRow(BaseModel):
+    model_config = schemas.OPEN
+    name: schemas.Name
+    scored: schemas.Count
+    mean: float | None
+
+
+class CopyModel(BaseModel):
+    model_config = schemas.OPEN
+    checkpoint: schemas.Name
+
+
+class CopyResult(BaseModel):
+    """copy.json of `evaluate copy`, as `evaluate groove-targets` reads it."""
+
+    model_config = schemas.OPEN
+    settings: dict[str, JsonValue]
+    table: Annotated[list[CopyRow], Field(max_length=schemas.MAX_ITEMS)]
+    models: dict[schemas.Name, CopyModel]
+
+
+COPY_RESULT = schemas.Format("copy result", None, CopyResult)
 
 
 # ---- patterns -------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from ..music.midi import MIDI_SUFFIXES
 from ..render import INSTALL_HINT, find_soundfont
 from ..tokenizers.base import Tokenizer
 from .loop import generate
-from .outputs import is_set, output_set, write_samples
+from .outputs import SAMPLE_SUMMARY, is_set, output_set, write_samples
 from .prompt import Prompt, load_prompt
 from .resources import check_threads, checked_device
 from .settings import SampleSettings, nth_seed
@@ -125,7 +125,7 @@ def batch_summary_path(out_dir: Path) -> Path:
     for k in itertools.count(1):
         path = out_dir / ("batch.json" if k == 1 else f"batch-{k}.json")
         try:
-            if not os.path.lexists(path) or schemas.read(path, "sample summary"):
+            if not os.path.lexists(path) or schemas.read(path, SAMPLE_SUMMARY):
                 return path
         except MusegenError:
             continue

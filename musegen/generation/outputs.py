@@ -14,7 +14,9 @@ import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Annotated, Any, Iterator
+
+from pydantic import BaseModel, Field
 
 from .. import mirex, schemas
 from ..errors import ConfigError, MusegenError
@@ -26,6 +28,31 @@ from .loop import Sample
 from .prompt import Prompt, with_piece
 
 SCRATCH_PREFIX = ".musegen-sample-"  # hidden folders a set is written into before it is renamed into place
+
+
+class SampleRecord(BaseModel):
+    model_config = schemas.OPEN
+    midi: schemas.Name | None = None
+    wav: schemas.Name | None = None
+    pianoroll: schemas.Name | None = None
+    json_: schemas.Name | None = Field(None, alias="json")
+
+
+class SampleStats(BaseModel):
+    model_config = schemas.OPEN
+    tokens_per_second: Annotated[float, Field(ge=0)] | None = None
+    state_bytes: schemas.Count | None = None
+
+
+class SampleSummary(BaseModel):
+    """`<stem>.json` of one prompt's output set and `batch.json` of a folder of prompts."""
+
+    model_config = schemas.OPEN
+    samples: Annotated[list[SampleRecord], Field(max_length=schemas.MAX_ITEMS)]
+    stats: SampleStats
+
+
+SAMPLE_SUMMARY = schemas.Format("sample summary", None, SampleSummary)
 
 
 def with_prompt_end(prompt: Prompt, full: NoteTable) -> NoteTable:
@@ -132,7 +159,7 @@ def is_set(folder: Path, stem: str) -> bool:
     ):
         return False
     try:
-        schemas.read(folder / f"{stem}.json", "sample summary")
+        schemas.read(folder / f"{stem}.json", SAMPLE_SUMMARY)
     except MusegenError:
         return False
     return True

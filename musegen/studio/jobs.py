@@ -8,10 +8,10 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Annotated, Any, Callable
 
 import numpy as np
-from pydantic import ValidationError
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from .. import mirex, schemas
 from ..errors import MusegenError, ResourceError
@@ -24,7 +24,8 @@ from ..render import prompt_end_seconds
 from .models import Models
 from .runs import notes_delta
 
-MAX_BARS, MAX_SAMPLES = schemas.STUDIO_MAX_BARS, schemas.STUDIO_MAX_SAMPLES
+MAX_BARS = 64  # a page's run: long enough to listen to, short enough to wait for
+MAX_SAMPLES = 8
 REPORT_EVERY = 0.1  # seconds between two reports of the notes drawn so far
 # POP909's longest song has ~4,000 notes; the red team's 200 dense bars (153,600) took minutes to
 # encode and, for 8 samples, half an hour to feed to the model
@@ -33,6 +34,28 @@ MAX_PROMPT_NOTES = 20_000
 
 class Stopped(Exception):
     """The page went away or pressed Stop: the run ends and writes nothing."""
+
+
+class StudioRequest(BaseModel):
+    """The body of the studio's generation request. A field left empty (null or "") takes its
+    default; temperature, top_p and seed are bounded by SampleSettings, which the request becomes."""
+
+    model_config = schemas.STRICT
+    model: schemas.Name = ""  # one of the studio's models (checked by its list)
+    prompt: schemas.Name | None = None  # a prompt id of the session (checked by the store's pattern)
+    bars: Annotated[int, Field(ge=1, le=MAX_BARS)] = 8
+    samples: Annotated[int, Field(ge=1, le=MAX_SAMPLES)] = 1
+    seed: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _empty_fields_take_defaults(cls, data: Any) -> Any:
+        return {k: v for k, v in data.items() if v is not None and v != ""} if isinstance(data, dict) else data
+
+
+STUDIO_REQUEST = schemas.Format("studio request", None, StudioRequest)
 
 
 @dataclass
@@ -49,7 +72,7 @@ class Request:
     def parse(cls, body: bytes, prompt_of: Callable[[str], Path]) -> "Request":
         """A request from the page's JSON text, checked against its schema (`studio request`); a
         value that breaks it is a FormatError of one line. `prompt_of` finds the prompt id's file."""
-        checked = schemas.loads(body, "studio request", "the generation request", explain=_problem)
+        checked = schemas.loads(body, STUDIO_REQUEST, "the generation request", explain=_problem)
         prompt = prompt_of(checked.prompt) if checked.prompt else None
         return cls(prompt=prompt, **checked.model_dump(exclude={"prompt"}))
 
@@ -65,7 +88,7 @@ def _problem(exc: ValidationError) -> str:
     if not error["loc"]:
         return "a generation request must be a JSON object"
     name, got = str(error["loc"][0]), repr(error.get("input"))[:60]
-    field = schemas.StudioRequest.model_fields.get(name)
+    field = StudioRequest.model_fields.get(name)
     bounds = {k: getattr(m, k) for m in (field.metadata if field else ()) for k in ("ge", "le") if hasattr(m, k)}
     if error["type"] in ("greater_than_equal", "less_than_equal"):
         return f"{name} must be within {bounds['ge']}..{bounds['le']} in the studio, got {got}"

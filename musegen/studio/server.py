@@ -15,8 +15,9 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from pydantic import BaseModel
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import QueryParams
@@ -26,6 +27,7 @@ from starlette.responses import FileResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from .. import schemas
 from ..errors import MusegenError
 from ..io import is_disk_full
 from . import jobs
@@ -42,6 +44,16 @@ PER_SESSION = 4  # runs one session may have sampling or waiting: the others kee
 MAX_JSON_BYTES = 64 * 1024  # a request body other than an upload (a generation request is ~200 bytes)
 # an absolute path in a message: the page is told the file's name only, not where the server keeps it
 ABSOLUTE_PATH = re.compile(r"(?<![\w.:/])/(?:[^\s/'\"]+/)+(?=[^\s/'\"])")
+
+
+class StudioEvent(BaseModel):
+    """A line of the studio's generation stream, as its clients read it."""
+
+    model_config = schemas.OPEN
+    event: Literal["queued", "started", "notes", "done", "stopped", "error"]
+
+
+STUDIO_EVENT = schemas.Format("studio event", None, StudioEvent)
 
 
 def error_message(exc: BaseException) -> str:

@@ -14,6 +14,7 @@ from typing import Any
 
 from .. import schemas
 from ..errors import InputFileError, MusegenError
+from ..generation.outputs import SAMPLE_SUMMARY
 from ..io import write_bytes
 from ..music.midi import MAX_MIDI_BYTES, MIDI_SUFFIXES
 
@@ -92,7 +93,7 @@ class Store:
         folder = self.run(session, run)
         for path in sorted(folder.glob("*.json")):
             try:
-                summary = schemas.read(path, "sample summary")
+                summary = schemas.read(path, SAMPLE_SUMMARY)
             except MusegenError:  # a MIREX continuation beside it, not the summary
                 continue
             return {"run": run, "stem": path.stem, **summary.model_dump(mode="json", by_alias=True)}

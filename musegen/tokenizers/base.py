@@ -15,10 +15,12 @@ import functools
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, ClassVar, Mapping
+from typing import Annotated, Any, ClassVar, Mapping
 
 import numpy as np
+from pydantic import BaseModel, Field, JsonValue, ValidationError
 
+from .. import schemas
 from ..errors import ConfigError, FormatError, TokenError
 from ..io import write_json
 from ..music.notes import NoteTable
@@ -149,6 +151,23 @@ class RepresentationError(TokenError):
     """Tokens made by another version of a representation than the one this musegen reads."""
 
 
+class TokenizerFile(BaseModel):
+    """tokenizer.json: what `Tokenizer.to_dict` writes (just {"kind"} means the defaults)."""
+
+    model_config = schemas.STRICT
+    kind: schemas.Name  # one of Tokenizer.registry (checked by tokenizer_from_dict)
+    version: Annotated[int, Field(ge=1, le=1000)] = 1
+    settings: dict[str, JsonValue] = {}  # checked by the kind's `settings_schema`
+    vocab: Annotated[list[schemas.Name], Field(max_length=2**20)] | None = None
+
+
+TOKENIZER_FILE = schemas.Format("tokenizer", None, TokenizerFile)
+
+
+class NoSettings(BaseModel):
+    model_config = schemas.STRICT
+
+
 class Tokenizer(abc.ABC):
     """One symbolic representation. Subclasses register themselves under `kind`."""
 
@@ -163,6 +182,8 @@ class Tokenizer(abc.ABC):
     # (not by a duration): the sampler keeps the model's share of it (`generation.constraints.NoteOffMass`).
     note_off_type: ClassVar[str | None] = None
     registry: ClassVar[dict[str, type["Tokenizer"]]] = {}
+    # The schema of the constructor's settings as tokenizer.json holds them (bounds included).
+    settings_schema: ClassVar[type[BaseModel]] = NoSettings
     # Training augmentation: keyword arguments of musegen.data.Augmenter (none: the data as it is).
     # Each key needs the methods AUGMENTATION_NEEDS names for it (checked when the class is made).
     augmentation: ClassVar[dict[str, Any]] = {}
@@ -323,11 +344,9 @@ REMEDY = "re-prepare the data / retrain"
 
 def tokenizer_from_dict(data: dict[str, Any], source: str = "the tokenizer", remedy: str = REMEDY) -> Tokenizer:
     """Build a tokenizer from `to_dict()` output (or just {"kind": ...} for the defaults),
-    checked against its schema (musegen/schemas.py), then its representation version (when
-    stored) and vocabulary."""
-    from .. import schemas  # (here, not at the top: it imports the model package and torch)
-
-    checked = schemas.check(data, "tokenizer", source)
+    checked against its schema (`TokenizerFile`, then the kind's `settings_schema`), then its
+    representation version (when stored) and vocabulary."""
+    checked = schemas.check(data, TOKENIZER_FILE, source)
     kind = checked.kind
     if kind not in Tokenizer.registry:
         raise FormatError(f"{source}: unknown tokenizer kind {kind!r} (known: {', '.join(Tokenizer.registry)})")
@@ -337,9 +356,12 @@ def tokenizer_from_dict(data: dict[str, Any], source: str = "the tokenizer", rem
             f"{source} was made with {kind.upper()} representation v{checked.version}; "
             f"this musegen reads v{cls.version}: {remedy} or use an older musegen"
         )
-    settings = schemas.tokenizer_settings(kind, checked.settings, source)  # (its own one-line error)
     try:
-        tok = cls(**settings)
+        stated = cls.settings_schema.model_validate(checked.settings).model_dump(include=set(checked.settings))
+    except ValidationError as exc:
+        raise FormatError(f"{source}: invalid {kind} tokenizer settings: {schemas.first_problem(exc)}") from None
+    try:
+        tok = cls(**stated)
     except ConfigError as exc:  # settings that disagree with each other
         raise FormatError(f"{source}: invalid {kind} tokenizer settings: {exc}") from None
     if checked.vocab is not None and checked.vocab != list(tok.vocab):
@@ -350,10 +372,8 @@ def tokenizer_from_dict(data: dict[str, Any], source: str = "the tokenizer", rem
 def load_tokenizer(path: str | os.PathLike, remedy: str = REMEDY) -> Tokenizer:
     """The tokenizer stored in a tokenizer.json. Files from before representation versions
     count as version 1, so they are refused like any other version this musegen does not read."""
-    from .. import schemas
-
     path = Path(path)
     if not path.is_file():
         raise TokenError(f"{path}: tokenizer file not found")
-    data = schemas.read(path, "tokenizer")
+    data = schemas.read(path, TOKENIZER_FILE)
     return tokenizer_from_dict({"version": 1, **data.model_dump(exclude_unset=True)}, str(path), remedy)

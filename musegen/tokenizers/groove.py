@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import os
 import random
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
+from pydantic import BaseModel, Field, ValidationError
 
+from .. import schemas
 from ..errors import MidiError, TokenError
 from ..music.beats import round_half_even
 from ..music.constants import BEATS_PER_BAR, MAX_BARS, TICKS_PER_BEAT
@@ -48,6 +50,16 @@ from .groove_grammar import AFTER_EVENT, GrooveGrammar, GrooveState
 
 DEFAULT_VELOCITY = 100
 DEFAULT_TEMPO = 120.0
+DEFAULT_PROGRAMS = {"bass": 33, "other": 0}  # General MIDI: finger bass, piano
+
+
+class GrooveSettings(BaseModel):
+    """The groove tokenizers' settings: the programs their bass and other tracks are written
+    with (DEFAULT_PROGRAMS for those left out), and how "other" is picked (`other_seed`)."""
+
+    model_config = schemas.STRICT
+    programs: dict[Literal["bass", "other"], Annotated[int, Field(ge=0, le=127)]] = {}
+    other_seed: Annotated[int, Field(ge=0, le=2**63 - 1)] | None = None
 
 
 def check_meter(parsed: Parsed) -> None:
@@ -76,6 +88,7 @@ class GrooveTokenizer(Tokenizer):
     reproducibly per file and seed (training variety, as the reference's random choice)."""
 
     kind = "groove"
+    settings_schema = GrooveSettings
     augmentation = {"max_shift": 5, "max_skip_bars": 4, "track_dropout": 0.2}  # drums never transposed
     default_crop = "start"  # sequences cut to the first N tokens, as in the paper (bar skips vary them)
     roles = ("bass", "drums", "other")
@@ -92,11 +105,12 @@ class GrooveTokenizer(Tokenizer):
     note_off_type = "note-off"
 
     def __init__(self, programs: dict[str, int] | None = None, other_seed: int | None = None):
-        self.programs = {"bass": 33, "other": 0, **(programs or {})}
-        for role, program in self.programs.items():
-            if role not in ("bass", "other") or not isinstance(program, int) or not 0 <= program < 128:
-                raise TokenError(f"invalid groove program setting {role}={program!r}")
-        self.other_seed = other_seed
+        try:
+            checked = GrooveSettings(programs=programs or {}, other_seed=other_seed)
+        except ValidationError as exc:
+            raise TokenError(f"invalid groove settings: {schemas.first_problem(exc)}") from None
+        self.programs = {**DEFAULT_PROGRAMS, **checked.programs}
+        self.other_seed = checked.other_seed
         self.vocab = list(VOCAB)
 
     @property

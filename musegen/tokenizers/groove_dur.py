@@ -232,6 +232,7 @@ class GrooveDurTokenizer(Tokenizer):
     """Bass / drums / other trio tokens with durations; settings as GrooveTokenizer's."""
 
     kind = "groove-dur"
+    settings_schema = GrooveTokenizer.settings_schema
     version = 2  # its first: v1 is what tokenizer files from before versions count as
     augmentation = GrooveTokenizer.augmentation
     default_crop = GrooveTokenizer.default_crop

@@ -54,13 +54,14 @@ from ..music.notes import NoteTable, Track
 from .base import Encoding, Tokenizer
 from .remi_bars import BarGrid
 from .remi_grammar import RemiGrammar
-from .remi_vocab import RemiVocab
+from .remi_vocab import RemiSettings, RemiVocab
 
 
 class RemiTokenizer(RemiVocab, Tokenizer):
-    """REMI over the vocabulary its settings make (`RemiVocab`: the constructor's arguments)."""
+    """REMI over the vocabulary its settings make (`RemiSettings`: the constructor's arguments)."""
 
     kind = "remi"
+    settings_schema = RemiSettings
     augmentation = {"max_shift": 6}  # transpose by -6..+6 semitones, chord roots too
     # each type is named by its prefix's last word: "Note_Pitch_" is "Pitch"
     token_types = {

@@ -4,8 +4,12 @@ the alphabetical sort of the event names; PAD comes last."""
 
 from __future__ import annotations
 
-import numpy as np
+from typing import Annotated, Any
 
+import numpy as np
+from pydantic import BaseModel, Field, ValidationError
+
+from .. import schemas
 from ..errors import ConfigError
 from ..music.chords import QUALITIES, ROOT_NAMES
 from ..music.constants import BEATS_PER_BAR, TICKS_PER_BEAT
@@ -16,46 +20,51 @@ REFERENCE_TEMPO_GRID = np.arange(32, 225, 3)  # the reference bins tempos to thi
 NO_CHORD = "N_N"
 
 
+class RemiSettings(BaseModel):
+    """A REMI vocabulary's settings, their defaults and bounds. `beat_resolution`: grid positions
+    per beat; `pitch_range`: lowest and highest pitch, others are folded in by octaves;
+    `velocity_range`: (lowest, highest, step) of the velocity bins; `max_duration`: longest
+    duration in grid steps; `tempos`: the tempo bins (bpm); `chords`: write Chord tokens."""
+
+    model_config = schemas.STRICT
+    # at most 160: decoding keeps the note order inside a cell by starting notes a tick apart,
+    # which needs 3 ticks per cell at 480 ticks per beat
+    beat_resolution: Annotated[int, Field(ge=1, le=160)] = 4
+    pitch_range: Annotated[list[schemas.Pitch], Field(min_length=2, max_length=2)] = [22, 107]
+    velocity_range: Annotated[list[schemas.Pitch], Field(min_length=3, max_length=3)] = [40, 86, 2]
+    # grid steps: 256 bars of 4/4 at the default resolution; each step is a token of the vocabulary
+    max_duration: Annotated[int, Field(ge=1, le=4096)] = 16
+    tempos: Annotated[list[Annotated[int, Field(ge=1, le=1000)]], Field(min_length=1, max_length=1000)] = list(
+        POP1K7_TEMPOS
+    )
+    chords: bool = True
+
+
 class RemiVocab:
     """The vocabulary of a REMI tokenizer with these settings (RemiTokenizer is one)."""
 
-    def __init__(
-        self,
-        beat_resolution: int = 4,
-        pitch_range: tuple[int, int] = (22, 107),
-        velocity_range: tuple[int, int, int] = (40, 86, 2),
-        max_duration: int = 16,
-        tempos: tuple[int, ...] = POP1K7_TEMPOS,
-        chords: bool = True,
-    ):
-        """`beat_resolution`: grid positions per beat; `pitch_range`: lowest and highest pitch,
-        others are folded in by octaves; `velocity_range`: (lowest, highest, step) of the velocity
-        bins; `max_duration`: longest duration in grid steps; `tempos`: the tempo bins (bpm);
-        `chords`: write Chord tokens."""
-        lo, hi = pitch_range
-        vmin, vmax, vstep = velocity_range
-        # at most 160: decoding keeps the note order inside a cell by starting notes a tick apart,
-        # which needs 3 ticks per cell at 480 ticks per beat
-        if not (
-            isinstance(beat_resolution, int) and 1 <= beat_resolution <= 160 and TICKS_PER_BEAT % beat_resolution == 0
-        ):
-            raise ConfigError(
-                f"beat_resolution must divide {TICKS_PER_BEAT} and be at most 160, got {beat_resolution!r}"
-            )
-        if not (0 <= lo and hi <= 127 and hi - lo >= 11):
-            raise ConfigError(f"pitch_range must lie in 0..127 and span an octave, got {pitch_range!r}")
-        if not (0 < vstep and 0 <= vmin <= vmax <= 127 and (vmax - vmin) % vstep == 0):
-            raise ConfigError(f"velocity_range must be (low, high, step) within 0..127, got {velocity_range!r}")
-        if not (isinstance(max_duration, int) and max_duration >= 1):
-            raise ConfigError(f"max_duration must be a positive number of grid steps, got {max_duration!r}")
-        if not tempos or list(tempos) != sorted(set(tempos)) or min(tempos) <= 0:
-            raise ConfigError("tempos must be increasing positive bpm values")
-        self.beat_resolution = beat_resolution
-        self.pitch_range = (int(lo), int(hi))
-        self.velocity_range = (int(vmin), int(vmax), int(vstep))
-        self.max_duration = max_duration
-        self.tempos = tuple(int(t) for t in tempos)
-        self.chords = bool(chords)
+    def __init__(self, **settings: Any):
+        """`settings`: RemiSettings' fields (its defaults for those left out); ConfigError when
+        they break its bounds or disagree with each other."""
+        try:
+            checked = RemiSettings.model_validate(settings, strict=False)  # (tuples as well as lists)
+        except ValidationError as exc:
+            raise ConfigError(f"invalid REMI settings: {schemas.first_problem(exc)}") from None
+        (lo, hi), (vmin, vmax, vstep) = checked.pitch_range, checked.velocity_range
+        if TICKS_PER_BEAT % checked.beat_resolution:
+            raise ConfigError(f"beat_resolution must divide {TICKS_PER_BEAT}, got {checked.beat_resolution}")
+        if hi - lo < 11:
+            raise ConfigError(f"pitch_range must span an octave, got {checked.pitch_range}")
+        if not (0 < vstep and vmin <= vmax and (vmax - vmin) % vstep == 0):
+            raise ConfigError(f"velocity_range must be (low, high, step) within 0..127, got {checked.velocity_range}")
+        if checked.tempos != sorted(set(checked.tempos)):
+            raise ConfigError("tempos must be increasing bpm values")
+        beat_resolution = self.beat_resolution = checked.beat_resolution
+        self.pitch_range = (lo, hi)
+        self.velocity_range = (vmin, vmax, vstep)
+        self.max_duration = checked.max_duration
+        self.tempos = tuple(checked.tempos)
+        self.chords = checked.chords
         self.positions_per_bar = BEATS_PER_BAR * beat_resolution
         self.ticks_per_position = TICKS_PER_BEAT // beat_resolution
         # notes of one cell may start this many ticks after the cell and still round into it

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import BaseModel, JsonValue
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
@@ -40,6 +41,30 @@ LOG = "log.jsonl"
 RUN_CONFIG = "train_config.json"
 LOCK = ".lock"
 COUNTERS = ("nonfinite_total", "nonfinite_streak", "tokens_seen")
+
+
+class TrainingState(BaseModel):
+    """trainer_state.json beside a run's checkpoint (optimizer and scheduler: structure checked
+    against the live objects when the state is loaded)."""
+
+    model_config = schemas.OPEN
+    step: schemas.Count
+    nonfinite_total: schemas.Count
+    nonfinite_streak: schemas.Count
+    tokens_seen: schemas.Count
+    optimizer: dict[str, JsonValue]
+    scheduler: dict[str, JsonValue]
+
+
+class LogRecord(BaseModel):
+    """A line of a run's log.jsonl."""
+
+    model_config = schemas.OPEN
+    step: schemas.Count = 0
+
+
+TRAINING_STATE = schemas.Format("training state", None, TrainingState)
+LOG_RECORD = schemas.Format("log record", None, LogRecord)
 
 
 # ---- checkpoint folders ----------------------------------------------------------------------
@@ -192,7 +217,7 @@ class TrainingState:
     @classmethod
     def read(cls, folder: Path, optimizer: torch.optim.Optimizer, scheduler) -> "TrainingState":
         """Read and check everything, or raise CheckpointError naming the first problem."""
-        info = schemas.read(folder / STATE_JSON, "training state").model_dump()
+        info = schemas.read(folder / STATE_JSON, TRAINING_STATE).model_dump()
         try:
             tensors = load_file(str(folder / STATE_TENSORS))
         except (OSError, SafetensorError, ValueError, UnicodeDecodeError, RecursionError) as exc:
@@ -361,7 +386,7 @@ class RunLog:
         kept = []
         for line in filter(str.strip, lines):
             try:
-                step = schemas.loads(line, "log record", self.path).step
+                step = schemas.loads(line, LOG_RECORD, self.path).step
             except FormatError:
                 self.dropped += 1
                 continue

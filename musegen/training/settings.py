@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from pydantic import BaseModel, ConfigDict, JsonValue
+
 from .. import schemas
 from ..checkpoint import read_checkpoint_config
 from ..choices import PRECISIONS
@@ -142,11 +144,22 @@ def build_config(
     return replace_checked(TrainConfig(model=model), settings)
 
 
+class TrainSettings(BaseModel):
+    """A `train --config` YAML file: TrainConfig's fields, and `model:` ModelConfig's (both checked,
+    bounds included, where the configs are made)."""
+
+    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
+    model: dict[str, JsonValue] = {}
+
+
+TRAIN_SETTINGS = schemas.Format("train settings", None, TrainSettings)
+
+
 def _read_config_file(path: str | os.PathLike | None) -> tuple[dict[str, Any], dict[str, Any]]:
     """(top-level settings, `model:` mapping) of a YAML file."""
     if path is None:
         return {}, {}
-    checked = schemas.read_yaml(path, "train settings").model_dump()
+    checked = schemas.read_yaml(path, TRAIN_SETTINGS).model_dump()
     model = checked.pop("model")
     return checked, model
 

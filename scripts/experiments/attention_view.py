@@ -15,12 +15,13 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from musegen import schemas
+from musegen.checkpoint import CHECKPOINT_CONFIG
 from musegen.io import write_json
 from musegen.model.config import ModelConfig
 from musegen.model.transformer import MusicPerformer
 
 source, out, changes = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3:]
-config = schemas.read(source / "config.json", "checkpoint config").model_dump()
+config = schemas.read(source / "config.json", CHECKPOINT_CONFIG).model_dump()
 for change in changes:
     key, _, value = change.partition("=")
     config["model"][key] = type(config["model"][key])(value)

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from musegen.evaluation.compare import read_jsonl
+from musegen.evaluation.run_continuation import PIECE_RECORD
 from musegen.music.midi import read_parts
 from musegen.music.notes import NoteTable
 
@@ -47,7 +48,7 @@ def kept(hits: dict[int, list[tuple[int, int]]], first_bar: int) -> tuple[float,
 
 def main(run: Path, corpus: Path) -> None:
     model, real = [], []
-    for row in read_jsonl(run / "pieces.jsonl", "piece record"):
+    for row in read_jsonl(run / "pieces.jsonl", PIECE_RECORD):
         piece, first_bar = row["piece"], row["span_start_bar"]
         real.append(kept(drum_hits(corpus / "references" / f"{piece}.mid"), first_bar))
         folder, name = piece.rsplit("/", 1)

@@ -92,7 +92,8 @@ seconds_per_update() {
 import sys
 from pathlib import Path
 from musegen.evaluation.compare import read_jsonl  # the log's records, checked against its schema
-rows = [r for r in read_jsonl(Path(sys.argv[1]), "log record") if "loss" in r and "time" in r and r["step"] >= 10]
+from musegen.training.run_folder import LOG_RECORD
+rows = [r for r in read_jsonl(Path(sys.argv[1]), LOG_RECORD) if "loss" in r and "time" in r and r["step"] >= 10]
 print((rows[-1]["time"] - rows[0]["time"]) / (rows[-1]["step"] - rows[0]["step"]))
 EOF
 }

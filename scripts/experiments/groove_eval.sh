@@ -32,7 +32,7 @@ cd "$(dirname "$0")/../.."
 source scripts/experiments/common.sh
 export OMP_NUM_THREADS=1
 
-kind=$("$py" -c 'import sys; from musegen.schemas import read; print(read(sys.argv[1], "tokenizer").kind)' "$CHECKPOINT/tokenizer.json")
+kind=$("$py" -c 'import sys; from musegen.schemas import read; from musegen.tokenizers.base import TOKENIZER_FILE; print(read(sys.argv[1], TOKENIZER_FILE).kind)' "$CHECKPOINT/tokenizer.json")
 DATA=${DATA:-data/mma-$kind}
 PIECES=${PIECES:-80}
 SAMPLES=${SAMPLES:-2}

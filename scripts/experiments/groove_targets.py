@@ -32,7 +32,8 @@ from musegen import schemas
 from musegen.cli import run_command
 from musegen.errors import ConfigError, DataError
 from musegen.evaluation.compare import read_jsonl
-from musegen.evaluation.run_continuation import pooled_values, summary_rows
+from musegen.evaluation.run_continuation import EVALUATION_SETTINGS, PIECE_RECORD, pooled_values, summary_rows
+from musegen.evaluation.run_copy import COPY_RESULT
 from musegen.io import write_json
 from musegen.metrics.report import fmt, write_table
 
@@ -70,8 +71,8 @@ class ContinuationRun:
     def read(cls, folder: str | os.PathLike) -> "ContinuationRun":
         folder = Path(folder)
         try:
-            settings = schemas.read(folder / "run.json", "evaluation settings")
-            records = read_jsonl(folder / "pieces.jsonl", "piece record")
+            settings = schemas.read(folder / "run.json", EVALUATION_SETTINGS)
+            records = read_jsonl(folder / "pieces.jsonl", PIECE_RECORD)
             rows = {r["metric"]: r for r in summary_rows(pooled_values(records))}
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise DataError(f"{folder}: not the output of `musegen evaluate continuation` ({exc})") from None
@@ -192,7 +193,7 @@ def read_copy(folder: str | os.PathLike) -> dict[str, Any]:
     settings with the models' checkpoints."""
     folder = Path(folder)
     try:
-        result = schemas.read(folder / "copy.json", "copy result")
+        result = schemas.read(folder / "copy.json", COPY_RESULT)
         return {
             "rows": [(row.name, row.scored, row.mean) for row in result.table],
             "settings": dict(result.settings)

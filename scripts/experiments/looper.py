@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from musegen import schemas
-from musegen.evaluation.run_continuation import SPAN_METRICS, Piece, split_pieces
+from musegen.evaluation.run_continuation import EVALUATION_SETTINGS, PIECE_RECORD, SPAN_METRICS, Piece, split_pieces
 from musegen.metrics.metric import Span, measure
 from musegen.metrics.report import json_safe
 from musegen.music.constants import BEATS_PER_BAR
@@ -41,10 +41,10 @@ def looped(notes: NoteTable, span_start: int, bars: int) -> NoteTable:
 
 
 def main(run: str, data: str, split: str, out: str) -> None:
-    settings = schemas.read(Path(run) / "run.json", "evaluation settings")
+    settings = schemas.read(Path(run) / "run.json", EVALUATION_SETTINGS)
     pieces_file = Path(run) / "pieces.jsonl"
     lines_read = filter(None, pieces_file.read_text().splitlines())
-    records = [schemas.loads(line, "piece record", pieces_file).model_dump() for line in lines_read]
+    records = [schemas.loads(line, PIECE_RECORD, pieces_file).model_dump() for line in lines_read]
     index = Path(data) / "index.json"
     tok = Shards(data).tokenizer if index.exists() else tokenizer_from_dict({"kind": "groove-dur"})
     _, names, pieces, _ = split_pieces(data, split, tok)

@@ -16,12 +16,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from musegen.evaluation.compare import read_jsonl  # noqa: E402
+from musegen.training.run_folder import LOG_RECORD  # noqa: E402
 
 SMOOTH = 20  # log records in the training loss's running mean
 
 
 def curves(log: Path) -> tuple[list, list, list, list]:
-    rows = read_jsonl(log, "log record")  # checked against the log's schema
+    rows = read_jsonl(log, LOG_RECORD)  # checked against the log's schema
     updates = [r for r in rows if "loss" in r and "tokens" in r]
     steps, tokens = [r["step"] for r in updates], [r["tokens"] / 1e6 for r in updates]
     losses = [r["loss"] for r in updates]

@@ -8,7 +8,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from .errors import DataError, TokenError
+from .errors import DataError
 from .io import NAME_MAX, TEMP_NAME_EXTRA, name_fits, write_bytes
 from .music.midi import MIDI_SUFFIXES
 from .shards import Shards, resolve_split
@@ -57,13 +57,9 @@ def export_midi(
         if path.exists():
             existing.append(name)
             continue
-        try:
-            piece = tokenizer.decode(ids)
-        except TokenError as exc:
-            skipped[name] = f"cannot decode: {str(exc).splitlines()[0]}"
-            continue
-        if not len(piece):
-            skipped[name] = "decodes to no notes"
+        piece, why = tokenizer.decode_or_skip(ids)
+        if piece is None:
+            skipped[name] = why
             continue
         write_bytes(path, piece.midi_bytes())
         written.append(name)

@@ -147,13 +147,9 @@ def usable_pieces(
     """The pieces long enough for the protocol, and why each other piece was skipped."""
     usable, skipped = [], {}
     for name, ids in zip(names, pieces):
-        try:
-            notes = tokenizer.decode(ids)
-        except TokenError as exc:
-            skipped[name] = f"cannot decode: {str(exc).splitlines()[0]}"
-            continue
-        if not len(notes):
-            skipped[name] = "no notes"
+        notes, why = tokenizer.decode_or_skip(ids)
+        if notes is None:
+            skipped[name] = why
             continue
         span_start, bars = notes.first_bar() + 1 + settings.prompt_bars, settings.sample.bars
         if notes.last_onset_bar() < span_start + bars - 1 or len(tokenizer.bar_starts(ids)) <= span_start:

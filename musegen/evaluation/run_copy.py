@@ -103,13 +103,12 @@ def corpus_patterns(data_dir: str | os.PathLike, split: str, limit: int) -> tupl
         if len(patterns) == limit:
             break
         name, ids = names[index], pieces[index]
-        try:
-            notes = tokenizer.decode(ids)
-        except TokenError as exc:
-            skipped[name] = f"cannot decode: {str(exc).splitlines()[0]}"
+        notes, why = tokenizer.decode_or_skip(ids)
+        if notes is None:
+            skipped[name] = why
             continue
         first = notes.first_bar()
-        if first is None or any(not len(notes.onsets_in(first + k, 1)) for k in range(PATTERN_BARS)):
+        if any(not len(notes.onsets_in(first + k, 1)) for k in range(PATTERN_BARS)):
             skipped[name] = f"fewer than {PATTERN_BARS} playing bars from its first note"
             continue
         patterns.append(cut_pattern(notes, first, name, "corpus"))

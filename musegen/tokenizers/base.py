@@ -268,6 +268,15 @@ class Tokenizer(abc.ABC):
         (what the tokens do not hold, e.g. programs or tempo), to restore it; None: the
         tokenizer's defaults. Raises TokenError when the ids cannot be decoded."""
 
+    def decode_or_skip(self, ids) -> tuple[NoteTable | None, str]:
+        """`decode(ids)` for a batch job that skips a piece it cannot use: (the piece, "") or (None,
+        why it is skipped: its ids do not decode, or they decode to no notes)."""
+        try:
+            piece = self.decode(ids)
+        except TokenError as exc:
+            return None, f"cannot decode: {str(exc).splitlines()[0]}"
+        return (piece, "") if len(piece) else (None, "decodes to no notes")
+
     @abc.abstractmethod
     def grammar(self) -> Grammar: ...
 

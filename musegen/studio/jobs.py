@@ -60,13 +60,15 @@ STUDIO_REQUEST = schemas.Format("studio request", None, StudioRequest)
 
 @dataclass
 class Request:
+    """A checked request (`StudioRequest` holds the defaults and bounds), its prompt id as a file."""
+
     model: str
     prompt: Path | None
-    bars: int = 8
-    temperature: float | None = None
-    top_p: float | None = None
-    samples: int = 1
-    seed: int | None = None
+    bars: int
+    temperature: float | None
+    top_p: float | None
+    samples: int
+    seed: int | None
 
     @classmethod
     def parse(cls, body: bytes, prompt_of: Callable[[str], Path]) -> "Request":

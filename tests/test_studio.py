@@ -113,7 +113,7 @@ def test_a_run_streams_notes_and_is_written_as_sample_writes_it(client, tmp_path
     folder = tmp_path / "out" / A / done["run"]
     summary = schemas.read(folder / "pop_progression.json", SAMPLE_SUMMARY)
     assert [s.midi for s in summary.samples] == ["pop_progression_000.mid", "pop_progression_001.mid"]
-    assert summary.settings["bars"] == 4 and summary.settings["seed"] == 5
+    assert summary.settings["bars"] == 4 and summary.settings["seed"] == 5 and summary.settings["tempo"] == "keep"
     assert all(v["prompt_end"] > 0 and v["notes"] for v in done["samples"])
     # what the page lists after a reload, and the files it plays and offers
     listed = client.get(f"/api/results?session={A}").json()["results"]
@@ -129,13 +129,15 @@ def test_a_run_streams_notes_and_is_written_as_sample_writes_it(client, tmp_path
     assert detail["views"] == done["samples"]
 
 
-def test_the_same_seed_gives_what_musegen_sample_gives(client, tmp_path, models):
+@pytest.mark.parametrize("tempo", [None, "free", "140"])
+def test_the_same_seed_gives_what_musegen_sample_gives(client, tmp_path, models, tempo):
     from musegen.generation.batch import sample_to_folder
 
     prompt = upload(client, A, EXAMPLE, (EXAMPLES / EXAMPLE).read_bytes()).json()
-    done = events(client, A, model="pop", prompt=prompt["prompt"], bars=1, samples=1, seed=9)[-1]
+    done = events(client, A, model="pop", prompt=prompt["prompt"], bars=1, samples=1, seed=9, tempo=tempo)[-1]
     studio = (tmp_path / "out" / A / done["run"] / "pop_progression_000.mid").read_bytes()
-    cli = sample_to_folder(POP, tmp_path / "cli", SampleSettings(bars=1, seed=9), EXAMPLES / EXAMPLE, progress=False)
+    settings = SampleSettings(bars=1, seed=9, **({"tempo": tempo} if tempo else {}))
+    cli = sample_to_folder(POP, tmp_path / "cli", settings, EXAMPLES / EXAMPLE, progress=False)
     assert (Path(cli["folder"]) / cli["samples"][0]["midi"]).read_bytes() == studio
     assert sorted(os.listdir(cli["folder"])) == sorted(os.listdir(tmp_path / "out" / A / done["run"]))
 
@@ -189,6 +191,8 @@ def test_a_huge_upload_is_refused_before_it_is_read(client):
         ({"model": "pop", "bars": "many"}, "bars must be a whole number"),
         ({"model": "pop", "bars": True}, "bars must be a whole number"),
         ({"model": "pop", "temperature": "hot"}, "temperature must be a number"),
+        ({"model": "pop", "tempo": "brisk"}, "tempo must be keep, free or a tempo in BPM within 1..1000, got brisk"),
+        ({"model": "pop", "tempo": 96}, "tempo must be text"),
         ({"model": 5}, "model must be text, got 5"),
         ({"model": "pop", "temprature": 1.0}, "temprature: extra inputs are not permitted"),
         ({"model": "pop", "prompt": "0123456789ab"}, "no prompt 0123456789ab"),

@@ -93,7 +93,8 @@ def test_the_page_generates_plays_downloads_and_reports_a_bad_file(browser, tmp_
         wait_for(lambda: text("status").startswith("done"))
         cards = browser.find_elements(By.CSS_SELECTOR, ".sample")
         assert len(cards) == 2
-        wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#results li"))  # listed for a later visit
+        listed = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#results li"))  # for a later visit
+        assert listed[0].text.endswith("tempo keep")  # the default: the prompt's tempo held
 
         # play: the WAV is rendered by the server and the audio element plays it
         played = browser.execute_async_script(
@@ -116,6 +117,11 @@ def test_the_page_generates_plays_downloads_and_reports_a_bad_file(browser, tmp_
         browser.find_element(By.ID, "file").send_keys(str(broken))
         wait_for(lambda: browser.find_element(By.ID, "error").is_displayed())
         assert "broken.mid: corrupt MIDI" in text("error")
+
+        # a tempo that is neither keep, free nor a BPM: the request's one line, in the page's words
+        browser.find_element(By.ID, "tempo").send_keys("brisk")
+        browser.find_element(By.ID, "generate").click()
+        wait_for(lambda: "tempo must be keep, free or a tempo in BPM" in text("error"))
 
         urls = requested_urls(browser)
     hosts = {urlsplit(url).netloc for url in urls if urlsplit(url).scheme in ("http", "https", "ws", "wss")}

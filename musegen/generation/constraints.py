@@ -98,6 +98,38 @@ class GrammarMask(Constraint):
         return narrowed
 
 
+@dataclass
+class HoldTempo(Constraint):
+    """Tempo tokens (`Tokenizer.tempo_token_ids`) keep one tempo: the one nearest `bpm`, or else
+    the piece's last (the prompt's; the first drawn where the prompt has none). Another tempo is
+    drawn only where nothing else is allowed."""
+
+    bpm: float | None = None
+    _last: dict[int, tuple[int, int | None]] = field(default_factory=dict, compare=False, repr=False)
+
+    def allow(self, run: Run, row: Row, allowed: np.ndarray) -> np.ndarray:
+        tempos = run.tokenizer.tempo_token_ids()
+        if not len(tempos) or not allowed[tempos].any():
+            return allowed
+        held = run.tokenizer.tempo_token(self.bpm) if self.bpm is not None else self._last_tempo(row, tempos)
+        if held is None:
+            return allowed
+        narrowed = allowed.copy()
+        narrowed[tempos] = False
+        narrowed[held] = allowed[held]
+        return narrowed if narrowed.any() else allowed
+
+    def _last_tempo(self, row: Row, tempos: np.ndarray) -> int | None:
+        """The row's last tempo token, read on from where the previous step stopped (a piece's
+        tempo may lie thousands of tokens back)."""
+        read, last = self._last.get(id(row), (0, None))
+        found = np.flatnonzero(np.isin(row.ids[read:], tempos))
+        if len(found):
+            last = row.ids[read + int(found[-1])]
+        self._last[id(row)] = (len(row.ids), last)
+        return last
+
+
 class HoldEnds(Constraint):
     """Before the requested length, no end token (the reference code's "no EOS before the
     length"), unless nothing else is allowed."""

@@ -26,6 +26,8 @@ MAX_LENGTH = MAX_BARS * MAX_TOKENS_PER_BAR  # --length: what the longest piece c
 TEMPERATURE_SCOPES = ("token", "family")
 TEMPERATURE_RANGE = (1e-3, 100.0)  # below, logits / T overflow float32; above, every token is as likely
 TOP_P_RANGE = (1e-6, 1.0)  # below, the nucleus is the most likely token alone whatever the value
+TEMPO_CHOICES = ("keep", "free")  # or a tempo in BPM, given as a number
+TEMPO_RANGE = (1.0, 1000.0)  # what a tempo token can name (the REMI settings' bound)
 SEED_MAX = 2**63 - 1  # torch generators take 64 bits; folder prompts count up from the seed, modulo this
 
 
@@ -49,6 +51,23 @@ def within(low: float, high: float, text: str | None = None) -> Bound:
 
 def one_of(values: tuple[str, ...]) -> Bound:
     return Bound(lambda v: v in values, f"one of {', '.join(values)}")
+
+
+def held_bpm(tempo: Any) -> float | None:
+    """The tempo in BPM that a --tempo value names; None for "keep", "free" and anything else."""
+    if isinstance(tempo, bool) or tempo in TEMPO_CHOICES:
+        return None
+    try:
+        bpm = float(tempo)
+    except (TypeError, ValueError):
+        return None
+    return bpm if TEMPO_RANGE[0] <= bpm <= TEMPO_RANGE[1] else None  # NaN fails both
+
+
+TEMPO_BOUND = Bound(
+    lambda v: v in TEMPO_CHOICES or held_bpm(v) is not None,
+    f"keep, free or a tempo in BPM within {TEMPO_RANGE[0]:g}..{TEMPO_RANGE[1]:g}",
+)
 
 
 @dataclass(frozen=True)
@@ -150,6 +169,14 @@ class SampleSettings:
         help="Groove: a bass note still sounding when a later bass note begins ends at the next event (2% of "
         "the MMA corpus's bass notes sound past the next bass onset); --poly-bass writes the bass as drawn.",
     )
+    tempo: str = option(
+        "keep",
+        "--tempo",
+        help="keep: the continuation holds the prompt's last tempo (without a prompt, the first it draws); "
+        "free: the model changes it as it learnt to; a number: holds that tempo in BPM (the nearest the "
+        "tokens can name). The groove tokens hold no tempo: their continuations always keep the prompt's.",
+        bound=TEMPO_BOUND,
+    )
     cache: float | None = model_default(
         "--cache",
         "Weight of the suffix cache, mixed with the model before the temperature: it proposes what followed the "
@@ -193,6 +220,9 @@ class SampleSettings:
             value = values[name]
             if value is not None and how.bound and not how.bound.holds(value):
                 raise ConfigError(f"{name if by_field else how.flag} must be {how.bound.text}, got {value}")
+        if tokenizer is not None and held_bpm(values["tempo"]) is not None and not len(tokenizer.tempo_token_ids()):
+            flag = "tempo" if by_field else "--tempo"
+            raise ConfigError(f"{flag} {values['tempo']}: the {tokenizer.kind} tokens hold no tempo (give keep)")
         return replace(self, **values)
 
 

@@ -38,7 +38,7 @@ class Stopped(Exception):
 
 class StudioRequest(BaseModel):
     """The body of the studio's generation request. A field left empty (null or "") takes its
-    default; temperature, top_p and seed are bounded by SampleSettings, which the request becomes."""
+    default; temperature, top_p, seed and tempo are bounded by SampleSettings, which the request becomes."""
 
     model_config = schemas.STRICT
     model: schemas.Name = ""  # one of the studio's models (checked by its list)
@@ -48,6 +48,7 @@ class StudioRequest(BaseModel):
     seed: int | None = None
     temperature: float | None = None
     top_p: float | None = None
+    tempo: Annotated[str, Field(max_length=32)] | None = None  # keep, free or BPM (SampleSettings.tempo)
 
     @model_validator(mode="before")
     @classmethod
@@ -69,6 +70,7 @@ class Request:
     top_p: float | None
     samples: int
     seed: int | None
+    tempo: str | None
 
     @classmethod
     def parse(cls, body: bytes, prompt_of: Callable[[str], Path]) -> "Request":
@@ -79,8 +81,14 @@ class Request:
         return cls(prompt=prompt, **checked.model_dump(exclude={"prompt"}))
 
     def settings(self) -> SampleSettings:
+        tempo = {"tempo": self.tempo} if self.tempo else {}  # else SampleSettings' own default
         return SampleSettings(
-            bars=self.bars, temperature=self.temperature, top_p=self.top_p, num_samples=self.samples, seed=self.seed
+            bars=self.bars,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            num_samples=self.samples,
+            seed=self.seed,
+            **tempo,
         )
 
 

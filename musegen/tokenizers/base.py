@@ -234,6 +234,15 @@ class Tokenizer(abc.ABC):
         families: dict[str, int] = {}
         return np.array([families.setdefault(name.rpartition("_")[0] or name, len(families)) for name in self.vocab])
 
+    def tempo_token_ids(self) -> np.ndarray:
+        """The ids of the tokens that set a tempo; none where the tokens hold no tempo (the groove
+        tokenizers keep it in an encoding's meta, so a continuation plays on in the prompt's)."""
+        return np.zeros(0, dtype=np.int64)
+
+    def tempo_token(self, bpm: float) -> int:
+        """The tempo token nearest `bpm`, for a tokenizer that has tempo tokens."""
+        raise TokenError(f"the {self.kind} tokens hold no tempo")
+
     @functools.cached_property
     def end_ids(self) -> tuple[int, ...]:
         """The tokens that end a piece (the sampler holds them back until the requested length).

@@ -76,6 +76,12 @@ class RemiTokenizer(RemiVocab, Tokenizer):
     def pad_id(self) -> int:
         return self._pad_id
 
+    def tempo_token_ids(self) -> np.ndarray:
+        return self.tempo_ids
+
+    def tempo_token(self, bpm: float) -> int:
+        return int(self.tempo_ids[self.tempo_bins(np.array([bpm]))[0]])
+
     def settings(self) -> dict[str, Any]:
         return {
             "beat_resolution": self.beat_resolution,

@@ -156,7 +156,8 @@ function uploadFile(file) {
 function request() {
   const number = (id) => ($(id).value === "" ? null : Number($(id).value));
   return { model: $("model").value, prompt: state.prompt ? state.prompt.prompt : null, bars: number("bars"),
-           samples: number("samples"), temperature: number("temperature"), top_p: number("top_p"), seed: number("seed") };
+           samples: number("samples"), temperature: number("temperature"), top_p: number("top_p"), seed: number("seed"),
+           tempo: $("tempo").value.trim() || null };
 }
 
 function onEvent(event, req) {
@@ -235,7 +236,7 @@ async function loadResults() {
       const li = document.createElement("li");
       const s = r.settings;
       li.textContent = `${keptRuns.has(r.run) ? "★ " : ""}${r.run.slice(9, 15).replace(/(..)(..)(..)/, "$1:$2:$3")} ${r.stem}: ` +
-        `${r.samples.length} × ${s.bars} bars, T=${s.temperature}, p=${s.top_p}`;
+        `${r.samples.length} × ${s.bars} bars, T=${s.temperature}, p=${s.top_p}, tempo ${s.tempo}`;
       li.onclick = async () => {
         try { const d = await json(await fetch(api(`/api/runs/${r.run}`))); showRun(r.run, d.views); showError(""); }
         catch (err) { showError(err.message); }

@@ -30,6 +30,13 @@ def continuation_tempos(tok, prompt, sample) -> list[float]:
     return [bpm for at, bpm in piece.tempos if at >= end]
 
 
+def tempo_at_prompt_end(song: NoteTable) -> float:
+    """The file's tempo in effect where a prompt of its first PROMPT_BARS bars (from the bar of its
+    first note) ends: 120 BPM, MIDI's default, where the file sets none by then."""
+    end = (song.first_bar() + PROMPT_BARS) * 4 * song.tpq
+    return ([bpm for tick, bpm in song.tempos if tick < end] or [120.0])[-1]
+
+
 def run(checkpoint: str, songs: list[str], bars: int, samples: int) -> None:
     model, tok = load_checkpoint(checkpoint)[:2]
     torch.set_num_threads(2)
@@ -41,7 +48,7 @@ def run(checkpoint: str, songs: list[str], bars: int, samples: int) -> None:
     print("|---|---|---|---|---|---|---|")
     for song in songs:
         prompt = load_prompt(tok, song, bars=PROMPT_BARS)
-        file_tempo = NoteTable.read(song).tempos[-1][1] if NoteTable.read(song).tempos else 120.0
+        file_tempo = tempo_at_prompt_end(NoteTable.read(song))
         token_tempo = prompt.piece.tempos[-1][1]
         for tempo in ("keep", "free"):
             started = time.monotonic()

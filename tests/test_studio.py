@@ -33,6 +33,7 @@ from musegen.studio.server import create_app
 
 ROOT = Path(__file__).resolve().parents[1]
 POP = ROOT / "checkpoints" / "pop"
+GROOVE = ROOT / "checkpoints" / "groove"
 EXAMPLES = ROOT / "checkpoints" / "prompts"
 EXAMPLE = "pop_progression.mid"
 A, B = "a" * 32, "b" * 32  # two sessions
@@ -41,6 +42,11 @@ A, B = "a" * 32, "b" * 32  # two sessions
 @pytest.fixture(scope="module")
 def models() -> Models:
     return Models([POP])
+
+
+@pytest.fixture(scope="module")
+def pop_and_groove() -> Models:
+    return Models([POP, GROOVE])
 
 
 @pytest.fixture
@@ -127,6 +133,16 @@ def test_a_run_streams_notes_and_is_written_as_sample_writes_it(client, tmp_path
     assert len(task) == len(continuation) and min(n["start"] for n in task) >= 4 * 16  # after the 4 prompt bars
     detail = client.get(f"/api/runs/{done['run']}?session={A}").json()
     assert detail["views"] == done["samples"]
+
+
+def test_each_model_offers_the_examples_it_can_continue(pop_and_groove, tmp_path):
+    client = TestClient(create_app(tmp_path / "out", pop_and_groove), base_url="http://127.0.0.1")
+    offered = {m["name"]: m["examples"] for m in client.get("/api/models").json()["models"]}
+    # the groove tokenizer needs a drum track: of the shipped examples only the groove one has drums
+    assert offered == {"pop": ["bach_chorale.mid", "groove_rock.mid", EXAMPLE], "groove": ["groove_rock.mid"]}
+    for model, names in offered.items():
+        for name in names:
+            assert client.post(f"/api/prompts?session={A}&model={model}&example={name}").status_code == 200
 
 
 @pytest.mark.parametrize("tempo", [None, "free", "140"])

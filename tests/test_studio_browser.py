@@ -10,7 +10,7 @@ import time
 from urllib.parse import urlsplit
 
 import pytest
-from test_studio import EXAMPLE, EXAMPLES, POP, serving
+from test_studio import EXAMPLE, EXAMPLES, GROOVE, POP, serving
 
 from musegen.studio.models import Models
 from musegen.studio.server import create_app
@@ -49,6 +49,13 @@ def browser(tmp_path):
     driver.execute_cdp_cmd("Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(tmp_path / "dl")})
     yield driver
     driver.quit()
+
+
+@pytest.fixture(scope="module")
+def pop_and_groove(tmp_path_factory):
+    """The studio with the pop and the groove model (pop first: the page's default), served."""
+    with serving(create_app(tmp_path_factory.mktemp("out"), Models([POP, GROOVE]))) as base:
+        yield base
 
 
 def wait_for(condition, timeout: float = 120, every: float = 0.05):
@@ -126,3 +133,40 @@ def test_the_page_generates_plays_downloads_and_reports_a_bad_file(browser, tmp_
         urls = requested_urls(browser)
     hosts = {urlsplit(url).netloc for url in urls if urlsplit(url).scheme in ("http", "https", "ws", "wss")}
     assert urls and hosts == {urlsplit(base).netloc}, hosts
+
+
+def choose(browser, id_: str, value: str) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.select import Select
+
+    Select(browser.find_element(By.ID, id_)).select_by_value(value)
+
+
+def shown(browser, id_: str) -> str:
+    return browser.execute_script("return document.getElementById(arguments[0]).value", id_)
+
+
+def prompt_named(browser, name: str, timeout: float = 20) -> str:
+    """The prompt line once it names `name` (the prompt the page holds is that file)."""
+    from selenium.webdriver.common.by import By
+
+    line = lambda: browser.find_element(By.ID, "prompt-name").text
+    wait_for(lambda: line().startswith(f"Prompt: {name} (") and browser.execute_script("return state.prompt"), timeout)
+    assert browser.execute_script("return state.prompt.name") == name
+    return line()
+
+
+def test_the_example_menu_offers_only_what_the_chosen_model_can_continue(browser, pop_and_groove):
+    from selenium.webdriver.common.by import By
+
+    browser.get(pop_and_groove + "/")
+    wait_for(lambda: browser.find_element(By.ID, "status").text == "ready")
+    offered = lambda: [o.get_attribute("value") for o in browser.find_elements(By.CSS_SELECTOR, "#example option")]
+    assert offered() == ["", "bach_chorale.mid", "groove_rock.mid", EXAMPLE]
+    choose(browser, "model", "groove")  # the groove tokenizer needs drums: only the groove example has them
+    assert offered() == ["", "groove_rock.mid"]
+    choose(browser, "example", "groove_rock.mid")
+    prompt_named(browser, "groove_rock.mid")
+    choose(browser, "model", "pop")
+    assert offered() == ["", "bach_chorale.mid", "groove_rock.mid", EXAMPLE]
+    assert not browser.find_element(By.ID, "error").is_displayed()

@@ -10,7 +10,8 @@ from typing import Any
 
 from .. import home
 from ..checkpoint import load_checkpoint
-from ..errors import ConfigError
+from ..errors import ConfigError, MusegenError
+from ..generation.prompt import load_prompt
 from ..model.torch_step import PreparedWeights
 from ..tokenizers.base import Tokenizer
 
@@ -34,10 +35,17 @@ class Models:
             self.folders[name] = folder
         self._loaded = {name: load_checkpoint(folder)[:2] for name, folder in self.folders.items()}
         self._weights = {name: PreparedWeights(model) for name, (model, _) in self._loaded.items()}
+        # the examples each model can continue (the groove tokenizer needs drums): a few small files
+        self._examples = {name: _readable(tokenizer) for name, (_, tokenizer) in self._loaded.items()}
 
     def describe(self) -> list[dict[str, Any]]:
         return [
-            {"name": name, "tokenizer": tokenizer.kind, "defaults": dict(tokenizer.sampling_defaults)}
+            {
+                "name": name,
+                "tokenizer": tokenizer.kind,
+                "defaults": dict(tokenizer.sampling_defaults),
+                "examples": self._examples[name],
+            }
             for name, (_, tokenizer) in self._loaded.items()
         ]
 
@@ -54,3 +62,15 @@ class Models:
         if name not in self._loaded:
             raise ConfigError(f"unknown model {str(name)[:80]!r}; choose one of: {', '.join(self._loaded)}")
         return self._loaded[name]
+
+
+def _readable(tokenizer: Tokenizer) -> list[str]:
+    """The example prompts `tokenizer` encodes without error, by file name."""
+    readable = []
+    for name, path in examples().items():
+        try:
+            load_prompt(tokenizer, path)
+        except MusegenError:
+            continue
+        readable.append(name)
+    return readable

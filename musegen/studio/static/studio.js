@@ -254,15 +254,21 @@ function showDefaults() {
   $("top_p").placeholder = `${m.defaults.top_p} (default)`;
 }
 
+// the examples the chosen model can continue (the server has tried each with its tokenizer)
+function showExamples() {
+  const m = state.models.find((x) => x.name === $("model").value);
+  $("example").length = 1; // "choose…"
+  for (const e of m ? m.examples : []) $("example").add(new Option(e, e));
+}
+
 async function start() {
   try {
     const info = await json(await fetch(api("/api/models")));
     state.models = info.models;
     for (const m of info.models) $("model").add(new Option(`${m.name} (${m.tokenizer})`, m.name));
-    for (const e of info.examples) $("example").add(new Option(e, e));
     $("bars").max = info.max_bars; $("samples").max = info.max_samples;
-    $("model").onchange = () => { state.prompt = null; $("prompt-name").textContent = "No prompt: the model starts from scratch."; showDefaults(); };
-    showDefaults();
+    $("model").onchange = () => { state.prompt = null; $("prompt-name").textContent = "No prompt: the model starts from scratch."; showDefaults(); showExamples(); };
+    showDefaults(); showExamples();
     setStatus("ready");
   } catch (err) { showError(err.message); }
   $("file").onchange = (e) => uploadFile(e.target.files[0]);

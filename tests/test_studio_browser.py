@@ -170,3 +170,43 @@ def test_the_example_menu_offers_only_what_the_chosen_model_can_continue(browser
     choose(browser, "model", "pop")
     assert offered() == ["", "bach_chorale.mid", "groove_rock.mid", EXAMPLE]
     assert not browser.find_element(By.ID, "error").is_displayed()
+
+
+def test_changing_the_model_reads_the_prompt_again_or_clears_it_where_it_can_be_seen(browser, pop_and_groove):
+    from selenium.webdriver.common.by import By
+
+    text = lambda id_: browser.find_element(By.ID, id_).text
+    browser.get(pop_and_groove + "/")
+    wait_for(lambda: text("status") == "ready")
+    choose(browser, "example", "groove_rock.mid")
+    prompt_named(browser, "groove_rock.mid")
+    held = browser.execute_script("return state.prompt.prompt")
+    # the groove model reads it too: the prompt is kept, read again by the new model's tokenizer
+    choose(browser, "model", "groove")
+    prompt_named(browser, "groove_rock.mid")
+    assert browser.execute_script("return state.prompt.prompt") == held and not text("error")
+
+    # one the groove model cannot read: cleared, and every control says so
+    choose(browser, "model", "pop")
+    browser.find_element(By.ID, "file").send_keys(str(EXAMPLES / EXAMPLE))
+    prompt_named(browser, EXAMPLE)
+    choose(browser, "model", "groove")
+    wait_for(lambda: "no drum track" in text("error"), 20)
+    assert text("prompt-name").startswith("No prompt") and EXAMPLE in text("prompt-name")
+    assert browser.execute_script("return state.prompt") is None
+    assert shown(browser, "example") == "" and shown(browser, "file") == ""
+
+
+def test_picking_the_same_example_or_file_again_loads_it_again(browser, pop_and_groove):
+    from selenium.webdriver.common.by import By
+
+    browser.get(pop_and_groove + "/")
+    wait_for(lambda: browser.find_element(By.ID, "status").text == "ready")
+    choose(browser, "example", "groove_rock.mid")
+    prompt_named(browser, "groove_rock.mid")
+    browser.find_element(By.ID, "file").send_keys(str(EXAMPLES / EXAMPLE))
+    prompt_named(browser, EXAMPLE)
+    choose(browser, "example", "groove_rock.mid")
+    prompt_named(browser, "groove_rock.mid")
+    browser.find_element(By.ID, "file").send_keys(str(EXAMPLES / EXAMPLE))
+    prompt_named(browser, EXAMPLE)

@@ -133,6 +133,10 @@ class Studio:
     async def upload(self, request: Request):
         q = request.query_params
         self.models.tokenizer(q.get("model", ""))  # an unknown model is refused before anything is kept
+        if q.get("prompt"):  # one kept before, read again for another model: kept whatever it gives
+            path = await run_in_threadpool(self.store.prompt, session(request), q["prompt"])
+            view = await run_in_threadpool(jobs.prompt_view, self.models, q.get("model", ""), path)
+            return JSONResponse({"prompt": path.parent.name, "name": path.name, **view})
         body = await request.body()  # within MAX_UPLOAD_BYTES (the guard)
         name = q.get("name", "")
         if q.get("example"):

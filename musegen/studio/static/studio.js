@@ -129,8 +129,11 @@ function viewOf(samples, ticksPerBeat) {
 }
 
 // ---- prompt ----
+// `label` is the prompt's name; the menu and the file box are emptied after each pick, so that
+// picking the same one again loads it again (the prompt line names the prompt held)
 async function loadPrompt(query, body, label) {
   showError("");
+  $("example").value = ""; $("file").value = "";
   try {
     const model = $("model").value;
     const prompt = await json(await fetch(api(`/api/prompts?model=${encodeURIComponent(model)}&${query}`), { method: "POST", body }));
@@ -143,7 +146,7 @@ async function loadPrompt(query, body, label) {
     redraw();
   } catch (err) {
     state.prompt = null;
-    $("prompt-name").textContent = `Not used: ${label}`;
+    $("prompt-name").textContent = `No prompt (${label} is not used): the model starts from scratch.`;
     showError(err.message);
   }
 }
@@ -267,7 +270,10 @@ async function start() {
     state.models = info.models;
     for (const m of info.models) $("model").add(new Option(`${m.name} (${m.tokenizer})`, m.name));
     $("bars").max = info.max_bars; $("samples").max = info.max_samples;
-    $("model").onchange = () => { state.prompt = null; $("prompt-name").textContent = "No prompt: the model starts from scratch."; showDefaults(); showExamples(); };
+    $("model").onchange = () => { // the prompt held is read again by the new model's tokenizer, or let go
+      showDefaults(); showExamples();
+      if (state.prompt) loadPrompt(`prompt=${state.prompt.prompt}`, null, state.prompt.name);
+    };
     showDefaults(); showExamples();
     setStatus("ready");
   } catch (err) { showError(err.message); }

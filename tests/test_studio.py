@@ -124,6 +124,9 @@ def test_a_run_streams_notes_and_is_written_as_sample_writes_it(client, tmp_path
     # what the page lists after a reload, and the files it plays and offers
     listed = client.get(f"/api/results?session={A}").json()["results"]
     assert [r["run"] for r in listed] == [done["run"]]
+    # what the page needs to set its form as it was: the model by the studio's name, the prompt by its id
+    assert listed[0]["model"] == "pop" and listed[0]["settings"]["seed"] == 5
+    assert (listed[0]["prompt_id"], listed[0]["prompt_name"]) == (prompt["prompt"], EXAMPLE)
     assert client.get(f"/api/results?session={B}").json()["results"] == []  # another session sees none of it
     midi = client.get(f"/files/{done['run']}/pop_progression_000.mid?session={A}")
     assert midi.status_code == 200 and midi.content[:4] == b"MThd"

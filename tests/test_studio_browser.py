@@ -210,3 +210,32 @@ def test_picking_the_same_example_or_file_again_loads_it_again(browser, pop_and_
     prompt_named(browser, "groove_rock.mid")
     browser.find_element(By.ID, "file").send_keys(str(EXAMPLES / EXAMPLE))
     prompt_named(browser, EXAMPLE)
+
+
+def test_an_earlier_result_names_its_model_and_seed_and_brings_back_its_form(browser, pop_and_groove):
+    from selenium.webdriver.common.by import By
+
+    text = lambda id_: browser.find_element(By.ID, id_).text
+    browser.get(pop_and_groove + "/")
+    wait_for(lambda: text("status") == "ready")
+    choose(browser, "model", "groove")
+    choose(browser, "example", "groove_rock.mid")
+    prompt_named(browser, "groove_rock.mid")
+    form = {"bars": "2", "samples": "1", "temperature": "0.7", "top_p": "0.95", "seed": "7", "tempo": "free"}
+    for field, value in form.items():
+        browser.find_element(By.ID, field).clear()
+        browser.find_element(By.ID, field).send_keys(value)
+    browser.find_element(By.ID, "generate").click()
+    wait_for(lambda: text("status").startswith("done"))
+
+    browser.get(pop_and_groove + "/")  # a later visit: the form as a fresh page has it
+    wait_for(lambda: text("status") == "ready")
+    assert shown(browser, "model") == "pop" and shown(browser, "seed") == ""
+    entry = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#results li"))[0]
+    assert " with groove: " in entry.text and "seed 7" in entry.text, entry.text
+    entry.click()
+    wait_for(lambda: len(browser.find_elements(By.CSS_SELECTOR, ".sample audio")) == 1)
+    assert shown(browser, "model") == "groove"
+    assert {field: shown(browser, field) for field in form} == form
+    prompt_named(browser, "groove_rock.mid")
+    assert browser.find_elements(By.CSS_SELECTOR, "#example option")[-1].get_attribute("value") == "groove_rock.mid"

@@ -49,6 +49,11 @@ class Models:
             for name, (_, tokenizer) in self._loaded.items()
         ]
 
+    def name_of(self, checkpoint: str) -> str | None:
+        """The name of the model whose folder is `checkpoint` (as a run's summary records it)."""
+        at = Path(checkpoint).resolve() if checkpoint else None
+        return next((n for n, f in self.folders.items() if f.resolve() == at), None)
+
     def tokenizer(self, name: str) -> Tokenizer:
         return self._get(name)[1]
 

@@ -174,7 +174,12 @@ class Studio:
         return RunResponse(_stream(run, events), stop)
 
     async def results(self, request: Request):
-        return JSONResponse({"results": await run_in_threadpool(self.store.results, session(request))})
+        found = await run_in_threadpool(self.store.results, session(request))
+        for result in found:  # what the page needs to set its form as it was for the run
+            prompt = Path(result["prompt"]) if result.get("prompt") else None
+            result["model"] = self.models.name_of(result.get("checkpoint", ""))
+            result["prompt_id"], result["prompt_name"] = (prompt.parent.name, prompt.name) if prompt else (None, None)
+        return JSONResponse({"results": found})
 
     async def run_detail(self, request: Request):
         def detail():

@@ -238,15 +238,29 @@ async function loadResults() {
     for (const r of results) {
       const li = document.createElement("li");
       const s = r.settings;
-      li.textContent = `${keptRuns.has(r.run) ? "★ " : ""}${r.run.slice(9, 15).replace(/(..)(..)(..)/, "$1:$2:$3")} ${r.stem}: ` +
-        `${r.samples.length} × ${s.bars} bars, T=${s.temperature}, p=${s.top_p}, tempo ${s.tempo}`;
+      li.textContent = `${keptRuns.has(r.run) ? "★ " : ""}${r.run.slice(9, 15).replace(/(..)(..)(..)/, "$1:$2:$3")} ` +
+        `${r.stem} with ${r.model || "a model no longer offered"}: ${r.samples.length} × ${s.bars} bars, seed ${s.seed}, ` +
+        `T=${s.temperature}, p=${s.top_p}, tempo ${s.tempo}`;
       li.onclick = async () => {
-        try { const d = await json(await fetch(api(`/api/runs/${r.run}`))); showRun(r.run, d.views); showError(""); }
-        catch (err) { showError(err.message); }
+        try {
+          const d = await json(await fetch(api(`/api/runs/${r.run}`)));
+          restoreForm(r); showRun(r.run, d.views); showError("");
+        } catch (err) { showError(err.message); }
       };
       $("results").appendChild(li);
     }
   } catch (err) { showError(err.message); }
+}
+
+// the form as it was for an earlier run: its model, its prompt, its settings (as the run recorded them)
+function restoreForm(r) {
+  if (state.models.some((m) => m.name === r.model)) { $("model").value = r.model; showDefaults(); showExamples(); }
+  const s = r.settings;
+  const fields = { bars: s.bars, samples: s.num_samples, temperature: s.temperature, top_p: s.top_p, seed: s.seed, tempo: s.tempo };
+  for (const [id, value] of Object.entries(fields)) $(id).value = value ?? "";
+  state.prompt = r.prompt_id ? { prompt: r.prompt_id, name: r.prompt_name, bars: r.prompt_bars } : null;
+  $("prompt-name").textContent = state.prompt ? `Prompt: ${r.prompt_name} (${r.prompt_bars} bars)` : "No prompt: the model starts from scratch.";
+  $("example").value = ""; $("file").value = "";
 }
 
 // ---- start ----

@@ -309,7 +309,7 @@ def test_ten_runs_at_once_each_get_their_own_results_and_the_page_stays_responsi
     assert waits and max(waits) < 1.0, waits  # the event loop answers while ten runs sample
 
 
-def test_a_page_that_stops_ends_its_run_and_nothing_is_written(models, tmp_path, monkeypatch):
+def test_a_page_that_leaves_ends_its_run_and_nothing_is_written(models, tmp_path, monkeypatch):
     ended = []
     generate_run = jobs.generate_run
 
@@ -326,11 +326,54 @@ def test_a_page_that_stops_ends_its_run_and_nothing_is_written(models, tmp_path,
         with http.stream("POST", f"/api/generate?session={A}", json=request) as response:
             for line in response.iter_lines():
                 if json.loads(line)["event"] == "notes":
-                    break  # the page presses Stop: its request is closed
+                    break  # the page is closed: its request with it
         deadline = time.perf_counter() + 30
         while not ended and time.perf_counter() < deadline:
             time.sleep(0.05)
         assert ended == [jobs.Stopped]
+        assert http.get(f"/api/results?session={A}").json()["results"] == []
+    assert not [p for p in (tmp_path / "out").rglob("*") if p.is_file()]
+
+
+def test_stop_keeps_the_bars_drawn_so_far_as_a_result(models, tmp_path):
+    with serving(create_app(tmp_path / "out", models)) as base, httpx.Client(base_url=base, timeout=60) as http:
+        request = {"model": "pop", "bars": 64, "samples": 2, "seed": 1}  # minutes of sampling
+        notes, events = 0, []
+        with http.stream("POST", f"/api/generate?session={A}", json=request) as response:
+            for line in response.iter_lines():
+                event = json.loads(line)
+                events.append(event)
+                if event["event"] == "notes":
+                    notes += sum(len(s["notes"]) for s in event["samples"])
+                    if notes and not any(e["event"] == "stop sent" for e in events):
+                        stopped = http.post(f"/api/runs/{events[0]['run']}/stop?session={A}")
+                        assert stopped.status_code == 200, stopped.text
+                        events.append({"event": "stop sent"})
+        last = events[-1]
+        assert last["event"] == "stopped" and last["run"] == events[0]["run"]
+        assert len(last["samples"]) == 2 and all(s["notes"] for s in last["samples"])
+        (result,) = http.get(f"/api/results?session={A}").json()["results"]
+        assert result["run"] == last["run"] and result["stopped"] is True
+        assert 1 <= result["stopped_at_bars"] < 64
+        midi = http.get(f"/files/{result['run']}/{result['samples'][0]['midi']}?session={A}")
+        assert midi.status_code == 200 and midi.content[:4] == b"MThd"
+
+
+def test_stop_before_a_note_is_drawn_leaves_nothing(models, tmp_path, monkeypatch):
+    generate_run = jobs.generate_run
+
+    def after_stop(models, request, out_dir, report, stop):
+        stop.wait(30)  # Stop pressed while the run waits for its worker
+        return generate_run(models, request, out_dir, report, stop)
+
+    monkeypatch.setattr(jobs, "generate_run", after_stop)
+    with serving(create_app(tmp_path / "out", models)) as base, httpx.Client(base_url=base, timeout=60) as http:
+        with http.stream("POST", f"/api/generate?session={A}", json={"model": "pop", "bars": 4}) as response:
+            lines = response.iter_lines()
+            run = json.loads(next(lines))["run"]
+            assert http.post(f"/api/runs/{run}/stop?session={A}").status_code == 200
+            events = [json.loads(line) for line in lines]
+        assert events[-1] == {"event": "stopped"}
         assert http.get(f"/api/results?session={A}").json()["results"] == []
     assert not [p for p in (tmp_path / "out").rglob("*") if p.is_file()]
 

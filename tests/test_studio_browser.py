@@ -239,3 +239,21 @@ def test_an_earlier_result_names_its_model_and_seed_and_brings_back_its_form(bro
     assert {field: shown(browser, field) for field in form} == form
     prompt_named(browser, "groove_rock.mid")
     assert browser.find_elements(By.CSS_SELECTOR, "#example option")[-1].get_attribute("value") == "groove_rock.mid"
+
+
+def test_stop_keeps_the_bars_drawn_so_far_as_a_result(browser, pop_and_groove):
+    from selenium.webdriver.common.by import By
+
+    text = lambda id_: browser.find_element(By.ID, id_).text
+    browser.get(pop_and_groove + "/")
+    wait_for(lambda: text("status") == "ready")
+    for field, value in (("bars", "64"), ("samples", "1"), ("seed", "5")):
+        browser.find_element(By.ID, field).clear()
+        browser.find_element(By.ID, field).send_keys(value)
+    browser.find_element(By.ID, "generate").click()
+    wait_for(lambda: int(browser.execute_script("return document.getElementById('roll').dataset.notes || 0")) > 0)
+    browser.find_element(By.ID, "stop").click()
+    wait_for(lambda: text("status").startswith("stopped: "), 60)
+    assert len(browser.find_elements(By.CSS_SELECTOR, ".sample audio")) == 1  # played and downloaded as any result
+    entry = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#results li"))[0]
+    assert "(stopped at " in entry.text, entry.text

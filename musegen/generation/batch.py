@@ -22,7 +22,7 @@ from ..model.torch_step import PreparedWeights
 from ..music.midi import MIDI_SUFFIXES
 from ..render import INSTALL_HINT, find_soundfont
 from ..tokenizers.base import Tokenizer
-from .loop import generate
+from .loop import Sample, generate
 from .outputs import SAMPLE_SUMMARY, is_set, output_set, write_samples
 from .prompt import Prompt, load_prompt
 from .resources import check_threads, checked_device
@@ -219,6 +219,23 @@ def sample_prompt(
         on_ingest=on_ingest,
         weights=run.weights,
     )
+    return write_set(run, set_dir, stem, settings, prompt_path, prompt, samples, stats)
+
+
+def write_set(
+    run: Loaded,
+    set_dir: Path,
+    stem: str,
+    settings: SampleSettings,
+    prompt_path,
+    prompt: Prompt,
+    samples: list[Sample],
+    stats: dict[str, Any],
+    **extra: Any,
+) -> dict[str, Any]:
+    """Write `samples` of `prompt` as the output set `set_dir` (see `sample_prompt`), its summary
+    with `extra` added (musegen studio marks a run stopped partway so); returns the summary."""
+    tokenizer = run.tokenizer
     with output_set(set_dir, stem) as scratch:
         records = write_samples(samples, tokenizer, prompt, scratch, stem, run.audio, run.pianoroll)
         summary = {
@@ -232,6 +249,7 @@ def sample_prompt(
             "settings": settings.record(),
             "stats": stats,
             "samples": records,
+            **extra,
         }
         write_json(scratch / f"{stem}.json", summary)
     return summary

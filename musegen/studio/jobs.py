@@ -15,7 +15,8 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from .. import mirex, schemas
 from ..errors import MusegenError, ResourceError
-from ..generation.batch import Loaded, sample_prompt
+from ..generation.batch import Loaded, sample_prompt, write_set
+from ..generation.loop import Sample
 from ..generation.prompt import load_prompt
 from ..generation.settings import SampleSettings
 from ..music.midi import load_score
@@ -33,7 +34,12 @@ MAX_PROMPT_NOTES = 20_000
 
 
 class Stopped(Exception):
-    """The page went away or pressed Stop: the run ends and writes nothing."""
+    """The page went away or pressed Stop: the run ends. `summary`: what a Stop kept of it (the
+    bars drawn so far, written as a finished run is), or None."""
+
+    def __init__(self, summary: dict[str, Any] | None = None):
+        super().__init__()
+        self.summary = summary
 
 
 class StudioRequest(BaseModel):
@@ -167,8 +173,9 @@ def generate_run(
 ) -> dict[str, Any]:
     """Continue `request.prompt` into `out_dir`; `report` gets {"progress", "samples": a delta per
     sample (runs.notes_delta) from the notes reported before} while sampling. Ends with Stopped
-    as soon as `stop` is set, while the prompt is fed to the model too. Returns the run's summary
-    (as `musegen sample` writes it)."""
+    as soon as `stop` is set, while the prompt is fed to the model too; when the page pressed Stop
+    (runs.Stop.keeps) the bars drawn so far are written first, if they hold a note. Returns
+    the run's summary (as `musegen sample` writes it)."""
 
     def go_on() -> None:
         if stop.is_set():
@@ -178,11 +185,29 @@ def generate_run(
     model, tokenizer, weights = models.shared(request.model)
     settings = request.settings().resolved(tokenizer, by_field=True)
     prompt = load_prompt(tokenizer, request.prompt)
-    last, sent = 0.0, [[] for _ in range(settings.num_samples)]
+    last, sent, started = 0.0, [[] for _ in range(settings.num_samples)], time.perf_counter()
+    stem = request.prompt.stem if request.prompt else "sample"
+    loaded = Loaded(model, tokenizer, models.folders[request.model], "cpu", weights=weights)
+
+    def kept(rows: list[list[int]]) -> dict[str, Any] | None:
+        """The rows drawn so far written as the run's set, unless they hold no note of their own."""
+        grammar, start = tokenizer.grammar(), len(prompt.ids)
+        pieces = [tokenizer.decode(grammar.repair(ids)[0], prompt.meta) for ids in rows]
+        before = len(prompt.piece) if prompt.piece is not None else 0
+        if not any(len(piece) > before for piece in pieces):
+            return None
+        samples = [Sample(np.array(ids, dtype=np.int64), start, len(ids) - start, False, None) for ids in rows]
+        new, seconds = sum(s.new_tokens for s in samples), time.perf_counter() - started
+        stats = {"seconds": round(seconds, 3), "new_tokens": new, "tokens_per_second": round(new / seconds, 1)}
+        bars = max(len(tokenizer.bar_starts(ids)) for ids in rows) - (prompt.bars or 0)
+        return write_set(
+            loaded, out_dir, stem, settings, request.prompt, prompt, samples, stats, stopped=True, stopped_at_bars=bars
+        )
 
     def on_step(rows: list[list[int]]) -> None:
         nonlocal last
-        go_on()
+        if stop.is_set():
+            raise Stopped(kept([list(ids) for ids in rows]) if getattr(stop, "keeps", False) else None)
         now = time.monotonic()
         if now - last < REPORT_EVERY and last:
             return
@@ -196,8 +221,6 @@ def generate_run(
         sent[:] = samples
         report({"progress": max(0.0, min(1.0, drawn / settings.bars)), "samples": deltas})
 
-    stem = request.prompt.stem if request.prompt else "sample"
-    loaded = Loaded(model, tokenizer, models.folders[request.model], "cpu", weights=weights)
     return sample_prompt(
         loaded, out_dir, stem, settings, request.prompt, on_step=on_step, prompt=prompt, on_ingest=go_on
     )

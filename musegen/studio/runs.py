@@ -14,6 +14,19 @@ from starlette.types import Receive
 from .store import RequestError
 
 
+class Stop(threading.Event):
+    """Set when a run is to end: by the page's Stop, which keeps the bars drawn so far (`keeps`),
+    or because nobody reads the run any more (its page left, the server stops)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.keeps = False
+
+    def press(self) -> None:
+        self.keeps = True
+        self.set()
+
+
 class Places:
     """Places for runs sampling or waiting: `total` in all, `per_session` for one session."""
 

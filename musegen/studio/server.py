@@ -34,7 +34,7 @@ from . import jobs
 from .audio import Renders
 from .guard import Guard
 from .models import Models, examples
-from .runs import Places, RunEvents, client_left
+from .runs import Places, RunEvents, Stop, client_left
 from .store import MAX_UPLOAD_BYTES, RequestError, Store
 
 STATIC = Path(__file__).parent / "static"
@@ -87,6 +87,7 @@ def create_app(out: Path, models: Models, host: str = "127.0.0.1") -> Starlette:
         Route("/api/generate", studio.generate, methods=["POST"]),
         Route("/api/results", studio.results),
         Route("/api/runs/{run}", studio.run_detail),
+        Route("/api/runs/{run}/stop", studio.stop, methods=["POST"]),
         Route("/files/{run}/{name}", studio.run_file),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
@@ -116,6 +117,7 @@ class Studio:
         self.store, self.models = Store(out), models
         self.pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="studio-sample")
         self.places, self.renders = Places(WORKERS + MAX_WAITING, PER_SESSION), Renders()
+        self.stops: dict[tuple[str, str], Stop] = {}  # the runs going, by session and run
 
     async def index(self, request: Request):
         return FileResponse(STATIC / "index.html")
@@ -165,13 +167,29 @@ class Studio:
         self.places.take(sid)
         try:
             run, folder = self.store.new_run(sid)
-            events, stop = RunEvents(asyncio.get_running_loop()), threading.Event()
-            done = partial(self.places.give_back, sid)
+            events, stop = RunEvents(asyncio.get_running_loop()), Stop()
+            self.stops[sid, run] = stop
+            done = partial(self.ended, sid, run)
             self.pool.submit(_work, self.models, job, run, folder, events, stop, done)
         except BaseException:
-            self.places.give_back(sid)
+            self.ended(sid, run)
             raise
         return RunResponse(_stream(run, events), stop)
+
+    def ended(self, sid: str, run: str) -> None:
+        self.stops.pop((sid, run), None)
+        self.places.give_back(sid)
+
+    async def stop(self, request: Request):
+        """The page's Stop: the run ends at its next step and keeps the bars drawn so far (a page
+        that leaves instead ends its run too, and nothing is written)."""
+        sid, run = session(request), request.path_params["run"]
+        self.store.session(sid)
+        stop = self.stops.get((sid, run))
+        if stop is None:
+            raise RequestError(f"no run {run[:40]!r} going in this session")
+        stop.press()
+        return JSONResponse({"stopping": run})
 
     async def results(self, request: Request):
         found = await run_in_threadpool(self.store.results, session(request))
@@ -209,8 +227,10 @@ def _work(models: Models, job: jobs.Request, run: str, folder: Path, events: Run
         events.put({"event": "started"})
         summary = jobs.generate_run(models, job, folder, lambda e: events.put({"event": "notes", **e}), stop)
         events.put({"event": "done", "run": run, "samples": jobs.run_view(folder, summary), "stats": summary["stats"]})
-    except jobs.Stopped:
-        events.put({"event": "stopped"})
+    except jobs.Stopped as stopped:
+        kept = stopped.summary
+        views = {"run": run, "samples": jobs.run_view(folder, kept), "bars": kept["stopped_at_bars"]} if kept else {}
+        events.put({"event": "stopped", **views})
     except Exception as exc:  # every failure becomes one line in the page
         events.put({"event": "error", "error": error_message(exc)})
     finally:

@@ -187,6 +187,10 @@ function onEvent(event, req) {
     showRun(event.run, event.samples);
     setStatus(`done: ${event.stats.new_tokens} tokens in ${event.stats.seconds} s`);
     loadResults();
+  } else if (event.event === "stopped" && event.run) { // Stop kept the bars drawn so far
+    showRun(event.run, event.samples);
+    setStatus(`stopped: ${event.bars} bars kept`);
+    loadResults();
   } else if (event.event === "stopped") setStatus("stopped");
   else if (event.event === "error") { showError(event.error); setStatus("failed"); }
 }
@@ -197,6 +201,7 @@ async function generate() {
   state.controller = new AbortController();
   $("generate").disabled = true; $("stop").disabled = false; $("progress").value = 0;
   if (state.view) state.view.samples = [];
+  state.run = null;
   $("cards").innerHTML = "";
   setStatus("starting…");
   try {
@@ -223,6 +228,18 @@ async function generate() {
   }
 }
 
+// Stop: the server ends the run and keeps the bars drawn so far (the stream says so); a run not
+// yet named by the server, or a server that cannot be asked, is let go (nothing is kept)
+async function stop() {
+  const controller = state.controller;
+  if (!controller) return;
+  $("stop").disabled = true;
+  setStatus("stopping…");
+  const run = state.run;
+  const asked = run && (await fetch(api(`/api/runs/${run}/stop`), { method: "POST" }).then((r) => r.ok, () => false));
+  if (!asked) controller.abort();
+}
+
 function showRun(run, samples) {
   state.run = run; state.selected = 0;
   state.view = viewOf(samples, samples[0] ? samples[0].ticks_per_beat : 480);
@@ -240,7 +257,7 @@ async function loadResults() {
       const s = r.settings;
       li.textContent = `${keptRuns.has(r.run) ? "★ " : ""}${r.run.slice(9, 15).replace(/(..)(..)(..)/, "$1:$2:$3")} ` +
         `${r.stem} with ${r.model || "a model no longer offered"}: ${r.samples.length} × ${s.bars} bars, seed ${s.seed}, ` +
-        `T=${s.temperature}, p=${s.top_p}, tempo ${s.tempo}`;
+        `T=${s.temperature}, p=${s.top_p}, tempo ${s.tempo}` + (r.stopped ? ` (stopped at ${r.stopped_at_bars} bars)` : "");
       li.onclick = async () => {
         try {
           const d = await json(await fetch(api(`/api/runs/${r.run}`)));
@@ -298,7 +315,7 @@ async function start() {
   drop.ondragleave = () => drop.classList.remove("over");
   drop.ondrop = (e) => { e.preventDefault(); drop.classList.remove("over"); uploadFile(e.dataTransfer.files[0]); };
   $("generate").onclick = generate;
-  $("stop").onclick = () => state.controller && state.controller.abort();
+  $("stop").onclick = stop;
   loadResults();
 }
 

@@ -257,3 +257,50 @@ def test_stop_keeps_the_bars_drawn_so_far_as_a_result(browser, pop_and_groove):
     assert len(browser.find_elements(By.CSS_SELECTOR, ".sample audio")) == 1  # played and downloaded as any result
     entry = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#results li"))[0]
     assert "(stopped at " in entry.text, entry.text
+
+
+def roll_data(browser, key: str):
+    script = "return document.getElementById('roll').dataset[arguments[0]] || 'null'"
+    return json.loads(browser.execute_script(script, key))
+
+
+def test_drums_are_drawn_in_a_lane_of_their_own_below_the_pitched_notes(browser, pop_and_groove):
+    from selenium.webdriver.common.by import By
+
+    text = lambda id_: browser.find_element(By.ID, id_).text
+    browser.get(pop_and_groove + "/")
+    wait_for(lambda: text("status") == "ready")
+    choose(browser, "model", "groove")
+    choose(browser, "example", "groove_rock.mid")
+    prompt_named(browser, "groove_rock.mid")
+    for field, value in (("bars", "2"), ("samples", "1"), ("seed", "2")):
+        browser.find_element(By.ID, field).clear()
+        browser.find_element(By.ID, field).send_keys(value)
+    browser.find_element(By.ID, "generate").click()
+    wait_for(lambda: text("status").startswith("done"))
+    notes = browser.execute_script("return state.view.promptNotes.concat(state.view.samples[0].notes)")
+    drums = sorted({n[2] for n in notes if n[4]})
+    assert drums and len(drums) < len(notes)  # groove_rock has drums and pitched notes
+    lane = roll_data(browser, "drumLane")
+    assert lane["label"] == "drums" and lane["pitches"] == drums  # one row per drum pitch used
+    assert lane["top"] >= roll_data(browser, "pitchedBottom")  # below every pitched note
+    assert lane["notes"] == sum(1 for n in notes if n[4])
+
+
+def test_bar_numbers_thin_out_so_that_they_never_overlap(browser, pop_and_groove):
+    from selenium.webdriver.common.by import By
+
+    browser.get(pop_and_groove + "/")
+    wait_for(lambda: browser.find_element(By.ID, "status").text == "ready")
+    for bars in ("2", "64"):  # a 6-bar roll, then a 68-bar one
+        browser.find_element(By.ID, "bars").clear()
+        browser.find_element(By.ID, "bars").send_keys(bars)
+        browser.find_element(By.ID, "file").send_keys(str(EXAMPLES / EXAMPLE))
+        prompt_named(browser, EXAMPLE)
+        drawn = lambda: roll_data(browser, "barLabels") or [[0]]
+        labels = wait_for(lambda: drawn()[-1][0] > int(bars) and drawn(), 10)  # this prompt's roll
+        numbers = [n for n, _, _ in labels]
+        assert numbers[0] == 1 and numbers[-1] > int(bars)  # the prompt's 4 bars and the run's
+        for (_, x, width), (_, next_x, _) in zip(labels, labels[1:]):
+            assert x + width < next_x, labels
+    assert len(numbers) < 68 and numbers[1] - numbers[0] in (2, 4, 8)  # thinned out evenly

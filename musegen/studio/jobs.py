@@ -118,8 +118,10 @@ def _problem(exc: ValidationError) -> str:
 
 
 def notes_of(table: NoteTable) -> list[list[int]]:
-    """[start, end, pitch, track] of every note, by onset (then end, pitch, track)."""
-    rows = np.stack([table.start, table.end, table.pitch, table.track], 1)
+    """[start, end, pitch, track, drum (1 for a drum track's note, else 0)] of every note, by onset
+    (then end, pitch, track)."""
+    drums = np.array([t.is_drum for t in table.tracks] or [False], dtype=np.int64)
+    rows = np.stack([table.start, table.end, table.pitch, table.track, drums[table.track]], 1)
     return rows[np.lexsort(rows.T[::-1])].tolist()
 
 

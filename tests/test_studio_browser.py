@@ -73,18 +73,32 @@ def requested_urls(driver) -> list[str]:
     return [e["params"]["request"]["url"] for e in events if e["method"] == "Network.requestWillBeSent"]
 
 
+def open_page(browser, base: str) -> None:
+    """A fresh page, once it says it is ready."""
+    from selenium.webdriver.common.by import By
+
+    browser.get(base + "/")
+    wait_for(lambda: browser.find_element(By.ID, "status").text == "ready")
+
+
+def fill(browser, fields: dict[str, str]) -> None:
+    """Type each value into its form field, in place of what the field held."""
+    from selenium.webdriver.common.by import By
+
+    for field, value in fields.items():
+        browser.find_element(By.ID, field).clear()
+        browser.find_element(By.ID, field).send_keys(value)
+
+
 def test_the_page_generates_plays_downloads_and_reports_a_bad_file(browser, tmp_path):
     from selenium.webdriver.common.by import By
 
     text = lambda id_: browser.find_element(By.ID, id_).text
     with serving(create_app(tmp_path / "out", Models([POP]))) as base:
-        browser.get(base + "/")
-        wait_for(lambda: text("status") == "ready")
+        open_page(browser, base)
         browser.find_element(By.ID, "file").send_keys(str(EXAMPLES / EXAMPLE))
         wait_for(lambda: text("prompt-name").startswith("Prompt: pop_progression.mid (4 bars"))
-        for field, value in (("bars", "6"), ("samples", "2"), ("seed", "3")):
-            browser.find_element(By.ID, field).clear()
-            browser.find_element(By.ID, field).send_keys(value)
+        fill(browser, {"bars": "6", "samples": "2", "seed": "3"})
         browser.find_element(By.ID, "generate").click()
 
         # notes are drawn while the run samples: seen before it is done, with the progress under 1
@@ -159,8 +173,7 @@ def prompt_named(browser, name: str, timeout: float = 20) -> str:
 def test_the_example_menu_offers_only_what_the_chosen_model_can_continue(browser, pop_and_groove):
     from selenium.webdriver.common.by import By
 
-    browser.get(pop_and_groove + "/")
-    wait_for(lambda: browser.find_element(By.ID, "status").text == "ready")
+    open_page(browser, pop_and_groove)
     offered = lambda: [o.get_attribute("value") for o in browser.find_elements(By.CSS_SELECTOR, "#example option")]
     assert offered() == ["", "bach_chorale.mid", "groove_rock.mid", EXAMPLE]
     choose(browser, "model", "groove")  # the groove tokenizer needs drums: only the groove example has them
@@ -176,8 +189,7 @@ def test_changing_the_model_reads_the_prompt_again_or_clears_it_where_it_can_be_
     from selenium.webdriver.common.by import By
 
     text = lambda id_: browser.find_element(By.ID, id_).text
-    browser.get(pop_and_groove + "/")
-    wait_for(lambda: text("status") == "ready")
+    open_page(browser, pop_and_groove)
     choose(browser, "example", "groove_rock.mid")
     prompt_named(browser, "groove_rock.mid")
     held = browser.execute_script("return state.prompt.prompt")
@@ -200,8 +212,7 @@ def test_changing_the_model_reads_the_prompt_again_or_clears_it_where_it_can_be_
 def test_picking_the_same_example_or_file_again_loads_it_again(browser, pop_and_groove):
     from selenium.webdriver.common.by import By
 
-    browser.get(pop_and_groove + "/")
-    wait_for(lambda: browser.find_element(By.ID, "status").text == "ready")
+    open_page(browser, pop_and_groove)
     choose(browser, "example", "groove_rock.mid")
     prompt_named(browser, "groove_rock.mid")
     browser.find_element(By.ID, "file").send_keys(str(EXAMPLES / EXAMPLE))
@@ -216,20 +227,16 @@ def test_an_earlier_result_names_its_model_and_seed_and_brings_back_its_form(bro
     from selenium.webdriver.common.by import By
 
     text = lambda id_: browser.find_element(By.ID, id_).text
-    browser.get(pop_and_groove + "/")
-    wait_for(lambda: text("status") == "ready")
+    open_page(browser, pop_and_groove)
     choose(browser, "model", "groove")
     choose(browser, "example", "groove_rock.mid")
     prompt_named(browser, "groove_rock.mid")
     form = {"bars": "2", "samples": "1", "temperature": "0.7", "top_p": "0.95", "seed": "7", "tempo": "free"}
-    for field, value in form.items():
-        browser.find_element(By.ID, field).clear()
-        browser.find_element(By.ID, field).send_keys(value)
+    fill(browser, form)
     browser.find_element(By.ID, "generate").click()
     wait_for(lambda: text("status").startswith("done"))
 
-    browser.get(pop_and_groove + "/")  # a later visit: the form as a fresh page has it
-    wait_for(lambda: text("status") == "ready")
+    open_page(browser, pop_and_groove)  # a later visit: the form as a fresh page has it
     assert shown(browser, "model") == "pop" and shown(browser, "seed") == ""
     entry = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#results li"))[0]
     assert " with groove: " in entry.text and "seed 7" in entry.text, entry.text
@@ -245,11 +252,8 @@ def test_stop_keeps_the_bars_drawn_so_far_as_a_result(browser, pop_and_groove):
     from selenium.webdriver.common.by import By
 
     text = lambda id_: browser.find_element(By.ID, id_).text
-    browser.get(pop_and_groove + "/")
-    wait_for(lambda: text("status") == "ready")
-    for field, value in (("bars", "64"), ("samples", "1"), ("seed", "5")):
-        browser.find_element(By.ID, field).clear()
-        browser.find_element(By.ID, field).send_keys(value)
+    open_page(browser, pop_and_groove)
+    fill(browser, {"bars": "64", "samples": "1", "seed": "5"})
     browser.find_element(By.ID, "generate").click()
     wait_for(lambda: int(browser.execute_script("return document.getElementById('roll').dataset.notes || 0")) > 0)
     browser.find_element(By.ID, "stop").click()
@@ -268,14 +272,11 @@ def test_drums_are_drawn_in_a_lane_of_their_own_below_the_pitched_notes(browser,
     from selenium.webdriver.common.by import By
 
     text = lambda id_: browser.find_element(By.ID, id_).text
-    browser.get(pop_and_groove + "/")
-    wait_for(lambda: text("status") == "ready")
+    open_page(browser, pop_and_groove)
     choose(browser, "model", "groove")
     choose(browser, "example", "groove_rock.mid")
     prompt_named(browser, "groove_rock.mid")
-    for field, value in (("bars", "2"), ("samples", "1"), ("seed", "2")):
-        browser.find_element(By.ID, field).clear()
-        browser.find_element(By.ID, field).send_keys(value)
+    fill(browser, {"bars": "2", "samples": "1", "seed": "2"})
     browser.find_element(By.ID, "generate").click()
     wait_for(lambda: text("status").startswith("done"))
     notes = browser.execute_script("return state.view.promptNotes.concat(state.view.samples[0].notes)")
@@ -290,11 +291,9 @@ def test_drums_are_drawn_in_a_lane_of_their_own_below_the_pitched_notes(browser,
 def test_bar_numbers_thin_out_so_that_they_never_overlap(browser, pop_and_groove):
     from selenium.webdriver.common.by import By
 
-    browser.get(pop_and_groove + "/")
-    wait_for(lambda: browser.find_element(By.ID, "status").text == "ready")
+    open_page(browser, pop_and_groove)
     for bars in ("2", "64"):  # a 6-bar roll, then a 68-bar one
-        browser.find_element(By.ID, "bars").clear()
-        browser.find_element(By.ID, "bars").send_keys(bars)
+        fill(browser, {"bars": bars})
         browser.find_element(By.ID, "file").send_keys(str(EXAMPLES / EXAMPLE))
         prompt_named(browser, EXAMPLE)
         drawn = lambda: roll_data(browser, "barLabels") or [[0]]

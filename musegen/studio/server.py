@@ -126,7 +126,6 @@ class Studio:
         return JSONResponse(
             {
                 "models": self.models.describe(),
-                "examples": list(examples()),
                 "max_bars": jobs.MAX_BARS,
                 "max_samples": jobs.MAX_SAMPLES,
             }

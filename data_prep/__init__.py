@@ -23,6 +23,7 @@ from typing import Any, Callable
 # name -> (module, one-line description); modules are imported only when used.
 CORPORA: dict[str, tuple[str, str]] = {
     "pop909": ("data_prep.pop909", "POP909 pop piano songs -> REMI (local copy, or GitHub download)"),
+    "pop909-song": ("data_prep.pop909_song", "POP909, its three tracks apart, in its annotated meters -> song"),
     "chorales": ("data_prep.chorales", "Bach chorales from music21's bundled corpus -> REMI (no network)"),
     "mma-groove": ("data_prep.mma_groove", "Groove corpus synthesised with MMA, split by style -> groove"),
     "pop1k7": ("data_prep.pop1k7", "Pop1K7 from Zenodo 4782721 -> REMI"),

@@ -43,6 +43,7 @@ PROMPTS = {
         ("remi", "pop_progression.mid"),
         ("groove", "groove_rock.mid"),
         ("groove-dur", "groove_rock.mid"),
+        ("song", "groove_rock.mid"),
     )
 }
 EMPTY = Prompt(np.zeros(0, dtype=np.int64))
@@ -181,7 +182,7 @@ def test_a_stop_mid_note_is_finished_then_closed(models):
 def prompt_files(pop909_songs, tmp_path_factory):
     """A real piece each representation reads: a POP909 song, the bass/drums/piano test trio."""
     trio = trio_midi(tmp_path_factory.mktemp("trio") / "trio.mid")
-    return {"remi": pop909_songs[0], "groove": trio, "groove-dur": trio}
+    return {"remi": pop909_songs[0], "groove": trio, "groove-dur": trio, "song": trio}
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -370,7 +371,7 @@ class ForbidToken(Constraint):
         return allowed
 
 
-NOTE_PREFIX = {"remi": "Note_Pitch_", "groove": "NoteOn_", "groove-dur": "Note_"}
+NOTE_PREFIX = {"remi": "Note_Pitch_", "groove": "NoteOn_", "groove-dur": "Note_", "song": "Pitch_"}
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -52,16 +52,20 @@ def beat_ticks(downbeat: np.ndarray, tpq: int = TICKS_PER_BEAT) -> np.ndarray:
 
 
 def synchronise(
-    score: symusic.Score, seconds: np.ndarray, downbeat: np.ndarray, tpq: int = TICKS_PER_BEAT
+    score: symusic.Score, seconds: np.ndarray, downbeat: np.ndarray, tpq: int = TICKS_PER_BEAT, meters: bool = False
 ) -> symusic.Score:
     """`score` re-timed so that the beats at `seconds` (with `downbeat` flags) lie on its grid at
-    `tpq` ticks per beat, in 4/4 from tick 0; see the module's docstring. Drum and pitched tracks
-    are kept as they are, notes included; markers, lyrics and pedals are left out."""
+    `tpq` ticks per beat, in 4/4 from tick 0; see the module's docstring. With `meters`, every
+    beat is `tpq` ticks long instead and each annotated bar of k beats is a bar of k/4 (time
+    signatures where k changes; music before the first downbeat is a pickup bar). Drum and
+    pitched tracks are kept as they are, notes included; markers, lyrics and pedals are left out."""
     seconds = np.asarray(seconds, dtype=np.float64)
     downbeat = np.asarray(downbeat, dtype=bool)
     if len(seconds) < 2 or len(seconds) != len(downbeat) or not (np.diff(seconds) > 0).all():
         raise DataError("beat annotations need at least two beats, in increasing time")
-    beats = beat_ticks(downbeat, tpq)
+    if meters and not downbeat.any():
+        raise DataError("the beat annotations mark no downbeat")
+    beats = (np.arange(len(seconds)) - np.argmax(downbeat)) * tpq if meters else beat_ticks(downbeat, tpq)
     timed = score.to("second")
 
     def ticks_at(t: np.ndarray) -> np.ndarray:
@@ -71,10 +75,12 @@ def synchronise(
 
     starts = [ticks_at(t.notes.numpy()["time"].astype(np.float64)) for t in timed.tracks]
     earliest = min([beats[0]] + [s.min() for s in starts if len(s)])
-    bar = BEATS_PER_BAR * tpq
-    shift = bar * max(0, -int(np.floor(earliest / bar)))  # whole bars: nothing before tick 0
+    step = tpq if meters else BEATS_PER_BAR * tpq  # a pickup is whole beats, or whole 4/4 bars
+    shift = step * max(0, -int(np.floor(earliest / step)))  # nothing before tick 0
     out = symusic.Score(tpq)
-    out.time_signatures.append(symusic.TimeSignature(0, 4, 4))
+    signatures = annotated_meters(downbeat, shift // tpq) if meters else [(0, 4)]
+    for beat, numerator in signatures:
+        out.time_signatures.append(symusic.TimeSignature(beat * tpq, numerator, 4))
     mspq = np.round(1e6 * np.diff(seconds) * tpq / np.diff(beats)).astype(np.int64)
     at = np.r_[0, beats[1:-1] + shift]  # tick 0 takes the first interval's tempo
     keep = np.r_[True, mspq[1:] != mspq[:-1]]
@@ -89,4 +95,19 @@ def synchronise(
             begin.astype(np.int32), np.maximum(end - begin, 0).astype(np.int32), notes["pitch"], notes["velocity"]
         )
         out.tracks.append(copy)
+    return out
+
+
+def annotated_meters(downbeat: np.ndarray, pickup: int) -> list[tuple[int, int]]:
+    """(beat, beats per bar) where the annotated bar length changes, the first downbeat at beat
+    `pickup`: the beats before it are a bar of their own (4/4 bars, then the rest, when longer
+    than a bar); the last bar is as long as the one before it."""
+    bars = np.diff(np.r_[np.flatnonzero(downbeat), len(downbeat)])
+    if len(bars) > 1:
+        bars[-1] = bars[-2]
+    whole, rest = divmod(pickup, BEATS_PER_BAR)
+    out = ([(0, rest)] if rest else []) + ([(rest, BEATS_PER_BAR)] if whole else [])
+    for at, length in zip((pickup + np.r_[0, np.cumsum(bars)[:-1]]).tolist(), bars.tolist()):
+        if not out or out[-1][1] != length:
+            out.append((at, length))
     return out

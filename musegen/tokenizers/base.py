@@ -140,6 +140,10 @@ class FramedGrammar(Grammar):
     def step(self, state: Any, token: int) -> Any:
         if not self.accepts(state, token):
             raise TokenError(f"token {token} is not allowed here")
+        return self.advance(state, token)
+
+    def advance(self, state: Any, token: int) -> Any:
+        """The state after `token`, which the caller has checked with `accepts` (`step` checks)."""
         if token == self.start_id:
             return replace(self.start(), phase=1)
         if token == self.end_id:

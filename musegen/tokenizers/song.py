@@ -12,7 +12,8 @@ Encoding, exactly or refused in one line:
   written with the meter of its length (a 4/4 bar cut after two beats is a 2/4 bar); a meter
   or a cut bar that is not a whole number of 8ths (at most 8 quarter notes) is refused, naming
   the bar;
-- onsets and durations round to the 12-per-quarter grid (halves to even); a duration longer
+- onsets and durations round to the 12-per-quarter grid each on its own, halves up (MidiTok's
+  rule: a duration is not the difference of two rounded times); a duration longer
   than 8 quarters rounds to a whole quarter, at most 16 (`durations_clipped` beyond);
 - pitches fold into 21..108 by octaves (`pitches_folded`); drum notes outside 27..87 are left
   out (`drums_dropped`); of notes that share track, cell and pitch the longest is kept
@@ -34,7 +35,6 @@ import pretty_midi
 import symusic
 
 from ..errors import MidiError, TokenError
-from ..music.beats import round_half_even
 from ..music.constants import DEFAULT_BPM, MAX_BARS, TICKS_PER_BEAT
 from ..music.meter import signature_changes
 from ..music.midi import read_midi
@@ -155,7 +155,7 @@ class SongTokenizer(SongVocab, Tokenizer):
         )
         score, _ = read_midi(source)
         table = NoteTable.from_score(score, by_role=False)
-        to_units = lambda ticks: round_half_even(np.asarray(ticks, dtype=np.int64) * UNITS_PER_BEAT, table.tpq)  # noqa: E731
+        to_units = lambda ticks: (2 * UNITS_PER_BEAT * np.asarray(ticks, dtype=np.int64) + table.tpq) // (2 * table.tpq)  # noqa: E731
         report = {"pitches_folded": 0, "drums_dropped": 0, "durations_clipped": 0}
         program, report["tracks_merged"] = self._track_programs(table)
         drum = program[table.track] == 0

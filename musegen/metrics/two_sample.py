@@ -145,10 +145,11 @@ def _std(values) -> float:
 def standardiser(train: np.ndarray):
     """A function that standardises rows by `train`'s columns (mean 0, standard deviation 1; a
     constant column is only centred) and puts a missing value at the mean, 0."""
-    with np.errstate(all="ignore"):
-        mean = np.nan_to_num(np.nanmean(train, 0))
-        std = np.nanstd(train, 0)
-    std = np.where(np.isfinite(std) & (std > 0), std, 1.0)
+    known = np.isfinite(train)
+    count = np.maximum(known.sum(0), 1)  # a column with no value at all gets mean 0 and std 1
+    mean = np.where(known, train, 0.0).sum(0) / count
+    std = np.sqrt((np.where(known, train - mean, 0.0) ** 2).sum(0) / count)
+    std = np.where(std > 0, std, 1.0)
     return lambda rows: np.nan_to_num((rows - mean) / std)
 
 
@@ -247,15 +248,9 @@ def two_sample_test(
     groups = np.r_[first_songs, second_songs]
     scores = out_of_fold_scores(x, y, song_folds(groups, folds, seed), l2)
     low, high = _bootstrap_interval(scores, y, groups, resamples, seed)
-    own = [roc_auc(np.where(np.isnan(column), np.nanmean(column), column), y) for column in _finite_columns(x)]
+    own = [roc_auc(column, y) for column in standardiser(x)(x).T]  # a missing value at its column's mean
     ranked = sorted(zip(FEATURES, own), key=lambda item: -abs(item[1] - 0.5) if not math.isnan(item[1]) else 0.0)
     return TwoSample(roc_auc(scores, y), low, high, (len(first), len(second)), len(np.unique(groups)), tuple(ranked))
-
-
-def _finite_columns(x: np.ndarray):
-    """The columns, one wholly missing given as a constant (it tells nothing)."""
-    for column in x.T:
-        yield column if np.isfinite(column).any() else np.zeros_like(column)
 
 
 def _bootstrap_interval(scores, y, groups, resamples: int, seed: int) -> tuple[float, float]:

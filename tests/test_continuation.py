@@ -32,6 +32,7 @@ from musegen.io import read_json
 from musegen.metrics.metric import Metric, Span, measure
 from musegen.metrics.span import pitch_classes, role_metrics, sounding, span_metrics
 from musegen.metrics.style import reference_profiles, style_metrics
+from musegen.metrics.two_sample import COMPARISONS, FEATURES, Prompt, bar_features
 from musegen.model.config import preset
 from musegen.model.transformer import MusicPerformer
 from musegen.music.notes import NoteTable, Track
@@ -190,12 +191,31 @@ def test_pop_protocol_measures_model_real_and_floor(pop, tmp_path, one_torch_thr
         assert record["real"]["notes per bar"] == [np.count_nonzero(tok.pitch_of[span] >= 0) / 2]
         assert record["floor_piece"] == floor.name and len(record["model"]) == 2
         assert record["seed"] == 3 + record["index"]
+        # the two-sample test's bars: the real span, the prompt bar repeated, the floor's span after
+        # this prompt, and every sample's bars
+        bars = {name: np.array(rows, dtype=np.float64) for name, rows in record["bar_features"].items()}
+        prompt = Prompt.of(piece.notes, piece.span_start - 1, 1)
+        prompt_bar = bar_features(piece.notes, piece.span_start - 1, 1, prompt)
+        np.testing.assert_allclose(bars["real"], bar_features(piece.notes, piece.span_start, 2, prompt), atol=1e-4)
+        np.testing.assert_allclose(bars["copy prompt"], np.vstack([prompt_bar, prompt_bar]), atol=1e-4)
+        np.testing.assert_allclose(
+            bars["another song"], bar_features(floor.notes, floor.span_start, 2, prompt), atol=1e-4
+        )
+        assert bars["generated"].shape == (2 * 2, len(FEATURES))
     rows = {r["metric"]: r for r in result["rows"]}
     assert rows["notes per bar"]["model_n"] == 6
     real = [r["real"]["notes per bar"][0] for r in records]
     assert rows["notes per bar"]["real_mean"] == pytest.approx(np.mean(real))
     assert rows["pitch-class cosine"]["real_mean"] > rows["pitch-class cosine"]["floor_mean"]
     assert len(list((out / "samples").glob("*.mid"))) == 6
+    assert list(result["two_sample"]) == list(COMPARISONS)
+    two_sample = read_json(out / "two_sample.json")
+    assert two_sample["copy prompt"]["bars"] == [3 * 2, 3 * 2] and two_sample["generated"]["bars"] == [3 * 4, 3 * 2]
+    assert two_sample["real vs real"]["bars"] == [3, 3] and two_sample["generated"]["songs"] == 3
+    for name, test in two_sample.items():
+        assert 0 <= test["auc"] <= 1 and test["auc"] == result["two_sample"][name]["auc"]
+        assert sorted(feature for feature, _ in test["telling"]) == sorted(FEATURES)
+    assert all(f"| {name} |" in (out / "two_sample.md").read_text() for name in COMPARISONS)
     table = (out / "continuation.md").read_text()
     assert "| notes per bar |" in table and "model_over_real" in table
     assert (out / "continuation.png").read_bytes()[:4] == b"\x89PNG"
@@ -368,6 +388,7 @@ def test_cli_prints_the_table_and_bad_options_are_one_line(pop, tmp_path, capsys
     assert exit_info.value.code == 0
     printed = capsys.readouterr().out
     assert "1 pieces of train continued" in printed and "| silent beats |" in printed
+    assert "| comparison | auc |" in printed  # the two-sample table, without rows: one piece is too few
     assert read_json(tmp_path / "e" / "run.json")["bars"] == 1
     for bad in (["--bars", "0"], ["--samples-per-piece", "0"], ["--split", "nope"]):
         with pytest.raises(SystemExit) as exit_info:

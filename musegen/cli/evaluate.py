@@ -146,7 +146,7 @@ def continuation(
     )
     if result["invalid_samples"] or result["undecodable_samples"]:
         typer.echo(f"invalid samples: {result['invalid_samples']}, undecodable: {result['undecodable_samples']}")
-    for table in ("md", "quarters_md"):
+    for table in ("md", "quarters_md", "two_sample_md"):
         if table in result["files"]:
             typer.echo(Path(result["files"][table]).read_text().rstrip() + "\n")
     typer.echo(f"wrote {', '.join(Path(f).name for f in result['files'].values())} to {out}")

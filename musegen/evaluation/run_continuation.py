@@ -14,6 +14,8 @@ in no corpus), each encoded by the model's tokenizer.
 Every span is measured by `SPAN_METRICS` (`musegen.metrics.span`: the span and role metrics;
 `musegen.metrics.style`: the style similarity per quarter against the whole real piece, for
 pieces with more than one track role); definitions in those modules and docs/evaluation.md.
+The two-sample test (`musegen.metrics.two_sample`) asks whether a classifier tells each kind of
+span's bars, and the prompt copied, from the real ones.
 """
 
 from __future__ import annotations
@@ -40,9 +42,16 @@ from ..generation.prompt import prompt_from_ids
 from ..generation.settings import SampleSettings, nth_seed
 from ..io import write_json, write_text
 from ..metrics.metric import QUARTERS, STATISTICS, Metric, Span, measure, nan_median
-from ..metrics.report import fmt, json_safe, plot_boxes, plot_quarters, write_table
+from ..metrics.report import fmt, json_safe, plot_boxes, plot_quarters, write_table, write_two_sample
 from ..metrics.span import RoleMetrics, SpanMetrics, pitch_classes
 from ..metrics.style import StyleQuarters, reference_profiles
+from ..metrics.two_sample import (
+    CONTINUATION_NOTE,
+    Prompt,
+    bar_features,
+    continuation_comparisons,
+    copied_prompt,
+)
 from ..music.midi import MIDI_SUFFIXES
 from ..music.notes import NoteTable
 from ..shard_midi import piece_stem
@@ -187,6 +196,20 @@ def continue_piece(
     def measured(notes: NoteTable, first_bar: int) -> dict[str, list[float]]:
         return measure(metrics, Span(notes, first_bar, bars, context), quarters)
 
+    # every bar's features for the two-sample test, against this piece's prompt (4 decimals: pieces.jsonl's size)
+    given = Prompt.of(piece.notes, piece.span_start - settings.prompt_bars, settings.prompt_bars)
+
+    def featured(notes: NoteTable, first_bar: int) -> list[list[float]]:
+        return bar_features(notes, first_bar, bars, given).round(4).tolist()
+
+    bar_sets = {
+        "generated": [],
+        "real": featured(piece.notes, piece.span_start),
+        "copy prompt": copied_prompt(piece.notes, piece.span_start, settings.prompt_bars, bars, given)
+        .round(4)
+        .tolist(),
+        **({"another song": featured(floor.notes, floor.span_start)} if floor else {}),
+    }
     model_values, positions, errors = [], [], 0
     for sample in samples:
         try:
@@ -195,6 +218,7 @@ def continue_piece(
             errors += 1
             continue
         model_values.append(measured(notes, piece.span_start))
+        bar_sets["generated"] += featured(notes, piece.span_start)
         positions.append(quarter_positions(tokenizer, sample.ids, piece.span_start, bars))
     return {
         "piece": piece.name,
@@ -206,6 +230,7 @@ def continue_piece(
         "model_positions": positions,
         "real": measured(piece.notes, piece.span_start),
         "floor": measured(floor.notes, floor.span_start) if floor else None,
+        "bar_features": bar_sets,
         "undecodable_samples": errors,
         "invalid_samples": stats["invalid"],
         "seconds": stats["seconds"],
@@ -407,7 +432,8 @@ def evaluate_continuation(
 
     Writes to `out_dir`: run.json (settings; the metrics' class names too when they are not
     `SPAN_METRICS`, so that a run resumes only with its own), pieces.jsonl (every value of every piece,
-    kept across interruptions), samples/<piece>_<i>.mid, and continuation.csv/.md/.png (the table).
+    kept across interruptions), samples/<piece>_<i>.mid, continuation.csv/.md/.png (the table) and
+    two_sample.md/.csv/.json (the two-sample test).
     """
 
     settings = settings.checked()
@@ -453,6 +479,10 @@ def evaluate_continuation(
     )
     quarter_note = _quarter_note(records) if settings.by_quarter else ""
     files = write_report(out_dir, rows, pooled, note, quarter_note)
+    songs = [r["bar_features"] for r in records if "bar_features" in r]  # not in an earlier version's records
+    two_sample = continuation_comparisons(songs)
+    write_two_sample(out_dir, two_sample, CONTINUATION_NOTE.format(songs=len(songs)))
+    files |= {f"two_sample_{kind}": out_dir / f"two_sample.{kind}" for kind in ("md", "csv", "json")}
     return {
         "split": split,
         "pieces": len(chosen),
@@ -461,5 +491,6 @@ def evaluate_continuation(
         "invalid_samples": sum(r["invalid_samples"] for r in records),
         "undecodable_samples": sum(r["undecodable_samples"] for r in records),
         "rows": rows,
+        "two_sample": {name: {"auc": r.auc, "low": r.low, "high": r.high} for name, r in two_sample.items()},
         "files": {k: str(v) for k, v in files.items()},
     }

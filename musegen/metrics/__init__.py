@@ -4,7 +4,8 @@
 - the metrics (none imports another, only `metric`): `span` (a continuation span's notes,
   polyphony, pitch and groove; per role), `style` (style profiles and their similarity per
   quarter), `copy_score` (how exactly a bar repeats a loop), `loss` (NLL per position and per
-  token type), `attention` (inside a model);
+  token type), `attention` (inside a model), `two_sample` (whether a classifier tells two sets
+  of bars apart);
 - `report`: every table and figure.
 
 Training imports `loss` and `report`; the runners in `musegen.evaluation` import all of them.

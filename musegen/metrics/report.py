@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DataError
-from ..io import write_text
+from ..io import write_json, write_text
 from ..plots import pyplot, save_png
 from .metric import QUARTERS
 
@@ -45,6 +45,22 @@ def write_rows_csv(path: str | os.PathLike, rows: list[dict]) -> None:
     writer.writeheader()
     writer.writerows(rows)
     write_text(path, buffer.getvalue())
+
+
+TWO_SAMPLE_COLUMNS = ("comparison", "auc", "auc_low", "auc_high", "bars", "real_bars", "songs", "telling_features")
+
+
+def write_two_sample(out_dir: Path, results: dict, note: str = "", telling: int = 3) -> None:
+    """`two_sample.md`/`.csv`, a row per comparison ({name: a `two_sample.TwoSample`}): the AUC,
+    its 95% interval, the bars on each side, the songs, and the `telling` features farthest from
+    0.5 with their own AUC; `two_sample.json`, every field of every comparison."""
+    cells = [
+        [name, fmt(r.auc), fmt(r.low), fmt(r.high), str(r.bars[0]), str(r.bars[1]), str(r.songs)]
+        + ["; ".join(f"{feature} {fmt(auc, 2)}" for feature, auc in r.telling[:telling])]
+        for name, r in results.items()
+    ]
+    write_table(out_dir, "two_sample", list(TWO_SAMPLE_COLUMNS), cells, note)
+    write_json(out_dir / "two_sample.json", json_safe({name: vars(r) for name, r in results.items()}))
 
 
 def json_safe(value):

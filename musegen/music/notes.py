@@ -179,6 +179,20 @@ class NoteTable:
             track=self.track[keep],
         )
 
+    def with_roles(self) -> NoteTable:
+        """The table with each track's role ("bass", "drums", "other") as `musegen.music.roles`
+        assigns it to a file's tracks: how the style metrics read a song of many tracks."""
+        parts = [
+            Part(t.name, t.program, t.is_drum, np.stack([c[self.track == k] for c in self.columns()], 1))
+            for k, t in enumerate(self.tracks)
+        ]
+        roles = _part_roles(Parsed("<table>", self.tpq, parts), by_role=True)
+        return replace(self, tracks=[replace(t, role=role) for t, role in zip(self.tracks, roles)])
+
+    def columns(self) -> tuple[np.ndarray, ...]:
+        """(start, end, pitch, velocity): a note's row as `Part.notes` holds it."""
+        return self.start, self.end, self.pitch, self.velocity
+
     def in_role(self, role: str) -> NoteTable:
         return self.select(self.role == role)
 

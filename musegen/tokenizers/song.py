@@ -38,7 +38,7 @@ from ..errors import MidiError, TokenError
 from ..music.constants import DEFAULT_BPM, MAX_BARS, TICKS_PER_BEAT
 from ..music.meter import signature_changes
 from ..music.midi import read_midi
-from ..music.notes import NoteTable, Track
+from ..music.notes import ROLES, NoteTable, Track
 from .base import Encoding, Tokenizer
 from .song_grammar import SongGrammar
 from .song_vocab import (
@@ -126,6 +126,7 @@ class SongTokenizer(SongVocab, Tokenizer):
         name: f"{name}_" for name in ("Bar", "TimeSig", "Position", "Tempo", "Program", "Pitch", "Drum", "Velocity")
     } | {"Duration": "Duration_", "End": "End"}
     position_type = "Position"
+    roles = ROLES  # as the style metrics map a song's tracks (`NoteTable.with_roles`)
     sampling_defaults = {"temperature": 1.0, "top_p": 0.95}
 
     @property
@@ -315,14 +316,14 @@ class SongTokenizer(SongVocab, Tokenizer):
             tracks,
             tempos=[(u * TICKS_PER_UNIT, bpm) for u, bpm in tempos],
             time_signatures=[(u * TICKS_PER_UNIT, n, d) for u, n, d in meters],
-        )
+        ).with_roles()
 
     def _track(self, index: int) -> Track:
         program, slot = self.programs[index]
         if program == DRUM_PROGRAM:
-            return Track("Drums", 0, True, "drums")
+            return Track("Drums", 0, True)
         name = pretty_midi.program_to_instrument_name(program) + (f" {slot + 1}" if slot else "")
-        return Track(name, program, False, "other")
+        return Track(name, program, False)
 
     # ------------------------------------------------------------------ editing
     def bar_starts(self, ids) -> list[int]:

@@ -1,0 +1,110 @@
+"""What a song model's continuations keep of their prompt, read from an `evaluate continuation`
+run on a folder of real multi-track MIDI (an experiment script):
+    musegen evaluate continuation -c CHECKPOINT --data SONGS --out RUN --prompt-bars 3 --bars 8
+    python scripts/experiments/song_targets.py RUN SONGS
+
+For each piece and sample, against the same bars of the real piece (both as the song tokens hold
+them):
+- every track that plays in the prompt's last 2 bars: does it go on (a note in the continued
+  bars), with its program, and its notes per bar pooled over tracks against the real bars';
+- the bar lines: the meter of every continued bar against the prompt's last bar's;
+- the tempo: every tempo written after the prompt against the prompt's last one;
+- pieces in 3/4 or 6/8: the total variation between the generated and the real onsets'
+  position-in-bar histograms (12 units a quarter).
+Prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from musegen.music.midi import find_midi_files
+from musegen.tokenizers import tokenizer_from_dict
+from musegen.tokenizers.song_vocab import METERS, TEMPOS
+
+TAIL_BARS = 2  # the prompt's last bars whose tracks must go on
+
+
+def bars_of(tok, ids) -> list[dict]:
+    """Each bar of a song token sequence: its meter, the tempo in effect, and its notes as
+    (track token, position, pitch)."""
+    bars, tempo, track, position = [], None, None, 0
+    for token in (int(t) for t in ids):
+        if token == tok.bar_id:
+            bars.append({"meter": None, "tempos": [], "notes": []})
+        elif tok.meter_of[token] >= 0:
+            bars[-1]["meter"] = METERS[tok.meter_of[token]]
+        elif tok.position_of[token] >= 0:
+            position = int(tok.position_of[token])
+        elif tok.tempo_of[token] >= 0:
+            tempo = float(TEMPOS[tok.tempo_of[token]])
+            bars[-1]["tempos"].append(tempo)
+        elif tok.program_of[token] >= 0:
+            track = token
+        elif tok.pitch_of[token] >= 0 or tok.drum_of[token] >= 0:
+            bars[-1]["notes"].append((track, position, int(max(tok.pitch_of[token], tok.drum_of[token]))))
+        if bars:
+            bars[-1]["tempo"] = tempo
+    return bars
+
+
+def histogram(bars: list[dict]) -> np.ndarray:
+    counts = np.zeros(96)
+    for bar in bars:
+        for _, position, _ in bar["notes"]:
+            counts[position] += 1
+    return counts / max(counts.sum(), 1)
+
+
+def measure(run: Path, songs: Path) -> dict:
+    tok = tokenizer_from_dict({"kind": "song"})
+    sources = {p.stem: p for p in find_midi_files(songs)}
+    records = [json.loads(line) for line in (run / "pieces.jsonl").read_text().splitlines() if line.strip()]
+    span = json.loads((run / "run.json").read_text())["bars"]
+    out = defaultdict(list)
+    for record in records:
+        real = bars_of(tok, tok.encode(sources[record["piece"]]).ids)
+        start = record["span_start_bar"]
+        prompt, truth = real[:start], real[start : start + span]
+        tail = {t for bar in prompt[-TAIL_BARS:] for t, _, _ in bar["notes"]}
+        meter, tempo = prompt[-1]["meter"], prompt[-1]["tempo"]
+        for sample in sorted((run / "samples").glob(f"{record['piece']}_*.mid")):
+            made = bars_of(tok, tok.encode(sample).ids)[start : start + span]
+            out["bars"].append(len(made))
+            out["bar lines in the prompt's meter"] += [bar["meter"] == meter for bar in made]
+            out["tempos equal to the prompt's"] += [abs(t / tempo - 1) < 0.01 for bar in made for t in bar["tempos"]]
+            for track in tail:
+                played = sum(1 for bar in made for t, _, _ in bar["notes"] if t == track)
+                wanted = sum(1 for bar in truth for t, _, _ in bar["notes"] if t == track)
+                out["tail tracks that go on"].append(played > 0)
+                out["generated notes"].append(played)
+                out["real notes"].append(wanted)
+            if meter in ((3, 4), (6, 8)):
+                gap = 0.5 * np.abs(histogram(made) - histogram(truth)).sum()
+                out[f"position TV in {meter[0]}/{meter[1]}"].append(gap)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run", type=Path)
+    parser.add_argument("songs", type=Path)
+    args = parser.parse_args()
+    out = measure(args.run, args.songs)
+    print("| measure | value | n |\n|---|---|---|")
+    for key in ("tail tracks that go on", "bar lines in the prompt's meter", "tempos equal to the prompt's"):
+        value = f"{np.mean(out[key]):.1%}" if out[key] else "none written"
+        print(f"| {key} | {value} | {len(out[key])} |")
+    ratio = sum(out["generated notes"]) / max(sum(out["real notes"]), 1)
+    print(f"| notes per bar of those tracks, generated / real (pooled) | {ratio:.2f} | {len(out['real notes'])} |")
+    for key in sorted(k for k in out if k.startswith("position TV")):
+        print(f"| {key} (mean) | {np.mean(out[key]):.3f} | {len(out[key])} |")
+
+
+if __name__ == "__main__":
+    main()

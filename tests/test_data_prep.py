@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tarfile
 import zipfile
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -172,6 +173,26 @@ def test_prepare_pop909_cli_writes_readable_shards(pop909_dir, tmp_path):
     expected = shards.tokenizer.encode(synchronise(symusic.Score(str(song)), beats[:, 0], beats[:, 2] == 1)).ids
     assert np.array_equal(piece, expected) and not np.array_equal(piece, shards.tokenizer.encode(song).ids)
     assert f"files: {len(songs)}  encoded: {len(songs) - len(triple)}  skipped: {len(triple)}" in stdout
+
+
+def test_prepare_pop909_song_keeps_the_triple_meter_songs_and_the_three_tracks(pop909_dir, tmp_path):
+    out = tmp_path / "pop909-song"
+    code, stdout, stderr = run_cli(
+        "data", "prepare", "pop909-song", "--source", pop909_dir, "--limit", "40", "--out", out
+    )
+    assert code == 0, stderr
+    shards = Shards(out)
+    assert shards.tokenizer.kind == "song"
+    names = shards.names("train") + shards.names("validation")
+    songs = pop909_files(40)
+    assert sorted(names) == [p.stem for p in songs]  # none refused for its meter
+    triple = next(p for p in songs if _downbeat_every(p.parent / "beat_midi.txt") == 3)
+    split = "train" if triple.stem in shards.names("train") else "validation"
+    piece = shards.pieces(split)[shards.names(split).index(triple.stem)]
+    meters = Counter(shards.tokenizer.meter_of_bars(piece))
+    assert meters.most_common(1)[0][0] in ((3, 4), (6, 4))  # its annotated bars, not 4/4
+    tracks = {shards.tokenizer.vocab[t] for t in piece if shards.tokenizer.vocab[t].startswith("Program")}
+    assert tracks == {"Program_0", "Program_0.1", "Program_0.2"}  # melody, bridge and piano apart
 
 
 def _downbeat_every(beat_file: Path) -> int:

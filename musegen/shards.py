@@ -210,3 +210,34 @@ def resolve_split(available: Sequence[str], split: str) -> str | None:
     if split in VALIDATION_NAMES:
         return next((name for name in VALIDATION_NAMES if name in available), None)
     return None
+
+
+def merge_shards(out: str | os.PathLike, folders: Sequence[str | os.PathLike]) -> dict[str, tuple[int, int]]:
+    """One shard folder made of several prepared with the same tokenizer (to train on several
+    corpora): each split joins the sources' pieces of that split, each piece named
+    `<source folder>/<piece>`; the index keeps each source's report under its folder's name.
+    Returns {split: (pieces, tokens)}."""
+    sources = [Shards(folder) for folder in folders]
+    if not sources:
+        raise DataError("name at least one prepared folder to merge")
+    out = Path(out)
+    labels = [source.folder.name for source in sources]
+    if len(set(labels)) < len(labels):
+        raise DataError(f"two folders to merge share a name ({', '.join(labels)}): their pieces would share names")
+    for source in sources:
+        if source.folder.resolve() == out.resolve():
+            raise DataError(f"{out}: the merged folder cannot be one of the folders merged")
+        if source.tokenizer.to_dict() != sources[0].tokenizer.to_dict():
+            raise DataError(
+                f"{source.folder} was prepared with another tokenizer ({source.tokenizer.kind}) than "
+                f"{sources[0].folder} ({sources[0].tokenizer.kind}); merge folders of one tokenizer"
+            )
+    splits: dict[str, list[tuple[str, np.ndarray]]] = {}
+    for label, source in zip(labels, sources):
+        for split in source.splits:
+            pieces = zip(source.names(split), source.pieces(split))
+            splits.setdefault(split, []).extend((f"{label}/{name}", ids) for name, ids in pieces)
+    write_shards(
+        out, sources[0].tokenizer, splits, {"merged": {label: s.index["report"] for label, s in zip(labels, sources)}}
+    )
+    return {split: (len(pieces), sum(len(ids) for _, ids in pieces)) for split, pieces in splits.items()}

@@ -331,3 +331,32 @@ def test_every_corpus_is_prepared_by_the_one_shared_prepare():
         prepare = corpus_prepare(name)
         assert isinstance(prepare.__self__, Corpus) and prepare.__self__.name == name
         assert prepare.__func__ is Corpus.prepare
+
+
+def test_merge_joins_corpora_of_one_tokenizer_and_refuses_two(pop909_dir, tmp_path):
+    songs, games, piano = tmp_path / "pop909-song", tmp_path / "games", tmp_path / "piano"
+    multitrack = Path(__file__).parent / "data" / "multitrack"
+    for args in (
+        ("pop909-song", "--source", pop909_dir, "--limit", "6", "--out", songs),
+        ("midi", "--tokenizer", "song", "--source", multitrack, "--out", games),
+        ("midi", "--source", multitrack, "--out", piano),
+    ):
+        code, _, stderr = run_cli("data", "prepare", *args, "--workers", "1")
+        assert code == 0, stderr
+    code, stdout, stderr = run_cli("data", "merge", songs, games, "--out", tmp_path / "both")
+    assert code == 0, stderr
+    both, parts = Shards(tmp_path / "both"), [Shards(songs), Shards(games)]
+    for split in both.splits:
+        expected = [
+            (f"{p.folder.name}/{n}", ids)
+            for p in parts
+            if split in p.splits
+            for n, ids in zip(p.names(split), p.pieces(split))
+        ]
+        assert both.names(split) == [name for name, _ in expected]
+        assert all(np.array_equal(a, b) for a, (_, b) in zip(both.pieces(split), expected))
+    assert set(both.index["report"]["merged"]) == {"pop909-song", "games"}
+    assert "shards written to" in stdout
+    code, _, stderr = run_cli("data", "merge", songs, piano, "--out", tmp_path / "mixed")
+    assert code != 0 and stderr.strip().splitlines()[-1].startswith("error: ") and "another tokenizer (remi)" in stderr
+    assert not (tmp_path / "mixed").exists()

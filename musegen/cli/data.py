@@ -8,12 +8,14 @@ from typing import Optional
 
 import typer
 
+from data_prep import CORPORA
+
 data_app = typer.Typer(help="Prepare corpora into token shards; inspect tokenisations.", no_args_is_help=True)
 
 
 @data_app.command("prepare")
 def prepare(
-    corpus: str = typer.Argument(..., help="pop909 | chorales | mma-groove | pop1k7 | groove2groove | midi"),
+    corpus: str = typer.Argument(..., help=" | ".join(CORPORA)),
     out: Path = typer.Option(..., "--out", "-o", help="Folder to write the shards to."),
     source: Optional[Path] = typer.Option(
         None, help="Local copy of the raw corpus (default: the corpus' usual place)."
@@ -21,7 +23,9 @@ def prepare(
     download: bool = typer.Option(False, help="Download the corpus when no local copy is found."),
     workers: Optional[int] = typer.Option(None, min=1, help="Processes to encode with (default: all cores)."),
     limit: Optional[int] = typer.Option(None, min=1, help="Use at most this many pieces (quick trials)."),
-    tokenizer: Optional[str] = typer.Option(None, help="remi | groove | groove-dur (for corpora that allow several)."),
+    tokenizer: Optional[str] = typer.Option(
+        None, help="remi | groove | groove-dur | song (for corpora that allow several)."
+    ),
     scale: Optional[int] = typer.Option(
         None,
         min=1,
@@ -47,6 +51,19 @@ def prepare(
     report = corpus_prepare(corpus)(out, source, download, workers, limit, tokenizer, **own)  # (data_prep's order)
     for line in summary_lines(report):
         typer.echo(line)
+    typer.echo(f"shards written to {out}")
+
+
+@data_app.command("merge")
+def merge(
+    folders: list[Path] = typer.Argument(..., help="Prepared shard folders of one tokenizer."),
+    out: Path = typer.Option(..., "--out", "-o", help="Folder to write the merged shards to."),
+):
+    """Merge prepared corpora of one tokenizer into one folder, to train on all of them."""
+    from musegen.shards import merge_shards
+
+    for split, (pieces, tokens) in merge_shards(out, folders).items():
+        typer.echo(f"  {split}: {pieces} pieces, {tokens:,} tokens")
     typer.echo(f"shards written to {out}")
 
 

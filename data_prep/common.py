@@ -8,6 +8,7 @@ import abc
 import hashlib
 import multiprocessing as mp
 import os
+import re
 import signal
 from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -81,8 +82,9 @@ def _encode_one(item: Item):
     try:
         enc = _worker_encode(_worker_tokenizer, item)
         return item, enc.ids, enc.report, None
-    except MusegenError as exc:
-        return item, None, None, printable(str(exc).splitlines()[0])
+    except MusegenError as exc:  # (a piece encoded from memory is named by its file)
+        reason = re.sub(r"^<(score|bytes)>", lambda _: str(item.path), str(exc).splitlines()[0])
+        return item, None, None, printable(reason)
     except TimeoutError:
         return item, None, None, f"{printable(item.path)}: took longer than {FILE_TIME_LIMIT_S}s, skipped"
     except Exception as exc:  # a tokenizer bug must not take the batch down; it is reported

@@ -38,6 +38,13 @@ MAX_TEMPOS = MAX_BARS * 4 * BEATS_PER_BAR
 MAX_METERS = MAX_BARS
 
 
+def source_name(source: str | os.PathLike | bytes | symusic.Score) -> str:
+    """How an error names a MIDI source: its path, or "<bytes>" / "<score>" for one in memory."""
+    if isinstance(source, (bytes, bytearray)):
+        return "<bytes>"
+    return "<score>" if isinstance(source, symusic.Score) else str(source)
+
+
 def load_score(source: str | os.PathLike | bytes | symusic.Score) -> symusic.Score:
     """Parse a MIDI file (path or raw bytes) into a tick-based score that has at least one note.
     A score already in memory is checked the same way."""

@@ -49,7 +49,7 @@ from ..errors import MidiError, TokenError
 from ..music.beats import round_half_even
 from ..music.chords import detect_chords
 from ..music.constants import BEATS_PER_BAR, DEFAULT_BPM, MAX_BARS, TICKS_PER_BEAT
-from ..music.midi import read_midi
+from ..music.midi import read_midi, source_name
 from ..music.notes import NoteTable, Track
 from .base import Encoding, Tokenizer
 from .remi_bars import BarGrid
@@ -95,13 +95,7 @@ class RemiTokenizer(RemiVocab, Tokenizer):
     # ------------------------------------------------------------------ encode
     def encode(self, source: str | os.PathLike | bytes | symusic.Score) -> Encoding:
         """Encode a MIDI file (path or bytes) or a `symusic.Score` in memory."""
-        name = (
-            "<bytes>"
-            if isinstance(source, (bytes, bytearray))
-            else "<score>"
-            if isinstance(source, symusic.Score)
-            else str(source)
-        )
+        name = source_name(source)
         score, length = read_midi(source)
         table = NoteTable.from_score(score, by_role=False)
         grid = BarGrid.of(table, name, self.beat_resolution, self.positions_per_bar)

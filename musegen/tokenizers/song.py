@@ -37,7 +37,7 @@ import symusic
 from ..errors import MidiError, TokenError
 from ..music.constants import DEFAULT_BPM, MAX_BARS, TICKS_PER_BEAT
 from ..music.meter import signature_changes
-from ..music.midi import read_midi
+from ..music.midi import read_midi, source_name
 from ..music.notes import ROLES, NoteTable, Track
 from .base import Encoding, Tokenizer
 from .song_grammar import SongGrammar
@@ -147,13 +147,7 @@ class SongTokenizer(SongVocab, Tokenizer):
 
     # ------------------------------------------------------------------ encode
     def encode(self, source: str | os.PathLike | bytes | symusic.Score) -> Encoding:
-        name = (
-            "<bytes>"
-            if isinstance(source, (bytes, bytearray))
-            else "<score>"
-            if isinstance(source, symusic.Score)
-            else str(source)
-        )
+        name = source_name(source)
         score, _ = read_midi(source)
         table = NoteTable.from_score(score, by_role=False)
         to_units = lambda ticks: (2 * UNITS_PER_BEAT * np.asarray(ticks, dtype=np.int64) + table.tpq) // (2 * table.tpq)  # noqa: E731

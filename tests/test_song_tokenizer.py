@@ -265,3 +265,16 @@ def test_the_sampler_keeps_the_meter_the_band_and_the_bar(song, tmp_path):
     assert not grammar.sampling_mask(tempo)[song.position_ids].any()  # a Tempo has notes after it
     assert len(TEMPOS) == len(song.tempo_token_ids())
     assert song.vocab[song.tempo_token(96)] == "Tempo_96.63"
+
+
+def test_onsets_count_beats_through_meter_changes(song):
+    """A model whose positions are beats reads each token's onset: bars as long as their meter."""
+    meters = [(3, 4), (6, 8), (5, 4)]
+    starts = np.cumsum([0] + [n * 4 * TPQ // d for n, d in meters])
+    notes = [(int(s) + TPQ // 3, int(s) + TPQ, 60, 80) for s in starts[:-1]]  # an 8th-triplet in
+    ids = song.encode(built([(Track("p", 0, False), notes)], [(int(s), n, d) for s, (n, d) in zip(starts, meters)])).ids
+    onsets = song.onsets(ids)
+    assert len(onsets) == len(ids) and (np.diff(onsets) >= 0).all()
+    at_notes = onsets[np.flatnonzero(song.pitch_of[ids] >= 0)]
+    np.testing.assert_allclose(at_notes, starts[:-1] / TPQ + 1 / 3)  # 0 + 1/3, 3 + 1/3, 6 + 1/3 beats
+    np.testing.assert_allclose(onsets[ids == song.bar_id], starts[:-1] / TPQ)

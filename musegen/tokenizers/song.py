@@ -337,6 +337,20 @@ class SongTokenizer(SongVocab, Tokenizer):
         out[pitch >= 0] = self.pitch_ids[moved - PITCHES[0]]
         return out
 
+    def onsets(self, ids) -> np.ndarray:
+        """Each token's onset in beats (quarter notes) from the first bar line: a Bar's is its bar
+        line, a Position's its cell, and every other token's that of the Bar or Position before
+        it; bars last as their TimeSig says."""
+        ids = np.asarray(ids, dtype=np.int64)
+        is_bar = ids == self.bar_id
+        meters = self.meter_of[ids]
+        lengths = self.bar_units_table[meters[meters >= 0]]  # one TimeSig per bar, after its Bar
+        bar_start = np.r_[0, np.cumsum(lengths)][np.maximum(np.cumsum(is_bar) - 1, 0)]
+        cell = np.where(is_bar, 0, self.position_of[ids])
+        marked = np.where(is_bar | (cell >= 0), np.arange(len(ids)), -1)
+        last = np.maximum.accumulate(marked) if len(ids) else marked
+        return (bar_start + np.where(last >= 0, cell[last], 0)) / UNITS_PER_BEAT
+
     def meter_of_bars(self, ids) -> list[tuple[int, int]]:
         """The meter of each bar of a piece, in order."""
         ids = self.check_ids(ids)

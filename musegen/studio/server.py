@@ -36,7 +36,7 @@ from .audio import Renders
 from .guard import Guard
 from .models import Models, examples
 from .runs import Places, RunEvents, Stop, client_left
-from .sound import Sound
+from .sound import Sound, SoundfontResponse
 from .store import MAX_UPLOAD_BYTES, RequestError, Store
 
 STATIC = Path(__file__).parent / "static"
@@ -140,7 +140,7 @@ class Studio:
     async def soundfont(self, request: Request):
         if self.sound.soundfont is None:
             return JSONResponse({"error": self.sound.missing()}, status_code=404)
-        return FileResponse(self.sound.soundfont)
+        return SoundfontResponse(self.sound.soundfont)
 
     async def upload(self, request: Request):
         q = request.query_params

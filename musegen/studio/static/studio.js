@@ -155,7 +155,8 @@ function viewOf(samples, ticksPerBeat) {
 // Play: the selected sample from the "from bar" (by default two bars before the seam, where the
 // prompt ends), on the page's synthesiser (player.js) once its soundfont is loaded, which starts
 // when the page opens; without it, on the server's WAV, and the note beside the buttons says why.
-// A sample button or card switches sample where the playhead is.
+// A sample button or card switches sample where the playhead is; the loop's box, on or off, takes
+// effect there too.
 const sound = { player: null, loading: null, playing: false, started: null }; // started: the last Play, timed
 
 function loadSound(missing) {
@@ -207,6 +208,7 @@ async function playSound(begin) {
   const wav = api(`/files/${state.run}/${sample.files.midi.replace(/\.mid$/, ".wav")}`);
   const time = timeline(sample.tempos, view.ticksPerBeat);
   const first = await sound.player.start(sample, time, { from, begin: begin ?? from, loopEnd, wav });
+  if (!sound.player.play) return; // stopped while it started (a WAV is rendered first)
   if (sound.player instanceof SynthPlayer) {
     sound.started = { clicked, heard: sound.player.heardAt(first), from, sample: state.selected };
     $("transport").dataset.clickToSound = (sound.started.heard - clicked).toFixed(1);
@@ -434,6 +436,7 @@ async function start() {
   $("play").onclick = () => playSound();
   $("stop-sound").onclick = stopSound;
   $("roll").onclick = chooseBar;
+  $("loop").onchange = () => sound.playing && playSound(sound.player.position());
   loadResults();
 }
 

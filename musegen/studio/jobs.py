@@ -21,7 +21,6 @@ from ..generation.prompt import load_prompt
 from ..generation.settings import SampleSettings
 from ..music.midi import load_score
 from ..music.notes import NoteTable
-from ..render import prompt_end_seconds
 from .models import Models
 from .runs import notes_delta
 
@@ -142,8 +141,7 @@ def prompt_view(models: Models, model: str, path: Path) -> dict[str, Any]:
 def run_view(folder: Path, summary: dict[str, Any]) -> list[dict[str, Any]]:
     """Each sample of a finished run as the page draws and plays it: its notes (from its MIDI
     file), its tracks' [program, drum] and tempos [tick, quarter notes per minute] (what the
-    page's synthesiser needs besides the notes), where the prompt ends in ticks and in seconds,
-    and its files."""
+    page's synthesiser needs besides the notes), where the prompt ends in ticks, and its files."""
     views = []
     for record in summary["samples"]:
         score = load_score(folder / record["midi"])
@@ -156,7 +154,6 @@ def run_view(folder: Path, summary: dict[str, Any]) -> list[dict[str, Any]]:
                 "tracks": [[track.program, int(track.is_drum)] for track in table.tracks],
                 "tempos": [[tick, qpm] for tick, qpm in table.tempos],
                 "prompt_end": table.prompt_end(),
-                "prompt_end_seconds": prompt_end_seconds(score),
                 "files": {k: record[k] for k in ("midi", "json") if record.get(k)},
             }
         )

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up a fresh Debian/Ubuntu machine for musegen: system packages, then Python packages.
+# Set up a fresh Debian/Ubuntu machine for musegen: system packages, Python packages, and the
+# studio page's in-browser synthesiser (npm).
 #   bash scripts/setup.sh          runtime + dev tools
 #   bash scripts/setup.sh --fast   also build the optional fast-transformers kernels (~9 min on CPU)
 # PYTHON=/path/to/python selects the interpreter (default: python3).
@@ -16,7 +17,9 @@ done
 
 # System packages: FluidSynth + a General MIDI soundfont (audio), MMA (groove corpus synthesis),
 # Chromium and its WebDriver (the studio's browser test drives the page in headless Chromium).
+# npm (Node.js) installs the studio page's synthesiser; Debian's is taken only where none is on PATH.
 apt_packages=(fluidsynth fluid-soundfont-gm mma chromium chromium-driver)
+command -v npm >/dev/null 2>&1 || apt_packages+=(nodejs npm)
 if ! dpkg -s "${apt_packages[@]}" >/dev/null 2>&1; then
   sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
   $sudo apt-get update -qq
@@ -36,6 +39,11 @@ if ! "$py" -c "import torch" 2>/dev/null; then
 fi
 
 "${pip[@]}" -e ".[dev]"
+
+# The studio page's General MIDI synthesiser, at the versions package-lock.json pins, into
+# node_modules/, which the studio serves (musegen/studio/sound.py). `npm ci` replaces whatever is
+# there, so a second run ends in the same state.
+npm ci --no-audit --no-fund --loglevel=error
 
 if [ "$with_fast" = 1 ] && ! "$py" -c "import fast_transformers.causal_product" 2>/dev/null; then
   # Its setup.py imports torch (hence no build isolation) and fails when it finds nvcc without

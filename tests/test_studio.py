@@ -30,6 +30,7 @@ from musegen.generation.settings import SampleSettings
 from musegen.studio import jobs
 from musegen.studio.models import Models
 from musegen.studio.server import create_app
+from musegen.studio.sound import PACKAGES, Sound
 
 ROOT = Path(__file__).resolve().parents[1]
 POP = ROOT / "checkpoints" / "pop"
@@ -121,6 +122,10 @@ def test_a_run_streams_notes_and_is_written_as_sample_writes_it(client, tmp_path
     assert [s.midi for s in summary.samples] == ["pop_progression_000.mid", "pop_progression_001.mid"]
     assert summary.settings["bars"] == 4 and summary.settings["seed"] == 5 and summary.settings["tempo"] == "keep"
     assert all(v["prompt_end"] > 0 and v["notes"] for v in done["samples"])
+    # what the page's synthesiser needs besides the notes: their velocities, the tracks' programs, the tempos
+    first = done["samples"][0]
+    assert all(len(n) == 6 and 1 <= n[5] <= 127 for n in first["notes"])
+    assert len(first["tracks"]) > max(n[3] for n in first["notes"]) and first["tempos"][0][0] == 0
     # what the page lists after a reload, and the files it plays and offers
     listed = client.get(f"/api/results?session={A}").json()["results"]
     assert [r["run"] for r in listed] == [done["run"]]
@@ -382,6 +387,33 @@ def studio_command(*args: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     command = [sys.executable, "-m", "musegen", "studio", *args]
     return subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_the_page_s_synthesiser_and_soundfont_are_served_or_their_absence_said(models, tmp_path):
+    node_modules = tmp_path / "node_modules"  # as `npm ci` lays out the packages the page imports
+    for package in PACKAGES:
+        (node_modules / package / "dist").mkdir(parents=True)
+        (node_modules / package / "dist" / "index.js").write_text(f"export const name = {package!r};\n")
+    installed = TestClient(
+        create_app(tmp_path / "out", models, sound=Sound.find(node_modules)), base_url="http://127.0.0.1"
+    )
+    assert installed.get("/api/models").json()["sound_missing"] is None
+    library = installed.get("/vendor/stb-vorbis/index.js")
+    assert library.text == "export const name = 'stb-vorbis';\n" and "javascript" in library.headers["content-type"]
+    head = installed.get("/sound/soundfont.sf2", headers={"Range": "bytes=0-11"})  # the one the WAVs use
+    assert head.status_code == 206 and head.content[:4] == b"RIFF" and head.content[8:] == b"sfbk"
+
+    (node_modules / "stb-vorbis" / "dist" / "index.js").unlink()  # a package short: none is served
+    partly = TestClient(
+        create_app(tmp_path / "out", models, sound=Sound.find(node_modules)), base_url="http://127.0.0.1"
+    )
+    missing = "the in-page synthesiser is not installed (scripts/setup.sh runs npm for it)"
+    assert partly.get("/api/models").json()["sound_missing"] == missing
+    assert partly.get("/vendor/spessasynth_lib/index.js").status_code == 404
+    no_soundfont = create_app(tmp_path / "out", models, sound=Sound(node_modules, None))
+    answer = TestClient(no_soundfont, base_url="http://127.0.0.1").get("/sound/soundfont.sf2")
+    assert answer.status_code == 404 and answer.json() == {"error": Sound(node_modules, None).missing()}
+    assert "soundfont" in answer.json()["error"]
 
 
 def test_musegen_studio_serves_the_page_on_127_0_0_1_and_prints_its_address(tmp_path):

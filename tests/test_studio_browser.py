@@ -1,6 +1,7 @@
 """musegen studio's page in a real browser (Debian's headless Chromium, driven by Selenium through
 Debian's chromedriver): upload a prompt, generate and see the notes drawn while they are sampled,
-play, download, see the error for a bad file; and no request leaves for another host."""
+play in the page or, without its synthesiser, the server's WAV, download, see the error for a bad
+file; and no request leaves for another host."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from test_studio import EXAMPLE, EXAMPLES, GROOVE, POP, serving
 
 from musegen.studio.models import Models
 from musegen.studio.server import create_app
+from musegen.studio.sound import Sound
 
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 pytestmark = pytest.mark.skipif(
@@ -90,7 +92,7 @@ def fill(browser, fields: dict[str, str]) -> None:
         browser.find_element(By.ID, field).send_keys(value)
 
 
-def test_the_page_generates_plays_downloads_and_reports_a_bad_file(browser, tmp_path):
+def test_the_page_generates_downloads_and_reports_a_bad_file(browser, tmp_path):
     from selenium.webdriver.common.by import By
 
     text = lambda id_: browser.find_element(By.ID, id_).text
@@ -116,15 +118,6 @@ def test_the_page_generates_plays_downloads_and_reports_a_bad_file(browser, tmp_
         assert len(cards) == 2
         listed = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#results li"))  # for a later visit
         assert listed[0].text.endswith("tempo keep")  # the default: the prompt's tempo held
-
-        # play: the WAV is rendered by the server and the audio element plays it
-        played = browser.execute_async_script(
-            "const done = arguments[0], audio = document.querySelector('.sample audio');"
-            "audio.addEventListener('timeupdate', () => done(audio.currentTime), {once: true});"
-            "audio.addEventListener('error', () => done('error'), {once: true});"
-            "audio.play().catch((e) => done(String(e)));"
-        )
-        assert isinstance(played, (int, float)), played
 
         # download the MIDI file of sample 1
         cards[0].find_element(By.LINK_TEXT, "MIDI").click()
@@ -241,7 +234,7 @@ def test_an_earlier_result_names_its_model_and_seed_and_brings_back_its_form(bro
     entry = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#results li"))[0]
     assert " with groove: " in entry.text and "seed 7" in entry.text, entry.text
     entry.click()
-    wait_for(lambda: len(browser.find_elements(By.CSS_SELECTOR, ".sample audio")) == 1)
+    wait_for(lambda: len(browser.find_elements(By.CSS_SELECTOR, ".sample .downloads")) == 1)
     assert shown(browser, "model") == "groove"
     assert {field: shown(browser, field) for field in form} == form
     prompt_named(browser, "groove_rock.mid")
@@ -258,7 +251,7 @@ def test_stop_keeps_the_bars_drawn_so_far_as_a_result(browser, pop_and_groove):
     wait_for(lambda: int(browser.execute_script("return document.getElementById('roll').dataset.notes || 0")) > 0)
     browser.find_element(By.ID, "stop").click()
     wait_for(lambda: text("status").startswith("stopped: "), 60)
-    assert len(browser.find_elements(By.CSS_SELECTOR, ".sample audio")) == 1  # played and downloaded as any result
+    assert len(browser.find_elements(By.CSS_SELECTOR, ".sample .downloads")) == 1  # played and downloaded as any result
     entry = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#results li"))[0]
     assert "(stopped at " in entry.text, entry.text
 
@@ -303,3 +296,90 @@ def test_bar_numbers_thin_out_so_that_they_never_overlap(browser, pop_and_groove
         for (_, x, width), (_, next_x, _) in zip(labels, labels[1:]):
             assert x + width < next_x, labels
     assert len(numbers) < 68 and numbers[1] - numbers[0] in (2, 4, 8)  # thinned out evenly
+
+
+def sound(browser, expression: str):
+    """`expression` evaluated in the page, where `sound` is its player's state (studio.js)."""
+    return browser.execute_script(f"return {expression}")
+
+
+def generated(browser, base: str) -> dict:
+    """The example prompt continued by 4 bars in 2 samples, on a fresh page: its first sample's view."""
+    from selenium.webdriver.common.by import By
+
+    open_page(browser, base)
+    choose(browser, "example", EXAMPLE)
+    prompt_named(browser, EXAMPLE)
+    fill(browser, {"bars": "4", "samples": "2", "seed": "3"})
+    browser.find_element(By.ID, "generate").click()
+    wait_for(lambda: browser.find_element(By.ID, "status").text.startswith("done"))
+    return sound(browser, "state.view")
+
+
+def test_play_sounds_in_the_page_from_two_bars_before_the_seam_and_asks_the_server_for_no_wav(browser, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    with serving(create_app(tmp_path / "out", Models([POP]))) as base:
+        view = generated(browser, base)
+        wait_for(lambda: sound(browser, "document.getElementById('transport').dataset.engine"), 60)
+        assert sound(browser, "document.getElementById('transport').dataset.engine") == "synth"
+        assert browser.find_element(By.ID, "sound-note").text == ""
+        bar = 4 * view["ticksPerBeat"]
+        assert view["promptEnd"] == 4 * bar  # the example's 4 bars: the seam is at bar 5
+        assert browser.find_element(By.ID, "from-bar").get_attribute("value") == "3"
+
+        browser.find_element(By.ID, "play").click()
+        wait_for(lambda: sound(browser, "document.getElementById('transport').dataset.playing") == "1", 10)
+        started = sound(browser, "sound.started")
+        assert started["from"] == 2 * bar and started["sample"] == 0 and started["heard"] > started["clicked"]
+        print(f"click to the first note heard: {started['heard'] - started['clicked']:.1f} ms")
+
+        # the playhead moves on from the chosen bar, on the roll too
+        position = lambda: sound(browser, "sound.player.position()")
+        playhead = lambda: float(browser.find_element(By.ID, "playhead").value_of_css_property("left")[:-2])
+        first, left = position(), playhead()
+        assert 2 * bar <= first < 4 * bar
+        wait_for(lambda: position() > first + view["ticksPerBeat"], 10)
+        assert playhead() > left and browser.find_element(By.ID, "playhead").is_displayed()
+
+        # A/B: the second sample goes on from where the first one was
+        before = position()
+        browser.find_elements(By.CSS_SELECTOR, "#ab button")[1].click()
+        wait_for(lambda: sound(browser, "sound.started.sample") == 1, 10)
+        assert sound(browser, "state.selected") == 1 and position() >= before
+        assert "selected" in browser.find_elements(By.CSS_SELECTOR, "#ab button")[1].get_attribute("class")
+
+        # loop the seam: from bar 3 to two bars past the seam, then bar 3 again
+        browser.find_element(By.ID, "loop").click()
+        browser.find_element(By.ID, "play").click()
+        seen = [position()]
+        wait_for(lambda: seen.append(position()) or seen[-1] < seen[-2], 30)
+        assert 6 * bar - view["ticksPerBeat"] < max(seen) <= 6 * bar and 2 * bar <= seen[-1] < 3 * bar
+
+        browser.find_element(By.ID, "stop-sound").click()
+        assert sound(browser, "document.getElementById('transport').dataset.playing") == ""
+        assert position() is None and not browser.find_element(By.ID, "playhead").is_displayed()
+        urls = requested_urls(browser)
+    assert not [url for url in urls if ".wav" in url]
+    assert any(url.endswith("/sound/soundfont.sf2") for url in urls)
+    hosts = {urlsplit(url).netloc for url in urls if urlsplit(url).scheme in ("http", "https", "ws", "wss")}
+    assert hosts == {urlsplit(base).netloc}
+
+
+def test_without_the_synthesiser_play_renders_the_wav_and_the_page_says_why(browser, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    no_library = Sound.find(tmp_path / "no-node-modules")
+    with serving(create_app(tmp_path / "out", Models([POP]), sound=no_library)) as base:
+        generated(browser, base)
+        note = browser.find_element(By.ID, "sound-note").text
+        assert note == (
+            "Playing the server's WAV: the in-page synthesiser is not installed (scripts/setup.sh runs npm for it)."
+        )
+        browser.find_element(By.ID, "play").click()
+        wait_for(lambda: sound(browser, "document.getElementById('transport').dataset.playing") == "1", 60)  # rendered
+        beat = sound(browser, "state.view.ticksPerBeat")
+        wait_for(lambda: sound(browser, "sound.player.position()") > 2 * 4 * beat + beat, 10)  # from bar 3, on
+        assert browser.find_element(By.ID, "playhead").is_displayed()
+        urls = requested_urls(browser)
+    assert [url for url in urls if ".wav" in url] and not [url for url in urls if "/vendor/" in url]

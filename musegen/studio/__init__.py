@@ -4,5 +4,7 @@
   run written as `musegen sample` writes it), and the names a request may use in it;
 - `models`: the checkpoints offered by name, one copy of each model per worker thread;
 - `jobs`: one generation run in a worker thread, its notes reported while they are drawn;
-- `server`: the Starlette app (JSON API, the streamed run, files, the static page in static/).
+- `server`: the Starlette app (JSON API, the streamed run, files, the static page in static/);
+- `sound`: what the page's own synthesiser needs (its npm packages, the soundfont), or why it
+  cannot run; `audio`: the server's WAVs, for download and where the page cannot play itself.
 """

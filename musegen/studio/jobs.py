@@ -21,7 +21,6 @@ from ..generation.prompt import load_prompt
 from ..generation.settings import SampleSettings
 from ..music.midi import load_score
 from ..music.notes import NoteTable
-from ..render import prompt_end_seconds
 from .models import Models
 from .runs import notes_delta
 
@@ -118,10 +117,10 @@ def _problem(exc: ValidationError) -> str:
 
 
 def notes_of(table: NoteTable) -> list[list[int]]:
-    """[start, end, pitch, track, drum (1 for a drum track's note, else 0)] of every note, by onset
-    (then end, pitch, track)."""
+    """[start, end, pitch, track, drum (1 for a drum track's note, else 0), velocity] of every
+    note, by onset (then end, pitch, track)."""
     drums = np.array([t.is_drum for t in table.tracks] or [False], dtype=np.int64)
-    rows = np.stack([table.start, table.end, table.pitch, table.track, drums[table.track]], 1)
+    rows = np.stack([table.start, table.end, table.pitch, table.track, drums[table.track], table.velocity], 1)
     return rows[np.lexsort(rows.T[::-1])].tolist()
 
 
@@ -141,7 +140,8 @@ def prompt_view(models: Models, model: str, path: Path) -> dict[str, Any]:
 
 def run_view(folder: Path, summary: dict[str, Any]) -> list[dict[str, Any]]:
     """Each sample of a finished run as the page draws and plays it: its notes (from its MIDI
-    file), where the prompt ends in ticks and in seconds, and its files."""
+    file), its tracks' [program, drum] and tempos [tick, quarter notes per minute] (what the
+    page's synthesiser needs besides the notes), where the prompt ends in ticks, and its files."""
     views = []
     for record in summary["samples"]:
         score = load_score(folder / record["midi"])
@@ -151,8 +151,9 @@ def run_view(folder: Path, summary: dict[str, Any]) -> list[dict[str, Any]]:
                 "index": record["index"],
                 "notes": notes_of(table),
                 "ticks_per_beat": table.tpq,
+                "tracks": [[track.program, int(track.is_drum)] for track in table.tracks],
+                "tempos": [[tick, qpm] for tick, qpm in table.tempos],
                 "prompt_end": table.prompt_end(),
-                "prompt_end_seconds": prompt_end_seconds(score),
                 "files": {k: record[k] for k in ("midi", "json") if record.get(k)},
             }
         )

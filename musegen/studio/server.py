@@ -3,7 +3,8 @@ object per line while it samples. Sampling runs in a bounded pool of worker thre
 loop keeps answering every page meanwhile. A user's input that cannot be used is answered with
 {"error": one line} and status 400; no traceback reaches the page, nor where the server keeps
 its files. What every request must pass first (its host, its origin, its size) is in guard.py;
-how runs share the workers and reach their pages, in runs.py; the WAVs, in audio.py."""
+how runs share the workers and reach their pages, in runs.py; the WAVs, in audio.py; what the
+page's own synthesiser needs, in sound.py."""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ from .audio import Renders
 from .guard import Guard
 from .models import Models, examples
 from .runs import Places, RunEvents, Stop, client_left
+from .sound import Sound, SoundfontResponse
 from .store import MAX_UPLOAD_BYTES, RequestError, Store
 
 STATIC = Path(__file__).parent / "static"
@@ -76,10 +78,11 @@ def body_limit(path: str, query: QueryParams) -> tuple[int, str]:
     return MAX_JSON_BYTES, f"a request body of more than {MAX_JSON_BYTES:,} bytes; the studio takes no more here"
 
 
-def create_app(out: Path, models: Models, host: str = "127.0.0.1") -> Starlette:
+def create_app(out: Path, models: Models, host: str = "127.0.0.1", sound: Sound | None = None) -> Starlette:
     """The studio's app, keeping what it is given and makes under `out`; `host` is the address it
-    listens on (requests naming another host are refused, see guard.py)."""
-    studio = Studio(out, models)
+    listens on (requests naming another host are refused, see guard.py); `sound`: the page's
+    synthesiser and soundfont (by default those this machine has)."""
+    studio = Studio(out, models, sound or Sound.find())
     routes = [
         Route("/", studio.index),
         Route("/api/models", studio.list_models),
@@ -89,7 +92,9 @@ def create_app(out: Path, models: Models, host: str = "127.0.0.1") -> Starlette:
         Route("/api/runs/{run}", studio.run_detail),
         Route("/api/runs/{run}/stop", studio.stop, methods=["POST"]),
         Route("/files/{run}/{name}", studio.run_file),
+        Route("/sound/soundfont.sf2", studio.soundfont),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
+        *studio.sound.routes(),
     ]
     app = Starlette(
         routes=routes,
@@ -111,10 +116,10 @@ def session(request: Request) -> str:
 
 class Studio:
     """The routes' handlers, and what they share: the store, the models, the sampling workers and
-    the places in their queue, and the WAV renders."""
+    the places in their queue, the WAV renders, and what the page needs to play sound itself."""
 
-    def __init__(self, out: Path, models: Models):
-        self.store, self.models = Store(out), models
+    def __init__(self, out: Path, models: Models, sound: Sound):
+        self.store, self.models, self.sound = Store(out), models, sound
         self.pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="studio-sample")
         self.places, self.renders = Places(WORKERS + MAX_WAITING, PER_SESSION), Renders()
         self.stops: dict[tuple[str, str], Stop] = {}  # the runs going, by session and run
@@ -128,8 +133,14 @@ class Studio:
                 "models": self.models.describe(),
                 "max_bars": jobs.MAX_BARS,
                 "max_samples": jobs.MAX_SAMPLES,
+                "sound_missing": self.sound.missing(),
             }
         )
+
+    async def soundfont(self, request: Request):
+        if self.sound.soundfont is None:
+            return JSONResponse({"error": self.sound.missing()}, status_code=404)
+        return SoundfontResponse(self.sound.soundfont)
 
     async def upload(self, request: Request):
         q = request.query_params

@@ -64,6 +64,7 @@ function draw(canvas, view, only) {
     }
   }
   canvas.dataset.barLabels = JSON.stringify(labels);
+  canvas.dataset.end = end; // the tick at the right edge, where the playhead is placed from
   const box = (n, color) => {
     const [at, size] = place(n);
     ctx.fillStyle = color; ctx.fillRect(x(n[0]), at, Math.max(2, x(n[1]) - x(n[0]) - 1), size - 1);
@@ -116,14 +117,15 @@ function sampleCards(count, run) {
     const card = document.createElement("div");
     card.className = "sample"; card.dataset.index = i;
     card.innerHTML = `<h3 style="color:${COLORS[i % COLORS.length]}">Sample ${i + 1}</h3><canvas width="680" height="110"></canvas>`;
-    card.querySelector("canvas").onclick = () => { state.selected = i; redraw(); };
+    card.querySelector("canvas").onclick = () => select(i);
     box.appendChild(card);
   }
-  if (run) addPlayers(run);
+  if (run) addDownloads(run);
+  showTransport(run ? count : 0);
   redraw();
 }
 
-function addPlayers(run) {
+function addDownloads(run) {
   document.querySelectorAll(".sample").forEach((card) => {
     const i = Number(card.dataset.index), sample = state.view.samples[i];
     if (!sample || !sample.files) return;
@@ -132,18 +134,10 @@ function addPlayers(run) {
     const key = `${run}/${i}`;
     card.classList.toggle("kept", kept().includes(key));
     const row = document.createElement("div");
-    row.innerHTML = `<audio controls preload="none" src="${file(stem + ".wav")}"></audio>
-      <div class="row"><label><input type="checkbox" class="loop" checked> loop from the prompt's end</label>
-      <button class="keep" type="button">Keep</button></div>
-      <div class="row">Download: <a href="${file(sample.files.midi)}" download>MIDI</a>
+    row.innerHTML = `<div class="row"><button class="keep" type="button">Keep</button></div>
+      <div class="row downloads">Download: <a href="${file(sample.files.midi)}" download>MIDI</a>
       <a href="${file(stem + ".wav")}" download>WAV</a>
       <a href="${file(sample.files.json || stem + ".json")}" download>MIREX JSON</a></div>`;
-    const audio = row.querySelector("audio");
-    audio.addEventListener("play", () => { state.selected = i; redraw(); });
-    audio.addEventListener("ended", () => {
-      if (row.querySelector(".loop").checked) { audio.currentTime = sample.prompt_end_seconds || 0; audio.play(); }
-    });
-    audio.addEventListener("error", () => showError(`sample ${i + 1}: the audio could not be rendered (is FluidSynth installed?)`));
     row.querySelector(".keep").onclick = () => { toggleKeep(key); card.classList.toggle("kept", kept().includes(key)); loadResults(); };
     card.appendChild(row);
   });
@@ -157,6 +151,97 @@ function viewOf(samples, ticksPerBeat) {
   return { ticksPerBeat, promptNotes, promptEnd, total, samples: samples.map((s) => ({ ...s, notes: s.notes })) };
 }
 
+// ---- sound ----
+// Play: the selected sample from the "from bar" (by default two bars before the seam, where the
+// prompt ends), on the page's synthesiser (player.js) once its soundfont is loaded, which starts
+// when the page opens; without it, on the server's WAV, and the note beside the buttons says why.
+// A sample button or card switches sample where the playhead is; the loop's box, on or off, takes
+// effect there too.
+const sound = { player: null, loading: null, playing: false, started: null }; // started: the last Play, timed
+
+function loadSound(missing) {
+  const wav = (why) => {
+    sound.player = new WavPlayer($("wav"), () => {
+      showError(`sample ${state.selected + 1}: the audio could not be rendered (is FluidSynth installed?)`);
+      stopSound();
+    });
+    $("sound-note").textContent = `Playing the server's WAV: ${why}.`;
+    $("transport").dataset.engine = "wav";
+  };
+  if (missing) return wav(missing);
+  $("sound-note").textContent = "loading the soundfont…";
+  sound.loading = SynthPlayer.load().then(
+    (player) => { sound.player = player; $("sound-note").textContent = ""; $("transport").dataset.engine = "synth"; },
+    (err) => wav(`the in-page synthesiser could not start (${err.message})`),
+  );
+}
+
+function showTransport(samples) {
+  stopSound();
+  $("play").disabled = !samples;
+  $("ab").innerHTML = samples > 1 ? "Sample:" : "";
+  for (let i = 0; samples > 1 && i < samples; i++) {
+    const button = document.createElement("button");
+    button.textContent = String(i + 1); button.onclick = () => select(i);
+    button.classList.toggle("selected", i === state.selected);
+    $("ab").appendChild(button);
+  }
+  const bar = state.view ? 4 * state.view.ticksPerBeat : 1;
+  $("from-bar").value = Math.max(1, Math.floor((state.view?.promptEnd || 0) / bar) - 1);
+}
+
+function select(i) {
+  state.selected = i;
+  redraw();
+  [...$("ab").children].forEach((b, k) => b.classList.toggle("selected", k === i));
+  if (sound.playing) playSound(sound.player.position()); // the other sample, from where this one is
+}
+
+// plays the selected sample from the "from bar", or from tick `begin` when given
+async function playSound(begin) {
+  const clicked = performance.now();
+  const view = state.view, sample = view && view.samples[state.selected];
+  if (!sample || !sample.tracks) return;
+  await sound.loading;
+  const bar = 4 * view.ticksPerBeat, from = Math.max(0, Number($("from-bar").value) - 1) * bar;
+  const loopEnd = $("loop").checked ? Math.max(view.promptEnd || 0, from) + 2 * bar : null;
+  const wav = api(`/files/${state.run}/${sample.files.midi.replace(/\.mid$/, ".wav")}`);
+  const time = timeline(sample.tempos, view.ticksPerBeat);
+  const first = await sound.player.start(sample, time, { from, begin: begin ?? from, loopEnd, wav });
+  if (!sound.player.play) return; // stopped while it started (a WAV is rendered first)
+  if (sound.player instanceof SynthPlayer) {
+    sound.started = { clicked, heard: sound.player.heardAt(first), from, sample: state.selected };
+    $("transport").dataset.clickToSound = (sound.started.heard - clicked).toFixed(1);
+  }
+  $("stop-sound").disabled = false; $("playhead").hidden = false;
+  $("transport").dataset.playing = "1";
+  if (!sound.playing) { sound.playing = true; requestAnimationFrame(followPlayhead); }
+}
+
+function stopSound() {
+  if (sound.player) sound.player.stop();
+  sound.playing = false;
+  $("stop-sound").disabled = true; $("playhead").hidden = true;
+  $("transport").dataset.playing = "";
+}
+
+function followPlayhead() {
+  if (!sound.playing) return;
+  const tick = sound.player.position();
+  if (tick === null) return stopSound(); // played to its end
+  $("playhead").style.left = `${(100 * tick) / Number($("roll").dataset.end)}%`;
+  requestAnimationFrame(followPlayhead);
+}
+
+// a click on the large roll chooses the bar to play from
+function chooseBar(event) {
+  if (!state.view) return;
+  const box = $("roll").getBoundingClientRect(), bar = 4 * state.view.ticksPerBeat;
+  const tick = ((event.clientX - box.left) / box.width) * Number($("roll").dataset.end);
+  $("from-bar").value = Math.floor(tick / bar) + 1;
+  if (sound.playing) playSound();
+}
+
 // ---- prompt ----
 // `label` is the prompt's name; the menu and the file box are emptied after each pick, so that
 // picking the same one again loads it again (the prompt line names the prompt held)
@@ -167,6 +252,7 @@ async function loadPrompt(query, body, label) {
     const model = $("model").value;
     const prompt = await json(await fetch(api(`/api/prompts?model=${encodeURIComponent(model)}&${query}`), { method: "POST", body }));
     state.prompt = prompt;
+    showTransport(0);
     $("prompt-name").textContent = `Prompt: ${prompt.name} (${prompt.bars} bars, ${prompt.notes.length} notes)`;
     const end = prompt.notes.length ? Math.max(...prompt.notes.map((n) => n[1])) : 0;
     state.view = { ticksPerBeat: prompt.ticks_per_beat, promptNotes: prompt.notes, promptEnd: end,
@@ -232,6 +318,7 @@ async function generate() {
   if (state.view) state.view.samples = [];
   state.run = null;
   $("cards").innerHTML = "";
+  showTransport(0);
   setStatus("starting…");
   try {
     const response = await fetch(api("/api/generate"), {
@@ -335,6 +422,7 @@ async function start() {
       if (state.prompt) loadPrompt(`prompt=${state.prompt.prompt}`, null, state.prompt.name);
     };
     showDefaults(); showExamples();
+    loadSound(info.sound_missing);
     setStatus("ready");
   } catch (err) { showError(err.message); }
   $("file").onchange = (e) => uploadFile(e.target.files[0]);
@@ -345,6 +433,10 @@ async function start() {
   drop.ondrop = (e) => { e.preventDefault(); drop.classList.remove("over"); uploadFile(e.dataTransfer.files[0]); };
   $("generate").onclick = generate;
   $("stop").onclick = stop;
+  $("play").onclick = () => playSound();
+  $("stop-sound").onclick = stopSound;
+  $("roll").onclick = chooseBar;
+  $("loop").onchange = () => sound.playing && playSound(sound.player.position());
   loadResults();
 }
 

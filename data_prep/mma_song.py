@@ -70,6 +70,7 @@ METRONOME = re.compile(r"metronome", re.IGNORECASE)  # clicks to count a song in
 # GM flute, alto sax, trumpet, clarinet, oboe, violin, tenor sax, vibraphone
 LEAD_PROGRAMS = (73, 65, 56, 71, 68, 40, 66, 11)
 MELODY_TRACK = "MELODY"  # POP909's name for its melody track
+EDGE = 1 / 24  # beats: half the song tokens' grid step (a 12th of a quarter)
 
 
 @dataclass(frozen=True)
@@ -317,9 +318,9 @@ def ended_restrikes(track: mido.MidiTrack) -> mido.MidiTrack:
 
 
 def song_melody(song_file: Path, seconds: np.ndarray, start: int, beats: int) -> np.ndarray:
-    """The song's MELODY notes that start in its beats start .. start + beats, as rows of (onset,
-    offset, pitch, velocity), times in beats from `start` (each beat spans the annotated interval,
-    linearly); a note still sounding at the end ends there."""
+    """The song's MELODY notes that start in its beats start .. start + beats (up to EDGE), as rows
+    of (onset, offset, pitch, velocity), times in beats from `start` (each beat spans the annotated
+    interval, linearly); a note still sounding at the end ends there."""
     score = load_score(song_file).to("second")
     track = next((t for t in score.tracks if t.name.strip().upper() == MELODY_TRACK), None)
     if track is None:
@@ -328,8 +329,9 @@ def song_melody(song_file: Path, seconds: np.ndarray, start: int, beats: int) ->
     index = np.arange(len(seconds), dtype=np.float64)
     onset = np.interp(notes["time"], seconds, index) - start
     offset = np.interp(notes["time"] + notes["duration"], seconds, index) - start
-    keep = (onset >= 0) & (onset < beats) & (notes["time"] >= seconds[0])
-    rows = np.stack([onset, np.minimum(offset, beats), notes["pitch"], notes["velocity"]], axis=1)
+    # a note within half a grid step of the window's edge belongs to the bar it rounds to
+    keep = (onset >= -EDGE) & (onset < beats - EDGE) & (notes["time"] >= seconds[0])
+    rows = np.stack([np.maximum(onset, 0), np.minimum(offset, beats), notes["pitch"], notes["velocity"]], axis=1)
     return rows[keep]
 
 

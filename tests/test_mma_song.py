@@ -62,7 +62,9 @@ def test_a_trial_has_one_piece_in_every_meter_split_by_family(corpus):
     simple = {m.name for _, m in ms.song_styles() if not m.compound}
     assert report["rendered"] == len(meters) and report["with_melody"] == len(simple) < len(meters)
     shards = Shards(out)
-    assert sum(len(shards.names(s)) for s in shards.splits) == len(meters)
+    pieces = [ids for split in shards.splits for ids in shards.pieces(split)]
+    assert len(pieces) == len(meters)
+    assert all(np.count_nonzero(ids == TOK.bar_id) == ms.BARS_PER_PIECE for ids in pieces)
 
 
 def test_a_waltz_piece_is_in_three_with_its_grooves_instruments_and_a_melody(corpus, pop909_dir):
@@ -130,6 +132,23 @@ def test_a_rerun_renders_nothing_again(corpus, pop909_dir, tmp_path):
     out, report, meters = corpus
     again = ms.prepare(out=out, source=pop909_dir, limit=len(meters), workers=1)
     assert again["rendered"] == 0 and again["tokens"] == report["tokens"]
+
+
+def test_a_melody_note_on_the_windows_edge_belongs_to_the_bar_it_rounds_to(tmp_path):
+    """Beats every half second; the window is beats 2..10. A note a hair before beat 2 starts the
+    piece, one a hair before beat 10 is the next bar's; a note held past beat 10 ends there."""
+    score = symusic.Score(480)
+    track = symusic.Track("MELODY", 0, False)
+    for beat, length, pitch in ((1.99, 1, 60), (4, 8, 62), (9.995, 1, 64)):
+        track.notes.append(symusic.Note(round(beat * 480), length * 480, pitch, 80))
+    score.tracks.append(track)
+    score.tempos.append(symusic.Tempo(0, 120.0))  # a beat every half second
+    song = tmp_path / "song.mid"
+    score.dump_midi(str(song))
+    rows = ms.song_melody(song, np.arange(16) * 0.5, start=2, beats=8)
+    assert rows[:, 2].tolist() == [60, 62]
+    assert rows[:, 0].tolist() == pytest.approx([0, 2], abs=1e-3)
+    assert rows[1, 1] == 8  # held past the window: ends with it
 
 
 def test_a_restruck_note_ends_the_one_sounding():

@@ -12,7 +12,7 @@ shards; each module exposes it as its entry point:
 `source` is a local copy of the raw corpus (None: the corpus' default location), `download`
 allows fetching it when it is missing, `limit` caps the number of pieces (for quick trials),
 `tokenizer` overrides the corpus' default representation where that makes sense. `options` are
-a corpus' own settings, given to its constructor (mma-groove: `scale`, its size, and `loops`).
+a corpus' own settings, given to its constructor (mma-groove: `scale`, its size, and `loops`; mma-song: `scale`).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ CORPORA: dict[str, tuple[str, str]] = {
     "pop909-song": ("data_prep.pop909_song", "POP909, its three tracks apart, in its annotated meters -> song"),
     "chorales": ("data_prep.chorales", "Bach chorales from music21's bundled corpus -> REMI (no network)"),
     "mma-groove": ("data_prep.mma_groove", "Groove corpus synthesised with MMA, split by style -> groove"),
+    "mma-song": ("data_prep.mma_song", "MMA's grooves in every meter, their own instruments, POP909 melodies -> song"),
     "pop1k7": ("data_prep.pop1k7", "Pop1K7 from Zenodo 4782721 -> REMI"),
     "groove2groove": ("data_prep.groove2groove", "Groove2Groove MIDI from Zenodo 3958000 -> groove"),
     "midi": ("data_prep.folder", "Any folder of MIDI files (--source), with --tokenizer remi|groove"),

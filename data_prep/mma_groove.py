@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import time
 from pathlib import Path
 from typing import Annotated
 
@@ -59,9 +58,9 @@ from musegen.music.roles import TRACKS
 from musegen.shards import Shards
 from musegen.tokenizers.base import Encoding, Tokenizer, tokenizer_from_dict
 
-from .common import SHARED_DATASETS, Corpus, Item, Listing, numeric_counts, worker_pool
+from .common import SHARED_DATASETS, Corpus, Item, Listing, numeric_counts
 from .mma_pieces import PIECES_PER_STYLE, piece_plan, progressions, stable_hash
-from .mma_render import mma_text, render_mma, to_groove2groove
+from .mma_render import mma_text, render_jobs, render_mma, to_groove2groove
 from .mma_styles import STYLES_FILE, Style, build_catalogue, load_catalogue
 
 HELD_OUT_STYLES = 50  # at least this many styles each in test and validation, as in the paper
@@ -159,8 +158,12 @@ class MmaGroove(Corpus):
                     jobs.append((k, piece.name, text, raw, path))
         # piece 0 of every style first, then piece 1...: a run stopped early leaves every style with
         # its first pieces, which a smaller scale then reuses whole
-        failures, rendered, seconds = _render(
-            [job[1:] for job in sorted(jobs, key=lambda job: job[0])], len(items), workers
+        failures, rendered, seconds = render_jobs(
+            _render_one,
+            [job[1:] for job in sorted(jobs, key=lambda job: job[0])],
+            len(items),
+            workers,
+            "rendering (mma) and laying out",
         )
         items += _write_loops(out / LOOP_GROUP, self.loops)
         style_sets = {s: sorted(st.name for st in styles if family_split[st.family] == s) for s in SPLITS}
@@ -207,24 +210,6 @@ class MmaGroove(Corpus):
 
 
 prepare = MmaGroove().prepare
-
-
-def _render(jobs: list[tuple[str, str, Path, Path]], pieces: int, workers: int | None) -> tuple[list[str], int, float]:
-    """Run the rendering jobs (of `pieces` in all, the others done already) on `workers` processes;
-    return the failures, how many MMA rendered and the seconds it took."""
-    started = time.perf_counter()
-    failures, rendered = [], 0
-    with tqdm(
-        total=pieces, initial=pieces - len(jobs), desc="rendering (mma) and laying out", unit="piece"
-    ) as progress:
-        if jobs:
-            with worker_pool(workers) as pool:
-                for error, ran in pool.imap_unordered(_render_one, jobs, chunksize=2):
-                    progress.update(1)
-                    rendered += ran
-                    if error:
-                        failures.append(error)
-    return failures, rendered, round(time.perf_counter() - started, 1)
 
 
 def _render_one(job: tuple[str, str, Path, Path]) -> tuple[str | None, bool]:

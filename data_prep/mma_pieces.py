@@ -113,10 +113,9 @@ def mma_chord(label: str) -> str | None:
     return name
 
 
-def song_bars(song_dir: Path) -> list[list[str]]:
-    """A song's chords, one per beat, grouped in bars of 4 from its first downbeat. Bars with no
-    chord at the start are dropped; a no-chord beat holds the chord before it (or, at the very
-    start, the first chord)."""
+def beat_chords(song_dir: Path) -> tuple[list[float], list[bool], list[str | None]]:
+    """A song's annotated beats: their times (seconds), downbeat flags and the MMA chord sounding
+    at each (None where the annotation has no chord)."""
     beats, downbeat = [], []
     for line in (song_dir / "beat_midi.txt").read_text().splitlines():
         cols = line.split()
@@ -128,14 +127,23 @@ def song_bars(song_dir: Path) -> list[list[str]]:
         cols = line.split()
         if len(cols) >= 3:
             segments.append((float(cols[0]), float(cols[1]), mma_chord(cols[2])))
-    if not beats or not segments or True not in downbeat:
-        return []
     chords, k = [], 0
-    for t in beats[downbeat.index(True) :]:
+    for t in beats:
         t += 0.05  # annotation boundaries sit on beats up to a few ms
         while k < len(segments) - 1 and segments[k][1] <= t:
             k += 1
-        chords.append(segments[k][2] if segments[k][0] <= t < segments[k][1] else None)
+        chords.append(segments[k][2] if segments and segments[k][0] <= t < segments[k][1] else None)
+    return beats, downbeat, chords
+
+
+def song_bars(song_dir: Path) -> list[list[str]]:
+    """A song's chords, one per beat, grouped in bars of 4 from its first downbeat. Bars with no
+    chord at the start are dropped; a no-chord beat holds the chord before it (or, at the very
+    start, the first chord)."""
+    beats, downbeat, chords = beat_chords(song_dir)
+    if not beats or True not in downbeat:
+        return []
+    chords = chords[downbeat.index(True) :]
     labelled = [i for i, c in enumerate(chords) if c is not None]
     if not labelled:
         return []

@@ -8,16 +8,20 @@ import io
 import re
 import subprocess
 import tempfile
+import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import mido
 import numpy as np
+from tqdm import tqdm
 
 from musegen.errors import DataError
 from musegen.io import write_bytes
 from musegen.music.midi import Part, read_parts
 from musegen.music.roles import COUNT_IN_BEATS, G2G_BASS, G2G_DRUMS, G2G_HARMONIC
+
+from .common import worker_pool
 
 if TYPE_CHECKING:  # (mma_styles renders with this module: imported for the annotation only)
     from .mma_styles import Style
@@ -89,6 +93,25 @@ def render_mma(text: str) -> bytes:
         return out.read_bytes()
 
 
+def render_jobs(
+    work: Callable[[Any], tuple[str | None, bool]], jobs: list, pieces: int, workers: int | None, desc: str
+) -> tuple[list[str], int, float]:
+    """Run `work(job)` (a module-level function returning an error line or None, and whether MMA
+    ran) for each job on `workers` processes, of `pieces` in all (the others done already);
+    return the failures, how many MMA rendered and the seconds it took."""
+    started = time.perf_counter()
+    failures, rendered = [], 0
+    with tqdm(total=pieces, initial=pieces - len(jobs), desc=desc, unit="piece") as progress:
+        if jobs:
+            with worker_pool(workers) as pool:
+                for error, ran in pool.imap_unordered(work, jobs, chunksize=2):
+                    progress.update(1)
+                    rendered += ran
+                    if error:
+                        failures.append(error)
+    return failures, rendered, round(time.perf_counter() - started, 1)
+
+
 def to_groove2groove(raw: Path, dest: Path) -> None:
     """Write MMA's rendering `raw` in Groove2Groove's layout: the drum tracks as `BB Drums`, the
     busiest of MMA's bass-line tracks (Bass*, Walk*) as `BB Bass`, the other melodic tracks by
@@ -128,7 +151,7 @@ def to_groove2groove(raw: Path, dest: Path) -> None:
         (0 if tick == 0 else tick + shift, mido.MetaMessage("time_signature", numerator=n, denominator=d))
         for tick, n, d in parsed.time_signatures
     ]
-    midi.tracks.append(_midi_track(meta))
+    midi.tracks.append(midi_track(meta))
     for name, channel, program, notes in tracks:
         events = [
             (0, mido.MetaMessage("track_name", name=name)),
@@ -137,7 +160,7 @@ def to_groove2groove(raw: Path, dest: Path) -> None:
         for on, off, pitch, velocity in notes.tolist():
             events.append((on, mido.Message("note_on", channel=channel, note=pitch, velocity=velocity)))
             events.append((off, mido.Message("note_off", channel=channel, note=pitch, velocity=0)))
-        midi.tracks.append(_midi_track(events))
+        midi.tracks.append(midi_track(events))
     buffer = io.BytesIO()
     midi.save(file=buffer)
     write_bytes(dest, buffer.getvalue())
@@ -149,7 +172,7 @@ def _later(notes, shift: int):
     return moved
 
 
-def _midi_track(events: list[tuple[int, Any]]) -> mido.MidiTrack:
+def midi_track(events: list[tuple[int, Any]]) -> mido.MidiTrack:
     """Timed messages as a track. At one tick note_ons come before note_offs, so a zero-length
     note is read as a note (first in, first out) and not as the end of an earlier one."""
     order = sorted(range(len(events)), key=lambda i: (events[i][0], events[i][1].type == "note_off", i))

@@ -13,6 +13,9 @@ from data_prep import CORPORA
 data_app = typer.Typer(help="Prepare corpora into token shards; inspect tokenisations.", no_args_is_help=True)
 
 
+OPTION_CORPORA = {"scale": ("mma-groove", "mma-song"), "loops": ("mma-groove",)}  # the corpora a setting is for
+
+
 @data_app.command("prepare")
 def prepare(
     corpus: str = typer.Argument(..., help=" | ".join(CORPORA)),
@@ -29,9 +32,10 @@ def prepare(
     scale: Optional[int] = typer.Option(
         None,
         min=1,
-        help="mma-groove only: render this many times the default "
+        help="mma-groove: render this many times the default "
         "pieces per style, the further ones style variants (keys, tempos, fills, "
-        "swing, articulation, voicing). Rerun the same command to resume.",
+        "swing, articulation, voicing); mma-song: pieces per groove (default 1). "
+        "Rerun the same command to resume.",
     ),
     loops: Optional[int] = typer.Option(
         None,
@@ -46,8 +50,9 @@ def prepare(
     from musegen.errors import DataError
 
     own = {name: value for name, value in (("scale", scale), ("loops", loops)) if value is not None}
-    if own and corpus != "mma-groove":
-        raise DataError(f"--{next(iter(own))} is for the mma-groove corpus, not {corpus}")
+    for name in own:
+        if corpus not in OPTION_CORPORA[name]:
+            raise DataError(f"--{name} is for the {' and '.join(OPTION_CORPORA[name])} corpus, not {corpus}")
     report = corpus_prepare(corpus)(out, source, download, workers, limit, tokenizer, **own)  # (data_prep's order)
     for line in summary_lines(report):
         typer.echo(line)

@@ -5,8 +5,10 @@ annotations) and compared with its `beat_midi.txt`. A song agrees when at least 
 annotated downbeats have a tracked downbeat within a 16th note (a quarter of the local annotated
 beat interval) and at least 90% of the tracked downbeats inside the annotated span have an
 annotated one within a 16th. The beat F-measure counts a beat as found within 70 ms (the usual
-window). Prints a Markdown table (all songs, and those the cue weights were not fitted on),
-then the songs that do not agree and why.
+window). Prints a Markdown table (all songs, and those the cue weights were not fitted on), the
+same agreement for the file's own grid (`--grid file`) and for the best any regular bar can do
+(the annotated beats themselves, downbeats every 4 beats from the best first one), then the songs
+that do not agree and why.
 
 `--fit` instead fits the tracker's CUE_WEIGHTS, a logistic regression of the annotated downbeats
 on `bar_features` at the annotated beats, over every third song (those whose index is a multiple
@@ -25,7 +27,15 @@ import numpy as np
 from data_prep.common import SHARED_DATASETS
 from data_prep.pop909 import annotations, song_files
 from musegen.music.midi import load_score
-from musegen.music.tracker import as_table, bar_features, downbeat_agreement, seconds_of, track_beats
+from musegen.music.tracker import (
+    Beats,
+    as_table,
+    bar_features,
+    downbeat_agreement,
+    file_beats,
+    seconds_of,
+    track_beats,
+)
 
 FITTED = slice(None, None, 3)  # the songs CUE_WEIGHTS were fitted on
 
@@ -63,6 +73,17 @@ def beat_f_measure(found: np.ndarray, wanted: np.ndarray, window: float = 0.07) 
     return 0.0 if precision + recall == 0 else 2 * precision * recall / (precision + recall)
 
 
+def agrees(found: Beats, seconds: np.ndarray, downbeat: np.ndarray) -> bool:
+    return min(downbeat_agreement(found, seconds, downbeat)) >= 0.9
+
+
+def regular_bars(seconds: np.ndarray, downbeat: np.ndarray) -> Beats:
+    """The annotated beats with a downbeat every 4 from the first of the 4 that holds the most
+    annotated downbeats: the best a tracker that keeps one bar length could do."""
+    first = int(np.argmax(np.bincount(np.flatnonzero(downbeat) % 4, minlength=4)))
+    return Beats(seconds, np.arange(len(seconds)) % 4 == first, "annotated", 0.0, 4, 1.0)
+
+
 def why(found, seconds: np.ndarray, downbeat: np.ndarray) -> str:
     """The first reason a song disagrees: its meter, its tempo level, its beats, or its bar phase."""
     bars = np.bincount(np.diff(np.flatnonzero(downbeat))).argmax()
@@ -91,6 +112,7 @@ def main() -> None:
     fitted = set(every[FITTED])
     songs = every[:: args.every]
     rows, failures = [], []
+    file_agree = regular_agree = 0
     began = time.perf_counter()
     for song in songs:
         seconds, downbeat = annotations(song)
@@ -99,6 +121,8 @@ def main() -> None:
         agree = recall >= 0.9 and precision >= 0.9
         f_measure = beat_f_measure(found.seconds, seconds)
         rows.append((song not in fitted, agree, recall, precision, f_measure, found.beats_per_bar))
+        file_agree += agrees(file_beats(load_score(song)), seconds, downbeat)
+        regular_agree += agrees(regular_bars(seconds, downbeat), seconds, downbeat)
         if not agree:
             failures.append((song.stem, recall, precision, why(found, seconds, downbeat)))
     took = time.perf_counter() - began
@@ -111,6 +135,10 @@ def main() -> None:
             f"| {name} | {len(part)} | {agree.mean():.1%} ({int(agree.sum())}) | {recall.mean():.3f} "
             f"| {precision.mean():.3f} | {f_measure.mean():.3f} | {np.mean(meter == 4):.1%} |"
         )
+    print(
+        f"\nDownbeats agree on the file's own grid: {file_agree / len(rows):.1%} of songs; with one bar length "
+        f"all through (the annotated beats, the best first downbeat): {regular_agree / len(rows):.1%}."
+    )
     print(f"\n{took:.0f} s, {took / len(rows) * 1e3:.0f} ms a song\n")
     reasons: dict[str, int] = {}
     for _, _, _, reason in failures:

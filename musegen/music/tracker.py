@@ -36,8 +36,8 @@ FRAME_SECONDS = 0.02  # the envelope's resolution, at the file's median tempo
 TEMPO_PRIOR_BPM = 100.0  # the centre of the prior on tempo (log-normal, an octave wide)
 TIGHTNESS = 400.0  # how much a beat interval may stray from the period (Ellis's alpha)
 METERS = (4, 3)  # beats per bar tried, in order of preference on a tie
-SKIP_COST = 8.0  # a bar of other than the meter's length, in standard deviations of the cue
-# the log-odds of a downbeat from `bar_features` (bias first)
+SKIP_COST = 8.0  # a bar of other than the meter's length, in log-odds of the downbeat cues
+# the log-odds of a downbeat from `bar_features` (bias first), fitted by scripts/experiments/beat_tracker.py --fit
 CUE_WEIGHTS = np.array(
     [-1.73]
     + [-0.12, 0.36, 0.97, 0.44, 0.11, 0.1, 0.32, -0.18]

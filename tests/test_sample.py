@@ -545,7 +545,7 @@ def test_cli_sample_with_prompt_writes_midi_wav_json_and_pianoroll(checkpoints, 
     assert summary["settings"]["seed"] == 5 and summary["settings"]["temperature"] == 1.2
     assert summary["settings"]["top_p"] == 0.9 and summary["tokenizer"] == "remi"
     tok = tokenizer_from_dict({"kind": "remi"})
-    prompt = load_prompt(tok, pop909_songs[0], bars=2)
+    prompt = load_prompt(tok, pop909_songs[0], bars=2, grid=summary["settings"]["grid"])  # as the run read it
     prompt_notes = note_set(tok.decode(with_ending(tok.grammar(), prompt.ids)))
     for record in summary["samples"]:
         piece = NoteTable.read(out / record["midi"])

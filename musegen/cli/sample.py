@@ -45,6 +45,7 @@ def sample(
     """Continue a MIDI prompt (or start from scratch) with a trained checkpoint."""
     from musegen import home
     from musegen.generation.batch import sample_to_folder
+    from musegen.music.tracker import describe
 
     prompt = home.prompt(prompt) if prompt is not None else None
     summary = sample_to_folder(
@@ -64,8 +65,10 @@ def sample(
             + (f"\n  ... and {len(skipped) - 10} more (see batch.json)" if len(skipped) > 10 else "")
         )
     elif prompt is not None:
-        report = {k: v for k, v in summary["prompt_report"].items() if k != "meta"}
+        report = {k: v for k, v in summary["prompt_report"].items() if k not in ("meta", "grid")}
         typer.echo(f"prompt: {summary['prompt_tokens']} tokens" + "".join(f", {k} {v}" for k, v in report.items()))
+        if "grid" in summary["prompt_report"]:
+            typer.echo(describe(summary["prompt_report"]["grid"]))
     used, stats = summary["settings"], summary["stats"]
     typer.echo(
         f"{len(summary['samples'])} samples, {stats['new_tokens']} tokens in {stats['seconds']} s "

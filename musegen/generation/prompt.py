@@ -18,7 +18,9 @@ from .. import mirex
 from ..errors import MidiError, MusegenError, TokenError
 from ..io import check_regular
 from ..music.constants import MAX_PROMPT_BARS
+from ..music.midi import load_score
 from ..music.notes import NoteTable
+from ..music.tracker import regrid
 from ..tokenizers.base import Grammar, Tokenizer
 
 
@@ -40,9 +42,12 @@ class Prompt:
         return self.report.get("meta") or {}
 
 
-def load_prompt(tokenizer: Tokenizer, source: str | os.PathLike | bytes | None, bars: int | None = None) -> Prompt:
+def load_prompt(
+    tokenizer: Tokenizer, source: str | os.PathLike | bytes | None, bars: int | None = None, grid: str = "file"
+) -> Prompt:
     """Encode a prompt (MIDI file or bytes, or a MIREX task .json) with the checkpoint's tokenizer,
-    keep its first `bars` whole bars (all by default) and open its end."""
+    keep its first `bars` whole bars (all by default) and open its end. A MIDI file is first put
+    on the grid `grid` names (`musegen.music.tracker.regrid`), recorded as the report's "grid"."""
     if source is None:
         return Prompt(np.zeros(0, dtype=np.int64))
     if isinstance(source, (bytes, bytearray)):
@@ -51,8 +56,10 @@ def load_prompt(tokenizer: Tokenizer, source: str | os.PathLike | bytes | None, 
     path = Path(source)
     check_regular(path, "prompt")  # a FIFO would block the read
     if path.suffix.lower() != ".json":
-        encoding = tokenizer.encode(path)
-        return prompt_from_ids(tokenizer, encoding.ids, bars, encoding.report, str(path))
+        score, beats = regrid(load_score(path), grid)
+        encoding = tokenizer.encode(path) if beats.source == "file" else _encoded(tokenizer, score, path)
+        report = {**encoding.report, "grid": beats.record()}
+        return prompt_from_ids(tokenizer, encoding.ids, bars, report, str(path))
     notes = mirex.read_prompt(path)
     try:
         encoding = tokenizer.encode(mirex.prompt_midi(notes))
@@ -60,6 +67,14 @@ def load_prompt(tokenizer: Tokenizer, source: str | os.PathLike | bytes | None, 
         raise type(exc)(str(exc).replace("<bytes>", str(path), 1)) from None
     prompt = prompt_from_ids(tokenizer, encoding.ids, bars, encoding.report, str(path))
     return replace(prompt, mirex_offset=mirex.origin_offset(notes, prompt.piece))
+
+
+def _encoded(tokenizer: Tokenizer, score, path: Path):
+    """A re-timed score encoded; an error names the prompt's file, not the bytes written for it."""
+    try:
+        return tokenizer.encode(NoteTable.from_score(score).midi_bytes())
+    except MusegenError as exc:
+        raise type(exc)(str(exc).replace("<bytes>", str(path), 1)) from None
 
 
 def prompt_from_ids(

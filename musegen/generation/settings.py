@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping, get_type_hints
 from ..choices import PRECISIONS
 from ..errors import CheckpointError, ConfigError
 from ..music.constants import MAX_BARS
+from ..music.tracker import GRIDS
 from ..tokenizers.base import Tokenizer
 
 MAX_TOKENS_PER_BAR = 1024  # safety cap on --bars generation
@@ -176,6 +177,15 @@ class SampleSettings:
         "free: the model changes it as it learnt to; a number: holds that tempo in BPM (the nearest the "
         "tokens can name). The groove tokens hold no tempo: their continuations always keep the prompt's.",
         bound=TEMPO_BOUND,
+    )
+    grid: str = option(
+        "auto",
+        "--grid",
+        help="Where a MIDI prompt's beats and bars are: file: its own grid (quarter notes, its time "
+        "signatures); track: found in its notes (a played or offset file), and the prompt re-timed to "
+        "them; auto: tracked where the file's grid fits its notes worse than the tracked one. What was "
+        "assumed is printed and recorded in the JSON.",
+        bound=one_of(GRIDS),
     )
     cache: float | None = model_default(
         "--cache",

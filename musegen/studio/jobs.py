@@ -134,7 +134,7 @@ def prompt_view(models: Models, model: str, path: Path) -> dict[str, Any]:
         notes = sum(len(track.notes) for track in load_score(path).tracks)
     if notes > MAX_PROMPT_NOTES:
         raise ResourceError(f"{path.name}: {notes:,} notes; a prompt in the studio has at most {MAX_PROMPT_NOTES:,}")
-    prompt = load_prompt(tokenizer, path)
+    prompt = load_prompt(tokenizer, path, grid=SampleSettings().grid)  # the grid the page's runs use
     return {"notes": notes_of(prompt.piece), "ticks_per_beat": prompt.piece.tpq, "bars": int(prompt.bars)}
 
 
@@ -187,7 +187,7 @@ def generate_run(
     go_on()  # a run whose page left while it waited is not started
     model, tokenizer, weights = models.shared(request.model)
     settings = request.settings().resolved(tokenizer, by_field=True)
-    prompt = load_prompt(tokenizer, request.prompt)
+    prompt = load_prompt(tokenizer, request.prompt, grid=settings.grid)
     last, sent, started = 0.0, [[] for _ in range(settings.num_samples)], time.perf_counter()
     stem = request.prompt.stem if request.prompt else "sample"
     loaded = Loaded(model, tokenizer, models.folders[request.model], "cpu", weights=weights)

@@ -225,7 +225,7 @@ def test_ape_input_decides_whether_dropout_reaches_the_positions(ape_input):
     seen = []
     model.layers[0].register_forward_hook(lambda module, args, out: seen.append(args[0].detach()))
     model(ids(length=40))
-    positions = model.position_encoding(0, 40).expand_as(seen[0])
+    positions = model.position_encoding(torch.arange(40)).expand_as(seen[0])
     if ape_input == "reference":
         assert torch.equal(seen[0], positions)
     else:

@@ -5,13 +5,13 @@ import shutil
 
 import pytest
 import torch
+from tiny_models import onsets
 
 from musegen.device import cpu_flags
 from musegen.model import c_step, dropout, native, torch_step
 from musegen.model.config import preset
 from musegen.model.dropout import _HASH_BLOCK, Dropout
 from musegen.model.transformer import BF16, STEP_C, MusicPerformer
-from tiny_models import onsets
 
 needs_compiler = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
 
@@ -233,8 +233,8 @@ def attention_inputs(model, batch: int, magnitude: float, seed: int = 0):
     projected[:, 2 * H * D :].view(batch, H, D + 1)[..., D] = 1
     for state in step.sums + [t for ring in step.rings for t in ring]:
         state.copy_(torch.rand(state.shape, generator=generator) * 3)
-    beats = torch.rand(batch, generator=generator, dtype=torch.float64) * 40 if model.config.positions == "beats" else None
-    return step, projected, step._codes(9, beats)
+    beats = torch.rand(batch, generator=generator, dtype=torch.float64) * 40
+    return step, projected, step._codes(9, beats if model.config.positions == "beats" else None)
 
 
 @pytest.mark.parametrize(

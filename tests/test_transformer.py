@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from tiny_models import onsets
 from torch import nn
 from torch.nn import functional as F
 
@@ -47,18 +48,18 @@ VARIANTS = [
 ]
 
 
-def three_ways(model, tokens, path=FP32, seed=7):
-    """The logits of `tokens` in one parallel block, token by token, and a 21-token block then
-    token by token, each in a fresh session on `path` with the same noise."""
-    parallel = model.session(2, path, seed=seed).step(tokens)
+def three_ways(model, tokens, path=FP32, seed=7, beats=None):
+    """The logits of `tokens` (at onsets `beats` [B, T] when the positions are beats) in one
+    parallel block, token by token, and a 21-token block then token by token, each in a fresh
+    session on `path` with the same noise."""
+    at = [None if beats is None else beats[:, t] for t in range(tokens.shape[1])]
+    parallel = model.session(2, path, seed=seed).step(tokens, beats)
     session = model.session(2, path, seed=seed)
-    recurrent = torch.stack([session.step(tokens[:, t]) for t in range(tokens.shape[1])], dim=1)
+    recurrent = torch.stack([session.step(tokens[:, t], at[t]) for t in range(tokens.shape[1])], dim=1)
     session = model.session(2, path, seed=seed)
-    mixed = torch.cat(
-        [session.step(tokens[:, :21])] + [session.step(tokens[:, t])[:, None] for t in range(21, tokens.shape[1])],
-        dim=1,
-    )
-    return parallel, recurrent, mixed
+    first = session.step(tokens[:, :21], None if beats is None else beats[:, :21])
+    rest = [session.step(tokens[:, t], at[t])[:, None] for t in range(21, tokens.shape[1])]
+    return parallel, recurrent, torch.cat([first] + rest, dim=1)
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(str(x) for x in v.values()))
@@ -67,6 +68,68 @@ def test_recurrent_steps_equal_parallel_pass(variant):
     assert parallel.std(dim=1).mean() > 0.1  # logits really vary along the sequence
     assert (recurrent - parallel).abs().max() <= 1e-4
     assert (mixed - parallel).abs().max() <= 1e-4
+
+
+@pytest.mark.parametrize("window", [0, 4, 16])
+@pytest.mark.parametrize("positions", ["tokens", "beats"])
+@pytest.mark.parametrize("pe", [dict(pe="sine", gated=True), dict(pe="sine", gated=False), dict(pe="ape")], ids=str)
+def test_beats_and_windows_step_as_the_parallel_pass(pe, positions, window):
+    """Onsets off any token grid and an exact window (16: wider than the 21-token block, so the
+    block's state hands a half-filled ring on) agree in the parallel pass, the step and a mix."""
+    model = tiny(**pe, positions=positions, window=window)
+    tokens = ids()
+    beats = onsets(tokens) if positions == "beats" else None
+    parallel, recurrent, mixed = three_ways(model, tokens, beats=beats)
+    assert parallel.std(dim=1).mean() > 0.1
+    assert (recurrent - parallel).abs().max() <= 1e-4
+    assert (mixed - parallel).abs().max() <= 1e-4
+    if window:  # the window changes what the model computes
+        assert (parallel - three_ways(tiny(**pe, positions=positions), tokens, beats=beats)[0]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("pe", ["sine", "ape"])
+def test_beats_at_the_token_indices_are_the_token_positions(pe):
+    tokens = ids()
+    at_indices = torch.arange(tokens.shape[1], dtype=torch.float64).expand(tokens.shape)
+    by_beats = tiny(pe=pe, positions="beats").session(2, seed=3).step(tokens, at_indices)
+    by_tokens = tiny(pe=pe).session(2, seed=3).step(tokens)
+    assert (by_beats - by_tokens).abs().max() <= 1e-4
+
+
+def test_a_model_of_beats_needs_its_onsets_and_a_model_of_tokens_takes_none():
+    tokens = ids()
+    with pytest.raises(ValueError, match="onset"):
+        tiny(positions="beats").session(2).step(tokens)
+    with pytest.raises(ValueError, match="no beats"):
+        tiny().session(2).step(tokens[:, 0], onsets(tokens)[:, 0])
+    with pytest.raises(ValueError, match="shape"):
+        tiny(positions="beats").session(2).step(tokens, onsets(tokens)[:, :5])
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (dict(pe="conv", positions="beats"), "convSPE"),
+        (dict(pe="none", positions="beats"), "positions 'beats'"),
+        (dict(positions="bars"), "positions must be"),
+        (dict(attention="elu", window=4), "window needs attention 'performer'"),
+    ],
+)
+def test_positions_and_window_settings_are_checked(settings, message):
+    with pytest.raises(ConfigError, match=message):
+        preset("tiny", **settings)
+
+
+@pytest.mark.parametrize("window", [0, 16])
+def test_the_step_state_keeps_its_size_over_thousands_of_tokens(window):
+    model = tiny(positions="beats", window=window)
+    session = model.session(1, seed=0)
+    sizes = {}
+    for t in range(8192):
+        session.step(torch.tensor([t % 333]), torch.tensor([t / 3], dtype=torch.float64))
+        if t + 1 in (512, 8192):
+            sizes[t + 1] = session.state_bytes
+    assert sizes[512] == sizes[8192] > 0
 
 
 @pytest.fixture
@@ -483,3 +546,18 @@ def test_state_bytes_is_constant_for_recurrent_attention_and_grows_for_a_cache(a
             sizes.append(session.state_bytes)
     assert sizes[0] > 0
     assert (sizes[1] == 3 * sizes[0]) if grows else (sizes[1] == sizes[0])
+
+
+def test_positions_and_window_travel_with_a_checkpoint_and_older_ones_read_as_tokens(tmp_path):
+    from musegen.checkpoint import load_checkpoint, read_checkpoint_config, save_checkpoint
+    from musegen.tokenizers import tokenizer_from_dict
+
+    config, _ = read_checkpoint_config("pop")  # written before either setting existed
+    assert (config.positions, config.window) == ("tokens", 0)
+    model = tiny(positions="beats", window=4)
+    save_checkpoint(tmp_path / "m", model, model.config, tokenizer_from_dict({"kind": "remi"}))
+    loaded = load_checkpoint(tmp_path / "m")[0]
+    assert (loaded.config.positions, loaded.config.window) == ("beats", 4)
+    tokens = ids()
+    beats = onsets(tokens)
+    assert torch.equal(loaded.session(2, seed=1).step(tokens, beats), model.session(2, seed=1).step(tokens, beats))

@@ -142,8 +142,9 @@ class _Activation(nn.Module):
 class StreamState:
     """A snapshot of a streaming session, from `model.get_state()`; `model.set_state(state)`
     continues from it, as often as wanted. `layers` holds each layer's recurrent state as the
-    parallel pass takes it: (S [B, H, M, Dv], z [B, H, M]) for the linear attentions (and the
-    window's keys and values after them with a window: attention.WindowState), the key/value cache for softmax, relative and synthesizer attention, (m, u, w) for aaren."""
+    parallel pass takes it: (S [B, H, M, Dv], z [B, H, M]) for the linear attentions (with a
+    window, its keys and values after them: attention.WindowState), the key/value cache for
+    softmax, relative and synthesizer attention, (m, u, w) for aaren."""
 
     batch_size: int
     position: int

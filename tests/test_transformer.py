@@ -122,14 +122,22 @@ def test_positions_and_window_settings_are_checked(settings, message):
 
 @pytest.mark.parametrize("window", [0, 16])
 def test_the_step_state_keeps_its_size_over_thousands_of_tokens(window):
+    """Single steps past the window (its ring wrapped twice), a parallel block to 8192 tokens,
+    single steps again: the step's state and the snapshot's tensors keep their bytes."""
     model = tiny(positions="beats", window=window)
     session = model.session(1, seed=0)
-    sizes = {}
-    for t in range(8192):
-        session.step(torch.tensor([t % 333]), torch.tensor([t / 3], dtype=torch.float64))
-        if t + 1 in (512, 8192):
-            sizes[t + 1] = session.state_bytes
-    assert sizes[512] == sizes[8192] > 0
+    tokens = ids(1, 8192 + 40)
+    beats = onsets(tokens)
+
+    def steps(first, last):
+        for t in range(first, last):
+            session.step(tokens[:, t], beats[:, t])
+        snapshot = sum(t.nbytes for state in session.get_state().layers for t in state)
+        return session.state_bytes, snapshot
+
+    early = steps(0, 40)
+    session.step(tokens[:, 40:8192], beats[:, 40:8192])
+    assert steps(8192, 8232) == early and early[0] > 0
 
 
 @pytest.fixture

@@ -68,6 +68,8 @@ def make_loader(
     tokenizer = data.tokenizer
     crop = cfg.crop if cfg.crop != "auto" else tokenizer.default_crop
     onsets = tokenizer.onsets if beats else None
+    if onsets is not None:
+        onsets(np.zeros(0, dtype=np.int64))  # a ConfigError here, not in a data worker, where it gives none
     dataset = CropDataset(data.train, cfg.seq_len, tokenizer.pad_id, cfg.seed, data.augmenter, crop, onsets)
     micro, accumulation = batching
     batches = StepBatches(

@@ -329,8 +329,8 @@ def test_crops_of_a_model_of_beats_carry_each_tokens_onset_and_train_it():
     tok = RemiTokenizer()
     song = tok.encode(pop909_files(1)[0]).ids
     short = song[: song.tolist().index(tok.bar_id, 200)]  # shorter than a crop: padded
-    skipping = Augmenter(tok, max_skip_bars=2)  # onsets are taken after the bars are skipped
-    data = CropDataset([song, short], 256, tok.pad_id, seed=2, augmenter=skipping, onsets=tok.onsets)
+    augmenter = Augmenter.for_tokenizer(tok)  # REMI's transposition: the onsets stay
+    data = CropDataset([song, short], 256, tok.pad_id, seed=2, augmenter=augmenter, onsets=tok.onsets)
     ids, beats = data[(3, 0)]
     assert ids.shape == beats.shape == (257,) and beats.dtype == torch.float64
     assert beats[0] == 0 and (beats.diff() >= 0).all() and beats[-1] > 8  # several bars of the song

@@ -508,6 +508,29 @@ def test_cuda_graph_steps_equal_the_parallel_pass_and_follow_set_state(variant):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize(
+    "variant",
+    [
+        dict(positions="beats"),  # per-sequence codes through the captured graph
+        dict(window=4),
+        dict(positions="beats", window=16, gated=False),
+        dict(pe="ape", positions="beats", window=4),
+    ],
+    ids=lambda v: "-".join(str(x) for x in v.values()),
+)
+def test_cuda_steps_of_beats_and_windows_equal_the_parallel_pass(variant):
+    model, tokens = tiny(**variant).to("cuda"), ids().to("cuda")
+    beats = onsets(tokens).to("cuda") if model.config.positions == "beats" else None
+    reference, recurrent, mixed = three_ways(model, tokens, beats=beats)
+    assert (recurrent - reference).abs().max() <= 1e-4 and (mixed - reference).abs().max() <= 1e-4
+    for logits in three_ways(model, tokens, BF16, beats=beats):
+        assert (logits - reference).abs().max() <= BF16_LOGIT_TOLERANCE * reference.abs().max()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        model(tokens, beats).float().sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("pe", ["sine", "conv"])
 def test_cuda_recurrent_equals_parallel(pe):
     model, tokens = tiny(pe=pe).to("cuda"), ids().to("cuda")

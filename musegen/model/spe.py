@@ -118,11 +118,10 @@ class SineSPE(nn.Module):
     ) -> "FactoredCodes":
         """The codes at each sequence's own positions [B, T] (beats), kept as their two factors:
         built out, they would be B times the shared codes ([B, H, T, D, R])."""
-        B, T = positions.shape
         phases = self._phases(positions.reshape(-1))  # [H, D, B*T, K]
         weighted = self.weighted(noise).to(dtype)
         bases = tuple(self._basis(p).to(dtype) for p in (phases + self.offsets[:, :, None], phases))
-        return FactoredCodes(bases[0], bases[1], weighted, B)
+        return FactoredCodes(bases[0], bases[1], weighted)
 
     def kernel(self, lags: torch.Tensor) -> torch.Tensor:
         """P_d(tau) for the given lags tau = m - n: [H, D, len(lags)] (the unscaled target)."""
@@ -138,8 +137,8 @@ class FactoredCodes:
     mixes x [B, H, T, D] with them in two products, (x (outer) basis) @ weighted, never building
     the [B, H, T, D, R] codes."""
 
-    def __init__(self, query_basis: torch.Tensor, key_basis: torch.Tensor, weighted: torch.Tensor, batch: int):
-        self.query_basis, self.key_basis, self.weighted, self.batch = query_basis, key_basis, weighted, batch
+    def __init__(self, query_basis: torch.Tensor, key_basis: torch.Tensor, weighted: torch.Tensor):
+        self.query_basis, self.key_basis, self.weighted = query_basis, key_basis, weighted
 
     def mix(self, x: torch.Tensor, basis: torch.Tensor, wet=None, dry=None) -> torch.Tensor:
         """x [B, H, T, D] -> [B, H, T, R] in fp32 or wider: x @ codes per position, or with a

@@ -33,9 +33,10 @@ standard library's tokenize.)
    0.8 (musegen.generation.cache), and the cache's own part of it, over the first and the last
    quarter of one run (2 samples from the example pop prompt): what the cache adds, and whether
    the step stays flat with it.
-7. positions and window: the step at 512 and 8192 (batch 1, auto's path) of the same weights
-   with positions in beats, with an exact window of W tokens (--window, default 16), and with
-   both, next to token positions without a window, in interleaved rounds (run by --step-only too).
+7. positions and window: the step at 512 and 8192 (--quick: 512 only) (batch 1, auto's path)
+   of the same weights with positions in beats, with an exact window of W tokens (--window,
+   default 16), and with both, next to token positions without a window, in interleaved rounds
+   (run by --step-only too).
 Exits non-zero if a flatness target fails: step latency at the last position over 1.2x that
 at the first, or the sampler's last quarter over 1.2x slower than its first, without the cache
 or with it.
@@ -244,8 +245,10 @@ def family_steps(device: torch.device, vocab_size: int, tokens: torch.Tensor) ->
     return latencies
 
 
-def variant_steps(model: MusicPerformer, device: torch.device, tokens, path: str, window: int, rounds: int) -> dict:
-    """{(variant, position): median single-token step seconds} at 512 and 8192, batch 1, on
+def variant_steps(
+    model: MusicPerformer, device: torch.device, tokens, path: str, window: int, rounds: int, positions
+) -> dict:
+    """{(variant, position): median single-token step seconds} at `positions`, batch 1, on
     `path`, for `model`'s weights with token positions, beats, a window, and both; the sessions
     are advanced in parallel blocks and the steps timed in interleaved rounds."""
     variants = {
@@ -260,7 +263,7 @@ def variant_steps(model: MusicPerformer, device: torch.device, tokens, path: str
         variant = MusicPerformer(dataclasses.replace(model.config, **overrides)).to(device).eval()
         variant.load_state_dict(model.state_dict())
         beats = onsets if variant.config.positions == "beats" else None
-        for position in (512, 8192):
+        for position in positions:
             session = variant.session(1, path, seed=0)
             with torch.no_grad():
                 while session.position < position:
@@ -277,12 +280,12 @@ def variant_steps(model: MusicPerformer, device: torch.device, tokens, path: str
 
 
 def print_variant_table(times: dict, path: str) -> None:
+    positions = list(dict.fromkeys(position for _, position in times))
     print(f"# positions and window ({path}, batch 1): step ms, and / token positions without a window")
-    print(f"{'variant':>18} {'512 ms':>9} {'8192 ms':>9} {'/ tokens':>9} {'8192/512':>9}")
+    print(f"{'variant':>24}" + "".join(f" {f'{p} ms':>9} {'/ tokens':>9}" for p in positions))
     for name in dict.fromkeys(name for name, _ in times):
-        short, long = times[(name, 512)], times[(name, 8192)]
-        ratio = short / times[("tokens", 512)]
-        print(f"{name:>18} {short * 1e3:>9.2f} {long * 1e3:>9.2f} {ratio:>8.2f}x {long / short:>8.2f}x")
+        cells = ((times[(name, p)], times[(name, p)] / times[("tokens", p)]) for p in positions)
+        print(f"{name:>24}" + "".join(f" {s * 1e3:>9.2f} {ratio:>8.2f}x" for s, ratio in cells))
 
 
 def thread_comparison(model: MusicPerformer, device: torch.device, threads: int, tokens, path: str) -> dict[int, float]:
@@ -388,7 +391,9 @@ def main() -> None:
     print_bound_table(model, times, products, bandwidth)
     default = print_auto_choices(model, times).path
     bare = times[(default, 1)]
-    print_variant_table(variant_steps(model, device, tokens, default, args.window, 7 if args.quick else 15), default)
+    variant_positions = (512,) if args.quick else (512, max(POSITIONS))
+    rounds = 7 if args.quick else 15
+    print_variant_table(variant_steps(model, device, tokens, default, args.window, rounds, variant_positions), default)
     if args.step_only:
         return
 

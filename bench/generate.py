@@ -33,6 +33,10 @@ standard library's tokenize.)
    0.8 (musegen.generation.cache), and the cache's own part of it, over the first and the last
    quarter of one run (2 samples from the example pop prompt): what the cache adds, and whether
    the step stays flat with it.
+7. positions and window: the step at 512 and 8192 (--quick: 512 only) (batch 1, auto's path)
+   of the same weights with positions in beats, with an exact window of W tokens (--window,
+   default 16), and with both, next to token positions without a window, in interleaved rounds
+   (run by --step-only too).
 Exits non-zero if a flatness target fails: step latency at the last position over 1.2x that
 at the first, or the sampler's last quarter over 1.2x slower than its first, without the cache
 or with it.
@@ -41,6 +45,7 @@ or with it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import time
@@ -240,6 +245,49 @@ def family_steps(device: torch.device, vocab_size: int, tokens: torch.Tensor) ->
     return latencies
 
 
+def variant_steps(
+    model: MusicPerformer, device: torch.device, tokens, path: str, window: int, rounds: int, positions
+) -> dict:
+    """{(variant, position): median single-token step seconds} at `positions`, batch 1, on
+    `path`, for `model`'s weights with token positions, beats, a window, and both; the sessions
+    are advanced in parallel blocks and the steps timed in interleaved rounds."""
+    variants = {
+        "tokens": {},
+        "beats": dict(positions="beats"),
+        f"window {window}": dict(window=window),
+        f"beats + window {window}": dict(positions="beats", window=window),
+    }
+    onsets = torch.arange(tokens.shape[1], device=device, dtype=torch.float64)[None] / 4  # one token a 16th
+    sessions = {}
+    for name, overrides in variants.items():
+        variant = MusicPerformer(dataclasses.replace(model.config, **overrides)).to(device).eval()
+        variant.load_state_dict(model.state_dict())
+        beats = onsets if variant.config.positions == "beats" else None
+        for position in positions:
+            session = variant.session(1, path, seed=0)
+            with torch.no_grad():
+                while session.position < position:
+                    a, b = session.position, min(position, session.position + 512)
+                    session.step(tokens[:1, a:b], None if beats is None else beats[:, a:b])
+            sessions[(name, position)] = (session, beats)
+    times = defaultdict(list)
+    for _ in range(rounds):
+        for key, (session, beats) in sessions.items():
+            t = session.position
+            at = None if beats is None else beats[0, t : t + 1]
+            times[key].append(seconds(lambda: session.step(tokens[:1, t], at), device))
+    return {key: statistics.median(values) for key, values in times.items()}
+
+
+def print_variant_table(times: dict, path: str) -> None:
+    positions = list(dict.fromkeys(position for _, position in times))
+    print(f"# positions and window ({path}, batch 1): step ms, and / token positions without a window")
+    print(f"{'variant':>24}" + "".join(f" {f'{p} ms':>9} {'/ tokens':>9}" for p in positions))
+    for name in dict.fromkeys(name for name, _ in times):
+        cells = ((times[(name, p)], times[(name, p)] / times[("tokens", p)]) for p in positions)
+        print(f"{name:>24}" + "".join(f" {s * 1e3:>9.2f} {ratio:>8.2f}x" for s, ratio in cells))
+
+
 def thread_comparison(model: MusicPerformer, device: torch.device, threads: int, tokens, path: str) -> dict[int, float]:
     """Median step latency on `path` at position 512 with 1 thread and with `threads`, in alternating rounds."""
     state = snapshots(model, tokens, (512,), path=path)[512]
@@ -327,7 +375,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="prefix re-runs timed once, sampler over 512 tokens")
     parser.add_argument("--pe", default="sine", choices=["sine", "conv", "ape"])
-    parser.add_argument("--step-only", action="store_true", help="the step table and auto's choices only (part 1)")
+    parser.add_argument("--step-only", action="store_true", help="the step tables and auto's choices only (parts 1, 7)")
+    parser.add_argument("--window", type=int, default=16, help="the exact window of part 7 (tokens)")
     add_machine_options(parser, "torch CPU threads (default 1, the sampler's default: see docs/performance.md)")
     args = parser.parse_args()
     device = apply_machine_options(args)
@@ -342,6 +391,9 @@ def main() -> None:
     print_bound_table(model, times, products, bandwidth)
     default = print_auto_choices(model, times).path
     bare = times[(default, 1)]
+    variant_positions = (512,) if args.quick else (512, max(POSITIONS))
+    rounds = 7 if args.quick else 15
+    print_variant_table(variant_steps(model, device, tokens, default, args.window, rounds, variant_positions), default)
     if args.step_only:
         return
 

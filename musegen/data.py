@@ -8,7 +8,7 @@ where it stopped without any sampler state.
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import numpy as np
 import torch
@@ -97,7 +97,10 @@ class Augmenter:
 class CropDataset(torch.utils.data.Dataset):
     """Keys are (sample position, piece index); an item is `length + 1` ids, PAD-filled at the end.
 
-    The extra id makes inputs `x[:-1]` and next-token targets `x[1:]` of `length` each.
+    The extra id makes inputs `x[:-1]` and next-token targets `x[1:]` of `length` each. With
+    `onsets` (the tokenizer's, for a model whose positions are beats) an item is (ids, beats):
+    each token's onset in beats (float64) from the crop's first token, the PAD after the piece
+    at its last onset.
     """
 
     def __init__(
@@ -108,16 +111,17 @@ class CropDataset(torch.utils.data.Dataset):
         seed: int = 0,
         augmenter: Augmenter | None = None,
         crop: str = "random",
+        onsets: Optional[Callable[[np.ndarray], np.ndarray]] = None,
     ):
         if crop not in CROP_CHOICES:
             raise ConfigError(f"crop must be one of {CROP_CHOICES}, got {crop!r}")
         self.pieces, self.length, self.pad_id = pieces, length, pad_id
-        self.seed, self.augmenter, self.crop = seed, augmenter, crop
+        self.seed, self.augmenter, self.crop, self.onsets = seed, augmenter, crop, onsets
 
     def __len__(self) -> int:
         return len(self.pieces)
 
-    def __getitem__(self, key: tuple[int, int]) -> torch.Tensor:
+    def __getitem__(self, key: tuple[int, int]) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         position, piece = key
         rng = np.random.default_rng(derive_seed(self.seed, 1, position))
         ids = np.asarray(self.pieces[piece])
@@ -130,7 +134,19 @@ class CropDataset(torch.utils.data.Dataset):
             window = self.augmenter.after_crop(window, rng)
         out = np.full(span, self.pad_id, dtype=np.int64)
         out[: len(window)] = window
-        return torch.from_numpy(out)
+        if self.onsets is None:
+            return torch.from_numpy(out)
+        # on the whole piece as augmented (a bar skipped moves every onset); transposing keeps them
+        times = self.onsets(ids)[start : start + len(window)]
+        beats = np.full(span, times[-1], dtype=np.float64)
+        beats[: len(times)] = times
+        return torch.from_numpy(out), torch.from_numpy(beats - times[0])
+
+
+def batch_inputs(batch, device: torch.device) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """(ids, beats or None) of a collated batch of CropDataset items, on `device`."""
+    ids, beats = batch if isinstance(batch, (list, tuple)) else (batch, None)
+    return ids.to(device, non_blocking=True), None if beats is None else beats.to(device, non_blocking=True)
 
 
 class StepBatches(torch.utils.data.Sampler):

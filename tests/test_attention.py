@@ -12,6 +12,7 @@ from musegen.model.attention import (
     fast_transformers_available,
     fast_transformers_kernel,
     softmax_attention,
+    windowed_attention,
 )
 from musegen.model.features import FEATURE_MAPS, Favor
 
@@ -191,3 +192,17 @@ def test_bf16_products_keep_fp32_sums_and_stay_close():
     first = chunked_kernel(*(x[:, :, :130] for x in half))
     rest = chunked_kernel(*(x[:, :, 130:] for x in half), first[2])
     assert torch.allclose(torch.cat([first[0], rest[0]], 2), num, rtol=2e-2, atol=1e-2 * num.abs().max().item())
+
+
+def test_a_window_as_long_as_the_sequence_is_exact_softmax_attention():
+    torch.manual_seed(0)
+    favor = Favor(M, 16)
+    q, k, v = torch.randn(B, H, 37, M), torch.randn(B, H, 37, M), torch.randn(B, H, 37, DV)
+    exact = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=favor.temperature)
+    whole, _ = windowed_attention(favor, q, k, v, window=64, start=0)
+    torch.testing.assert_close(whole, exact, rtol=1e-4, atol=1e-4)
+    # a short window: exact near each query, FAVOR+ beyond; closer to softmax than FAVOR+ alone
+    near, _ = windowed_attention(favor, q, k, v, window=4, start=0)
+    linear, _ = causal_linear_attention(favor(q, True), favor(k, False), v)
+    assert (near - exact).abs().mean() < 0.9 * (linear - exact).abs().mean()
+    torch.testing.assert_close(near[:, :, :4], exact[:, :, :4], rtol=1e-4, atol=1e-4)  # all inside the window

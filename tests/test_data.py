@@ -316,3 +316,39 @@ def test_kit_shuffle_is_refused_where_it_cannot_apply(remi_songs):
         TrainConfig(kit_shuffle=0.5, augment=False)
     with pytest.raises(FormatError, match=r"kit_shuffle must be in 0..1"):
         TrainConfig(kit_shuffle=1.5)
+
+
+def test_crops_of_a_model_of_beats_carry_each_tokens_onset_and_train_it():
+    import torch
+    from conftest import pop909_files
+
+    from musegen.data import batch_inputs
+    from musegen.model.config import preset
+    from musegen.model.transformer import MusicPerformer
+
+    tok = RemiTokenizer()
+    song = tok.encode(pop909_files(1)[0]).ids
+    short = song[: song.tolist().index(tok.bar_id, 200)]  # shorter than a crop: padded
+    augmenter = Augmenter.for_tokenizer(tok)  # REMI's transposition: the onsets stay
+    data = CropDataset([song, short], 256, tok.pad_id, seed=2, augmenter=augmenter, onsets=tok.onsets)
+    ids, beats = data[(3, 0)]
+    assert ids.shape == beats.shape == (257,) and beats.dtype == torch.float64
+    assert beats[0] == 0 and (beats.diff() >= 0).all() and beats[-1] > 8  # several bars of the song
+    where = np.flatnonzero(ids.numpy() == tok.bar_id)
+    assert (np.diff(beats.numpy()[where]) == 4).all()  # from one bar line to the next: 4 beats
+    ids, beats = CropDataset([short], 256, tok.pad_id, onsets=tok.onsets)[(4, 0)]
+    n = len(short)
+    assert (ids[n:] == tok.pad_id).all() and (beats[n:] == beats[n - 1]).all()
+    assert torch.equal(beats[:n], torch.from_numpy(tok.onsets(short)))  # the whole short piece: crop at 0
+    # a batch as the trainer reads it, into a model of beats, with a gradient
+    batch = torch.utils.data.default_collate([data[(k, k % 2)] for k in range(3)])
+    ids, beats = batch_inputs(batch, torch.device("cpu"))
+    torch.manual_seed(0)
+    model = MusicPerformer(preset("tiny", vocab_size=tok.vocab_size, positions="beats", window=8))
+    model(ids[:, :-1], beats[:, :-1]).logsumexp(-1).mean().backward()
+    assert model.spe.freqs.grad.abs().sum() > 0
+
+
+def test_a_tokenizer_without_onsets_says_so_in_one_line():
+    with pytest.raises(ConfigError, match="the groove tokenizer gives no onsets"):
+        GrooveTokenizer().onsets(np.zeros(3, dtype=np.int64))

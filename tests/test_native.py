@@ -5,6 +5,7 @@ import shutil
 
 import pytest
 import torch
+from tiny_models import onsets
 
 from musegen.device import cpu_flags
 from musegen.model import c_step, dropout, native, torch_step
@@ -222,16 +223,18 @@ def test_linear_bf16_is_the_bf16_product_summed_in_fp32(step_kernel, batch, n_ou
 
 def attention_inputs(model, batch: int, magnitude: float, seed: int = 0):
     """A session's step with random projections (values followed by their constant 1), SPE codes
-    of position 9 and a random positive state, as a layer's attention sees them."""
+    of position 9 (at random onsets, one per sequence, when the positions are beats) and a random
+    positive state (a window's ring buffers random too), as a layer's attention sees them."""
     generator = torch.Generator().manual_seed(seed)
     noise, weights = model.draw_noise(generator), torch_step.PreparedWeights(model)
     step = torch_step.RecurrentStep(model, batch, noise, torch.bfloat16, weights)
     H, D = step.H, step.D
     projected = torch.randn(batch, 2 * H * D + H * (D + 1), generator=generator) * magnitude
     projected[:, 2 * H * D :].view(batch, H, D + 1)[..., D] = 1
-    for sums in step.sums:
-        sums.copy_(torch.rand(sums.shape, generator=generator) * 3)
-    return step, projected, step._codes(9)
+    for state in step.sums + [t for ring in step.rings for t in ring]:
+        state.copy_(torch.rand(state.shape, generator=generator) * 3)
+    beats = torch.rand(batch, generator=generator, dtype=torch.float64) * 40
+    return step, projected, step._codes(9, beats if model.config.positions == "beats" else None)
 
 
 @pytest.mark.parametrize(
@@ -243,6 +246,10 @@ def attention_inputs(model, batch: int, magnitude: float, seed: int = 0):
         dict(pe="none"),
         dict(pe="sine", attention="elu"),
         dict(pe="conv", attention="relu"),
+        dict(pe="sine", gated=True, positions="beats"),
+        dict(pe="sine", gated=True, window=4),  # the 10th token: the ring is full, a key leaves it
+        dict(pe="sine", gated=False, window=16, positions="beats"),  # the ring is still filling
+        dict(pe="none", window=4),
     ],
     ids=lambda v: "-".join(str(x) for x in v.values()),
 )
@@ -252,36 +259,28 @@ def test_the_attention_kernel_computes_the_pytorch_attention(step_kernel, varian
     torch.manual_seed(0)
     model = MusicPerformer(preset("tiny", **variant)).eval()
     step, projected, codes = attention_inputs(model, batch, magnitude)
-    before = [sums.clone() for sums in step.sums]
-    H, D, width = step.H, step.D, step.c_layers.shape.width
-    out = torch.empty(batch, H * D)
-    layer = step.c_layers.layers[1]
+    states = [[sums, *ring] for sums, ring in zip(step.sums, step.rings or [()] * len(step.sums))]
+    before = [[t.clone() for t in layer] for layer in states]
+    out = torch.empty(batch, step.H * step.D)
     status = step_kernel.linear_attention_step(
+        ctypes.addressof(step.c_layers.layers[1]),
+        ctypes.addressof(step.c_layers.shape),
         projected.data_ptr(),
         None if codes is None else codes.data_ptr(),
-        layer.wet,
-        layer.dry_eps,
-        layer.projection,
-        step.c_layers.shape.feature_map,
-        step.c_layers.shape.log_scale,
-        step.c_layers.shape.key_scale,
-        step.c_layers.shape.eps,
-        layer.sums,
+        9,
         out.data_ptr(),
-        batch,
-        H,
-        D,
-        width,
-        step.sums[1].shape[1],
     )
     assert status == 0
-    kernel_sums = step.sums[1].clone()
-    step.sums[1].copy_(before[1])
-    expected = step._attend(1, projected, codes)
+    kernel_states = [t.clone() for t in states[1]]
+    for t, kept in zip(states[1], before[1]):
+        t.copy_(kept)
+    expected = step._attend(1, projected, codes, 9)
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out, expected, rtol=2e-5, atol=2e-5 * expected.abs().max().item())
-    torch.testing.assert_close(kernel_sums, step.sums[1], rtol=2e-5, atol=2e-5 * step.sums[1].abs().max().item())
-    assert all(torch.equal(a, b) for i, (a, b) in enumerate(zip(step.sums, before)) if i != 1)  # other layers untouched
+    for kernel_state, state in zip(kernel_states, states[1]):  # the sums, and a window's keys and values
+        torch.testing.assert_close(kernel_state, state, rtol=2e-5, atol=2e-5 * state.abs().max().item())
+    for i, (layer, kept) in enumerate(zip(states, before)):
+        assert i == 1 or all(torch.equal(a, b) for a, b in zip(layer, kept))  # other layers untouched
 
 
 @pytest.mark.parametrize(
@@ -294,6 +293,8 @@ def test_the_attention_kernel_computes_the_pytorch_attention(step_kernel, varian
         dict(pe="none", norm="pre"),
         dict(pe="conv", attention="relu", norm="pre", activation="gelu"),
         dict(pe="sine", attention="elu"),
+        dict(pe="sine", gated=True, window=4, positions="beats"),
+        dict(pe="ape", window=16, positions="beats"),
     ],
     ids=lambda v: "-".join(str(x) for x in v.values()),
 )
@@ -306,10 +307,12 @@ def test_kernel_steps_follow_the_pytorch_steps(step_kernel, monkeypatch, variant
     model = MusicPerformer(preset("tiny", dropout=0.0, **variant)).eval()
     torch.nn.init.normal_(model.head.weight, std=0.5)
     tokens = torch.randint(0, 333, (batch, 40), generator=torch.Generator().manual_seed(1))
+    beats = onsets(tokens) if model.config.positions == "beats" else None
 
     def logits(path):
         session = model.session(batch, path, seed=5)
-        return torch.stack([session.step(tokens[:, t]) for t in range(tokens.shape[1])], dim=1)
+        at = [None if beats is None else beats[:, t] for t in range(tokens.shape[1])]
+        return torch.stack([session.step(tokens[:, t], at[t]) for t in range(tokens.shape[1])], dim=1)
 
     kernel, pytorch = logits(STEP_C), logits(BF16)
     assert (kernel - pytorch).abs().max() <= 2e-3 * pytorch.abs().max()

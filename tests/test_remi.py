@@ -19,6 +19,7 @@ import symusic
 from conftest import pop909_files
 
 from musegen.errors import MidiError, TokenError
+from musegen.music.constants import TICKS_PER_BEAT
 from musegen.music.notes import NoteTable
 from musegen.tokenizers import tokenizer_from_dict
 from musegen.tokenizers.remi import RemiTokenizer
@@ -650,3 +651,23 @@ def test_cli_show_reports_bad_input_in_one_line(bad_midis, pop909_songs):
         timeout=60,
     )
     assert proc.returncode == 0 and "remi tokens" in proc.stdout and "Bar_None" in proc.stdout
+
+
+def test_onsets_are_the_time_of_the_last_bar_or_beat_and_match_the_decoded_notes():
+    tok = RemiTokenizer()
+    ids = tok.encode(pop909_files(1)[0]).ids
+    onsets = tok.onsets(ids)
+    assert onsets.dtype == np.float64 and len(onsets) == len(ids)
+    assert onsets[0] == 0 and (np.diff(onsets) >= 0).all()
+    bars = np.flatnonzero(ids == tok.bar_id)
+    assert (onsets[bars] == 4 * np.arange(len(bars))).all()  # a Bar sits on its bar line
+    beat = tok.beat_of[ids]
+    at_beat = np.flatnonzero(beat >= 0)
+    assert (onsets[at_beat] % 4 == beat[at_beat] / tok.beat_resolution).all()
+    assert len(np.unique(onsets)) > 100  # the song's many grid cells, not one onset per bar
+    # every note starts at its tokens' onset, less the small offset REMI adds to notes of a cell
+    durations = np.flatnonzero(tok.duration_of[ids] >= 0)
+    starts = np.sort(tok.decode(ids).start) / TICKS_PER_BEAT
+    gap = starts - np.sort(onsets[durations])
+    assert len(starts) == len(durations) and (gap >= 0).all()
+    assert gap.max() * TICKS_PER_BEAT <= tok.max_note_offset

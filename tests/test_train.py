@@ -868,3 +868,15 @@ def test_bad_inputs_give_one_line_and_a_non_zero_exit(pop20, groove_data, out_of
         code = _cli(["train", *args, *preset, "--set", "workers=0"])
         err = capsys.readouterr().err.strip().splitlines()
         assert code != 0 and len(err) == 1 and expected in err[0], (name, err)
+
+
+def test_a_model_of_beats_with_a_window_trains_and_validates_on_remi_onsets(pop20, tmp_path, capsys):
+    run = tmp_path / "run"
+    beats = ["--set", "model.positions=beats", "--set", "model.window=8", "--set", "valid_every=3"]
+    assert _cli(["train", "--data", pop20, "--out", run, *TINY, *beats, "--set", "steps=3"]) == 0
+    losses = _losses(run)
+    assert sorted(losses) == [1, 2, 3] and all(math.isfinite(loss) for loss in losses.values())
+    config = load_checkpoint(latest_checkpoint(run))[2]
+    assert (config.positions, config.window) == ("beats", 8)
+    validated = [record for record in map(json.loads, _log_lines(run)) if "valid_loss" in record]
+    assert [record["step"] for record in validated] == [3] and math.isfinite(validated[0]["valid_loss"])

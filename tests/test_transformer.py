@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from tiny_models import onsets
 from torch import nn
 from torch.nn import functional as F
 
@@ -47,18 +48,18 @@ VARIANTS = [
 ]
 
 
-def three_ways(model, tokens, path=FP32, seed=7):
-    """The logits of `tokens` in one parallel block, token by token, and a 21-token block then
-    token by token, each in a fresh session on `path` with the same noise."""
-    parallel = model.session(2, path, seed=seed).step(tokens)
+def three_ways(model, tokens, path=FP32, seed=7, beats=None):
+    """The logits of `tokens` (at onsets `beats` [B, T] when the positions are beats) in one
+    parallel block, token by token, and a 21-token block then token by token, each in a fresh
+    session on `path` with the same noise."""
+    at = [None if beats is None else beats[:, t] for t in range(tokens.shape[1])]
+    parallel = model.session(2, path, seed=seed).step(tokens, beats)
     session = model.session(2, path, seed=seed)
-    recurrent = torch.stack([session.step(tokens[:, t]) for t in range(tokens.shape[1])], dim=1)
+    recurrent = torch.stack([session.step(tokens[:, t], at[t]) for t in range(tokens.shape[1])], dim=1)
     session = model.session(2, path, seed=seed)
-    mixed = torch.cat(
-        [session.step(tokens[:, :21])] + [session.step(tokens[:, t])[:, None] for t in range(21, tokens.shape[1])],
-        dim=1,
-    )
-    return parallel, recurrent, mixed
+    first = session.step(tokens[:, :21], None if beats is None else beats[:, :21])
+    rest = [session.step(tokens[:, t], at[t])[:, None] for t in range(21, tokens.shape[1])]
+    return parallel, recurrent, torch.cat([first] + rest, dim=1)
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(str(x) for x in v.values()))
@@ -67,6 +68,76 @@ def test_recurrent_steps_equal_parallel_pass(variant):
     assert parallel.std(dim=1).mean() > 0.1  # logits really vary along the sequence
     assert (recurrent - parallel).abs().max() <= 1e-4
     assert (mixed - parallel).abs().max() <= 1e-4
+
+
+@pytest.mark.parametrize("window", [0, 4, 16])
+@pytest.mark.parametrize("positions", ["tokens", "beats"])
+@pytest.mark.parametrize("pe", [dict(pe="sine", gated=True), dict(pe="sine", gated=False), dict(pe="ape")], ids=str)
+def test_beats_and_windows_step_as_the_parallel_pass(pe, positions, window):
+    """Onsets off any token grid and an exact window (16: wider than the 21-token block, so the
+    block's state hands a half-filled ring on) agree in the parallel pass, the step and a mix."""
+    model = tiny(**pe, positions=positions, window=window)
+    tokens = ids()
+    beats = onsets(tokens) if positions == "beats" else None
+    parallel, recurrent, mixed = three_ways(model, tokens, beats=beats)
+    assert parallel.std(dim=1).mean() > 0.1
+    assert (recurrent - parallel).abs().max() <= 1e-4
+    assert (mixed - parallel).abs().max() <= 1e-4
+    if window:  # the window changes what the model computes
+        assert (parallel - three_ways(tiny(**pe, positions=positions), tokens, beats=beats)[0]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("pe", ["sine", "ape"])
+def test_beats_at_the_token_indices_are_the_token_positions(pe):
+    tokens = ids()
+    at_indices = torch.arange(tokens.shape[1], dtype=torch.float64).expand(tokens.shape)
+    by_beats = tiny(pe=pe, positions="beats").session(2, seed=3).step(tokens, at_indices)
+    by_tokens = tiny(pe=pe).session(2, seed=3).step(tokens)
+    assert (by_beats - by_tokens).abs().max() <= 1e-4
+
+
+def test_a_model_of_beats_needs_its_onsets_and_a_model_of_tokens_takes_none():
+    tokens = ids()
+    with pytest.raises(ValueError, match="onset"):
+        tiny(positions="beats").session(2).step(tokens)
+    with pytest.raises(ValueError, match="no beats"):
+        tiny().session(2).step(tokens[:, 0], onsets(tokens)[:, 0])
+    with pytest.raises(ValueError, match="shape"):
+        tiny(positions="beats").session(2).step(tokens, onsets(tokens)[:, :5])
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (dict(pe="conv", positions="beats"), "convSPE"),
+        (dict(pe="none", positions="beats"), "positions 'beats'"),
+        (dict(positions="bars"), "positions must be"),
+        (dict(attention="elu", window=4), "window needs attention 'performer'"),
+    ],
+)
+def test_positions_and_window_settings_are_checked(settings, message):
+    with pytest.raises(ConfigError, match=message):
+        preset("tiny", **settings)
+
+
+@pytest.mark.parametrize("window", [0, 16])
+def test_the_step_state_keeps_its_size_over_thousands_of_tokens(window):
+    """Single steps past the window (its ring wrapped twice), a parallel block to 8192 tokens,
+    single steps again: the step's state and the snapshot's tensors keep their bytes."""
+    model = tiny(positions="beats", window=window)
+    session = model.session(1, seed=0)
+    tokens = ids(1, 8192 + 40)
+    beats = onsets(tokens)
+
+    def steps(first, last):
+        for t in range(first, last):
+            session.step(tokens[:, t], beats[:, t])
+        snapshot = sum(t.nbytes for state in session.get_state().layers for t in state)
+        return session.state_bytes, snapshot
+
+    early = steps(0, 40)
+    session.step(tokens[:, 40:8192], beats[:, 40:8192])
+    assert steps(8192, 8232) == early and early[0] > 0
 
 
 @pytest.fixture
@@ -225,7 +296,7 @@ def test_ape_input_decides_whether_dropout_reaches_the_positions(ape_input):
     seen = []
     model.layers[0].register_forward_hook(lambda module, args, out: seen.append(args[0].detach()))
     model(ids(length=40))
-    positions = model.position_encoding(0, 40).expand_as(seen[0])
+    positions = model.position_encoding(torch.arange(40)).expand_as(seen[0])
     if ape_input == "reference":
         assert torch.equal(seen[0], positions)
     else:
@@ -437,6 +508,29 @@ def test_cuda_graph_steps_equal_the_parallel_pass_and_follow_set_state(variant):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize(
+    "variant",
+    [
+        dict(positions="beats"),  # per-sequence codes through the captured graph
+        dict(window=4),
+        dict(positions="beats", window=16, gated=False),
+        dict(pe="ape", positions="beats", window=4),
+    ],
+    ids=lambda v: "-".join(str(x) for x in v.values()),
+)
+def test_cuda_steps_of_beats_and_windows_equal_the_parallel_pass(variant):
+    model, tokens = tiny(**variant).to("cuda"), ids().to("cuda")
+    beats = onsets(tokens).to("cuda") if model.config.positions == "beats" else None
+    reference, recurrent, mixed = three_ways(model, tokens, beats=beats)
+    assert (recurrent - reference).abs().max() <= 1e-4 and (mixed - reference).abs().max() <= 1e-4
+    for logits in three_ways(model, tokens, BF16, beats=beats):
+        assert (logits - reference).abs().max() <= BF16_LOGIT_TOLERANCE * reference.abs().max()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        model(tokens, beats).float().sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("pe", ["sine", "conv"])
 def test_cuda_recurrent_equals_parallel(pe):
     model, tokens = tiny(pe=pe).to("cuda"), ids().to("cuda")
@@ -483,3 +577,18 @@ def test_state_bytes_is_constant_for_recurrent_attention_and_grows_for_a_cache(a
             sizes.append(session.state_bytes)
     assert sizes[0] > 0
     assert (sizes[1] == 3 * sizes[0]) if grows else (sizes[1] == sizes[0])
+
+
+def test_positions_and_window_travel_with_a_checkpoint_and_older_ones_read_as_tokens(tmp_path):
+    from musegen.checkpoint import load_checkpoint, read_checkpoint_config, save_checkpoint
+    from musegen.tokenizers import tokenizer_from_dict
+
+    config, _ = read_checkpoint_config("pop")  # written before either setting existed
+    assert (config.positions, config.window) == ("tokens", 0)
+    model = tiny(positions="beats", window=4)
+    save_checkpoint(tmp_path / "m", model, model.config, tokenizer_from_dict({"kind": "remi"}))
+    loaded = load_checkpoint(tmp_path / "m")[0]
+    assert (loaded.config.positions, loaded.config.window) == ("beats", 4)
+    tokens = ids()
+    beats = onsets(tokens)
+    assert torch.equal(loaded.session(2, seed=1).step(tokens, beats), model.session(2, seed=1).step(tokens, beats))

@@ -23,3 +23,11 @@ def tiny_checkpoint(kind: str, folder: Path, meta: dict | None = None) -> Path:
     """A checkpoint folder of `tiny_model(kind)`."""
     model, tok = tiny_model(kind)
     return save_checkpoint(folder, model, model.config, tok, meta)
+
+
+def onsets(tokens: torch.Tensor, seed: int = 3) -> torch.Tensor:
+    """Onsets in beats [B, T] (float64) for tokens [B, T], as a tokenizer gives them: non-decreasing,
+    several tokens at one onset (steps of 0, 1/4, 1/3 and 1 beat: off any grid of token counts)."""
+    steps = torch.tensor([0.0, 0.25, 1 / 3, 1.0], dtype=torch.float64)
+    drawn = torch.randint(0, len(steps), tokens.shape, generator=torch.Generator().manual_seed(seed))
+    return steps[drawn].cumsum(1) + 0.5

@@ -71,7 +71,10 @@ def evaluate_loss(
     if not pieces:
         raise DataError(f"{data_dir}: split {split!r} holds no pieces")
     train_len = int(meta.get("train_len") or max_len)
-    scored = token_nll(model, pieces, max_len, tokenizer.pad_id, batch_size, type_of=tokenizer.token_type_ids())
+    onsets = tokenizer.onsets if model.config.positions == "beats" else None
+    scored = token_nll(
+        model, pieces, max_len, tokenizer.pad_id, batch_size, type_of=tokenizer.token_type_ids(), onsets=onsets
+    )
     sums, counts = position_sums([nll for nll, _ in scored], max_len)
     baselines = TypeBaselines(tokenizer, shards.pieces("train")) if "train" in shards.splits else None
     types = type_nll_rows(tokenizer, pieces, scored, baselines)

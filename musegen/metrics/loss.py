@@ -9,7 +9,7 @@ training length, "extrapolation" the positions from it on; both weight every tok
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -20,14 +20,21 @@ from .metric import nan_mean
 
 
 def position_nll(
-    model: torch.nn.Module, pieces: Sequence[np.ndarray], max_len: int, pad_id: int, batch_size: int = 4, seed: int = 0
+    model: torch.nn.Module,
+    pieces: Sequence[np.ndarray],
+    max_len: int,
+    pad_id: int,
+    batch_size: int = 4,
+    seed: int = 0,
+    onsets: Optional[Callable[[np.ndarray], np.ndarray]] = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(NLL sum, token count) per position 0..max_len-1 over `pieces`, in fp32.
+    """(NLL sum, token count) per position 0..max_len-1 over `pieces`, in fp32 (`onsets`: as in
+    `token_nll`).
 
     The model's own random draws (SPE noise, features) come from a generator seeded with
     `seed`, so repeated validations of one model agree; the caller's RNG state is untouched.
     """
-    return position_sums(token_nll(model, pieces, max_len, pad_id, batch_size, seed), max_len)
+    return position_sums(token_nll(model, pieces, max_len, pad_id, batch_size, seed, onsets=onsets), max_len)
 
 
 def position_sums(per_piece: Sequence[np.ndarray], max_len: int) -> tuple[np.ndarray, np.ndarray]:
@@ -47,13 +54,15 @@ def token_nll(
     batch_size: int = 4,
     seed: int = 0,
     type_of: np.ndarray | None = None,
+    onsets: Optional[Callable[[np.ndarray], np.ndarray]] = None,
 ) -> list:
     """Teacher-forced NLL (nats) of tokens 1..max_len of each piece given the tokens before them.
 
     One float64 array per piece (empty for pieces shorter than 2 tokens). With `type_of` (each
     id's token type, -1 for none) each entry is a pair: the NLL and the NLL *given the type*,
     -log(p(token) / p(any token of its type)), which compares fairly with baselines that know
-    the type. Random draws as in `position_nll`.
+    the type. Random draws as in `position_nll`. `onsets`: the tokenizer's, for a model whose
+    positions are beats (each piece's onsets, the padding at its last).
     """
     device = next(model.parameters()).device
     out: list = [(np.zeros(0), np.zeros(0)) if type_of is not None else np.zeros(0) for _ in pieces]
@@ -71,10 +80,15 @@ def token_nll(
             for i in range(0, len(usable), batch_size):
                 chunk = usable[i : i + batch_size]
                 batch = torch.full((len(chunk), max(len(p) for _, p in chunk)), pad_id, dtype=torch.long)
+                beats = None if onsets is None else torch.zeros(batch.shape, dtype=torch.float64)
                 for row, (_, piece) in enumerate(chunk):
                     batch[row, : len(piece)] = torch.from_numpy(piece)
+                    if beats is not None:
+                        times = torch.from_numpy(onsets(piece))
+                        beats[row], beats[row, : len(piece)] = times[-1], times
                 batch = batch.to(device)
-                logp = model(batch[:, :-1]).float().log_softmax(-1)
+                beats = None if beats is None else beats[:, :-1].to(device)
+                logp = model(batch[:, :-1], beats).float().log_softmax(-1)
                 targets = batch[:, 1:]
                 nll = -logp.gather(-1, targets[..., None])[..., 0]
                 given = None if members is None else nll + _type_log_mass(logp, targets, members, type_of)

@@ -12,6 +12,7 @@ with T = 1 it is the RNN step S_t = S_{t-1} + phi(k_t) v_t^T, z_t = z_{t-1} + ph
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Optional
 
 import torch
@@ -186,6 +187,15 @@ def fast_transformers_kernel(
 KERNELS: dict[str, Callable] = {"torch": chunked_kernel, "fast-transformers": fast_transformers_kernel}
 
 
+def _linear_sums(phi_q, phi_k, v, state, kernel, products):
+    """The kernel's (numerator, denominator, state), its products in `products` (see below)."""
+    if torch.finfo(products).max < torch.finfo(torch.float32).max:
+        products = torch.float32
+    if kernel == "torch":
+        phi_q, phi_k, v = phi_q.to(products), phi_k.to(products), v.to(products)
+    return KERNELS[kernel](phi_q, phi_k, v, state)
+
+
 def causal_linear_attention(
     phi_q: torch.Tensor,
     phi_k: torch.Tensor,
@@ -198,12 +208,71 @@ def causal_linear_attention(
     `products`: the dtype of the "torch" kernel's matrix products (its sums stay fp32). fp16 is
     taken as fp32: the states it multiplies are sums over every earlier position, which pass
     fp16's 65,504 within a few thousand tokens (bf16 has fp32's range)."""
-    if torch.finfo(products).max < torch.finfo(torch.float32).max:
-        products = torch.float32
-    if kernel == "torch":
-        phi_q, phi_k, v = phi_q.to(products), phi_k.to(products), v.to(products)
-    num, den, new_state = KERNELS[kernel](phi_q, phi_k, v, state)
+    num, den, new_state = _linear_sums(phi_q, phi_k, v, state, kernel, products)
     return num / (den[..., None] + EPS), new_state
+
+
+# A windowed layer's state: the linear sums (S, z) of every token before the window, and the
+# window's keys [B, H, W, width] and values [B, H, W, Dv], oldest first.
+WindowState = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def windowed_attention(
+    features,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    window: int,
+    start: int,
+    state: Optional[WindowState] = None,
+    kernel: str = "torch",
+    products: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, WindowState]:
+    """Causal attention of the T tokens at token positions [start, start + T): exact softmax
+    weights exp(temperature q.k) over the last `window` keys (the query's own included), FAVOR+
+    estimates of them (`features`, a features.Favor) over every older key, one normalisation over
+    both: y = (N_exact + N_linear) / (D_exact + D_linear + EPS). As Based (Arora et al. 2024)
+    pairs a sliding window with linear attention, but with the two parts summed into one
+    softmax: the linear part then carries only what the window leaves out, so the result
+    estimates full softmax attention, exactly near the query. The query features lack the factor
+    exp(features.query_offset(q)) of the unbiased ones, so the exact weights are taken on the
+    same scale, and both parts are scaled by exp(-extra) so no weight exceeds 1.
+
+    Parallel form: the linear kernel reads the keys `window` places back (zero before the
+    sequence); the exact part runs in blocks of `window` queries against the 2 * window keys
+    that can reach them."""
+    B, H, T, width = q.shape
+    W, Dv = window, v.shape[-1]
+    if state is None:
+        linear_state, keys, values = None, q.new_zeros(B, H, W, width), v.new_zeros(B, H, W, Dv)
+    else:
+        linear_state, keys, values = state[:2], state[2], state[3]
+    all_k, all_v = torch.cat([keys, k], dim=2), torch.cat([values, v], dim=2)  # positions start - W ...
+    valid = torch.arange(start - W, start + T, device=q.device) >= 0
+    leaving = features(all_k[:, :, :T], False) * valid[:T, None]  # the keys W places back
+    num, den, (S, z) = _linear_sums(features(q, True), leaving, all_v[:, :, :T], linear_state, kernel, products)
+
+    n = -(-T // W)
+    pad = n * W - T
+    queries = F.pad(q, (0, 0, 0, pad)).view(B, H, n, W, width)
+    blocks_k = F.pad(all_k, (0, 0, 0, pad)).view(B, H, n + 1, W, width)
+    blocks_v = F.pad(all_v, (0, 0, 0, pad)).view(B, H, n + 1, W, Dv)
+    near_k = torch.cat([blocks_k[:, :, :-1], blocks_k[:, :, 1:]], dim=3)  # [B, H, n, 2W, width]
+    near_v = torch.cat([blocks_v[:, :, :-1], blocks_v[:, :, 1:]], dim=3)
+    blocks_valid = F.pad(valid, (0, pad)).view(n + 1, W)
+    near_valid = torch.cat([blocks_valid[:-1], blocks_valid[1:]], dim=1)  # [n, 2W]
+    # query i of a block and its key j lie j - W - i tokens apart: in the window iff i < j <= i + W
+    i, j = torch.arange(W, device=q.device)[:, None], torch.arange(2 * W, device=q.device)
+    seen = (j > i) & (j <= i + W) & near_valid[:, None, :]  # [n, W, 2W]
+    offset = F.pad(features.query_offset(q), (0, 0, 0, pad)).view(B, H, n, W, 1)
+    logits = (features.temperature * queries @ near_k.transpose(-1, -2) + offset).masked_fill(~seen, -math.inf)
+    extra = logits.amax(-1, keepdim=True).clamp(min=0).detach()  # every query sees itself: finite
+    weights = (logits - extra).exp()
+    exact_num = (weights @ near_v).view(B, H, n * W, Dv)[:, :, :T]
+    exact_den = weights.sum(-1).view(B, H, n * W)[:, :, :T]
+    scale = (-extra).exp().view(B, H, n * W)[:, :, :T]
+    y = (num * scale[..., None] + exact_num) / ((den * scale + exact_den)[..., None] + EPS)
+    return y, (S, z, all_k[:, :, -W:], all_v[:, :, -W:])
 
 
 def softmax_attention(

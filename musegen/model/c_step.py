@@ -29,8 +29,12 @@ STRUCTS: dict[str, list[tuple[str, str]]] = {
     "norm": [("weight", "const float *"), ("bias", "const float *"), ("eps", "float")],
     "layer": [(name, "struct linear") for name in ("qkv", "out", "ff_in", "ff_out")]
     + [("norm1", "struct norm"), ("norm2", "struct norm")]
-    + [("wet", "const float *"), ("dry_eps", "const float *"), ("projection", "const float *"), ("sums", "float *")],
-    "shape": [(name, "int64_t") for name in ("batch", "heads", "head_dim", "width", "features")]
+    + [("wet", "const float *"), ("dry_eps", "const float *"), ("projection", "const float *"), ("sums", "float *")]
+    + [("keys", "float *"), ("values", "float *")],  # the window's ring buffers (NULL without one)
+    # codes_stride: floats from one sequence's codes to the next (0: one set shared by the batch)
+    "shape": [
+        (name, "int64_t") for name in ("batch", "heads", "head_dim", "width", "features", "window", "codes_stride")
+    ]
     + [(name, "int") for name in ("feature_map", "norm", "activation")]
     + [(name, "float") for name in ("log_scale", "key_scale", "eps")],
 }
@@ -56,8 +60,8 @@ CTYPES = _ctypes_structs()
 _POINTER, _INT, _INT64, _FLOAT = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
 SIGNATURES = {  # function -> (ctypes argument types, return type)
     "linear_bf16": ([_POINTER] * 5 + [_INT64] * 3, _INT),
-    "linear_attention_step": ([_POINTER] * 5 + [_INT] + [_FLOAT] * 3 + [_POINTER] * 2 + [_INT64] * 5, _INT),
-    "layer_step": ([_POINTER] * 4, _INT),
+    "linear_attention_step": ([_POINTER] * 4 + [_INT64, _POINTER], _INT),
+    "layer_step": ([_POINTER] * 3 + [_INT64, _POINTER], _INT),
     "step_interface": ([ctypes.c_char_p], _INT64),
 }
 
@@ -177,6 +181,8 @@ class Layers:
             head_dim=step.D,
             width=step.width,
             features=feature_map.size,
+            window=step.window,
+            codes_stride=2 * step.H * step.D * step.width if step.model.config.positions == "beats" else 0,
             feature_map=feature_map.c_kernel,
             norm=NORMS.index(step.model.config.norm),
             activation=list(ACTIVATIONS).index(step.model.config.activation),
@@ -186,8 +192,9 @@ class Layers:
         )
         linear_struct, norm_struct = CTYPES["linear"], CTYPES["norm"]
         self.layers = []
-        for weights, layer, gate, feature_constants, sums in zip(
-            step.weights, step.model.layers, step.gates, step.feature_constants, step.sums
+        rings = step.rings or [(None, None)] * len(step.sums)
+        for weights, layer, gate, feature_constants, sums, (keys, values) in zip(
+            step.weights, step.model.layers, step.gates, step.feature_constants, step.sums, rings
         ):
             wet, dry_eps = gate or (None, None)
             self.layers.append(
@@ -201,13 +208,16 @@ class Layers:
                     _pointer(dry_eps),
                     _pointer(feature_constants),
                     _pointer(sums),
+                    _pointer(keys),
+                    _pointer(values),
                 )
             )
 
-    def __call__(self, x: torch.Tensor, codes: Optional[torch.Tensor]) -> torch.Tensor:
-        """x [batch, d_model] (fp32) through every layer, in place; `codes` [2, H, D, width] or None."""
+    def __call__(self, x: torch.Tensor, codes: Optional[torch.Tensor], tokens: int) -> torch.Tensor:
+        """x [batch, d_model] (fp32) of the token after `tokens` others through every layer, in
+        place; `codes` [2, H, D, width] (or per sequence [batch, 2, H, D, width]) or None."""
         x = x.contiguous()
         shape = ctypes.addressof(self.shape)
         for layer in self.layers:
-            checked(self.kernels.layer_step(ctypes.addressof(layer), shape, _pointer(codes), x.data_ptr()))
+            checked(self.kernels.layer_step(ctypes.addressof(layer), shape, _pointer(codes), tokens, x.data_ptr()))
         return x

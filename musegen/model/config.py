@@ -16,6 +16,7 @@ PE_CHOICES = ("ape", "sine", "conv", "none")
 FAMILY_ATTENTIONS = ("relative", "synthesizer", "aaren")  # musegen/model/families.py
 SYNTHESIZER_VARIANTS = ("dense", "random", "random-fixed", "factorized", "dot")
 KERNEL_CHOICES = ("torch", "fast-transformers")
+POSITION_CHOICES = ("tokens", "beats")  # what a position counts: tokens, or musical time in beats
 
 
 def size(most: int, least: int = 1):
@@ -43,6 +44,9 @@ class ModelConfig:
     # N(0, 0.01), the sinusoids added after the dropout, so positions are never dropped.
     ape_input: str = "musegen"
     gated: bool = True
+    # "beats": each token sits at its onset in beats (any real, non-decreasing), given beside the
+    # ids (training) or by the sampler at each step; "tokens": token indices 0, 1, 2, ...
+    positions: str = "tokens"
     spe_sines: size(256) = 5  # K for sineSPE
     spe_kernel: size(4096) = 128  # filter length P for convSPE
     spe_realizations: size(1024) = 64  # R
@@ -51,6 +55,9 @@ class ModelConfig:
     n_features: size(8192, least=2) = 128  # FAVOR+ features: n_features // 2 projections x [exp(+wx), exp(-wx)]
     redraw: str = "prob:0.05"  # "fixed" | "prob:P" | "every:N"
     kernel: str = "torch"  # causal linear attention kernel, one of KERNEL_CHOICES
+    # Exact softmax over the last `window` tokens, FAVOR+ over the tokens before them (attention.py);
+    # 0: FAVOR+ over every token.
+    window: size(4096, least=0) = 0
     # The other attention families (docs/attention_families.md); pe must be "none" or "ape".
     max_relative_distance: size(65536) = 256  # relative: distances clipped here
     relative_values: bool = False  # relative: relative embeddings for the values too
@@ -70,6 +77,20 @@ class ModelConfig:
             (
                 self.attention in dot_product + FAMILY_ATTENTIONS,
                 f"attention must be one of {dot_product + FAMILY_ATTENTIONS}, got {self.attention!r}",
+            ),
+            (
+                self.positions in POSITION_CHOICES,
+                f"positions must be one of {POSITION_CHOICES}, got {self.positions!r}",
+            ),
+            (
+                self.positions == "tokens" or self.pe in ("sine", "ape"),
+                f"positions 'beats' needs pe 'sine' or 'ape' (convSPE filters noise on a grid of "
+                f"token steps; 'none' has no positions), got pe={self.pe!r}",
+            ),
+            (
+                self.window == 0 or self.attention == "performer",
+                f"window needs attention 'performer' (its exact part is the softmax FAVOR+ estimates), "
+                f"got {self.attention!r}",
             ),
             (self.kernel in KERNEL_CHOICES, f"kernel must be one of {KERNEL_CHOICES}, got {self.kernel!r}"),
             (self.norm in NORMS, f"norm must be 'post' or 'pre', got {self.norm!r}"),

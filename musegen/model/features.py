@@ -93,6 +93,15 @@ class Favor(FeatureMap):
         """|x'|^2 / 2 + log(M) / 2 for keys x [..., in_dim] -> [..., 1]: the exponent's norm term."""
         return (x * x).sum(-1, keepdim=True) * self.key_scale - self.log_scale
 
+    def query_offset(self, x: torch.Tensor, constants: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """key_shift(x) - max(u) for queries x [..., in_dim] -> [..., 1]: the log of what a query's
+        features lack of the unbiased ones (their shift and norm term), so that
+        exp(temperature q.k + query_offset(q)) is on the scale of phi(q) . phi(k) (the exact part of
+        a windowed attention). A constant to the gradient, as the query's shift in `forward`: a
+        per-query factor of both parts cancels in the normalisation."""
+        u = x @ (self.constants() if constants is None else constants).to(x.dtype)
+        return (self.key_shift(x) - u.amax(-1, keepdim=True)).detach()
+
     def forward(self, x: torch.Tensor, is_query: bool, constants: Optional[torch.Tensor] = None) -> torch.Tensor:
         u = x @ (self.constants() if constants is None else constants).to(x.dtype)
         if is_query:

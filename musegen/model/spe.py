@@ -56,13 +56,19 @@ class SineSPE(nn.Module):
         z = torch.randn(shape, generator=generator, device=self.freqs.device)
         return z / math.sqrt(2 * self.n_sines)
 
-    def _phases(self, t0: int, t1: int) -> torch.Tensor:
-        """2 pi f t for t in [t0, t1): [H, D, T, K]. The product is reduced modulo one cycle in
-        float64 so that positions far past the training length keep full precision."""
+    def _phases(self, positions: torch.Tensor) -> torch.Tensor:
+        """2 pi f p for the positions p [N] (any reals: token indices, or beats): [H, D, N, K].
+        The product is reduced modulo one cycle in float64 so that positions far past the
+        training length keep full precision."""
         freqs = torch.sigmoid(self.freqs.double()) / 2
-        positions = torch.arange(t0, t1, device=freqs.device, dtype=torch.float64)
+        positions = positions.to(device=freqs.device, dtype=torch.float64)
         cycles = torch.remainder(freqs[:, :, None] * positions[:, None], 1.0)
         return (2 * math.pi * cycles).to(self.freqs.dtype)
+
+    @staticmethod
+    def _basis(phases: torch.Tensor) -> torch.Tensor:
+        """[H, D, N, K] phases -> [H, D, N, 2K]: each sine's (cos, sin), the layout of the noise."""
+        return torch.stack([phases.cos(), phases.sin()], dim=-1).flatten(-2)
 
     def _codes(self, phases: torch.Tensor, weighted: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """sum_j basis[h, d, t, j] weighted[h, d, j, r] -> [H, T, D, R] in `dtype`, contiguous:
@@ -71,7 +77,7 @@ class SineSPE(nn.Module):
         taken in fp32, with fp32 sums, like the other products), and one transposing copy (an
         einsum here copied matrix by matrix in its backward)."""
         H, D, T, _ = phases.shape
-        basis = torch.stack([phases.cos(), phases.sin()], dim=-1).view(H * D, T, -1).to(dtype)  # [(h, d), T, 2K]
+        basis = self._basis(phases).view(H * D, T, -1).to(dtype)  # [(h, d), T, 2K]
         codes = torch.bmm(basis, weighted.to(dtype).view(H * D, -1, self.realizations))
         return codes.view(H, D, T, -1).transpose(1, 2).contiguous()
 
@@ -89,12 +95,33 @@ class SineSPE(nn.Module):
         weighted: torch.Tensor | None = None,
         dtype: torch.dtype = torch.float32,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(Qbar, Kbar) for positions [t0, t1), each [H, T, D, R] in `dtype`, in closed form: the
+        """(Qbar, Kbar) for token positions [t0, t1), each [H, T, D, R] in `dtype` (`codes_at`)."""
+        positions = torch.arange(t0, t1, device=self.freqs.device, dtype=torch.float64)
+        return self.codes_at(noise, positions, weighted, dtype)
+
+    def codes_at(
+        self,
+        noise: torch.Tensor,
+        positions: torch.Tensor,
+        weighted: torch.Tensor | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(Qbar, Kbar) at the positions [N], each [H, N, D, R] in `dtype`, in closed form: the
         phases and their sines in fp32, the one product in `dtype` (`weighted`:
         `self.weighted(noise)`, when already at hand)."""
-        phases = self._phases(t0, t1)
+        phases = self._phases(positions)
         weighted = self.weighted(noise) if weighted is None else weighted
         return self._codes(phases + self.offsets[:, :, None], weighted, dtype), self._codes(phases, weighted, dtype)
+
+    def factored_codes(
+        self, noise: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype = torch.float32
+    ) -> "FactoredCodes":
+        """The codes at each sequence's own positions [B, T] (beats), kept as their two factors:
+        built out, they would be B times the shared codes ([B, H, T, D, R])."""
+        phases = self._phases(positions.reshape(-1))  # [H, D, B*T, K]
+        weighted = self.weighted(noise).to(dtype)
+        bases = tuple(self._basis(p).to(dtype) for p in (phases + self.offsets[:, :, None], phases))
+        return FactoredCodes(bases[0], bases[1], weighted)
 
     def kernel(self, lags: torch.Tensor) -> torch.Tensor:
         """P_d(tau) for the given lags tau = m - n: [H, D, len(lags)] (the unscaled target)."""
@@ -102,6 +129,29 @@ class SineSPE(nn.Module):
         angle = 2 * math.pi * freqs[..., None, :] * lags.to(freqs)[:, None] + self.offsets[..., None, :]
         lam2 = F.softplus(self.gains)[..., None, :] ** 2
         return (lam2 * angle.cos()).sum(-1) / (2 * self.n_sines)
+
+
+class FactoredCodes:
+    """sineSPE's codes at per-sequence positions as their factors: the cosines and sines of the
+    query and key phases, bases [H, D, B*T, 2K], and the weighted noise [H, D, 2K, R]. A layer
+    mixes x [B, H, T, D] with them in two products, (x (outer) basis) @ weighted, never building
+    the [B, H, T, D, R] codes."""
+
+    def __init__(self, query_basis: torch.Tensor, key_basis: torch.Tensor, weighted: torch.Tensor):
+        self.query_basis, self.key_basis, self.weighted = query_basis, key_basis, weighted
+
+    def mix(self, x: torch.Tensor, basis: torch.Tensor, wet=None, dry=None) -> torch.Tensor:
+        """x [B, H, T, D] -> [B, H, T, R] in fp32 or wider: x @ codes per position, or with a
+        gate (wet [H, D], dry [H, D, R]) (x * wet) @ codes + x @ dry, as mix_codes."""
+        B, H, T, D = x.shape
+        rows = x.permute(1, 0, 2, 3).reshape(H, B * T, D)  # [H, (b, t), D]
+        scaled = rows if wet is None else rows * wet[:, None, :]
+        outer = scaled[..., None] * basis.permute(0, 2, 1, 3)  # [H, B*T, D, 2K]
+        wide = torch.promote_types(x.dtype, torch.float32)
+        out = torch.bmm(outer.reshape(H, B * T, -1), self.weighted.reshape(H, -1, self.weighted.shape[-1])).to(wide)
+        if dry is not None:
+            out = out + torch.bmm(rows, dry)
+        return out.view(H, B, T, -1).transpose(0, 1)
 
 
 class ConvNoise:
@@ -220,6 +270,12 @@ class SPEFilter(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, codes, eps) -> tuple[torch.Tensor, torch.Tensor]:
         """q, k: [B, H, T, D] -> qhat, khat: [B, H, T, R] in fp32. The products take the codes'
         dtype (bf16 under autocast: the model casts the codes once for all layers) and sum in fp32."""
+        if isinstance(codes, FactoredCodes):  # per-sequence positions
+            dtype = codes.weighted.dtype
+            q, k = q.to(dtype), k.to(dtype)
+            factors = self.gate_factors(eps)
+            gate = () if factors is None else (factors[0].to(dtype), factors[1].to(dtype))
+            return codes.mix(q, codes.query_basis, *gate), codes.mix(k, codes.key_basis, *gate)
         qbar, kbar = codes
         dtype = qbar.dtype
         q, k = q.to(dtype), k.to(dtype)

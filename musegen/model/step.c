@@ -216,9 +216,11 @@ static void gate_codes(const float *codes, const float *wet, const float *dry_ep
 /* phi [rows, features] of queries or keys x [rows, width] (row r at x + r * stride), as
  * features.py. FAVOR+ (`projection` [width, features] = [w, -w] scaled, Favor.constants):
  * exp(u - shift) with u = x P + log_scale and shift = max(u) for a query, key_scale * |x|^2 for
- * a key. relu(x), or elu(x) + 1 = x + 1 above 0 and e^x below. */
+ * a key, each row's shift kept in shifts [rows] where not NULL. relu(x), or elu(x) + 1 = x + 1
+ * above 0 and e^x below. */
 static void feature_maps(const float *x, int64_t stride, int64_t rows, int64_t width, const float *projection,
-                         int64_t features, int feature_map, int queries, float log_scale, float key_scale, float *phi) {
+                         int64_t features, int feature_map, int queries, float log_scale, float key_scale, float *phi,
+                         float *shifts) {
     if (feature_map != FEATURE_PERFORMER) {
         for (int64_t r = 0; r < rows; r++)
             for (int64_t i = 0; i < width; i += 16) {
@@ -245,6 +247,8 @@ static void feature_maps(const float *x, int64_t stride, int64_t rows, int64_t w
             squares = _mm512_fmadd_ps(v, v, squares);
         }
         const float shift = queries ? _mm512_reduce_max_ps(largest) : key_scale * _mm512_reduce_add_ps(squares);
+        if (shifts)
+            shifts[r] = shift;
         for (int64_t m = 0; m < features; m += 16)
             store16(u + m, exp16(_mm512_sub_ps(load16(u + m, features - m), _mm512_set1_ps(shift))), features - m);
     }
@@ -279,45 +283,104 @@ static void update_and_read(float *restrict state, const float *restrict v, cons
     }
 }
 
-/* One token's linear attention for every head and sequence. projected [batch, 2 H D + H (D + 1)]
- * is the qkv projection: queries, keys, then each head's values followed by a constant 1 (so one
- * pass gives numerator and denominator). With SPE, codes [2, H, D, width] are the position's
- * query and key codes and wet [H, D], dry_eps [H, D, width] the layer's gate (NULL: ungated);
- * without SPE (codes NULL) width is D. sums [H, batch, features, D + 1] += phi(k) [v, 1], then
+/* The exact part of a windowed attention for one query q [width] (attention.windowed_attention):
+ * logits[j] = temperature q . keys[j] + offset over the `filled` slots of the ring buffers keys
+ * [., width] and values [., n]; with extra = max(0, max logits), read [n] (the linear part's
+ * phi(q) sums) becomes read e^-extra + sum_j e^(logits[j] - extra) values[j]. */
+static void window_read(const float *q, const float *keys, const float *values, int64_t filled, int64_t width,
+                        int64_t n, float temperature, float offset, float *logits, float *read) {
+    float extra = 0.0f;
+    for (int64_t j = 0; j < filled; j++) {
+        float dot = 0.0f;
+        for (int64_t i = 0; i < width; i++)
+            dot += q[i] * keys[j * width + i];
+        logits[j] = temperature * dot + offset;
+        extra = logits[j] > extra ? logits[j] : extra;
+    }
+    const float scale = expf(-extra);
+    for (int64_t i = 0; i < n; i++)
+        read[i] *= scale;
+    for (int64_t j = 0; j < filled; j++) {
+        const float weight = expf(logits[j] - extra);
+        for (int64_t i = 0; i < n; i++)
+            read[i] += weight * values[j * n + i];
+    }
+}
+
+/* One token's linear attention for every head and sequence, the token after `tokens` others.
+ * projected [batch, 2 H D + H (D + 1)] is the qkv projection: queries, keys, then each head's
+ * values followed by a constant 1 (so one pass gives numerator and denominator). With SPE, codes
+ * [2, H, D, width] are the position's query and key codes (each sequence's own at
+ * codes + b * codes_stride when shape->codes_stride is not 0) and the layer's wet [H, D],
+ * dry_eps [H, D, width] its gate (NULL: ungated); without SPE (codes NULL) width is D.
+ * Without a window, the layer's sums [H, batch, features, D + 1] += phi(k) [v, 1], then
  * out [batch, H D] = (phi(q) sums)[:D] / ((phi(q) sums)[D] + eps), in one pass over the sums.
- * Returns -1 when its scratch memory cannot be had, else 0. */
-int linear_attention_step(const float *projected, const float *codes, const float *wet, const float *dry_eps,
-                          const float *projection, int feature_map, float log_scale, float key_scale, float eps,
-                          float *sums, float *out, int64_t batch, int64_t heads, int64_t head_dim, int64_t width,
-                          int64_t features) {
-    const int64_t H = heads, D = head_dim, stride = 2 * H * D + H * (D + 1);
-    float *scratch = malloc((size_t)(2 * D * width + 2 * batch * (width + features) + D + 1) * sizeof(float));
+ * With one (torch_step's _windowed), the key and [v, 1] in slot tokens % window of the ring
+ * buffers keys [H, batch, window, width] and values [H, batch, window, D + 1] enter the sums
+ * as they leave, the token takes their slot, and the exact weights over the filled slots join
+ * the read-out (window_read). Returns -1 when its scratch memory cannot be had, else 0. */
+int linear_attention_step(const struct layer *layer, const struct shape *shape, const float *projected,
+                          const float *codes, int64_t tokens, float *out) {
+    const int64_t B = shape->batch, H = shape->heads, D = shape->head_dim, width = shape->width,
+                  M = shape->features, W = shape->window, stride = 2 * H * D + H * (D + 1);
+    const int64_t group = shape->codes_stride ? 1 : B; /* the sequences that share one set of codes */
+    float *scratch = malloc((size_t)(2 * D * width + 2 * B * (width + M) + B + D + 1 + W) * sizeof(float));
     if (scratch == NULL)
         return -1;
-    float *mixed_q = scratch, *mixed_k = mixed_q + D * width, *qs = mixed_k + D * width, *ks = qs + batch * width,
-          *phi_q = ks + batch * width, *phi_k = phi_q + batch * features, *read = phi_k + batch * features;
+    float *mixed_q = scratch, *mixed_k = mixed_q + D * width, *qs = mixed_k + D * width, *ks = qs + B * width,
+          *phi_q = ks + B * width, *phi_k = phi_q + B * M, *shifts = phi_k + B * M, *read = shifts + B,
+          *logits = read + D + 1;
     for (int64_t h = 0; h < H; h++) { /* each step below for every sequence at once */
         const float *q = projected + h * D, *k = q + H * D;
         int64_t q_stride = stride; /* from one sequence's query (key) to the next */
         if (codes) {
-            const float *codes_q = codes + h * D * width, *codes_k = codes + (H + h) * D * width;
-            if (wet) {
-                gate_codes(codes_q, wet + h * D, dry_eps + h * D * width, D, width, mixed_q);
-                gate_codes(codes_k, wet + h * D, dry_eps + h * D * width, D, width, mixed_k);
-                codes_q = mixed_q, codes_k = mixed_k;
+            for (int64_t b = 0; b < B; b += group) {
+                const float *codes_q = codes + b * shape->codes_stride + h * D * width, *codes_k = codes_q + H * D * width;
+                if (layer->wet) {
+                    gate_codes(codes_q, layer->wet + h * D, layer->dry_eps + h * D * width, D, width, mixed_q);
+                    gate_codes(codes_k, layer->wet + h * D, layer->dry_eps + h * D * width, D, width, mixed_k);
+                    codes_q = mixed_q, codes_k = mixed_k;
+                }
+                matmul(q + b * stride, stride, group, D, codes_q, width, qs + b * width);
+                matmul(k + b * stride, stride, group, D, codes_k, width, ks + b * width);
             }
-            matmul(q, stride, batch, D, codes_q, width, qs);
-            matmul(k, stride, batch, D, codes_k, width, ks);
             q = qs, k = ks, q_stride = width;
         }
-        feature_maps(q, q_stride, batch, width, projection, features, feature_map, 1, log_scale, key_scale, phi_q);
-        feature_maps(k, q_stride, batch, width, projection, features, feature_map, 0, log_scale, key_scale, phi_k);
-        for (int64_t b = 0; b < batch; b++) {
+        feature_maps(q, q_stride, B, width, layer->projection, M, shape->feature_map, 1, shape->log_scale,
+                     shape->key_scale, phi_q, shifts);
+        float *keys = NULL, *values = NULL;
+        const int64_t slot = W ? tokens % W : 0, filled = tokens + 1 < W ? tokens + 1 : W;
+        if (!W) /* the token's own key enters the sums */
+            feature_maps(k, q_stride, B, width, layer->projection, M, shape->feature_map, 0, shape->log_scale,
+                         shape->key_scale, phi_k, NULL);
+        else {
+            keys = layer->keys + h * B * W * width, values = layer->values + h * B * W * (D + 1);
+            if (tokens >= W) /* the key leaving the window enters the sums */
+                feature_maps(keys + slot * width, W * width, B, width, layer->projection, M, shape->feature_map, 0,
+                             shape->log_scale, shape->key_scale, phi_k, NULL);
+            else
+                memset(phi_k, 0, (size_t)(B * M) * sizeof(float));
+        }
+        for (int64_t b = 0; b < B; b++) {
             const float *v = projected + b * stride + 2 * H * D + h * (D + 1);
-            update_and_read(sums + (h * batch + b) * features * (D + 1), v, phi_k + b * features, phi_q + b * features,
-                            features, D + 1, read);
+            float *sums = layer->sums + (h * B + b) * M * (D + 1);
+            if (!W) {
+                update_and_read(sums, v, phi_k + b * M, phi_q + b * M, M, D + 1, read);
+            } else {
+                float *ring_k = keys + b * W * width, *ring_v = values + b * W * (D + 1);
+                const float *qb = q + b * q_stride;
+                update_and_read(sums, ring_v + slot * (D + 1), phi_k + b * M, phi_q + b * M, M, D + 1, read);
+                memcpy(ring_k + slot * width, k + b * q_stride, (size_t)width * sizeof(float));
+                memcpy(ring_v + slot * (D + 1), v, (size_t)(D + 1) * sizeof(float));
+                float squares = 0.0f;
+                for (int64_t i = 0; i < width; i++)
+                    squares += qb[i] * qb[i];
+                /* on the scale of phi(q): Favor.query_offset = key_scale |q|^2 - log_scale - max(q P) */
+                window_read(qb, ring_k, ring_v, filled, width, D + 1, 2 * shape->key_scale,
+                            shape->key_scale * squares - shifts[b], logits, read);
+            }
             for (int64_t d = 0; d < D; d++)
-                out[b * H * D + h * D + d] = read[d] / (read[D] + eps);
+                out[b * H * D + h * D + d] = read[d] / (read[D] + shape->eps);
         }
     }
     free(scratch);
@@ -377,12 +440,14 @@ static int apply(const struct linear *linear, const float *x, const float *resid
     return linear_bf16(linear->tiles, linear->bias, x, residual, y, batch, linear->n_out, linear->n_in);
 }
 
-/* One layer for one token of every sequence, in layer.py's order: x [batch, d_model], the
- * residual stream, is updated in place; `codes` are the position's SPE codes (NULL without SPE).
+/* One layer for one token of every sequence (the token after `tokens` others), in layer.py's
+ * order: x [batch, d_model], the residual stream, is updated in place; `codes` are the
+ * position's SPE codes (NULL without SPE).
  * `layer` holds its weights (`projection`: the feature map's constants, NULL for maps without;
  * `wet`, `dry_eps`: the SPE gate, NULL when ungated; `sums`: the attention state [H, batch,
- * features, D + 1]). Returns -1 when its scratch memory cannot be had, else 0. */
-int layer_step(const struct layer *layer, const struct shape *shape, const float *codes, float *x) {
+ * features, D + 1]; `keys`, `values`: the window's ring buffers, NULL without one). Returns -1
+ * when its scratch memory cannot be had, else 0. */
+int layer_step(const struct layer *layer, const struct shape *shape, const float *codes, int64_t tokens, float *x) {
     const int64_t B = shape->batch, d_model = layer->out.n_out, HD = shape->heads * shape->head_dim;
     float *scratch = malloc((size_t)(B * (d_model + layer->qkv.n_out + HD + layer->ff_in.n_out)) * sizeof(float));
     if (scratch == NULL)
@@ -394,9 +459,7 @@ int layer_step(const struct layer *layer, const struct shape *shape, const float
     if (pre_norm)
         layer_norm(&layer->norm1, x, h, B, d_model);
     status |= apply(&layer->qkv, pre_norm ? h : x, NULL, projected, B);
-    status |= linear_attention_step(projected, codes, layer->wet, layer->dry_eps, layer->projection, shape->feature_map,
-                                    shape->log_scale, shape->key_scale, shape->eps, layer->sums, attended, B,
-                                    shape->heads, shape->head_dim, shape->width, shape->features);
+    status |= linear_attention_step(layer, shape, projected, codes, tokens, attended);
     status |= apply(&layer->out, attended, x, x, B);
     if (pre_norm)
         layer_norm(&layer->norm2, x, h, B, d_model);

@@ -16,6 +16,9 @@ parallel pass) in far fewer operations, by preparing its operands once per sessi
 - the value projection given one more output per head (zero weights, bias 1), so the recurrent
   sums S and z live in one [H * B, M, Dv + 1] tensor, updated by one outer-product add and read
   by one product (numerator and denominator together);
+- with a window (attention.windowed_attention), a ring buffer of the last W keys and [v, 1]
+  values per head and sequence: the key a step overwrites enters the sums as it leaves, so the
+  state keeps its size whatever the number of tokens;
 - on CUDA, the layers replayed as one captured graph.
 
 The residual stream, the attention sums and the output head stay fp32.
@@ -203,6 +206,16 @@ class RecurrentStep:
             torch.zeros(self.H * batch_size, features.size, self.D + 1, device=model.device)
             for features in self.features
         ]
+        self.window = c.window
+        # per layer: keys [H * B, W, width] and values [H * B, W, D + 1]; token t in slot t % W
+        self.rings = [
+            (
+                torch.zeros(self.H * batch_size, self.window, self.width, device=model.device),
+                torch.zeros(self.H * batch_size, self.window, self.D + 1, device=model.device),
+            )
+            for _ in self.features
+            if self.window
+        ]
         self.use_noise(noise)
         self._mixed = None  # the [2, H, D, R] buffer of a layer's gated codes
         self._graph = None  # CUDA: the layers captured as one graph (see _replay)
@@ -230,83 +243,141 @@ class RecurrentStep:
             return None
         return factors[0].detach()[..., None].contiguous(), factors[1].detach().contiguous()
 
+    @property
+    def state_bytes(self) -> int:
+        """Bytes carried between tokens: the sums and the window's ring buffers."""
+        return sum(t.nbytes for t in self.sums) + sum(t.nbytes for ring in self.rings for t in ring)
+
     # --- state conversion ----------------------------------------------------------------
-    def states(self) -> list:
-        """The sums as the parallel pass's per-layer (S [B, H, M, Dv], z [B, H, M]) (views)."""
+    def _grid(self, x: torch.Tensor) -> torch.Tensor:
+        """[H * B, ...] -> [B, H, ...] (a view)."""
+        return x.view(self.H, self.batch, *x.shape[1:]).transpose(0, 1)
+
+    def states(self, tokens: int) -> list:
+        """The state after `tokens` tokens as the parallel pass's per layer: (S [B, H, M, Dv],
+        z [B, H, M]), views of the sums, followed with a window by its keys and values oldest
+        first (copies, rolled out of the ring)."""
         out = []
-        for sums in self.sums:
-            grid = sums.view(self.H, self.batch, -1, self.D + 1)
-            out.append((grid[..., : self.D].transpose(0, 1), grid[..., self.D].transpose(0, 1)))
+        for layer, sums in enumerate(self.sums):
+            grid = self._grid(sums)
+            state = (grid[..., : self.D], grid[..., self.D])
+            if self.window:
+                keys, values = self.rings[layer]
+                shift = -(tokens % self.window)  # the oldest token's slot first
+                state += (self._grid(keys).roll(shift, 2), self._grid(values)[..., : self.D].roll(shift, 2))
+            out.append(state)
         return out
 
-    def load(self, states: list) -> None:
-        for sums, state in zip(self.sums, states):
-            grid = sums.view(self.H, self.batch, -1, self.D + 1)
+    def load(self, states: list, tokens: int) -> None:
+        """Continue from the parallel pass's `states` after `tokens` tokens."""
+        for layer, (sums, state) in enumerate(zip(self.sums, states)):
+            grid = self._grid(sums)
+            rings = [self._grid(ring) for ring in self.rings[layer]] if self.window else []
             if state is None:
-                grid.zero_()
+                for x in (grid, *rings):
+                    x.zero_()
                 continue
-            grid[..., : self.D].copy_(state[0].transpose(0, 1))
-            grid[..., self.D].copy_(state[1].transpose(0, 1))
+            grid[..., : self.D].copy_(state[0])
+            grid[..., self.D].copy_(state[1])
+            if self.window:
+                shift = tokens % self.window
+                rings[0].copy_(state[2].roll(shift, 2))
+                rings[1][..., : self.D].copy_(state[3].roll(shift, 2))
+                rings[1][..., self.D] = 1
 
     # --- the step ----------------------------------------------------------------------
-    def _codes(self, position: int) -> Optional[torch.Tensor]:
-        """The SPE codes of `position` for queries and keys: [2, H, D, R], or None without SPE."""
+    def _codes(self, position: int, beats: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
+        """The SPE codes of token `position` for queries and keys: [2, H, D, R], shared by the
+        batch; at each sequence's onset `beats` [B]: [B, 2, H, D, R]; None without SPE."""
         spe = self.model.spe
         if spe is None:
             return None
         extra = {} if self._weighted is None else {"weighted": self._weighted}
+        if beats is not None:
+            qbar, kbar = spe.codes_at(self.noise.spe, beats, **extra)  # [H, B, D, R] each
+            return torch.stack([qbar, kbar], dim=2).permute(1, 2, 0, 3, 4).contiguous()
         qbar, kbar = spe.codes(self.noise.spe, position, position + 1, **extra)
         return torch.stack([qbar[:, 0], kbar[:, 0]])
 
-    def _attend(self, layer: int, projected: torch.Tensor, codes: Optional[torch.Tensor]) -> torch.Tensor:
-        """The attention between the projections: projected [B, 2HD + H(D+1)] (fp32) -> [B, HD]."""
+    def _attend(self, layer: int, projected: torch.Tensor, codes: Optional[torch.Tensor], tokens: int) -> torch.Tensor:
+        """The attention between the projections of the token after `tokens` others: projected
+        [B, 2HD + H(D+1)] (fp32) -> [B, HD]."""
         H, D, B = self.H, self.D, self.batch
         qk = projected[:, : 2 * H * D].view(B, 2 * H, D).transpose(0, 1)  # [2H, B, D]
         if codes is not None:
             gate = self.gates[layer]
             if gate is not None:
                 codes = self._mixed = gate_codes(codes, *gate, out=self._mixed)
-            qk = torch.bmm(qk, codes.view(2 * H, D, -1))
+            if codes.dim() == 5:  # [B, 2, H, D, R]: each sequence at its own position
+                rows = qk.transpose(0, 1).reshape(B * 2 * H, 1, D)
+                qk = torch.bmm(rows, codes.view(B * 2 * H, D, -1)).view(B, 2 * H, -1).transpose(0, 1)
+            else:
+                qk = torch.bmm(qk, codes.view(2 * H, D, -1))
         features, constants = self.features[layer], self.feature_constants[layer]
-        phi_q, phi_k = features(qk[:H], True, constants), features(qk[H:], False, constants)
-        values = projected[:, 2 * H * D :].view(B, H, D + 1).transpose(0, 1)
+        q, k = qk[:H].reshape(H * B, -1), qk[H:].reshape(H * B, -1)
+        phi_q = features(q, True, constants)
+        values = projected[:, 2 * H * D :].view(B, H, D + 1).transpose(0, 1).reshape(H * B, D + 1)
         sums = self.sums[layer]
-        sums.addcmul_(phi_k.reshape(H * B, -1, 1), values.reshape(H * B, 1, D + 1))  # += phi(k) [v, 1]
-        read = torch.bmm(phi_q.reshape(H * B, 1, -1), sums).view(H, B, D + 1)
-        y = read[..., :D] / read[..., D:].add_(self.eps)  # numerator / (denominator + eps)
-        return y.transpose(0, 1).reshape(B, H * D)
+        if not self.window:
+            sums.addcmul_(features(k, False, constants)[..., None], values[:, None])  # += phi(k) [v, 1]
+            read = torch.bmm(phi_q[:, None], sums)[:, 0]
+            y = read[:, :D] / read[:, D:].add_(self.eps)  # numerator / (denominator + eps)
+        else:
+            y = self._windowed(layer, q, k, values, phi_q, tokens)
+        return y.view(H, B, D).transpose(0, 1).reshape(B, H * D)
 
-    def _block(self, layer: int, x: torch.Tensor, codes: Optional[torch.Tensor]) -> torch.Tensor:
+    def _windowed(self, layer: int, q, k, values, phi_q, tokens: int) -> torch.Tensor:
+        """attention.windowed_attention for one token of every row [H * B, ...]: the ring's key
+        and value in the token's slot leave for the sums, the token takes the slot, and the exact
+        weights are read over the slots filled so far."""
+        features, constants, sums = self.features[layer], self.feature_constants[layer], self.sums[layer]
+        keys, ring_values = self.rings[layer]
+        slot, D = tokens % self.window, self.D
+        if tokens >= self.window:
+            leaving = features(keys[:, slot], False, constants)
+            sums.addcmul_(leaving[..., None], ring_values[:, slot, None])
+        keys[:, slot], ring_values[:, slot] = k, values
+        filled = min(tokens + 1, self.window)
+        logits = features.temperature * torch.bmm(keys[:, :filled], q[..., None])[..., 0]
+        logits += features.query_offset(q, constants)
+        extra = logits.amax(-1, keepdim=True).clamp_(min=0)
+        exact = torch.bmm((logits - extra).exp_()[:, None], ring_values[:, :filled])[:, 0]
+        read = torch.bmm(phi_q[:, None], sums)[:, 0].mul_((-extra).exp_()).add_(exact)
+        return read[:, :D] / read[:, D:].add_(self.eps)
+
+    def _block(self, layer: int, x: torch.Tensor, codes: Optional[torch.Tensor], tokens: int) -> torch.Tensor:
         """One layer; the residual stream x stays fp32 (in bf16 it would round every layer's
         sum: 30x the logit error of bf16 products alone)."""
         weights = self.weights[layer]
 
         def attend(h, x):
-            return weights.out(self._attend(layer, weights.qkv(h), codes), add_to=x)
+            return weights.out(self._attend(layer, weights.qkv(h), codes, tokens), add_to=x)
 
         def feed_forward(h, x):
             return weights.ff_out(weights.ff_in(h), add_to=x)
 
         return residual_branches(x, (attend, feed_forward), self.norms[layer], self.pre_norm)
 
-    def _layers(self, x: torch.Tensor, codes: Optional[torch.Tensor]) -> torch.Tensor:
+    def _layers(self, x: torch.Tensor, codes: Optional[torch.Tensor], tokens: int) -> torch.Tensor:
         if self.c_layers is not None:
-            x = self.c_layers(x, codes)
+            x = self.c_layers(x, codes, tokens)
         else:
             for layer in range(len(self.sums)):
-                x = self._block(layer, x, codes)
+                x = self._block(layer, x, codes, tokens)
         return self.weights[-1](self.model.final_norm(x))
 
-    def __call__(self, tokens: torch.Tensor, position: int) -> torch.Tensor:
-        """tokens [B] at `position` -> logits [B, vocab] (fp32); the sums move one step on."""
+    def __call__(self, tokens: torch.Tensor, position: int, beats: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """tokens [B] at token `position` (and each sequence's onset `beats` [B] when the model's
+        positions are beats) -> logits [B, vocab] (fp32); the state moves one step on."""
         model = self.model
         x = F.embedding(tokens, self.embedding)
         if model.config.pe == "ape":
-            x = x + model.position_encoding(position, position + 1)
-        codes = self._codes(position)
-        if x.device.type == "cuda":
+            at = beats if beats is not None else torch.tensor([position], device=x.device)
+            x = x + model.position_encoding(at)
+        codes = self._codes(position, beats)
+        if x.device.type == "cuda" and not self.window:
             return self._replay(x, codes)
-        return self._layers(x, codes)
+        return self._layers(x, codes, position)
 
     def _replay(self, x: torch.Tensor, codes: Optional[torch.Tensor]) -> torch.Tensor:
         """The layers as one CUDA graph, as the launches of the step's small operations (module
@@ -318,13 +389,13 @@ class RecurrentStep:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
-                self._layers(*self._inputs)
+                self._layers(*self._inputs, 0)
             torch.cuda.current_stream().wait_stream(side)
             for sums, before in zip(self.sums, kept):  # undo the warm-up's step
                 sums.copy_(before)
             self._graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self._graph):  # records the kernels, runs nothing
-                self._output = self._layers(*self._inputs)
+                self._output = self._layers(*self._inputs, 0)
         self._inputs[0].copy_(x)
         if codes is not None:
             self._inputs[1].copy_(codes)

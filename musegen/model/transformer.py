@@ -11,7 +11,7 @@ from torch import nn
 
 from ..errors import NumericError
 from . import c_step
-from .attention import causal_linear_attention, softmax_attention
+from .attention import causal_linear_attention, softmax_attention, windowed_attention
 from .config import ModelConfig, parse_redraw
 from .dropout import Dropout
 from .families import FAMILIES
@@ -27,12 +27,13 @@ FP32, BF16, STEP_C = "fp32", "bf16", "bf16-step.c"
 STEP_PATHS = (FP32, BF16, STEP_C)
 
 
-def sinusoids(t0: int, t1: int, width: int, device=None) -> torch.Tensor:
-    """The sinusoidal absolute positions of Vaswani et al. for [t0, t1): [T, width]."""
-    positions = torch.arange(t0, t1, device=device, dtype=torch.float64)[:, None]
+def sinusoids(positions: torch.Tensor, width: int) -> torch.Tensor:
+    """The sinusoidal absolute positions of Vaswani et al. at `positions` [...] (token indices or
+    beats): [..., width]."""
+    device = positions.device
     rates = torch.exp(torch.arange(0, width, 2, device=device, dtype=torch.float64) * (-math.log(10000.0) / width))
-    angles = positions * rates
-    return torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(-2)[:, :width].float()
+    angles = positions.to(torch.float64)[..., None] * rates
+    return torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(-2)[..., :width].float()
 
 
 @dataclass
@@ -48,7 +49,7 @@ class SelfAttention(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.n_heads, self.head_dim = config.n_heads, config.d_model // config.n_heads
-        self.kernel = config.kernel
+        self.kernel, self.window = config.kernel, config.window
         # The other families (families.py) bring their own core and may need fewer projections.
         self.family = FAMILIES[config.attention](config) if config.attention in FAMILIES else None
         self.inputs = self.family.inputs if self.family is not None else ("q", "k", "v")
@@ -70,7 +71,8 @@ class SelfAttention(nn.Module):
         named = dict(zip(self.inputs, parts))
         return named.get("q"), named.get("k"), named.get("v")
 
-    def forward(self, x: torch.Tensor, codes, gate_noise, state):
+    def forward(self, x: torch.Tensor, codes, gate_noise, state, start: int):
+        """x [B, T, d_model] at token positions [start, start + T), continuing `state`."""
         B, T, _ = x.shape
         projected = self.qkv(x)
         q, k, v = self.split(projected)
@@ -86,6 +88,10 @@ class SelfAttention(nn.Module):
                 y, state = self.family(q, k, v, state)
             elif self.features is None:
                 y, state = softmax_attention(q, k, v, self.scale, state)
+            elif self.window:
+                y, state = windowed_attention(
+                    self.features, q, k, v, self.window, start, state, self.kernel, products=projected.dtype
+                )
             else:
                 y, state = causal_linear_attention(
                     self.features(q, True), self.features(k, False), v, state, self.kernel, products=projected.dtype
@@ -109,10 +115,10 @@ class Block(nn.Module):
         )
         self.dropout = Dropout(config.dropout)
 
-    def forward(self, x, codes, gate_noise, state):
+    def forward(self, x, codes, gate_noise, state, start: int):
         def attend(h, x):
             nonlocal state
-            y, state = self.attention(h, codes, gate_noise, state)
+            y, state = self.attention(h, codes, gate_noise, state, start)
             return x + self.dropout(y)
 
         def feed_forward(h, x):
@@ -136,8 +142,9 @@ class _Activation(nn.Module):
 class StreamState:
     """A snapshot of a streaming session, from `model.get_state()`; `model.set_state(state)`
     continues from it, as often as wanted. `layers` holds each layer's recurrent state as the
-    parallel pass takes it: (S [B, H, M, Dv], z [B, H, M]) for the linear attentions, the
-    key/value cache for softmax, relative and synthesizer attention, (m, u, w) for aaren."""
+    parallel pass takes it: (S [B, H, M, Dv], z [B, H, M]) for the linear attentions (with a
+    window, its keys and values after them: attention.WindowState), the key/value cache for
+    softmax, relative and synthesizer attention, (m, u, w) for aaren."""
 
     batch_size: int
     position: int
@@ -233,17 +240,24 @@ class MusicPerformer(nn.Module):
             self.redraw_features()
 
     # --- forward passes ------------------------------------------------------------------
-    def _run(self, ids: torch.Tensor, t0: int, noise: Noise, states: list) -> tuple[torch.Tensor, list]:
-        """The layers over positions [t0, t0 + T) continuing `states`: (final hidden [B, T, d], new states)."""
+    def _run(
+        self, ids: torch.Tensor, t0: int, noise: Noise, states: list, beats: Optional[torch.Tensor] = None
+    ) -> tuple[torch.Tensor, list]:
+        """The layers over token positions [t0, t0 + T) continuing `states`: (final hidden [B, T, d],
+        new states). `beats` [B, T]: each token's onset, for a model whose positions are beats."""
         t1 = t0 + ids.shape[1]
         self.config.check_length(t1)
+        self._check_beats(beats, ids.shape)
         x = self.embedding(ids) * math.sqrt(self.config.d_model)
+        if self.config.pe == "ape":
+            positions = beats if beats is not None else torch.arange(t0, t1, device=ids.device)
+            encoding = self.position_encoding(positions).to(x.dtype)
         if self.config.pe != "ape":
             x = self.dropout(x)
         elif self.config.ape_input == "reference":  # positions after the dropout: never dropped
-            x = self.dropout(x) + self.position_encoding(t0, t1).to(x.dtype)
+            x = self.dropout(x) + encoding
         else:
-            x = self.dropout(x + self.position_encoding(t0, t1).to(x.dtype))
+            x = self.dropout(x + encoding)
         codes = None
         if self.spe is not None:
             device = ids.device.type
@@ -256,19 +270,36 @@ class MusicPerformer(nn.Module):
                 else torch.promote_types(x.dtype, torch.float32)
             )
             with torch.autocast(device, enabled=False):
-                codes = tuple(share_codes(c) for c in self.spe.codes(noise.spe, t0, t1, dtype=products))
+                if beats is not None:
+                    codes = self.spe.factored_codes(noise.spe, beats, dtype=products)
+                else:
+                    codes = tuple(share_codes(c) for c in self.spe.codes(noise.spe, t0, t1, dtype=products))
         new_states = []
         for layer, gate_noise, state in zip(self.layers, noise.gates, states):
-            x, state = layer(x, codes, gate_noise, state)
+            x, state = layer(x, codes, gate_noise, state, t0)
             new_states.append(state)
         return self.final_norm(x), new_states
 
-    def position_encoding(self, t0: int, t1: int) -> torch.Tensor:
-        """The absolute (APE) encoding of positions [t0, t1): [T, d_model]."""
-        return sinusoids(t0, t1, self.config.d_model, self.device)
+    def position_encoding(self, positions: torch.Tensor) -> torch.Tensor:
+        """The absolute (APE) encoding of `positions` [...] (token indices or beats): [..., d_model]."""
+        return sinusoids(positions, self.config.d_model)
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        hidden, _ = self._run(ids, 0, self.draw_noise(), [None] * len(self.layers))
+    def _check_beats(self, beats: Optional[torch.Tensor], shape: tuple) -> None:
+        """ValueError unless `beats` is given, of `shape`, exactly when the positions are beats."""
+        wanted = self.config.positions == "beats"
+        if (beats is not None) != wanted:
+            raise ValueError(
+                "this model's positions are beats: pass each token's onset"
+                if wanted
+                else "this model's positions are token indices: it takes no beats"
+            )
+        if beats is not None and tuple(beats.shape) != tuple(shape):
+            raise ValueError(f"beats of shape {tuple(beats.shape)} for tokens of shape {tuple(shape)}")
+
+    def forward(self, ids: torch.Tensor, beats: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """ids [B, N] -> logits [B, N, vocab]; `beats` [B, N]: each token's onset in beats, for a
+        model whose positions are beats (config.positions)."""
+        hidden, _ = self._run(ids, 0, self.draw_noise(), [None] * len(self.layers), beats)
         return self.head(hidden)
 
     # --- streaming generation --------------------------------------------------------------
@@ -340,12 +371,13 @@ class Session:
 
     @property
     def states(self) -> list:
-        return self.fast.states() if self.fast is not None else self._states
+        return self.fast.states(self.position) if self.fast is not None else self._states
 
     @states.setter
     def states(self, states: list) -> None:
+        """Every layer's state after `self.position` tokens."""
         if self.fast is not None:
-            self.fast.load(states)
+            self.fast.load(states, self.position)
         else:
             self._states = states
 
@@ -354,7 +386,7 @@ class Session:
         """Bytes the session carries between tokens: every layer's recurrent state or key/value
         cache (constant for the linear attentions, growing for the softmax ones)."""
         if self.fast is not None:
-            return sum(sums.nbytes for sums in self.fast.sums)
+            return self.fast.state_bytes
 
         def size(x) -> int:
             if isinstance(x, torch.Tensor):
@@ -377,7 +409,9 @@ class Session:
             self.fast.use_noise(state.noise)
 
     @torch.no_grad()
-    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+    def step(self, tokens: torch.Tensor, beats: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """`beats`, shaped as `tokens`: each token's onset in beats, for a model whose positions
+        are beats (the sampler knows it from the grammar's state)."""
         single = tokens.dim() == 1
         ids = tokens[:, None] if single else tokens
         if ids.dim() != 2 or ids.shape[0] != self.batch_size:
@@ -387,13 +421,17 @@ class Session:
             )
         model, device = self.model, self.model.device.type
         if single and self.fast is not None:
+            model._check_beats(beats, tokens.shape)
             with torch.autocast(device, enabled=False):
-                logits = self.fast(tokens, self.position)
-        else:  # single tokens without a fast step stay fp32: autocast would cast every weight every step
-            with torch.autocast(device, dtype=torch.bfloat16, enabled=self.bf16 and not single):
-                hidden, self.states = model._run(ids, self.position, self.noise, self.states)
-            with torch.autocast(device, enabled=False):  # fp32 logits, as the fast step's
-                logits = model.head(hidden.float())
-            logits = logits[:, 0] if single else logits
+                logits = self.fast(tokens, self.position, beats)
+            self.position += 1
+            return logits
+        # single tokens without a fast step stay fp32: autocast would cast every weight every step
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=self.bf16 and not single):
+            block_beats = beats[:, None] if single and beats is not None else beats
+            hidden, states = model._run(ids, self.position, self.noise, self.states, block_beats)
         self.position += ids.shape[1]
-        return logits
+        self.states = states
+        with torch.autocast(device, enabled=False):  # fp32 logits, as the fast step's
+            logits = model.head(hidden.float())
+        return logits[:, 0] if single else logits

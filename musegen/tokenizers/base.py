@@ -304,6 +304,12 @@ class Tokenizer(abc.ABC):
         grows as a sampler writes. The sampler relies on this, and on the grammar closing
         ids[:starts[b]] as a piece of b bars (`Grammar.close`)."""
 
+    def onsets(self, ids) -> np.ndarray:
+        """Each token's onset in beats from the piece's start (float64, non-decreasing): the
+        positions of a model whose positions are beats (ModelConfig.positions), for training
+        crops (musegen.data.CropDataset) and, from the grammar's state, for the sampler's step."""
+        raise ConfigError(f"the {self.kind} tokenizer gives no onsets: positions 'beats' needs one that does")
+
     # ---- piece-level augmentation (musegen.data.Augmenter), for the keys of `augmentation` ----
 
     def notes(self, ids) -> np.ndarray:

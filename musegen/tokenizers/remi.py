@@ -353,6 +353,19 @@ class RemiTokenizer(RemiVocab, Tokenizer):
         out[is_chord] = self.chord_ids[(root[is_chord] + shift) % 12, self.chord_quality_of[ids[is_chord]]]
         return out
 
+    def onsets(self, ids) -> np.ndarray:
+        """The time of the last Bar or Beat token at or before each token (0 before the first
+        Bar): a Bar sits on its bar line, a Beat_k k grid steps after it, and every other token
+        (chord, tempo, note, EOS, PAD) at the Beat or Bar it follows."""
+        ids = np.asarray(ids, dtype=np.int64)
+        is_bar = ids == self.bar_id
+        bar = np.maximum(np.cumsum(is_bar) - 1, 0)
+        cell = np.where(is_bar, 0, self.beat_of[ids])  # -1: neither Bar nor Beat
+        marked = np.where(cell >= 0, np.arange(len(ids)), -1)
+        last = np.maximum.accumulate(marked) if len(ids) else marked
+        cell = np.where(last >= 0, cell[np.maximum(last, 0)], 0)
+        return (bar * self.positions_per_bar + cell) / self.beat_resolution
+
     def bar_starts(self, ids) -> list[int]:
         """Index of every Bar token (the last one, before EOS, closes the piece)."""
         return np.flatnonzero(np.asarray(ids) == self.bar_id).tolist()

@@ -61,11 +61,16 @@ def make_loader(
     procs: Processes,
     step: int,
     device: torch.device,
+    beats: bool = False,
 ) -> torch.utils.data.DataLoader:
-    """This process's micro-batches from update `step` on (`batching`: micro batch, accumulation)."""
+    """This process's micro-batches from update `step` on (`batching`: micro batch, accumulation);
+    `beats`: each batch is (ids, onsets in beats), for a model whose positions are beats."""
     tokenizer = data.tokenizer
     crop = cfg.crop if cfg.crop != "auto" else tokenizer.default_crop
-    dataset = CropDataset(data.train, cfg.seq_len, tokenizer.pad_id, cfg.seed, data.augmenter, crop)
+    onsets = tokenizer.onsets if beats else None
+    if onsets is not None:
+        onsets(np.zeros(0, dtype=np.int64))  # a ConfigError here, not in a data worker, where it gives none
+    dataset = CropDataset(data.train, cfg.seq_len, tokenizer.pad_id, cfg.seed, data.augmenter, crop, onsets)
     micro, accumulation = batching
     batches = StepBatches(
         [len(p) for p in data.train],

@@ -32,9 +32,13 @@ def training_update(model, ids: torch.Tensor, bf16: bool) -> Callable[[], None]:
     optimiser, dropout on), with its own optimiser."""
     optimizer = make_optimizer(model.parameters(), "adam", 1e-4, 0.0, ids.device)
 
+    # a model of beats times on one onset a token: the cost does not depend on their values
+    beats = torch.arange(ids.shape[1] - 1, device=ids.device).expand(len(ids), -1)
+    beats = beats if model.config.positions == "beats" else None
+
     def update():
         with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=bf16):
-            logits = model(ids[:, :-1])
+            logits = model(ids[:, :-1], beats)
         (next_token_nll(logits, ids[:, 1:]) / ids[:, 1:].numel()).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

@@ -20,7 +20,7 @@ from typing import Any, Iterator
 import torch
 from tqdm import tqdm
 
-from ..data import derive_seed
+from ..data import batch_inputs, derive_seed
 from ..device import check_fits
 from ..errors import CheckpointError, ConfigError, TrainingError
 from ..metrics.loss import position_nll, summarize
@@ -109,7 +109,8 @@ class Trainer:
             self.learner.restore(source, data.tokenizer)
         procs.barrier()  # every process has read and checked its state
         self.learner.distribute()
-        self.loader = make_loader(cfg, data, self.batching, procs, self.learner.step, device)
+        beats = model_cfg.positions == "beats"
+        self.loader = make_loader(cfg, data, self.batching, procs, self.learner.step, device, beats)
         self.writer = RunWriter(cfg, procs, data.tokenizer, source)
         self.rate: float | None = None  # tokens a second, smoothed
         self.valid_result: dict[str, Any] | None = None
@@ -155,13 +156,13 @@ class Trainer:
             bar.close()
             del batches  # stops the data workers
 
-    def _train_step(self, batches: Iterator[torch.Tensor], stop: StopRequest, bar: tqdm, bf16: bool) -> None:
+    def _train_step(self, batches: Iterator, stop: StopRequest, bar: tqdm, bf16: bool) -> None:
         """One update (in bf16 autocast if `bf16`), or the checkpoint that answers a stop request;
         then logs, validation and checkpoints as scheduled."""
         cfg, learner, started = self.cfg, self.learner, time.perf_counter()
         pad_id = self.data.tokenizer.pad_id
-        micro_batches = [next(batches).to(self.device, non_blocking=True) for _ in range(self.batching[1])]
-        local = sum(int((mb[:, 1:] != pad_id).sum()) for mb in micro_batches)
+        micro_batches = [batch_inputs(next(batches), self.device) for _ in range(self.batching[1])]
+        local = sum(int((ids[:, 1:] != pad_id).sum()) for ids, _ in micro_batches)
         shared = self.procs.sum(torch.tensor([float(local), float(stop.requested)], device=self.device))
         if shared[1] > 0:  # every process stops at the same update
             self._checkpoint()
@@ -207,7 +208,12 @@ class Trainer:
         cfg, model = self.cfg, self.learner.model
         valid_len = cfg.valid_len or min(2 * cfg.seq_len, self.learner.model_cfg.max_positions or 2 * cfg.seq_len)
         sums, counts = position_nll(
-            model, self.data.valid, valid_len, self.data.tokenizer.pad_id, seed=derive_seed(cfg.seed, 3)
+            model,
+            self.data.valid,
+            valid_len,
+            self.data.tokenizer.pad_id,
+            seed=derive_seed(cfg.seed, 3),
+            onsets=self.data.tokenizer.onsets if self.learner.model_cfg.positions == "beats" else None,
         )
         self.valid_result = summarize(sums, counts, cfg.seq_len)
         self.writer.validation(self.learner.step, sums, counts, self.valid_result)

@@ -64,10 +64,10 @@ def test_export_rejects_bad_dtype_and_missing_checkpoint(tmp_path):
 
 def test_shipped_models_name_their_data_and_source_runs_without_machine_paths():
     shipped = sorted(p.parent for p in (Path(__file__).resolve().parents[1] / "checkpoints").glob("*/config.json"))
-    assert [p.name for p in shipped] == ["groove", "groove-dur", "groove-dur-softmax", "pop"]
+    assert [p.name for p in shipped] == ["groove", "groove-dur", "groove-dur-softmax", "pop", "song"]
     for folder in shipped:
         _, meta = read_checkpoint_config(folder)
-        assert meta["data"] in ("mma-groove", "mma-groove-dur", "pop909"), meta
+        assert meta["data"] in ("mma-groove", "mma-groove-dur", "pop909", "pop909-song"), meta
         for key in ("init", "exported_from"):
             if key not in meta:
                 continue

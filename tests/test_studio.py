@@ -423,7 +423,7 @@ def test_musegen_studio_serves_the_page_on_127_0_0_1_and_prints_its_address(tmp_
         page = httpx.get(url, timeout=30)
         assert page.status_code == 200 and "<title>musegen studio</title>" in page.text
         names = [m["name"] for m in httpx.get(url + "api/models", timeout=30).json()["models"]]
-        assert names == ["groove", "groove-dur", "groove-dur-softmax", "pop"]  # the shipped checkpoints
+        assert names == ["groove", "groove-dur", "groove-dur-softmax", "pop", "song"]  # the shipped checkpoints
     finally:
         server.terminate()
         out, err = server.communicate(timeout=30)
@@ -436,7 +436,7 @@ def test_musegen_studio_serves_the_page_on_127_0_0_1_and_prints_its_address(tmp_
         (
             ["--checkpoint", "no-such-folder"],
             "error: no-such-folder: checkpoint folder not found, nor a shipped model of that name "
-            "(shipped: groove, groove-dur, groove-dur-softmax, pop)",
+            "(shipped: groove, groove-dur, groove-dur-softmax, pop, song)",
             1,
         ),
         (["--port", "70000"], "error: --port must be within 0..65535, got 70000", 2),

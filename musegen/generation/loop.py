@@ -125,6 +125,9 @@ def generate(
     Returns the samples and run statistics (tokens/s of the sampling loop, counts).
     """
     check_threads(threads)
+    if model.config.positions != "tokens":
+        # (the step takes each token's onset, which the sampler does not pass yet)
+        raise ConfigError("sampling from a model whose positions are beats is not supported yet; train with tokens")
     device = checked_device(device)
     if threads is None and device.type == "cpu":
         threads = DEFAULT_CPU_THREADS

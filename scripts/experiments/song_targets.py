@@ -1,7 +1,7 @@
 """What a song model's continuations keep of their prompt, read from an `evaluate continuation`
 run on a folder of real multi-track MIDI (an experiment script):
     musegen evaluate continuation -c CHECKPOINT --data SONGS --out RUN --prompt-bars 3 --bars 8
-    python scripts/experiments/song_targets.py RUN SONGS
+    python scripts/experiments/song_targets.py RUN SONGS      (SONGS: the MIDI folder or the shards)
 
 For each piece and sample, against the same bars of the real piece (both as the song tokens hold
 them):
@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from musegen.music.midi import find_midi_files
+from musegen.shards import Shards
 from musegen.tokenizers import tokenizer_from_dict
 from musegen.tokenizers.song_vocab import METERS, TEMPOS
 
@@ -63,12 +64,18 @@ def histogram(bars: list[dict]) -> np.ndarray:
 
 def measure(run: Path, songs: Path) -> dict:
     tok = tokenizer_from_dict({"kind": "song"})
-    sources = {p.stem: p for p in find_midi_files(songs)}
+    if (songs / "index.json").is_file():  # prepared shards: the pieces as they were encoded
+        shards = Shards(songs)
+        real_ids = {
+            name: ids for split in shards.splits for name, ids in zip(shards.names(split), shards.pieces(split))
+        }
+    else:
+        real_ids = {p.stem: tok.encode(p).ids for p in find_midi_files(songs)}
     records = [json.loads(line) for line in (run / "pieces.jsonl").read_text().splitlines() if line.strip()]
     span = json.loads((run / "run.json").read_text())["bars"]
     out = defaultdict(list)
     for record in records:
-        real = bars_of(tok, tok.encode(sources[record["piece"]]).ids)
+        real = bars_of(tok, real_ids[record["piece"]])
         start = record["span_start_bar"]
         prompt, truth = real[:start], real[start : start + span]
         tail = {t for bar in prompt[-TAIL_BARS:] for t, _, _ in bar["notes"]}

@@ -60,8 +60,10 @@ def bar_meters(part) -> list[tuple[float, int, int]]:
         numerator, denominator = signature.numerator, signature.denominator
         if length != full:
             count = length * denominator / 4
-            while count.denominator != 1:
+            while count.denominator != 1 and denominator < 64:
                 denominator, count = denominator * 2, count * 2
+            if count.denominator != 1:  # a tuplet too many or too few: the score is wrong there
+                raise ValueError(f"measure {measure.number} lasts {length} quarter notes, no meter has that")
             numerator = count.numerator
         if not out or out[-1][1:] != (numerator, denominator):
             out.append((float(measure.offset), numerator, denominator))

@@ -43,7 +43,8 @@ class Chorales(Corpus):
         paths = chorale_paths()[:limit]
         if not paths:
             raise DataError("music21's corpus holds no Bach chorales (is music21 fully installed?)")
-        options = {"bpm": DEFAULT_BPM, "program": CHOIR, "pickup": "pad"}  # REMI holds 4/4 bars only
+        # REMI holds 4/4 bars only, and no instruments: every part (the voices, the instruments doubling them) a choir
+        options = {"bpm": DEFAULT_BPM, "program": CHOIR, "pickup": "pad", "instruments": False}
         jobs = [(p, None, out / "midi" / f"{p.stem}.mid", options) for p in paths]
         with worker_pool(workers) as pool:
             results = list(tqdm(pool.imap(convert, jobs), total=len(jobs), desc="music21 -> MIDI", unit="chorale"))

@@ -31,14 +31,23 @@ VOICE_NAME = re.compile(
 
 
 def part_program(part, default: int) -> int:
-    """A part's GM program: sung voices CHOIR, else its instrument's program, else `default`."""
+    """A part's GM program: CHOIR for a sung voice, else the instrument its name says ("Violin II",
+    "Cello"), else the instrument the file gives it, else `default`. The name comes first: the
+    files' own programs are often their editor's default (Haydn's quartets say piano, Mozart's
+    string ensemble)."""
     from music21 import instrument
 
-    inst = part.getInstrument(returnDefault=False)
-    names = " ".join(filter(None, [part.partName, inst and inst.instrumentName]))
-    if isinstance(inst, instrument.Vocalist) or VOICE_NAME.search(names):
+    given = part.getInstrument(returnDefault=False)
+    try:
+        named = instrument.fromString(part.partName or "")
+    except instrument.InstrumentException:
+        named = None
+    if named is not None and named.midiProgram is not None and not isinstance(named, instrument.Vocalist):
+        return named.midiProgram  # (a "Contrabass" is no bass voice)
+    names = " ".join(filter(None, [part.partName, given and given.instrumentName]))
+    if isinstance(named or given, instrument.Vocalist) or VOICE_NAME.search(names):
         return CHOIR
-    return inst.midiProgram if inst is not None and inst.midiProgram is not None else default
+    return given.midiProgram if given is not None and given.midiProgram is not None else default
 
 
 def bar_meters(part) -> list[tuple[float, int, int]]:
@@ -70,9 +79,10 @@ def bar_meters(part) -> list[tuple[float, int, int]]:
     return out
 
 
-def to_midi(score, dest: Path, bpm: float, program: int, pickup: str = "bar") -> None:
+def to_midi(score, dest: Path, bpm: float, program: int, pickup: str = "bar", instruments: bool = True) -> None:
     """Write a music21 `score` to `dest` (module docstring). `bpm`: the tempo where no metronome
-    mark says one; `program`: the GM program of a part that names no instrument nor voice."""
+    mark says one; `program`: the GM program of a part that names no instrument nor voice, or of
+    every part unless `instruments`."""
     from music21 import dynamics, harmony, meter, tempo
 
     score = score.stripTies()
@@ -104,7 +114,7 @@ def to_midi(score, dest: Path, bpm: float, program: int, pickup: str = "bar") ->
             velocity = next((v for at, v in reversed(loudness) if at <= element.offset), VELOCITY)
             start, end = ticks(element.offset), ticks(element.offset + element.quarterLength)
             notes += [(start, end, p.midi, velocity) for p in element.pitches]
-        gm = part_program(part, program)
+        gm = part_program(part, program) if instruments else program
         tracks.append((Track(part.partName or ("voice" if gm == CHOIR else "part"), gm, False), notes))
     write_bytes(dest, NoteTable.of_tracks(TPQ, tracks, tempos or [(0, float(bpm))], signatures).midi_bytes())
 

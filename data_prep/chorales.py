@@ -15,11 +15,14 @@ from tqdm import tqdm
 
 from musegen.errors import DataError
 
+from . import scores
 from .common import Corpus, Item, Listing, worker_pool
-from .scores import CHOIR, convert
 
 DEFAULT_BPM = 80  # for the few chorales without a metronome mark
 CHORALE_NAME = re.compile(r"bwv(\d+)\.\d+")
+# REMI holds 4/4 bars only and no instruments: pickups padded, every part (the voices and the
+# instruments doubling them) a choir
+MIDI_OPTIONS = {"bpm": DEFAULT_BPM, "program": scores.CHOIR, "pickup": "pad", "instruments": False}
 
 
 def chorale_paths() -> list[Path]:
@@ -28,6 +31,11 @@ def chorale_paths() -> list[Path]:
     return sorted(
         (Path(p) for p in corpus.getComposer("bach") if CHORALE_NAME.fullmatch(Path(p).stem)), key=lambda p: p.stem
     )
+
+
+def to_midi(source: Path, dest: Path) -> None:
+    """Write one chorale as this corpus writes it."""
+    scores.to_midi(scores.parse(source), dest, **MIDI_OPTIONS)
 
 
 class Chorales(Corpus):
@@ -43,11 +51,10 @@ class Chorales(Corpus):
         paths = chorale_paths()[:limit]
         if not paths:
             raise DataError("music21's corpus holds no Bach chorales (is music21 fully installed?)")
-        # REMI holds 4/4 bars only, and no instruments: every part (the voices, the instruments doubling them) a choir
-        options = {"bpm": DEFAULT_BPM, "program": CHOIR, "pickup": "pad", "instruments": False}
-        jobs = [(p, None, out / "midi" / f"{p.stem}.mid", options) for p in paths]
+        jobs = [(p, None, out / "midi" / f"{p.stem}.mid", MIDI_OPTIONS) for p in paths]
         with worker_pool(workers) as pool:
-            results = list(tqdm(pool.imap(convert, jobs), total=len(jobs), desc="music21 -> MIDI", unit="chorale"))
+            converted = tqdm(pool.imap(scores.convert, jobs), total=len(jobs), desc="music21 -> MIDI", unit="chorale")
+            results = list(converted)
         return Listing(
             [
                 Item(name=dest.stem, path=dest, group=CHORALE_NAME.fullmatch(dest.stem).group(1))

@@ -54,7 +54,7 @@ def bar_meters(part) -> list[tuple[float, int, int]]:
     """(offset, numerator, denominator) wherever the meter of `part`'s measures changes, each
     measure in the meter of its real length: a full one in its time signature, a short one (a
     pickup, a measure split at a repeat) as that many beats of the signature's unit (8ths, 16ths
-    when the beats do not fit)."""
+    when the beats do not fit). Whole-note meters are written in halves."""
     from music21 import meter
 
     measures = list(part.getElementsByClass("Measure"))
@@ -67,6 +67,8 @@ def bar_meters(part) -> list[tuple[float, int, int]]:
             continue
         full = Fraction(signature.barDuration.quarterLength).limit_denominator(64)
         numerator, denominator = signature.numerator, signature.denominator
+        while denominator < 2:  # (a 2/1 bar is a 4/2 bar: MIDI and music21 have both, the song tokens only x/2)
+            numerator, denominator = numerator * 2, denominator * 2
         if length != full:
             count = length * denominator / 4
             while count.denominator != 1 and denominator < 64:

@@ -314,6 +314,9 @@ def summary_lines(report: dict[str, Any], max_reasons: int = 10) -> list[str]:
         lines.append(f"  {split}: {n} pieces, {report['tokens'][split]:,} tokens")
     for key, value in report.get("encode_counts", {}).items():
         lines.append(f"  {key}: {value}")
+    for key in ("collections", "meters", "tracks"):  # a corpus' own counts of pieces, where it has them
+        if key in report:
+            lines.append(f"  {key} (pieces): " + ", ".join(f"{k} {n}" for k, n in report[key].items()))
     for entry in report["skipped_files"][:max_reasons]:
         lines.append(f"  skipped {entry['reason']}")
     if report["skipped"] > max_reasons:

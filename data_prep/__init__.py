@@ -25,6 +25,8 @@ CORPORA: dict[str, tuple[str, str]] = {
     "pop909": ("data_prep.pop909", "POP909 pop piano songs -> REMI (local copy, or GitHub download)"),
     "pop909-song": ("data_prep.pop909_song", "POP909, its three tracks apart, in its annotated meters -> song"),
     "chorales": ("data_prep.chorales", "Bach chorales from music21's bundled corpus -> REMI (no network)"),
+    "music21-song": ("data_prep.music21_song", "music21's corpus: part music and folk tunes in every meter -> song"),
+    "freedoom": ("data_prep.freedoom", "Freedoom's game music from Debian's WADs, all in the test split -> song"),
     "mma-groove": ("data_prep.mma_groove", "Groove corpus synthesised with MMA, split by style -> groove"),
     "mma-song": ("data_prep.mma_song", "MMA's grooves in every meter, their own instruments, POP909 melodies -> song"),
     "pop1k7": ("data_prep.pop1k7", "Pop1K7 from Zenodo 4782721 -> REMI"),

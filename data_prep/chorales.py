@@ -14,15 +14,15 @@ from pathlib import Path
 from tqdm import tqdm
 
 from musegen.errors import DataError
-from musegen.io import write_bytes
-from musegen.music.constants import TICKS_PER_BEAT as TPQ
-from musegen.music.notes import NoteTable, Track
 
+from . import scores
 from .common import Corpus, Item, Listing, worker_pool
 
-VELOCITY = 80  # the scores carry no dynamics
 DEFAULT_BPM = 80  # for the few chorales without a metronome mark
 CHORALE_NAME = re.compile(r"bwv(\d+)\.\d+")
+# REMI holds 4/4 bars only and no instruments: pickups padded, every part (the voices and the
+# instruments doubling them) a choir
+MIDI_OPTIONS = {"bpm": DEFAULT_BPM, "program": scores.CHOIR, "pickup": "pad", "instruments": False}
 
 
 def chorale_paths() -> list[Path]:
@@ -34,39 +34,8 @@ def chorale_paths() -> list[Path]:
 
 
 def to_midi(source: Path, dest: Path) -> None:
-    """Write one chorale as MIDI: a track per part, pickup padded to a full bar, ties merged."""
-    from music21 import corpus, meter, tempo
-
-    score = corpus.parse(str(source)).stripTies()
-    first_bar = score.parts[0].getElementsByClass("Measure")[0]
-    pad = float(first_bar.paddingLeft or 0.0)  # the silent part of a pickup bar, in quarters
-    ticks = lambda quarters: int(round((float(quarters) + pad) * TPQ))  # noqa: E731
-    marks = list(score.flatten().getElementsByClass(tempo.MetronomeMark))
-    bpm = (marks[0].getQuarterBPM() if marks else None) or DEFAULT_BPM  # "playback only" marks count too
-    signatures, previous = [], None  # one event per change; the first also covers the pickup's padding
-    for ts in score.parts[0].flatten().getElementsByClass(meter.TimeSignature):
-        if (ts.numerator, ts.denominator) != previous:
-            signatures.append((0 if previous is None else ticks(ts.offset), ts.numerator, ts.denominator))
-            previous = (ts.numerator, ts.denominator)
-    tracks = []
-    for part in score.parts:
-        notes = [
-            (ticks(element.offset), ticks(element.offset + element.quarterLength), p.midi, VELOCITY)
-            for element in part.flatten().notes
-            for p in element.pitches
-        ]
-        tracks.append((Track(part.partName or "voice", 52, False), notes))  # GM 53: choir aahs
-    write_bytes(dest, NoteTable.of_tracks(TPQ, tracks, [(0, float(bpm))], signatures).midi_bytes())
-
-
-def _convert(job: tuple[Path, Path]) -> tuple[Path, str | None]:
-    source, dest = job
-    try:
-        if not dest.is_file():
-            to_midi(source, dest)
-        return dest, None
-    except Exception as exc:  # music21 raises many types on odd scores; the chorale is skipped and reported
-        return dest, f"{source.name}: could not convert ({type(exc).__name__}: {exc})".splitlines()[0]
+    """Write one chorale as this corpus writes it."""
+    scores.to_midi(scores.parse(source), dest, **MIDI_OPTIONS)
 
 
 class Chorales(Corpus):
@@ -82,9 +51,10 @@ class Chorales(Corpus):
         paths = chorale_paths()[:limit]
         if not paths:
             raise DataError("music21's corpus holds no Bach chorales (is music21 fully installed?)")
-        jobs = [(p, out / "midi" / f"{p.stem}.mid") for p in paths]
+        jobs = [(p, None, out / "midi" / f"{p.stem}.mid", MIDI_OPTIONS) for p in paths]
         with worker_pool(workers) as pool:
-            results = list(tqdm(pool.imap(_convert, jobs), total=len(jobs), desc="music21 -> MIDI", unit="chorale"))
+            converted = tqdm(pool.imap(scores.convert, jobs), total=len(jobs), desc="music21 -> MIDI", unit="chorale")
+            results = list(converted)
         return Listing(
             [
                 Item(name=dest.stem, path=dest, group=CHORALE_NAME.fullmatch(dest.stem).group(1))

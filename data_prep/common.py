@@ -190,13 +190,15 @@ def prepare(
     skipped_before: Iterable[tuple[str, str]] = (),
     encode: Encoder = encode_file,
     count_encodings: bool = True,
+    summarise: Callable[[list[tuple[Item, Any, dict]]], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Encode, split by group, write shards; return the summary that is also stored in the index.
 
     `split_of(group)` overrides the hashed split (for corpora that assign groups explicitly).
     `skipped_before`: (name, reason) of inputs a corpus rejected before encoding; counted as skipped.
     `encode(tokenizer, item)`: how an item becomes tokens (default: its file as it is).
-    `count_encodings`: report the sum of the encodings' counts (`encode_counts`)."""
+    `count_encodings`: report the sum of the encodings' counts (`encode_counts`).
+    `summarise(encoded)`: a corpus' own report entries from its (item, ids, encode report) triples."""
     split_of = split_of or (lambda group: group_split(group, fractions))
     skipped_before = list(skipped_before)
     encoded, skipped = encode_items(tokenizer, items, workers, encode=encode)
@@ -213,6 +215,7 @@ def prepare(
         "pieces": {s: len(pieces) for s, pieces in splits.items()},
         **({"encode_counts": merge_reports(r for _, _, r in encoded)} if count_encodings else {}),
         **(extra_report or {}),
+        **(summarise(encoded) if summarise else {}),
     }
     write_shards(out, tokenizer, splits, report)
     return report
@@ -257,6 +260,10 @@ class Corpus(abc.ABC):
         """How an item becomes tokens, in a worker process (by default its file as it is)."""
         return encode_file(tokenizer, item)
 
+    def summarise(self, encoded: list[tuple[Item, Any, dict]]) -> dict[str, Any]:
+        """A corpus' own report entries from the (item, ids, encode report) of every piece encoded."""
+        return {}
+
     def finish(self, out: Path, tokenizer: Tokenizer) -> None:
         """Anything a corpus writes once its shards are there (by default nothing)."""
 
@@ -288,9 +295,16 @@ class Corpus(abc.ABC):
             skipped_before=found.refused,
             encode=corpus.encode,
             count_encodings=corpus.count_encodings,
+            summarise=corpus.summarise,
         )
         corpus.finish(out, tok)
         return report
+
+
+def pieces_per_meter(encoded: list[tuple[Item, Any, dict]]) -> dict[str, int]:
+    """How many pieces have bars in each meter, from encode reports that list their `meters`."""
+    counts = Counter(m for _, _, report in encoded for m in report.get("meters", ()))
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
 def summary_lines(report: dict[str, Any], max_reasons: int = 10) -> list[str]:
@@ -300,6 +314,9 @@ def summary_lines(report: dict[str, Any], max_reasons: int = 10) -> list[str]:
         lines.append(f"  {split}: {n} pieces, {report['tokens'][split]:,} tokens")
     for key, value in report.get("encode_counts", {}).items():
         lines.append(f"  {key}: {value}")
+    for key in ("collections", "meters", "tracks"):  # a corpus' own counts of pieces, where it has them
+        if key in report:
+            lines.append(f"  {key} (pieces): " + ", ".join(f"{k} {n}" for k, n in report[key].items()))
     for entry in report["skipped_files"][:max_reasons]:
         lines.append(f"  skipped {entry['reason']}")
     if report["skipped"] > max_reasons:

@@ -16,9 +16,10 @@ for arg in "$@"; do
 done
 
 # System packages: FluidSynth + a General MIDI soundfont (audio), MMA (groove corpus synthesis),
-# Chromium and its WebDriver (the studio's browser test drives the page in headless Chromium).
+# Chromium and its WebDriver (the studio's browser test drives the page in headless Chromium),
+# Freedoom (its WADs' music is the `freedoom` corpus, a test set of real multi-track songs).
 # npm (Node.js) installs the studio page's synthesiser; Debian's is taken only where none is on PATH.
-apt_packages=(fluidsynth fluid-soundfont-gm mma chromium chromium-driver)
+apt_packages=(fluidsynth fluid-soundfont-gm mma chromium chromium-driver freedoom)
 command -v npm >/dev/null 2>&1 || apt_packages+=(nodejs npm)
 if ! dpkg -s "${apt_packages[@]}" >/dev/null 2>&1; then
   sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo

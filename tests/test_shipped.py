@@ -15,6 +15,7 @@ PROMPTS = {
     "remi": CHECKPOINTS / "prompts" / "pop_progression.mid",
     "groove": CHECKPOINTS / "prompts" / "groove_rock.mid",
     "groove-dur": CHECKPOINTS / "prompts" / "groove_rock.mid",
+    "song": CHECKPOINTS / "prompts" / "groove_rock.mid",
 }
 
 

@@ -42,7 +42,7 @@ class Pop909Song(Pop909):
         return Listing(
             [Item(name=p.stem, path=p, group=p.stem) for p in files if p.stem not in refused],
             list(refused.items()),
-            {"corpus": self.name, "source": str(root), "synchronised": True, "meters": "annotated"},
+            {"corpus": self.name, "source": str(root), "synchronised": True, "bar_lengths": "annotated"},
         )
 
     def encode(self, tok: Tokenizer, item: Item) -> Encoding:

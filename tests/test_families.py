@@ -182,7 +182,7 @@ def test_synthesizer_leaks_no_future_token(variants):
     layer = SelfAttention(family_config("synthesizer", max_len=16, synthesizer=variants))
     T = 9
     x = torch.randn(1, T, H * D, requires_grad=True)
-    y, _ = layer(x, None, None, None)
+    y, _ = layer(x, None, None, None, 0)
     for t in range(T):
         (grad,) = torch.autograd.grad(y[:, t].sum(), x, retain_graph=True)
         assert torch.all(grad[:, t + 1 :] == 0), (variants, t)

@@ -352,6 +352,6 @@ def test_data_prepare_midi_writes_groove_dur_shards(tmp_path, capsys):
 def test_the_mma_corpus_takes_groove_or_groove_dur_only(tmp_path):
     from data_prep import mma_groove
 
-    with pytest.raises(DataError, match="groove or groove-dur, not 'remi'"):
+    with pytest.raises(DataError, match="groove or groove-dur or song, not 'remi'"):
         mma_groove.prepare(tmp_path, tokenizer="remi")
     assert tokenizer_from_dict(TOK.to_dict()).vocab == TOK.vocab

@@ -39,7 +39,8 @@ MAX_TOKENS = 2048  # a loop's 8 bars take about 500 tokens of groove-dur, 1,000 
 def nll_by_bar(model, tokenizer, pieces: list[np.ndarray], bars: int = BARS) -> np.ndarray:
     """Mean NLL of the tokens of each bar 0..bars-1 over `pieces` (NaN where no piece reaches it)."""
     sums, counts = np.zeros(bars), np.zeros(bars)
-    onsets = tokenizer.onsets if model.config.positions == "beats" else None
+    beats = getattr(getattr(model, "config", None), "positions", "tokens") == "beats"  # (a scorer need not be a model)
+    onsets = tokenizer.onsets if beats else None
     for ids, nll in zip(pieces, token_nll(model, pieces, MAX_TOKENS, tokenizer.pad_id, onsets=onsets)):
         starts = np.asarray(tokenizer.bar_starts(ids))
         token_bar = np.searchsorted(starts, np.arange(1, len(nll) + 1), side="right") - 1  # nll[i]: token i + 1

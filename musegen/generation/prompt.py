@@ -57,8 +57,9 @@ def load_prompt(
     check_regular(path, "prompt")  # a FIFO would block the read
     if path.suffix.lower() != ".json":
         score, beats = regrid(load_score(path), grid)
-        encoding = tokenizer.encode(path) if beats.source == "file" else _encoded(tokenizer, score, path)
-        report = {**encoding.report, "grid": beats.record()}
+        on_file = beats is None or beats.source == "file"
+        encoding = tokenizer.encode(path) if on_file else _encoded(tokenizer, score, path)
+        report = {**encoding.report, "grid": beats.record() if beats else {"source": "file"}}
         return prompt_from_ids(tokenizer, encoding.ids, bars, report, str(path))
     notes = mirex.read_prompt(path)
     try:

@@ -179,7 +179,7 @@ class SampleSettings:
         bound=TEMPO_BOUND,
     )
     grid: str = option(
-        "auto",
+        "file",
         "--grid",
         help="Where a MIDI prompt's beats and bars are: file: its own grid (quarter notes, its time "
         "signatures); track: found in its notes (a played or offset file), and the prompt re-timed to "

@@ -87,8 +87,8 @@ def token_nll(
                         times = torch.from_numpy(onsets(piece))
                         beats[row], beats[row, : len(piece)] = times[-1], times
                 batch = batch.to(device)
-                beats = None if beats is None else beats[:, :-1].to(device)
-                logp = model(batch[:, :-1], beats).float().log_softmax(-1)
+                inputs = (batch[:, :-1],) if beats is None else (batch[:, :-1], beats[:, :-1].to(device))
+                logp = model(*inputs).float().log_softmax(-1)
                 targets = batch[:, 1:]
                 nll = -logp.gather(-1, targets[..., None])[..., 0]
                 given = None if members is None else nll + _type_log_mass(logp, targets, members, type_of)

@@ -75,6 +75,8 @@ class Beats:
 def describe(record: dict[str, Any]) -> str:
     """One line saying what a grid (`Beats.record`) assumed."""
     where = "tracked beats" if record["source"] == "tracked" else "the file's own grid"
+    if "bpm" not in record:  # the file's grid, trusted without measuring it
+        return f"grid: {where}"
     return (
         f"grid: {where}, {record['bpm']:.1f} BPM, {record['beats_per_bar']} beats per bar, first downbeat at "
         f"{record['first_downbeat_seconds']:.2f} s, {record['onsets_on_grid']:.0%} of onsets on its 16ths"
@@ -365,14 +367,14 @@ def downbeat_agreement(found: Beats, seconds: np.ndarray, downbeat: np.ndarray) 
 GRIDS = ("auto", "track", "file")
 
 
-def regrid(score: symusic.Score, grid: str) -> tuple[symusic.Score, Beats]:
+def regrid(score: symusic.Score, grid: str) -> tuple[symusic.Score, Beats | None]:
     """`score` on the grid `grid` names, and that grid: "file" keeps the file's own; "track"
     re-times the score to the tracked beats (`beats.synchronise`); "auto" tracks and keeps the
     file's own grid where it fits the onsets at least as well (a quantised file), or where there
     are too few notes to track."""
+    if grid == "file":  # trusted as it is: nothing to measure (an absurd file is the tokenizer's to refuse)
+        return score, None
     own = file_beats(score)
-    if grid == "file":
-        return score, own
     try:
         tracked = track_beats(score)
     except MidiError:

@@ -17,12 +17,14 @@ Prints a Markdown table.
 from __future__ import annotations
 
 import argparse
-import json
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
+from musegen import schemas
+from musegen.evaluation.compare import read_jsonl
+from musegen.evaluation.run_continuation import EVALUATION_SETTINGS, PIECE_RECORD
 from musegen.music.midi import find_midi_files
 from musegen.shards import Shards
 from musegen.tokenizers import tokenizer_from_dict
@@ -71,8 +73,8 @@ def measure(run: Path, songs: Path) -> dict:
         }
     else:
         real_ids = {p.stem: tok.encode(p).ids for p in find_midi_files(songs)}
-    records = [json.loads(line) for line in (run / "pieces.jsonl").read_text().splitlines() if line.strip()]
-    span = json.loads((run / "run.json").read_text())["bars"]
+    records = read_jsonl(run / "pieces.jsonl", PIECE_RECORD)
+    span = schemas.read(run / "run.json", EVALUATION_SETTINGS)["bars"]
     out = defaultdict(list)
     for record in records:
         real = bars_of(tok, real_ids[record["piece"]])

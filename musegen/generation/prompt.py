@@ -56,7 +56,8 @@ def load_prompt(
     path = Path(source)
     check_regular(path, "prompt")  # a FIFO would block the read
     if path.suffix.lower() != ".json":
-        score, beats = regrid(load_score(path), grid)
+        # a trusted grid needs no parse of its own: the tokenizer reads the file once
+        score, beats = (None, None) if grid == "file" else regrid(load_score(path), grid)
         on_file = beats is None or beats.source == "file"
         encoding = tokenizer.encode(path) if on_file else _encoded(tokenizer, score, path)
         report = {**encoding.report, "grid": beats.record() if beats else {"source": "file"}}

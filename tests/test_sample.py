@@ -427,12 +427,14 @@ def test_keep_type_mass_gives_the_type_the_models_share():
     assert (q[~allowed] == 0).all()
 
 
-def _constant_logit_samples(models, prompt_files, logits: list[tuple[slice, float]], settings: SampleSettings):
-    """Samples of the tiny groove model with constant logits: its head's weights zeroed, every
-    bias -30 but the given (ids, logit) ranges, so every step alike the biases alone decide.
-    Returns the tokenizer, the prompt and the samples, each a piece the grammar accepts."""
-    model, tok = models["groove"]
-    prompt = load_prompt(tok, prompt_files["groove"], bars=2)
+def _constant_logit_samples(
+    models, prompt_files, logits: list[tuple[slice | np.ndarray, float]], settings: SampleSettings, kind="groove"
+):
+    """Samples of a tiny model (groove by default) with constant logits: its head's weights
+    zeroed, every bias -30 but the given (ids, logit) ranges, so every step alike the biases alone
+    decide. Returns the tokenizer, the prompt and the samples, each a piece the grammar accepts."""
+    model, tok = models[kind]
+    prompt = load_prompt(tok, prompt_files[kind], bars=2)
     saved = {k: v.clone() for k, v in model.head.state_dict().items()}
     with torch.no_grad():
         model.head.weight.zero_()
@@ -465,7 +467,7 @@ def test_a_groove_sampler_ends_notes_as_often_as_the_model_says(models, prompt_f
             (slice(0, NOTE_OFF), -math.log(2)),
             (slice(TIME_SHIFT, TIME_SHIFT + 24), math.log(8)),
         ],
-        SampleSettings(length=800, num_samples=2, seed=1, temperature=1.0, keep_note_offs=keep),
+        SampleSettings(length=800, num_samples=2, seed=1, temperature=1.0, keep_share=keep),
     )
     # at each drawn token where an earlier note may end: whether one did, and how many notes sound
     grammar, ends, sounding = tok.grammar(), [], []
@@ -482,6 +484,41 @@ def test_a_groove_sampler_ends_notes_as_often_as_the_model_says(models, prompt_f
         assert 0.42 < share < 0.58 and held < 25, (share, held)
     else:  # notes pile up until the few allowed slots win back the share: measured 112 at once
         assert held > 60, held
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_a_song_sampler_ends_bars_as_often_as_the_model_says(models, prompt_files, keep):
+    """A model that gives Bar a tenth of its mass and spreads the rest over every position and
+    pitch does not know where in the bar it is. After each note, with the share kept the sampler
+    draws Bar about a tenth of the time; with the plain mask the mass of the earlier positions and
+    lower pitches, which the canonical order forbids, goes to Bar as well, and bars end early."""
+    from musegen.tokenizers.song_grammar import DURATION
+
+    tok = models["song"][1]
+    spread = np.concatenate([tok.position_ids, tok.pitch_ids])
+    # p(Bar) = 184 x (1/9) / (184 x (1/9) + 184 x 1) = 1/10
+    tok, prompt, samples = _constant_logit_samples(
+        models,
+        prompt_files,
+        [(spread, 0.0), (slice(tok.bar_id, tok.bar_id + 1), math.log(len(spread) / 9))],
+        SampleSettings(length=1500, num_samples=2, seed=2, temperature=1.0, top_p=1.0, keep_share=keep),
+        kind="song",
+    )
+    # after each note where Bar and something else may come (End is held)
+    grammar, bars = tok.grammar(), []
+    for sample in samples:
+        states = grammar.states(sample.ids)
+        for i in range(len(prompt.ids), len(sample.ids)):
+            allowed = grammar.sampling_mask(states[i])
+            allowed[tok.end_id] = False
+            if states[i].after == DURATION and allowed[tok.bar_id] and allowed.sum() > 1:
+                bars.append(int(sample.ids[i]) == tok.bar_id)
+    assert len(bars) > 400
+    share = float(np.mean(bars))
+    if keep:
+        assert 0.07 < share < 0.13, share
+    else:
+        assert share > 0.2, share
 
 
 @pytest.mark.parametrize("mono", [True, False])
@@ -619,7 +656,7 @@ def test_cli_sampler_options_reach_the_sampler_and_are_recorded(checkpoints, tmp
     begins bass notes over sounding ones)."""
     written = {}
     for flag, kept, mono in (
-        ("--keep-note-offs", True, True),
+        ("--keep-share", True, True),
         ("--plain-mask", False, True),
         ("--poly-bass", True, False),
     ):
@@ -646,9 +683,9 @@ def test_cli_sampler_options_reach_the_sampler_and_are_recorded(checkpoints, tmp
         assert code == 0, err
         out = out / PROMPTS["groove"].stem
         summary = json.loads((out / f"{PROMPTS['groove'].stem}.json").read_text())
-        assert summary["settings"]["keep_note_offs"] is kept and summary["settings"]["mono_bass"] is mono
+        assert summary["settings"]["keep_share"] is kept and summary["settings"]["mono_bass"] is mono
         written[flag] = list(tokenizer_from_dict({"kind": "groove"}).encode(out / summary["samples"][0]["midi"]).ids)
-    assert written["--keep-note-offs"] != written["--plain-mask"]
+    assert written["--keep-share"] != written["--plain-mask"]
 
 
 def test_cli_prompt_with_unrepresentable_notes_reports_and_goes_on(checkpoints, tmp_path, capsys):

@@ -4,7 +4,7 @@
 A constraint has two hooks (`Constraint.allow`: narrow one sample's mask; `Constraint.reweight`:
 reshape the batch's logits once the masks are known); after them come temperature, top-k and
 top-p (`loop.filter_logits`) and the draw. The grammar's rules are four such constraints
-(GrammarMask, HoldEnds, Finish, NoteOffMass); the suffix cache (`cache.SuffixCache`) is one
+(GrammarMask, HoldEnds, Finish, KeptShare); the suffix cache (`cache.SuffixCache`) is one
 too. A new one is a subclass of `Constraint`, here or anywhere, given as
 `SampleSettings(constraints=(...))`; to be on by default it is also an entry in
 `loop.constraint_chain`. Without a prompt the first token is the grammar's opening one, drawn
@@ -156,14 +156,14 @@ class Finish(Constraint):
         return closing if closing.any() else allowed
 
 
-class NoteOffMass(Constraint):
-    """Where notes end by a token of their own (`Tokenizer.note_off_type`), the mask keeps the
-    model's share of note-offs (`keep_type_mass`)."""
+class KeptShare(Constraint):
+    """The mask keeps the model's share of the tokenizer's `kept_share_type` (`keep_type_mass`):
+    groove's note-offs, song's bar lines."""
 
     def reweight(self, run: Run, rows: list[Row], logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-        if run.tokenizer.note_off_type is None:
+        if run.tokenizer.kept_share_type is None:
             return logits
-        return keep_type_mass(logits, allowed, run.type_ids(run.tokenizer.note_off_type, logits.shape[-1]))
+        return keep_type_mass(logits, allowed, run.type_ids(run.tokenizer.kept_share_type, logits.shape[-1]))
 
 
 def keep_type_mass(logits: torch.Tensor, allowed: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
@@ -175,7 +175,11 @@ def keep_type_mass(logits: torch.Tensor, allowed: torch.Tensor, kept: torch.Tens
     Why: a model can know that a note ends here without knowing which notes sound. Teacher-forced
     on test pieces, the groove model gives note-offs 30% of its mass where they are 28% of the
     tokens, but much of it on pitches that are not sounding; the plain mask hands that to
-    note-ons and shifts (16% left), so samples hold notes for beats."""
+    note-ons and shifts (16% left), so samples hold notes for beats. And a model can know that a
+    bar ends here without knowing where in it the piece is: teacher-forced on POP909 songs, the
+    song model gives Bar 89% of its frequency, but after a note 44% of its mass goes to earlier
+    positions, tracks or pitches that the mask forbids; renormalised, Bar's share doubles at every
+    note and samples play a third of the real notes per bar (6.3 against 16.6; kept: 17.6)."""
     logp = logits.float().log_softmax(-1)
     kept = kept.to(logits.device)
 

@@ -29,7 +29,7 @@ from ..errors import ConfigError, NumericError
 from ..model.torch_step import PreparedWeights
 from ..tokenizers.base import Grammar, Tokenizer
 from .cache import SuffixCache
-from .constraints import Constraint, Finish, GrammarMask, HoldEnds, HoldTempo, NoteOffMass, Row, Run
+from .constraints import Constraint, Finish, GrammarMask, HoldEnds, HoldTempo, KeptShare, Row, Run
 from .precision import step_choice
 from .prompt import Prompt, walked
 from .resources import DEFAULT_CPU_THREADS, check_memory, check_threads, checked_device, cpu_threads
@@ -89,16 +89,16 @@ def temper_within_families(logits: torch.Tensor, families: list[torch.Tensor], t
 def constraint_chain(s: SampleSettings) -> tuple[Constraint, ...]:
     """The constraints a run applies, in order: the grammar's mask (unless `grammar` is off), the
     tempo hold (unless `tempo` is "free"), the grammar's end hold and finish, the suffix cache
-    (with a weight above 0), NoteOffMass (with the grammar), then the settings' own
-    `constraints`. The cache mixes the model's own distribution, before NoteOffMass moves the
+    (with a weight above 0), KeptShare (with the grammar), then the settings' own
+    `constraints`. The cache mixes the model's own distribution, before KeptShare moves the
     note-off share over the mask the others leave."""
     if not all(isinstance(c, Constraint) for c in s.constraints):
         raise ConfigError("constraints must be musegen.generation.constraints.Constraint objects")
     masks = (GrammarMask(), HoldEnds(), Finish()) if s.grammar else ()
     tempo = () if s.tempo == "free" else (HoldTempo(held_bpm(s.tempo)),)
     cache = (SuffixCache(s.cache),) if s.cache else ()
-    note_offs = (NoteOffMass(),) if s.grammar and s.keep_note_offs else ()
-    return masks[:1] + tempo + masks[1:] + cache + note_offs + tuple(s.constraints)
+    share = (KeptShare(),) if s.grammar and s.keep_share else ()
+    return masks[:1] + tempo + masks[1:] + cache + share + tuple(s.constraints)
 
 
 def generate(

@@ -157,12 +157,12 @@ class SampleSettings:
         "machine and batch and cached; MUSEGEN_PRECISION=measure times again), fp32 or bf16.",
         bound=one_of(PRECISIONS),
     )
-    keep_note_offs: bool = option(
+    keep_share: bool = option(
         True,
-        "--keep-note-offs/--plain-mask",
-        help="Where notes end by a token of their own (groove), the grammar mask keeps the model's share of "
-        "note-offs, moved onto the sounding notes; --plain-mask renormalises over all allowed tokens, as the "
-        "paper does.",
+        "--keep-share/--plain-mask",
+        help="The grammar mask keeps the model's share of one token type, moved onto its allowed ids: groove's "
+        "note-offs (onto the sounding notes), song's bar lines; --plain-mask renormalises over all allowed "
+        "tokens, as the paper does.",
     )
     mono_bass: bool = option(
         True,

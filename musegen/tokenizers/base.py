@@ -182,9 +182,10 @@ class Tokenizer(abc.ABC):
     # The sampler's temperature and nucleus (top-p) when the user gives none, and the weight of
     # its suffix cache where the representation sets one (0 otherwise: generation.cache).
     sampling_defaults: ClassVar[Mapping[str, float]] = {"temperature": 1.0, "top_p": 1.0}
-    # The type of the tokens that end a sounding note, where notes end by a token of their own
-    # (not by a duration): the sampler keeps the model's share of it (`generation.constraints.NoteOffMass`).
-    note_off_type: ClassVar[str | None] = None
+    # A token type whose share the grammar's mask must not move (`generation.constraints.KeptShare`):
+    # one the model may put on a forbidden id while meaning the type (groove's note-offs on silent
+    # pitches), or whose share the renormalised mask would inflate (song's bar lines).
+    kept_share_type: ClassVar[str | None] = None
     registry: ClassVar[dict[str, type["Tokenizer"]]] = {}
     # The schema of the constructor's settings as tokenizer.json holds them (bounds included).
     settings_schema: ClassVar[type[BaseModel]] = NoSettings

@@ -102,7 +102,7 @@ class GrooveTokenizer(Tokenizer):
     position_type = "time shift"
     version = 2
     sampling_defaults = {"temperature": 0.6, "top_p": 1.0}  # the paper's groove samples
-    note_off_type = "note-off"
+    kept_share_type = "note-off"
 
     def __init__(self, programs: dict[str, int] | None = None, other_seed: int | None = None):
         try:

@@ -126,6 +126,7 @@ class SongTokenizer(SongVocab, Tokenizer):
         name: f"{name}_" for name in ("Bar", "TimeSig", "Position", "Tempo", "Program", "Pitch", "Drum", "Velocity")
     } | {"Duration": "Duration_", "End": "End"}
     position_type = "Position"
+    kept_share_type = "Bar"  # the sampler keeps the bar line's share (generation.constraints.KeptShare)
     roles = ROLES  # as the style metrics map a song's tracks (`NoteTable.with_roles`)
     sampling_defaults = {"temperature": 1.0, "top_p": 0.95}
 

@@ -12,7 +12,7 @@ from train_fixtures import prepare_pop909
 from musegen.checkpoint import save_checkpoint
 from musegen.errors import CheckpointError, DataError
 from musegen.evaluation.run_loss import evaluate_loss
-from musegen.metrics.loss import position_nll, summarize
+from musegen.metrics.loss import position_sums, summarize, token_nll
 from musegen.model.config import preset
 from musegen.model.transformer import MusicPerformer
 from musegen.shards import Shards
@@ -29,11 +29,12 @@ def _ape_model(vocab_size):
     return MusicPerformer(preset("tiny", vocab_size=vocab_size, pe="ape", redraw="fixed", dropout=0.0)).eval()
 
 
-def test_position_nll_matches_one_piece_at_a_time(pop):
+def test_position_sums_match_one_piece_at_a_time(pop):
     shards = Shards(pop)
     pieces = [p[:n] for p, n in zip(shards.pieces("train")[:3], (50, 80, 30))]  # ragged: padding is exercised
     model = _ape_model(shards.tokenizer.vocab_size)
-    sums, counts = position_nll(model, pieces, max_len=64, pad_id=shards.tokenizer.pad_id, batch_size=3)
+    per_piece = token_nll(model, pieces, max_len=64, pad_id=shards.tokenizer.pad_id, batch_size=3)
+    sums, counts = position_sums(per_piece, 64)
     expected_sums, expected_counts = np.zeros(64), np.zeros(64)
     with torch.no_grad():
         for piece in pieces:

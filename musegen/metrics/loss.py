@@ -19,25 +19,8 @@ from ..tokenizers.base import Tokenizer
 from .metric import nan_mean
 
 
-def position_nll(
-    model: torch.nn.Module,
-    pieces: Sequence[np.ndarray],
-    max_len: int,
-    pad_id: int,
-    batch_size: int = 4,
-    seed: int = 0,
-    onsets: Optional[Callable[[np.ndarray], np.ndarray]] = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """(NLL sum, token count) per position 0..max_len-1 over `pieces`, in fp32 (`onsets`: as in
-    `token_nll`).
-
-    The model's own random draws (SPE noise, features) come from a generator seeded with
-    `seed`, so repeated validations of one model agree; the caller's RNG state is untouched.
-    """
-    return position_sums(token_nll(model, pieces, max_len, pad_id, batch_size, seed, onsets=onsets), max_len)
-
-
 def position_sums(per_piece: Sequence[np.ndarray], max_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """(NLL sum, token count) per position 0..max_len-1 of `token_nll`'s per-piece arrays."""
     sums, counts = np.zeros(max_len, dtype=np.float64), np.zeros(max_len, dtype=np.int64)
     for nll in per_piece:
         sums[: len(nll)] += nll
@@ -61,8 +44,11 @@ def token_nll(
     One float64 array per piece (empty for pieces shorter than 2 tokens). With `type_of` (each
     id's token type, -1 for none) each entry is a pair: the NLL and the NLL *given the type*,
     -log(p(token) / p(any token of its type)), which compares fairly with baselines that know
-    the type. Random draws as in `position_nll`. `onsets`: the tokenizer's, for a model whose
+    the type. `onsets`: the tokenizer's, for a model whose
     positions are beats (each piece's onsets, the padding at its last).
+
+    The model's own random draws (SPE noise, features) come from a generator seeded with
+    `seed`, so repeated validations of one model agree; the caller's RNG state is untouched.
     """
     device = next(model.parameters()).device
     out: list = [(np.zeros(0), np.zeros(0)) if type_of is not None else np.zeros(0) for _ in pieces]

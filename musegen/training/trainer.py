@@ -23,7 +23,7 @@ from tqdm import tqdm
 from ..data import batch_inputs, derive_seed
 from ..device import check_fits
 from ..errors import CheckpointError, ConfigError, TrainingError
-from ..metrics.loss import position_nll, summarize
+from ..metrics.loss import position_sums, summarize, token_nll
 from ..model.config import ModelConfig
 from ..model.transformer import MusicPerformer
 from ..precision import Choice
@@ -207,14 +207,11 @@ class Trainer:
             return
         cfg, model = self.cfg, self.learner.model
         valid_len = cfg.valid_len or min(2 * cfg.seq_len, self.learner.model_cfg.max_positions or 2 * cfg.seq_len)
-        sums, counts = position_nll(
-            model,
-            self.data.valid,
-            valid_len,
-            self.data.tokenizer.pad_id,
-            seed=derive_seed(cfg.seed, 3),
-            onsets=self.data.tokenizer.onsets if self.learner.model_cfg.positions == "beats" else None,
+        onsets = self.data.tokenizer.onsets if self.learner.model_cfg.positions == "beats" else None
+        per_piece = token_nll(
+            model, self.data.valid, valid_len, self.data.tokenizer.pad_id, seed=derive_seed(cfg.seed, 3), onsets=onsets
         )
+        sums, counts = position_sums(per_piece, valid_len)
         self.valid_result = summarize(sums, counts, cfg.seq_len)
         self.writer.validation(self.learner.step, sums, counts, self.valid_result)
 

@@ -451,11 +451,11 @@ async function loadResults() {
     $("results").innerHTML = "";
     for (const r of results) {
       const li = document.createElement("li");
-      const s = r.settings, cut = s.prompt_from > 1 || s.prompt_bars;
+      const s = r.settings, from = s.prompt_from ?? 1, cut = from > 1 || s.prompt_bars;
       li.textContent = `${keptRuns.has(r.run) ? "★ " : ""}${clock(r.run)} ` +
         `${r.stem} with ${r.model || "a model no longer offered"}: ${r.samples.length} × ${s.bars} bars, seed ${s.seed}, ` +
         `T=${s.temperature}, p=${s.top_p}, tempo ${s.tempo}` + (r.stopped ? ` (stopped at ${r.stopped_at_bars} bars)` : "") +
-        (cut ? `, prompt bars ${s.prompt_from}–${s.prompt_from + r.prompt_bars - 1}` : "") +
+        (cut ? `, prompt bars ${from}–${from + r.prompt_bars - 1}` : "") +
         (r.extends ? ` (extends sample ${r.extends.sample + 1} of ${clock(r.extends.run)})` : "");
       li.onclick = async () => {
         try {
@@ -477,13 +477,13 @@ function restoreForm(r) {
   const s = r.settings;
   const fields = { bars: s.bars, samples: s.num_samples, temperature: s.temperature, top_p: s.top_p, seed: s.seed, tempo: s.tempo };
   for (const [id, value] of Object.entries(fields)) $(id).value = value ?? "";
-  const cut = s.prompt_from > 1 || s.prompt_bars; // the file's own bars are then not known here
+  const from = s.prompt_from ?? 1, cut = from > 1 || s.prompt_bars; // if cut, the file's own bars are not known here
   state.prompt = r.prompt_id ? { prompt: r.prompt_id, name: r.prompt_name, bars: cut ? null : r.prompt_bars }
     : r.extends ? { extend: r.extends, name: r.extends.name, bars: r.prompt_bars } : null;
   $("prompt-name").textContent = !state.prompt ? "No prompt: the model starts from scratch."
     : r.extends ? `Prompt: ${r.prompt_name}, sample ${r.extends.sample + 1} of ${clock(r.extends.run)} (${r.prompt_bars} bars)`
-    : `Prompt: ${r.prompt_name} (${cut ? `bars ${s.prompt_from} to ${s.prompt_from + r.prompt_bars - 1}` : `${r.prompt_bars} bars`})`;
-  if (r.prompt_id) showPromptBars(s.prompt_from, s.prompt_from + r.prompt_bars - 1, state.prompt.bars, r.prompt_name.endsWith(".json"));
+    : `Prompt: ${r.prompt_name} (${cut ? `bars ${from} to ${from + r.prompt_bars - 1}` : `${r.prompt_bars} bars`})`;
+  if (r.prompt_id) showPromptBars(from, from + r.prompt_bars - 1, state.prompt.bars, r.prompt_name.endsWith(".json"));
   else showPromptBars();
   $("example").value = ""; $("file").value = "";
 }

@@ -15,7 +15,7 @@ from ..generation.settings import SampleSettings
 from .options import sampling_options
 
 # the continuation protocol's own: how much is sampled, from which seed, at which precision
-PROTOCOL_OWN = ("length", "bars", "num_samples", "seed", "prompt_bars", "grammar", "precision", "grid")
+PROTOCOL_OWN = ("length", "bars", "num_samples", "seed", "prompt_bars", "prompt_from", "grammar", "precision", "grid")
 
 evaluate_app = typer.Typer(help="Measure generated music and trained models.", no_args_is_help=True)
 

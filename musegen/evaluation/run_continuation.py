@@ -96,7 +96,7 @@ class ContinuationSettings:
         """The settings as run.json holds them: the protocol's and every sampling option's."""
         sample = self.sample.record()
         sample["samples_per_piece"] = sample.pop("num_samples")
-        for decided_here in ("length", "prompt_bars"):
+        for decided_here in ("length", "prompt_bars", "prompt_from"):
             del sample[decided_here]
         return {"prompt_bars": self.prompt_bars, **sample, "by_quarter": self.by_quarter}
 

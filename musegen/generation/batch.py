@@ -206,7 +206,7 @@ def sample_prompt(
     `prompt`, when given, is `prompt_path` as the caller already loaded it."""
     tokenizer = run.tokenizer
     if prompt is None:
-        prompt = load_prompt(tokenizer, prompt_path, settings.prompt_bars, settings.grid)
+        prompt = load_prompt(tokenizer, prompt_path, settings.prompt_bars, settings.grid, settings.prompt_from)
     samples, stats = generate(
         run.model,
         tokenizer,

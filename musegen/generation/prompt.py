@@ -1,4 +1,7 @@
-"""A prompt to continue: encoded by the checkpoint's tokenizer and cut after whole bars.
+"""A prompt to continue: encoded by the checkpoint's tokenizer and cut to whole bars.
+
+The prompt may begin at a later bar (`first`): the piece is decoded, the bars before are left out
+and the rest is encoded again, as a file that begins there would be (`NoteTable.from_tick`).
 
 The kept bars are closed as a piece of their own and opened again, so the continuation starts in
 a new bar (REMI keeps the `Bar` that opens it) and never writes into the prompt's last bar. The
@@ -15,9 +18,10 @@ from typing import Any
 import numpy as np
 
 from .. import mirex
-from ..errors import MidiError, MusegenError, TokenError
+from ..errors import ConfigError, MidiError, MusegenError, TokenError
 from ..io import check_regular
 from ..music.constants import MAX_PROMPT_BARS
+from ..music.meter import bar_start, signature_changes
 from ..music.midi import load_score
 from ..music.notes import NoteTable
 from ..music.tracker import regrid
@@ -43,16 +47,21 @@ class Prompt:
 
 
 def load_prompt(
-    tokenizer: Tokenizer, source: str | os.PathLike | bytes | None, bars: int | None = None, grid: str = "file"
+    tokenizer: Tokenizer,
+    source: str | os.PathLike | bytes | None,
+    bars: int | None = None,
+    grid: str = "file",
+    first: int = 1,
 ) -> Prompt:
     """Encode a prompt (MIDI file or bytes, or a MIREX task .json) with the checkpoint's tokenizer,
-    keep its first `bars` whole bars (all by default) and open its end. A MIDI file is first put
-    on the grid `grid` names (`musegen.music.tracker.regrid`), recorded as the report's "grid"."""
+    keep `bars` whole bars from its bar `first` (all by default) and open its end. A MIDI file is
+    first put on the grid `grid` names (`musegen.music.tracker.regrid`), recorded as the report's
+    "grid"."""
     if source is None:
         return Prompt(np.zeros(0, dtype=np.int64))
     if isinstance(source, (bytes, bytearray)):
         encoding = tokenizer.encode(source)
-        return prompt_from_ids(tokenizer, encoding.ids, bars, encoding.report)
+        return prompt_from_ids(tokenizer, encoding.ids, bars, encoding.report, first=first)
     path = Path(source)
     check_regular(path, "prompt")  # a FIFO would block the read
     if path.suffix.lower() != ".json":
@@ -61,7 +70,9 @@ def load_prompt(
         on_file = beats is None or beats.source == "file"
         encoding = tokenizer.encode(path) if on_file else _encoded(tokenizer, score, path)
         report = {**encoding.report, "grid": beats.record() if beats else {"source": "file"}}
-        return prompt_from_ids(tokenizer, encoding.ids, bars, report, str(path))
+        return prompt_from_ids(tokenizer, encoding.ids, bars, report, str(path), first)
+    if first > 1:  # the task's times count from its own origin, which a later first bar would move
+        raise ConfigError(f"{path}: a MIREX task prompt is continued from its first bar; --prompt-from is for MIDI")
     notes = mirex.read_prompt(path)
     try:
         encoding = tokenizer.encode(mirex.prompt_midi(notes))
@@ -80,10 +91,15 @@ def _encoded(tokenizer: Tokenizer, score, path: Path):
 
 
 def prompt_from_ids(
-    tokenizer: Tokenizer, ids, bars: int | None = None, report: dict[str, Any] | None = None, source: str | None = None
+    tokenizer: Tokenizer,
+    ids,
+    bars: int | None = None,
+    report: dict[str, Any] | None = None,
+    source: str | None = None,
+    first: int = 1,
 ) -> Prompt:
-    """A prompt from an encoded piece: its first `bars` bars (all by default), closed as a piece
-    of their own and opened again, so that the continuation begins a new bar."""
+    """A prompt from an encoded piece: `bars` bars from its bar `first` (1-based; all by default),
+    closed as a piece of their own and opened again, so that the continuation begins a new bar."""
     name = source or "the prompt"
     grammar = tokenizer.grammar()
     ids = [int(t) for t in tokenizer.check_ids(ids)]
@@ -93,6 +109,11 @@ def prompt_from_ids(
         raise TokenError(f"{name}: the tokenizer produced tokens its own grammar rejects ({exc})") from None
     content = _content_end(grammar, ids, states)
     starts = tokenizer.bar_starts(ids[:content])
+    if first > len(starts):
+        raise MidiError(f"{name}: the prompt has {len(starts)} bars, so it cannot begin at bar {first}")
+    if first > 1:
+        later, report = _from_bar(tokenizer, ids, dict(report or {}), first, name)
+        return prompt_from_ids(tokenizer, later, bars, report, source)
     whole = len(starts) if bars is None else min(bars, len(starts))
     if whole > MAX_PROMPT_BARS:  # the continuation needs room within a piece's MAX_BARS
         raise MidiError(
@@ -111,6 +132,22 @@ def prompt_from_ids(
     if not len(piece):
         raise MidiError(_no_notes(tokenizer, name, ids, report, bars))
     return Prompt(np.asarray(opened, dtype=np.int64), report, source, state, whole, piece)
+
+
+def _from_bar(
+    tokenizer: Tokenizer, ids: list[int], report: dict[str, Any], first: int, name: str
+) -> tuple[np.ndarray, dict[str, Any]]:
+    """The piece from its bar `first` on, encoded again as a piece of its own, and its report (the
+    re-encoding's, over the first one's: the grid stays recorded)."""
+    piece = tokenizer.decode(ids, report.get("meta"))
+    later = piece.from_tick(bar_start(signature_changes(piece.time_signatures), piece.tpq, first))
+    if not len(later):
+        raise MidiError(f"{name}: the prompt holds no notes from bar {first} on")
+    try:
+        encoding = tokenizer.encode(later.midi_bytes())
+    except MusegenError as exc:  # the tokenizer names the MIDI it was given "<bytes>"
+        raise type(exc)(str(exc).replace("<bytes>", name, 1)) from None
+    return encoding.ids, {**report, **encoding.report}
 
 
 def _no_notes(tokenizer: Tokenizer, name: str, ids: list[int], report: dict[str, Any], bars: int | None) -> str:

@@ -147,7 +147,14 @@ class SampleSettings:
     prompt_bars: int | None = option(
         None,
         "--prompt-bars",
-        help="Keep only the prompt's first N whole bars (groove protocol: 2).",
+        help="Keep only N whole bars of the prompt, from --prompt-from (groove protocol: 2).",
+        bound=within(1, MAX_BARS),
+    )
+    prompt_from: int = option(
+        1,
+        "--prompt-from",
+        help="The prompt's first bar (1-based, as the tokenizer counts them): the bars before it are left out, "
+        "and a note sounding across it starts there. MIDI prompts only.",
         bound=within(1, MAX_BARS),
     )
     precision: str = option(

@@ -27,6 +27,18 @@ def bar_at(changes: list[tuple[int, int, int]], tpq: int, tick: int) -> tuple[in
     return bar + int((tick - start) // _length(numerator, denominator, tpq)), f"{numerator}/{denominator}"
 
 
+def bar_start(changes: list[tuple[int, int, int]], tpq: int, bar: int) -> int:
+    """The tick where the file's bar `bar` (counted from 1) starts, as `bar_at` counts bars."""
+    first, (start, numerator, denominator) = 1, changes[0]
+    for change in changes[1:]:
+        bars = math.ceil((change[0] - start) / _length(numerator, denominator, tpq))
+        if first + bars > bar:
+            break
+        first += bars
+        start, numerator, denominator = change
+    return round(start + (bar - first) * _length(numerator, denominator, tpq))
+
+
 def off_the_bar_lines(name: str, changes: list[tuple[int, int, int]], tpq: int, tick: int, who: str) -> str:
     """The one-line refusal of a file whose bars leave the 4/4 grid at `tick`: names the bar before it."""
     bar, meter = bar_at(changes, tpq, tick - 1)

@@ -205,6 +205,19 @@ class NoteTable:
         lo, hi = first_bar * BEATS_PER_BAR * self.tpq, (first_bar + bars) * BEATS_PER_BAR * self.tpq
         return self.select((self.start >= lo) & (self.start < hi))
 
+    def from_tick(self, tick: int) -> NoteTable:
+        """The piece from `tick` on, moved to begin at 0: a note sounding across `tick` starts
+        there, and the tempo, meter and marker (REMI's chord) in effect at `tick` hold from 0."""
+        later = self.select((self.end > tick) | (self.start >= tick))
+        return replace(
+            later,
+            start=np.maximum(later.start, tick) - tick,
+            end=later.end - tick,
+            tempos=_changes_from(self.tempos, tick),
+            time_signatures=_changes_from(self.time_signatures, tick),
+            markers=_changes_from(self.markers, tick),
+        )
+
     def prompt_end(self) -> int | None:
         return prompt_end(self.markers)
 
@@ -219,6 +232,13 @@ class NoteTable:
 
     def last_onset_bar(self) -> int | None:
         return int(self.start.max() // (BEATS_PER_BAR * self.tpq)) if len(self) else None
+
+
+def _changes_from(changes: list[tuple], tick: int) -> list[tuple]:
+    """(tick, ...) changes from `tick` on, moved back by it; the last one before it, at 0."""
+    ordered = sorted(changes, key=lambda change: change[0])
+    before = [change for change in ordered if change[0] <= tick][-1:]
+    return [(0, *c[1:]) for c in before] + [(c[0] - tick, *c[1:]) for c in ordered if c[0] > tick]
 
 
 def prompt_end(markers: list[tuple[int, str]]) -> int | None:

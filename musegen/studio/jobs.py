@@ -14,11 +14,12 @@ import numpy as np
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from .. import mirex, schemas
-from ..errors import MusegenError, ResourceError
+from ..errors import ConfigError, MusegenError, ResourceError
 from ..generation.batch import Loaded, sample_prompt, write_set
 from ..generation.loop import Sample
 from ..generation.prompt import load_prompt
 from ..generation.settings import SampleSettings
+from ..music.constants import MAX_PROMPT_BARS
 from ..music.midi import load_score
 from ..music.notes import NoteTable
 from .models import Models
@@ -48,6 +49,12 @@ class StudioRequest(BaseModel):
     model_config = schemas.STRICT
     model: schemas.Name = ""  # one of the studio's models (checked by its list)
     prompt: schemas.Name | None = None  # a prompt id of the session (checked by the store's pattern)
+    # the prompt's bars from..to (1-based, as the page draws them; default: all of it, as None says)
+    prompt_from: Annotated[int, Field(ge=1, le=MAX_PROMPT_BARS)] = 1
+    prompt_to: Annotated[int, Field(ge=1, le=MAX_PROMPT_BARS)] = None
+    # or a sample of an earlier run of the session, continued whole ("Extend"), by its run and index
+    extend_run: schemas.Name | None = None
+    extend_sample: Annotated[int, Field(ge=0, le=MAX_SAMPLES - 1)] = 0
     bars: Annotated[int, Field(ge=1, le=MAX_BARS)] = 8
     samples: Annotated[int, Field(ge=1, le=MAX_SAMPLES)] = 1
     seed: int | None = None
@@ -66,10 +73,14 @@ STUDIO_REQUEST = schemas.Format("studio request", None, StudioRequest)
 
 @dataclass
 class Request:
-    """A checked request (`StudioRequest` holds the defaults and bounds), its prompt id as a file."""
+    """A checked request (`StudioRequest` holds the defaults and bounds), its prompt as a file: an
+    uploaded prompt's, or an earlier sample's MIDI file, which an extension continues as
+    `musegen sample --prompt <that file>` would."""
 
     model: str
     prompt: Path | None
+    prompt_from: int
+    prompt_to: int | None
     bars: int
     temperature: float | None
     top_p: float | None
@@ -78,12 +89,27 @@ class Request:
     tempo: str | None
 
     @classmethod
-    def parse(cls, body: bytes, prompt_of: Callable[[str], Path]) -> "Request":
+    def parse(
+        cls, body: bytes, prompt_of: Callable[[str], Path], sample_of: Callable[[str, int], tuple[Path, str]]
+    ) -> "Request":
         """A request from the page's JSON text, checked against its schema (`studio request`); a
-        value that breaks it is a FormatError of one line. `prompt_of` finds the prompt id's file."""
+        value that breaks it is a FormatError of one line. `prompt_of` finds the prompt id's file,
+        `sample_of` an earlier run's sample: its MIDI file and the name of the model that made it
+        (an extension is sampled by that model, whatever the request names)."""
         checked = schemas.loads(body, STUDIO_REQUEST, "the generation request", explain=_problem)
-        prompt = prompt_of(checked.prompt) if checked.prompt else None
-        return cls(prompt=prompt, **checked.model_dump(exclude={"prompt"}))
+        if checked.prompt and checked.extend_run:
+            raise ConfigError("a request continues either a prompt or an earlier sample (extend_run), not both")
+        if checked.extend_run and (checked.prompt_from > 1 or checked.prompt_to):
+            raise ConfigError("an extension continues the whole sample: prompt_from and prompt_to are not used")
+        first, last = checked.prompt_from, checked.prompt_to
+        if last and last < first:
+            raise ConfigError(f"prompt_to must be prompt_from ({first}) or later, got {last}")
+        fields = checked.model_dump(exclude={"prompt", "extend_run", "extend_sample"})
+        if checked.extend_run:
+            prompt, fields["model"] = sample_of(checked.extend_run, checked.extend_sample)
+        else:
+            prompt = prompt_of(checked.prompt) if checked.prompt else None
+        return cls(prompt=prompt, **fields)
 
     def settings(self) -> SampleSettings:
         tempo = {"tempo": self.tempo} if self.tempo else {}  # else SampleSettings' own default
@@ -93,6 +119,8 @@ class Request:
             top_p=self.top_p,
             num_samples=self.samples,
             seed=self.seed,
+            prompt_from=self.prompt_from,
+            prompt_bars=self.prompt_to - self.prompt_from + 1 if self.prompt_to else None,
             **tempo,
         )
 
@@ -187,7 +215,7 @@ def generate_run(
     go_on()  # a run whose page left while it waited is not started
     model, tokenizer, weights = models.shared(request.model)
     settings = request.settings().resolved(tokenizer, by_field=True)
-    prompt = load_prompt(tokenizer, request.prompt, grid=settings.grid)
+    prompt = load_prompt(tokenizer, request.prompt, settings.prompt_bars, settings.grid, settings.prompt_from)
     last, sent, started = 0.0, [[] for _ in range(settings.num_samples)], time.perf_counter()
     stem = request.prompt.stem if request.prompt else "sample"
     loaded = Loaded(model, tokenizer, models.folders[request.model], "cpu", weights=weights)

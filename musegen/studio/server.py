@@ -164,7 +164,7 @@ class Studio:
         return JSONResponse({"prompt": path.parent.name, "name": path.name, **view})
 
     def checked_job(self, sid: str, body: bytes) -> jobs.Request:
-        job = jobs.Request.parse(body, lambda prompt: self.store.prompt(sid, prompt))
+        job = jobs.Request.parse(body, partial(self.store.prompt, sid), partial(self.sample_of, sid))
         job.settings().resolved(
             self.models.tokenizer(job.model), by_field=True
         )  # refused here, before the stream starts
@@ -186,6 +186,25 @@ class Studio:
             raise
         return RunResponse(_stream(run, events), stop)
 
+    def sample_of(self, sid: str, run: str, index: int) -> tuple[Path, str]:
+        """An earlier run's sample to extend: its MIDI file, and the name of the model that made it."""
+        summary = self.store.summary(sid, run)
+        if index >= len(summary["samples"]):
+            raise RequestError(f"run {run} has no sample {index + 1}")
+        model = self.models.name_of(summary.get("checkpoint", ""))
+        if model is None:
+            raise RequestError(f"run {run} was made by a model this studio no longer offers")
+        return self.store.file(sid, run, summary["samples"][index]["midi"]), model
+
+    def extended(self, sid: str, midi: Path) -> dict[str, Any] | None:
+        """The run and sample index an extension continued (`midi`: its prompt), if still there."""
+        try:
+            records = self.store.summary(sid, midi.parent.name)["samples"]
+        except MusegenError:
+            return None
+        index = next((r["index"] for r in records if r.get("midi") == midi.name), None)
+        return {"run": midi.parent.name, "sample": index, "name": midi.name} if index is not None else None
+
     def ended(self, sid: str, run: str) -> None:
         self.stops.pop((sid, run), None)
         self.places.give_back(sid)
@@ -202,12 +221,18 @@ class Studio:
         return JSONResponse({"stopping": run})
 
     async def results(self, request: Request):
-        found = await run_in_threadpool(self.store.results, session(request))
-        for result in found:  # what the page needs to set its form as it was for the run
-            prompt = Path(result["prompt"]) if result.get("prompt") else None
-            result["model"] = self.models.name_of(result.get("checkpoint", ""))
-            result["prompt_id"], result["prompt_name"] = (prompt.parent.name, prompt.name) if prompt else (None, None)
-        return JSONResponse({"results": found})
+        def listed():
+            found = self.store.results(session(request))
+            for result in found:  # what the page needs to set its form as it was for the run
+                prompt = Path(result["prompt"]) if result.get("prompt") else None
+                result["model"] = self.models.name_of(result.get("checkpoint", ""))
+                result["prompt_id"] = prompt.parent.name if prompt else None
+                result["prompt_name"], result["extends"] = prompt.name if prompt else None, None
+                if prompt and prompt.parent.parent.name != "prompts":  # an extension: its prompt is a sample
+                    result["prompt_id"], result["extends"] = None, self.extended(session(request), prompt)
+            return found
+
+        return JSONResponse({"results": await run_in_threadpool(listed)})
 
     async def run_detail(self, request: Request):
         def detail():

@@ -9,7 +9,7 @@ const COLORS = ["#3d6fd8", "#d8673d", "#2e9e6b", "#9b4dd6", "#c9a200", "#d63d8a"
 
 const state = {
   models: [], prompt: null, view: null, // view: {ticksPerBeat, promptNotes, promptEnd, total, samples: [...]}
-  selected: 0, controller: null, run: null,
+  selected: 0, controller: null, run: null, maxBars: 64,
 };
 
 function showError(message) {
@@ -110,7 +110,8 @@ function toggleKeep(key) {
   localStorage.setItem("musegen-kept", JSON.stringify(list));
 }
 
-function sampleCards(count, run) {
+// `withFiles`: each sample is written (its view names its run): its Keep, downloads and Extend
+function sampleCards(count, withFiles) {
   const box = $("cards");
   box.innerHTML = "";
   for (let i = 0; i < count; i++) {
@@ -120,25 +121,28 @@ function sampleCards(count, run) {
     card.querySelector("canvas").onclick = () => select(i);
     box.appendChild(card);
   }
-  if (run) addDownloads(run);
-  showTransport(run ? count : 0);
+  if (withFiles) addDownloads();
+  showTransport(withFiles ? count : 0);
   redraw();
 }
 
-function addDownloads(run) {
+function addDownloads() {
   document.querySelectorAll(".sample").forEach((card) => {
     const i = Number(card.dataset.index), sample = state.view.samples[i];
     if (!sample || !sample.files) return;
     const stem = sample.files.midi.replace(/\.mid$/, "");
-    const file = (name) => api(`/files/${run}/${name}`);
-    const key = `${run}/${i}`;
+    const file = (name) => api(`/files/${sample.run}/${name}`);
+    const key = `${sample.run}/${sample.index}`;
     card.classList.toggle("kept", kept().includes(key));
     const row = document.createElement("div");
     row.innerHTML = `<div class="row"><button class="keep" type="button">Keep</button></div>
       <div class="row downloads">Download: <a href="${file(sample.files.midi)}" download>MIDI</a>
       <a href="${file(stem + ".wav")}" download>WAV</a>
-      <a href="${file(sample.files.json || stem + ".json")}" download>MIREX JSON</a></div>`;
+      <a href="${file(sample.files.json || stem + ".json")}" download>MIREX JSON</a></div>
+      <div class="row extending"><button class="extend" type="button">Extend</button>
+      by <input class="extend-bars" type="number" min="1" max="${state.maxBars}" step="1" value="4"> bars</div>`;
     row.querySelector(".keep").onclick = () => { toggleKeep(key); card.classList.toggle("kept", kept().includes(key)); loadResults(); };
+    row.querySelector(".extend").onclick = () => extend(i, row.querySelector(".extend-bars").value);
     card.appendChild(row);
   });
 }
@@ -205,7 +209,7 @@ async function playSound(begin) {
   await sound.loading;
   const bar = 4 * view.ticksPerBeat, from = Math.max(0, Number($("from-bar").value) - 1) * bar;
   const loopEnd = $("loop").checked ? Math.max(view.promptEnd || 0, from) + 2 * bar : null;
-  const wav = api(`/files/${state.run}/${sample.files.midi.replace(/\.mid$/, ".wav")}`);
+  const wav = api(`/files/${sample.run}/${sample.files.midi.replace(/\.mid$/, ".wav")}`);
   const time = timeline(sample.tempos, view.ticksPerBeat);
   const first = await sound.player.start(sample, time, { from, begin: begin ?? from, loopEnd, wav });
   if (!sound.player.play) return; // stopped while it started (a WAV is rendered first)
@@ -254,6 +258,7 @@ async function loadPrompt(query, body, label) {
     state.prompt = prompt;
     showTransport(0);
     $("prompt-name").textContent = `Prompt: ${prompt.name} (${prompt.bars} bars, ${prompt.notes.length} notes)`;
+    showPromptBars(1, prompt.bars, prompt.bars, prompt.name.endsWith(".json"));
     const end = prompt.notes.length ? Math.max(...prompt.notes.map((n) => n[1])) : 0;
     state.view = { ticksPerBeat: prompt.ticks_per_beat, promptNotes: prompt.notes, promptEnd: end,
                    total: (prompt.bars + Number($("bars").value || 0)) * 4 * prompt.ticks_per_beat, samples: [] };
@@ -261,6 +266,7 @@ async function loadPrompt(query, body, label) {
     redraw();
   } catch (err) {
     state.prompt = null;
+    showPromptBars();
     $("prompt-name").textContent = `No prompt (${label} is not used): the model starts from scratch.`;
     showError(err.message);
   }
@@ -270,18 +276,55 @@ function uploadFile(file) {
   if (file) loadPrompt(`name=${encodeURIComponent(file.name)}`, file, file.name);
 }
 
-// ---- generation ----
-function request() {
-  const number = (id) => ($(id).value === "" ? null : Number($(id).value));
-  return { model: $("model").value, prompt: state.prompt ? state.prompt.prompt : null, bars: number("bars"),
-           samples: number("samples"), temperature: number("temperature"), top_p: number("top_p"), seed: number("seed"),
-           tempo: $("tempo").value.trim() || null };
+// The prompt's bars the run continues, from..to (1-based, as the roll numbers them): shown for a
+// prompt file (`last`: its bars; null where not known), hidden without one; a MIREX task is
+// continued from its first bar (its times count from its own origin)
+function showPromptBars(from, to, last, fromFirst) {
+  $("prompt-bars").hidden = from === undefined;
+  $("prompt-from").value = from ?? ""; $("prompt-to").value = to ?? "";
+  $("prompt-from").max = $("prompt-to").max = last ?? "";
+  $("prompt-from").disabled = Boolean(fromFirst);
 }
 
-function onEvent(event, req) {
+// the prompt bars as the request sends them, checked in the page: null where they are the
+// default (the whole prompt, as `musegen sample` without --prompt-from and --prompt-bars)
+function promptBars() {
+  const p = state.prompt;
+  if (!p || p.extend) return {};
+  const last = p.bars ?? Infinity, range = (low) => (last === Infinity ? `${low} or more` : `from ${low} to ${last}`);
+  const bar = (id, empty) => { const v = $(id).value.trim(); return v === "" ? empty : /^\d+$/.test(v) ? Number(v) : NaN; };
+  const from = bar("prompt-from", 1), to = bar("prompt-to", last);
+  if (!(from >= 1 && from <= last)) throw new Error(`prompt from bar must be a whole number ${range(1)}`);
+  if (!(to >= from && to <= last)) throw new Error(`prompt to bar must be a whole number ${range(from)}`);
+  return { prompt_from: from > 1 ? from : null, prompt_to: to < last ? to : null };
+}
+
+// the sampling settings of the form, as a run or an extension sends them
+function formSettings() {
+  const number = (id) => ($(id).value === "" ? null : Number($(id).value));
+  return { model: $("model").value, temperature: number("temperature"), top_p: number("top_p"), seed: number("seed"),
+           tempo: $("tempo").value.trim() || null, bars: number("bars"), samples: number("samples") };
+}
+
+// the form's run: its prompt (an uploaded one, or an earlier sample brought back from the results)
+function request() {
+  const p = state.prompt, extend = p && p.extend;
+  return { ...formSettings(), prompt: p && !extend ? p.prompt : null, ...promptBars(),
+           extend_run: extend ? extend.run : null, extend_sample: extend ? extend.sample : null };
+}
+
+// `into`: for an extension, the card whose sample is extended (null: the run's own cards)
+function onEvent(event, req, into) {
   if (event.event === "queued") { state.run = event.run; setStatus("waiting for a free worker…"); }
   else if (event.event === "started") setStatus("sampling…");
-  else if (event.event === "notes") {
+  else if (event.event === "notes" && into !== null) { // the sample grows in its own card
+    $("progress").value = event.progress;
+    const delta = event.samples[0];
+    state.streamed = state.streamed.slice(0, delta.from).concat(delta.notes);
+    state.view.samples[into] = { ...state.view.samples[into], notes: state.streamed };
+    redraw();
+    $("roll").dataset.notes = state.streamed.length; // read by the browser test
+  } else if (event.event === "notes") {
     $("progress").value = event.progress;
     const tpb = state.view ? state.view.ticksPerBeat : 480;
     const bars = state.prompt ? state.prompt.bars : 0;
@@ -299,11 +342,11 @@ function onEvent(event, req) {
     $("roll").dataset.notes = state.view.samples.reduce((a, s) => a + s.notes.length, 0); // read by the browser test
   } else if (event.event === "done") {
     $("progress").value = 1;
-    showRun(event.run, event.samples);
+    into === null ? showRun(event.run, event.samples) : placeSample(into, event.run, event.samples[0]);
     setStatus(`done: ${event.stats.new_tokens} tokens in ${event.stats.seconds} s`);
     loadResults();
   } else if (event.event === "stopped" && event.run) { // Stop kept the bars drawn so far
-    showRun(event.run, event.samples);
+    into === null ? showRun(event.run, event.samples) : placeSample(into, event.run, event.samples[0]);
     setStatus(`stopped: ${event.bars} bars kept`);
     loadResults();
   } else if (event.event === "stopped") setStatus("stopped");
@@ -312,13 +355,41 @@ function onEvent(event, req) {
 
 async function generate() {
   showError("");
-  const req = request();
-  state.controller = new AbortController();
-  $("generate").disabled = true; $("stop").disabled = false; $("progress").value = 0;
+  let req;
+  try { req = request(); } catch (err) { return showError(err.message); }
   if (state.view) state.view.samples = [];
-  state.run = null;
   $("cards").innerHTML = "";
   showTransport(0);
+  await stream(req, null);
+}
+
+// Extend: sample i continued by `bars` more bars, in its card. The whole sample is the prompt
+// (the server continues its MIDI file as `musegen sample --prompt <it>` does, with the model that
+// made it), with the form's temperature, top-p, seed and tempo; the result is a run of its own,
+// listed with the others, and takes the sample's place. A run that fails or is let go leaves it.
+async function extend(i, bars) {
+  if (state.controller) return;
+  showError("");
+  const n = /^\d+$/.test(String(bars).trim()) ? Number(bars) : NaN, sample = state.view.samples[i];
+  if (!(n >= 1 && n <= state.maxBars)) return showError(`extend by a whole number of bars from 1 to ${state.maxBars}`);
+  state.selected = i;
+  const bar = 4 * state.view.ticksPerBeat, end = Math.max(0, ...sample.notes.map((note) => note[1]));
+  state.view.total = Math.max(state.view.total, (Math.ceil(end / bar) + n) * bar);
+  state.streamed = [];
+  const req = { ...formSettings(), bars: n, samples: 1, extend_run: sample.run, extend_sample: sample.index };
+  const last = await stream(req, i);
+  if (!(last && last.run && (last.event === "done" || last.event === "stopped"))) {
+    state.view.samples[i] = sample;
+    redraw();
+  }
+}
+
+// posts `req` and follows its run's events to their end; returns the last one
+async function stream(req, into) {
+  let last = null;
+  state.controller = new AbortController();
+  $("generate").disabled = true; $("stop").disabled = false; $("progress").value = 0;
+  state.run = null;
   setStatus("starting…");
   try {
     const response = await fetch(api("/api/generate"), {
@@ -333,7 +404,8 @@ async function generate() {
       buffer += decoder.decode(value, { stream: true });
       let cut;
       while ((cut = buffer.indexOf("\n")) >= 0) {
-        onEvent(JSON.parse(buffer.slice(0, cut)), req);
+        last = JSON.parse(buffer.slice(0, cut));
+        onEvent(last, req, into);
         buffer = buffer.slice(cut + 1);
       }
     }
@@ -342,6 +414,7 @@ async function generate() {
   } finally {
     $("generate").disabled = false; $("stop").disabled = true; state.controller = null;
   }
+  return last;
 }
 
 // Stop: the server ends the run and keeps the bars drawn so far (the stream says so); a run not
@@ -358,8 +431,16 @@ async function stop() {
 
 function showRun(run, samples) {
   state.run = run; state.selected = 0;
-  state.view = viewOf(samples, samples[0] ? samples[0].ticks_per_beat : 480);
-  sampleCards(samples.length, run);
+  state.view = viewOf(samples.map((s) => ({ ...s, run })), samples[0] ? samples[0].ticks_per_beat : 480);
+  sampleCards(samples.length, true);
+}
+
+// an extension's sample, written as run `run`, in the place of the sample it extends
+function placeSample(i, run, sample) {
+  state.run = run;
+  state.view.samples[i] = { ...sample, run };
+  state.view.total = Math.max(...state.view.samples.map((s) => Math.max(0, ...s.notes.map((n) => n[1]))));
+  sampleCards(state.view.samples.length, true);
 }
 
 // ---- earlier results ----
@@ -370,10 +451,12 @@ async function loadResults() {
     $("results").innerHTML = "";
     for (const r of results) {
       const li = document.createElement("li");
-      const s = r.settings;
-      li.textContent = `${keptRuns.has(r.run) ? "★ " : ""}${r.run.slice(9, 15).replace(/(..)(..)(..)/, "$1:$2:$3")} ` +
+      const s = r.settings, from = s.prompt_from ?? 1, cut = from > 1 || s.prompt_bars;
+      li.textContent = `${keptRuns.has(r.run) ? "★ " : ""}${clock(r.run)} ` +
         `${r.stem} with ${r.model || "a model no longer offered"}: ${r.samples.length} × ${s.bars} bars, seed ${s.seed}, ` +
-        `T=${s.temperature}, p=${s.top_p}, tempo ${s.tempo}` + (r.stopped ? ` (stopped at ${r.stopped_at_bars} bars)` : "");
+        `T=${s.temperature}, p=${s.top_p}, tempo ${s.tempo}` + (r.stopped ? ` (stopped at ${r.stopped_at_bars} bars)` : "") +
+        (cut ? `, prompt bars ${from}–${from + r.prompt_bars - 1}` : "") +
+        (r.extends ? ` (extends sample ${r.extends.sample + 1} of ${clock(r.extends.run)})` : "");
       li.onclick = async () => {
         try {
           const d = await json(await fetch(api(`/api/runs/${r.run}`)));
@@ -385,14 +468,23 @@ async function loadResults() {
   } catch (err) { showError(err.message); }
 }
 
-// the form as it was for an earlier run: its model, its prompt, its settings (as the run recorded them)
+function clock(run) { return run.slice(9, 15).replace(/(..)(..)(..)/, "$1:$2:$3"); }
+
+// the form as it was for an earlier run: its model, its prompt (an uploaded one and its bars, or
+// the earlier sample an extension continued), its settings (as the run recorded them)
 function restoreForm(r) {
   if (state.models.some((m) => m.name === r.model)) { $("model").value = r.model; showDefaults(); showExamples(); }
   const s = r.settings;
   const fields = { bars: s.bars, samples: s.num_samples, temperature: s.temperature, top_p: s.top_p, seed: s.seed, tempo: s.tempo };
   for (const [id, value] of Object.entries(fields)) $(id).value = value ?? "";
-  state.prompt = r.prompt_id ? { prompt: r.prompt_id, name: r.prompt_name, bars: r.prompt_bars } : null;
-  $("prompt-name").textContent = state.prompt ? `Prompt: ${r.prompt_name} (${r.prompt_bars} bars)` : "No prompt: the model starts from scratch.";
+  const from = s.prompt_from ?? 1, cut = from > 1 || s.prompt_bars; // if cut, the file's own bars are not known here
+  state.prompt = r.prompt_id ? { prompt: r.prompt_id, name: r.prompt_name, bars: cut ? null : r.prompt_bars }
+    : r.extends ? { extend: r.extends, name: r.extends.name, bars: r.prompt_bars } : null;
+  $("prompt-name").textContent = !state.prompt ? "No prompt: the model starts from scratch."
+    : r.extends ? `Prompt: ${r.prompt_name}, sample ${r.extends.sample + 1} of ${clock(r.extends.run)} (${r.prompt_bars} bars)`
+    : `Prompt: ${r.prompt_name} (${cut ? `bars ${from} to ${from + r.prompt_bars - 1}` : `${r.prompt_bars} bars`})`;
+  if (r.prompt_id) showPromptBars(from, from + r.prompt_bars - 1, state.prompt.bars, r.prompt_name.endsWith(".json"));
+  else showPromptBars();
   $("example").value = ""; $("file").value = "";
 }
 
@@ -416,10 +508,12 @@ async function start() {
     const info = await json(await fetch(api("/api/models")));
     state.models = info.models;
     for (const m of info.models) $("model").add(new Option(`${m.name} (${m.tokenizer})`, m.name));
-    $("bars").max = info.max_bars; $("samples").max = info.max_samples;
-    $("model").onchange = () => { // the prompt held is read again by the new model's tokenizer, or let go
+    $("bars").max = state.maxBars = info.max_bars; $("samples").max = info.max_samples;
+    // the prompt held is read again by the new model's tokenizer, or let go; an earlier sample
+    // is continued by the model that made it, whichever is chosen
+    $("model").onchange = () => {
       showDefaults(); showExamples();
-      if (state.prompt) loadPrompt(`prompt=${state.prompt.prompt}`, null, state.prompt.name);
+      if (state.prompt && state.prompt.prompt) loadPrompt(`prompt=${state.prompt.prompt}`, null, state.prompt.name);
     };
     showDefaults(); showExamples();
     loadSound(info.sound_missing);

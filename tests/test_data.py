@@ -347,8 +347,3 @@ def test_crops_of_a_model_of_beats_carry_each_tokens_onset_and_train_it():
     model = MusicPerformer(preset("tiny", vocab_size=tok.vocab_size, positions="beats", window=8))
     model(ids[:, :-1], beats[:, :-1]).logsumexp(-1).mean().backward()
     assert model.spe.freqs.grad.abs().sum() > 0
-
-
-def test_a_tokenizer_without_onsets_says_so_in_one_line():
-    with pytest.raises(ConfigError, match="the groove tokenizer gives no onsets"):
-        GrooveTokenizer().onsets(np.zeros(3, dtype=np.int64))

@@ -31,9 +31,7 @@ from musegen.generation.loop import filter_logits, generate, temper_within_famil
 from musegen.generation.outputs import with_prompt_end, write_samples
 from musegen.generation.prompt import Prompt, load_prompt, prompt_from_ids, with_ending
 from musegen.generation.settings import SampleSettings
-from musegen.model.config import preset
 from musegen.model.torch_step import PreparedWeights
-from musegen.model.transformer import MusicPerformer
 from musegen.music.notes import NoteTable
 from musegen.render import PROMPT_END_MARKER
 from musegen.tokenizers import Tokenizer, tokenizer_from_dict
@@ -915,10 +913,3 @@ def test_a_groove_sampler_never_begins_one_drum_twice_at_one_time(models, prompt
                 begun.append(t)
         assert len(tok.bar_starts(sample.ids)) >= len(tok.bar_starts(prompt.ids)) + 4
         assert Counter(sample.ids.tolist())[kick] > 4  # the bias was followed, once a time
-
-
-def test_a_model_of_beats_is_refused_in_one_line_until_the_sampler_passes_onsets():
-    tok = tokenizer_from_dict({"kind": "song"})
-    model = MusicPerformer(preset("tiny", vocab_size=tok.vocab_size, positions="beats")).eval()
-    with pytest.raises(ConfigError, match="^sampling from a model whose positions are beats is not supported yet"):
-        generate(model, tok, EMPTY, SampleSettings(length=8), progress=False)

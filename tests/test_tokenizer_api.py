@@ -18,7 +18,7 @@ from tiny_models import tiny_checkpoint
 
 import musegen.generation
 from musegen.checkpoint import load_checkpoint
-from musegen.errors import CheckpointError, MusegenError, TokenError
+from musegen.errors import CheckpointError, ConfigError, MusegenError, TokenError
 from musegen.generation.loop import generate
 from musegen.generation.outputs import write_samples
 from musegen.generation.prompt import load_prompt
@@ -281,6 +281,14 @@ def test_a_new_representation_samples_without_touching_the_sampler(mono, tmp_pat
         assert all(3 * 1920 <= start < 5 * 1920 for start in fresh.start.tolist())
     defaults = SampleSettings(length=4).resolved(mono)
     assert (defaults.temperature, defaults.top_p) == (0.9, 0.95)
+
+
+def test_a_representation_without_onsets_refuses_a_model_of_beats_in_one_line(mono):
+    model = MusicPerformer(preset("tiny", vocab_size=mono.vocab_size, positions="beats")).eval()
+    with pytest.raises(ConfigError, match="^the mono-test tokenizer gives no onsets: positions 'beats' needs one"):
+        mono.onsets(np.zeros(3, dtype=np.int64))
+    with pytest.raises(ConfigError, match="^the mono-test tokenizer gives no onsets"):
+        generate(model, mono, load_prompt(mono, None), SampleSettings(length=8), progress=False)
 
 
 def test_a_new_representation_prepares_a_folder_without_touching_data_prep(mono, tmp_path):

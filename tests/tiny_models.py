@@ -12,16 +12,17 @@ from musegen.model.transformer import MusicPerformer
 from musegen.tokenizers import Tokenizer, tokenizer_from_dict
 
 
-def tiny_model(kind: str, seed: int = 0) -> tuple[MusicPerformer, Tokenizer]:
-    """A tiny model (in eval mode) for the default tokenizer of `kind`, and that tokenizer."""
+def tiny_model(kind: str, seed: int = 0, **config) -> tuple[MusicPerformer, Tokenizer]:
+    """A tiny model (in eval mode) for the default tokenizer of `kind`, and that tokenizer;
+    `config`: settings of the model beside the tiny preset's (e.g. positions="beats")."""
     tok = tokenizer_from_dict({"kind": kind})
     torch.manual_seed(seed)
-    return MusicPerformer(preset("tiny", vocab_size=tok.vocab_size)).eval(), tok
+    return MusicPerformer(preset("tiny", vocab_size=tok.vocab_size, **config)).eval(), tok
 
 
-def tiny_checkpoint(kind: str, folder: Path, meta: dict | None = None) -> Path:
-    """A checkpoint folder of `tiny_model(kind)`."""
-    model, tok = tiny_model(kind)
+def tiny_checkpoint(kind: str, folder: Path, meta: dict | None = None, **config) -> Path:
+    """A checkpoint folder of `tiny_model(kind, **config)`."""
+    model, tok = tiny_model(kind, **config)
     return save_checkpoint(folder, model, model.config, tok, meta)
 
 

@@ -10,12 +10,15 @@ allows next). With the grammar on, the mask removes what the grammar rejects bef
 is reached in the middle of a note, sampling goes on under the finishing mask until the grammar
 says the piece can close, then the grammar's closing tokens are appended. With `--bars`, a sample
 stops where the tokenizer's `bar_starts` lists the first bar past the requested ones, and is
-closed there. Nothing here knows a tokenizer's kind: the sampling defaults, end tokens and
-decoding facts come from the `Tokenizer` API.
+closed there. A model whose positions are beats gets each token's onset with it, the prompt's
+and every new token's, from one `Tokenizer.onset_clock` per sample. Nothing here knows a
+tokenizer's kind: the sampling defaults, end tokens and decoding facts come from the `Tokenizer`
+API.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from dataclasses import dataclass
@@ -125,9 +128,6 @@ def generate(
     Returns the samples and run statistics (tokens/s of the sampling loop, counts).
     """
     check_threads(threads)
-    if model.config.positions != "tokens":
-        # (the step takes each token's onset, which the sampler does not pass yet)
-        raise ConfigError("sampling from a model whose positions are beats is not supported yet; train with tokens")
     device = checked_device(device)
     if threads is None and device.type == "cpu":
         threads = DEFAULT_CPU_THREADS
@@ -241,6 +241,7 @@ def _generate(
     grammar = tokenizer.grammar()
     prompt = walked(tokenizer, prompt)
     start_ids, start_state = _start(grammar, prompt, s.seed)
+    onsets = _Onsets(tokenizer, start_ids, s.num_samples) if model.config.positions == "beats" else None
     budget = s.length if s.length else s.bars * MAX_TOKENS_PER_BAR
     model.config.check_length(len(start_ids) + (s.length or 0), "the prompt plus --length")
     check_memory(model, s.num_samples, len(start_ids) + budget + FINISH_LIMIT, device, weights)
@@ -262,7 +263,8 @@ def _generate(
     started = time.perf_counter()
     with bar, torch.inference_mode():  # (the bar is cleared on errors too)
         session = model.session(len(rows), choice.path, seed=s.seed, weights=weights)
-        logits = _ingest(session, start_ids, len(rows), device, on_ingest)
+        prompt_onsets = None if onsets is None else onsets.prompt
+        logits = _ingest(session, start_ids, len(rows), device, on_ingest, prompt_onsets)
         for _ in range(budget + FINISH_LIMIT):
             active = [row for row in rows if not row.done]
             if not active:
@@ -272,12 +274,15 @@ def _generate(
                 if not row.done:
                     tokens[b] = token = moves.written(row, int(tokens[b]))
                     moves.advance(row, token)
+                    if onsets is not None:
+                        onsets.advance(b, token)
             bar.update(len(active))
             if on_step is not None:
                 on_step([row.ids for row in rows])
             if limit is not None and session.position >= limit and all(r.done or r.new >= budget for r in rows):
                 break  # only notes to finish are left, past the last position: they stay unfinished
-            logits = session.step(tokens.to(device))  # past the last position: a ConfigError
+            beats = None if onsets is None else onsets.now(device)
+            logits = session.step(tokens.to(device), beats)  # past the last position: a ConfigError
         state_bytes = session.state_bytes // len(rows)
     elapsed = time.perf_counter() - started
     samples = [
@@ -341,12 +346,34 @@ def _stats(samples: list[Sample], elapsed: float, state_bytes: int) -> dict[str,
     }
 
 
-def _ingest(model, prompt_ids: list[int], batch: int, device, between=None, chunk: int = 512) -> torch.Tensor:
+class _Onsets:
+    """Each row's onset in beats, for a model whose positions are beats: the prompt's, then the
+    onset of every token a row writes, from one `OnsetClock` per row (a row that is done keeps
+    its last onset: what it is fed then is ignored)."""
+
+    def __init__(self, tokenizer: Tokenizer, prompt_ids: list[int], batch: int):
+        clock = tokenizer.onset_clock()
+        self.prompt = [clock.advance(token) for token in prompt_ids]
+        self.clocks = [copy.copy(clock) for _ in range(batch)]
+        self.last = [self.prompt[-1]] * batch
+
+    def advance(self, row: int, token: int) -> None:
+        self.last[row] = self.clocks[row].advance(token)
+
+    def now(self, device) -> torch.Tensor:
+        return torch.tensor(self.last, dtype=torch.float64, device=device)
+
+
+def _ingest(
+    model, prompt_ids: list[int], batch: int, device, between=None, onsets: list[float] | None = None, chunk: int = 512
+) -> torch.Tensor:
     """Feed the prompt to the streaming model in parallel chunks; the logits after its last token.
-    `between` is called before each chunk (generate's `on_ingest`)."""
+    `between` is called before each chunk (generate's `on_ingest`); `onsets`: each prompt
+    token's onset, for a model whose positions are beats."""
     ids = torch.tensor(prompt_ids, dtype=torch.long, device=device).expand(batch, -1)
+    beats = None if onsets is None else torch.tensor(onsets, dtype=torch.float64, device=device).expand(batch, -1)
     for t0 in range(0, len(prompt_ids), chunk):
         if between is not None:
             between()
-        logits = model.step(ids[:, t0 : t0 + chunk])
+        logits = model.step(ids[:, t0 : t0 + chunk], None if beats is None else beats[:, t0 : t0 + chunk])
     return logits[:, -1]

@@ -14,6 +14,7 @@ import torch
 from ..model.torch_step import PreparedWeights
 from ..model.transformer import BF16, STEP_C
 from ..precision import Choice, choose, digest
+from .resources import probe_onsets
 
 
 def step_choice(precision: str, model, batch: int, quiet: bool = False) -> Choice:
@@ -25,7 +26,8 @@ def step_choice(precision: str, model, batch: int, quiet: bool = False) -> Choic
         weights = PreparedWeights(model)  # the candidates' own copies: freed once timed
         tokens = torch.zeros(batch, dtype=torch.long, device=model.device)
         sessions = [model.session(batch, path, seed=0, weights=weights) for path in paths]
-        return {session.path: partial(session.step, tokens) for session in sessions}
+        beats = probe_onsets(model, batch)
+        return {session.path: partial(session.step, tokens, beats) for session in sessions}
 
     what = f"the step of {digest(model.config.to_dict())} at batch {batch}"
     bf16_path = STEP_C if STEP_C in paths else BF16

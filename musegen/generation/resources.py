@@ -42,6 +42,14 @@ def checked_device(device: str | torch.device | None) -> torch.device:
     return resolved
 
 
+def probe_onsets(model, batch: int) -> torch.Tensor | None:
+    """Onsets for steps that only measure the model (its memory, its speed): zeros for a model
+    whose positions are beats, none for one of token positions."""
+    if model.config.positions != "beats":
+        return None
+    return torch.zeros(batch, dtype=torch.float64, device=model.device)
+
+
 def check_memory(model, num_samples: int, tokens: int, device: torch.device, weights: PreparedWeights) -> None:
     """ConfigError when `num_samples` sequences of `tokens` tokens cannot fit in the device's
     memory: per sample, the model's streaming state (measured on two steps, so a cache that
@@ -50,10 +58,10 @@ def check_memory(model, num_samples: int, tokens: int, device: torch.device, wei
     own choice is timed later, at its batch size, only once the batch is known to fit."""
     with torch.inference_mode():
         session = model.session(1, seed=0, weights=weights)
-        one = torch.zeros(1, dtype=torch.long, device=device)
-        session.step(one)
+        one, beats = torch.zeros(1, dtype=torch.long, device=device), probe_onsets(model, 1)
+        session.step(one, beats)
         first = session.state_bytes
-        session.step(one)
+        session.step(one, beats)
         growth = session.state_bytes - first
     per_sample = first + growth * tokens + 64 * model.config.vocab_size + 64 * tokens
     memory = device_memory(device) or 0

@@ -411,7 +411,7 @@ class Session:
     @torch.no_grad()
     def step(self, tokens: torch.Tensor, beats: Optional[torch.Tensor] = None) -> torch.Tensor:
         """`beats`, shaped as `tokens`: each token's onset in beats, for a model whose positions
-        are beats (the sampler knows it from the grammar's state)."""
+        are beats (the sampler keeps it with the tokenizer's `onset_clock`)."""
         single = tokens.dim() == 1
         ids = tokens[:, None] if single else tokens
         if ids.dim() != 2 or ids.shape[0] != self.batch_size:

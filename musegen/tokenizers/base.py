@@ -151,6 +151,17 @@ class FramedGrammar(Grammar):
         return self.step_inside(state, token)
 
 
+class OnsetClock(abc.ABC):
+    """A piece's onset in beats, kept token by token (`Tokenizer.onset_clock`): the sampler holds
+    one per sample and advances it on each token written, in constant time, where `onsets` of
+    the whole sequence would cost its length at every step. It holds a few numbers, so
+    `copy.copy` forks it (one prompt, several samples)."""
+
+    @abc.abstractmethod
+    def advance(self, token: int) -> float:
+        """The onset of `token`, appended to the tokens advanced so far."""
+
+
 class RepresentationError(TokenError):
     """Tokens made by another version of a representation than the one this musegen reads."""
 
@@ -308,8 +319,17 @@ class Tokenizer(abc.ABC):
     def onsets(self, ids) -> np.ndarray:
         """Each token's onset in beats from the piece's start (float64, non-decreasing): the
         positions of a model whose positions are beats (ModelConfig.positions), for training
-        crops (musegen.data.CropDataset) and, from the grammar's state, for the sampler's step."""
-        raise ConfigError(f"the {self.kind} tokenizer gives no onsets: positions 'beats' needs one that does")
+        crops (musegen.data.CropDataset) and evaluation. A tokenizer that gives them gives
+        `onset_clock` too, for the sampler."""
+        raise self._no_onsets()
+
+    def onset_clock(self) -> OnsetClock:
+        """A clock at the start of a piece that gives, token by token, the onsets `onsets` gives
+        a sequence the grammar accepts: what a sampler feeds a model of beats, one step at a time."""
+        raise self._no_onsets()
+
+    def _no_onsets(self) -> ConfigError:
+        return ConfigError(f"the {self.kind} tokenizer gives no onsets: positions 'beats' needs one that does")
 
     # ---- piece-level augmentation (musegen.data.Augmenter), for the keys of `augmentation` ----
 

@@ -37,6 +37,7 @@ from .groove_events import (
     START,
     UNITS_PER_BEAT,
     VOCAB,
+    ShiftClock,
     as_ids,
     bar_starts_at,
     content_end,
@@ -246,6 +247,14 @@ class GrooveTokenizer(Tokenizer):
         ids[:bar_starts[b]] is the piece before bar b. Bar 0 starts after Start."""
         ids = as_ids(ids, self.vocab_size)
         return bar_starts_at(token_times(ids), content_end(ids), bool(len(ids) and ids[0] == START))
+
+    def onsets(self, ids) -> np.ndarray:
+        """Each token's time in beats as decoding reads it: a shift's is where it moves to, a
+        note event's is its note's start (or end), Start's is 0."""
+        return token_times(as_ids(ids, self.vocab_size)) / UNITS_PER_BEAT
+
+    def onset_clock(self) -> ShiftClock:
+        return ShiftClock()
 
     def to_bar_line(self, state: GrooveState, bar: int) -> list[int]:
         """Appended to a piece cut where bar `bar` starts (`ids[:bar_starts[bar]]`, in grammar state

@@ -42,6 +42,8 @@ from .groove_events import (
     N_PITCH,
     N_SHIFTS,
     TIME_SHIFT,
+    UNITS_PER_BEAT,
+    ShiftClock,
     bar_starts_at,
     content_end,
     shift_target,
@@ -283,6 +285,14 @@ class GrooveDurTokenizer(Tokenizer):
         past its line); bar 0 starts after Start."""
         ids = self.check_ids(ids)
         return bar_starts_at(times_after(ids), content_end(ids, END), bool(len(ids) and ids[0] == START))
+
+    def onsets(self, ids) -> np.ndarray:
+        """Each token's time in beats as decoding reads it: a shift's is where it moves to, a
+        Note's and its Duration's is the note's start, Start's is 0."""
+        return times_after(self.check_ids(ids)) / UNITS_PER_BEAT
+
+    def onset_clock(self) -> ShiftClock:
+        return ShiftClock(SHIFT)
 
     def to_bar_line(self, state: DurState, bar: int) -> list[int]:
         """The shifts that move a piece cut where bar `bar` starts to that bar line. Its notes

@@ -31,6 +31,7 @@ import numpy as np
 from ..errors import TokenError
 from ..music.constants import BEATS_PER_BAR
 from ..music.roles import DRUMS, TRACKS
+from .base import OnsetClock
 
 UNITS_PER_BEAT = 12
 MAX_SHIFT_BEATS = 2
@@ -189,6 +190,19 @@ def token_times(ids: np.ndarray) -> np.ndarray:
     last_shift = np.maximum.accumulate(np.where(shift, np.arange(len(ids)), -1))
     ticks = np.where(last_shift >= 0, units[np.maximum(last_shift, 0)] % UNITS_PER_BEAT, 0)
     return beats * UNITS_PER_BEAT + ticks
+
+
+class ShiftClock(OnsetClock):
+    """`token_times` in beats, token by token, for a vocabulary whose shift tokens start at
+    `first_shift` (groove-dur's sit elsewhere) and mean what groove's do."""
+
+    def __init__(self, first_shift: int = TIME_SHIFT):
+        self.first_shift, self.time = first_shift, 0
+
+    def advance(self, token: int) -> float:
+        if 0 <= token - self.first_shift < N_SHIFTS:
+            self.time = shift_target(self.time, token - self.first_shift + TIME_SHIFT)
+        return self.time / UNITS_PER_BEAT
 
 
 def rewrite(ids: np.ndarray, change) -> np.ndarray:

@@ -51,7 +51,7 @@ from ..music.chords import detect_chords
 from ..music.constants import BEATS_PER_BAR, DEFAULT_BPM, MAX_BARS, TICKS_PER_BEAT
 from ..music.midi import read_midi, source_name
 from ..music.notes import NoteTable, Track
-from .base import Encoding, Tokenizer
+from .base import Encoding, OnsetClock, Tokenizer
 from .remi_bars import BarGrid
 from .remi_grammar import RemiGrammar
 from .remi_vocab import RemiSettings, RemiVocab
@@ -366,9 +366,28 @@ class RemiTokenizer(RemiVocab, Tokenizer):
         cell = np.where(last >= 0, cell[np.maximum(last, 0)], 0)
         return (bar * self.positions_per_bar + cell) / self.beat_resolution
 
+    def onset_clock(self) -> _RemiClock:
+        return _RemiClock(self)
+
     def bar_starts(self, ids) -> list[int]:
         """Index of every Bar token (the last one, before EOS, closes the piece)."""
         return np.flatnonzero(np.asarray(ids) == self.bar_id).tolist()
+
+
+class _RemiClock(OnsetClock):
+    """`RemiTokenizer.onsets`, token by token: the bars begun and the cell of the last Bar or Beat."""
+
+    def __init__(self, tok: RemiTokenizer):
+        self.bar_id, self.beat_of = tok.bar_id, tok.beat_of
+        self.positions_per_bar, self.beat_resolution = tok.positions_per_bar, tok.beat_resolution
+        self.bars = self.cell = 0
+
+    def advance(self, token: int) -> float:
+        if token == self.bar_id:
+            self.bars, self.cell = self.bars + 1, 0
+        elif self.beat_of[token] >= 0:
+            self.cell = int(self.beat_of[token])
+        return (max(self.bars - 1, 0) * self.positions_per_bar + self.cell) / self.beat_resolution
 
 
 @dataclass

@@ -39,7 +39,7 @@ from ..music.constants import DEFAULT_BPM, MAX_BARS, TICKS_PER_BEAT
 from ..music.meter import signature_changes
 from ..music.midi import read_midi, source_name
 from ..music.notes import ROLES, NoteTable, Track
-from .base import Encoding, Tokenizer
+from .base import Encoding, OnsetClock, Tokenizer
 from .song_grammar import SongGrammar
 from .song_vocab import (
     DRUM_PROGRAM,
@@ -352,7 +352,29 @@ class SongTokenizer(SongVocab, Tokenizer):
         last = np.maximum.accumulate(marked) if len(ids) else marked
         return (bar_start + np.where(last >= 0, cell[last], 0)) / UNITS_PER_BEAT
 
+    def onset_clock(self) -> _SongClock:
+        return _SongClock(self)
+
     def meter_of_bars(self, ids) -> list[tuple[int, int]]:
         """The meter of each bar of a piece, in order."""
         ids = self.check_ids(ids)
         return [METERS[m] for m in self.meter_of[ids[self.meter_of[ids] >= 0]]]
+
+
+class _SongClock(OnsetClock):
+    """`SongTokenizer.onsets`, token by token: the current bar's line (the lengths of the TimeSigs
+    before it: one per bar, right after its Bar, in a sequence the grammar accepts) and the cell
+    of the last Bar or Position, in units."""
+
+    def __init__(self, tok: SongTokenizer):
+        self.bar_id, self.meter_of, self.position_of = tok.bar_id, tok.meter_of, tok.position_of
+        self.bar_start = self.meters_length = self.cell = 0
+
+    def advance(self, token: int) -> float:
+        if token == self.bar_id:
+            self.bar_start, self.cell = self.meters_length, 0
+        elif self.meter_of[token] >= 0:
+            self.meters_length += int(SongTokenizer.bar_units_table[self.meter_of[token]])
+        elif self.position_of[token] >= 0:
+            self.cell = int(self.position_of[token])
+        return (self.bar_start + self.cell) / UNITS_PER_BEAT

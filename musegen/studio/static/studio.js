@@ -25,11 +25,12 @@ async function json(response) {
 function setStatus(text) { $("status").textContent = text; }
 
 function redraw() {
-  draw($("roll"), state.view);
+  drawRoll($("roll"), state.view, state.selected, true);
+  drawLegend($("legend"), $("roll"), state.view, state.selected);
   document.querySelectorAll(".sample").forEach((card) => {
     const i = Number(card.dataset.index);
     card.classList.toggle("selected", i === state.selected);
-    draw(card.querySelector("canvas"), state.view, i);
+    drawRoll(card.querySelector("canvas"), state.view, i, false);
   });
 }
 
@@ -47,7 +48,7 @@ function sampleCards(count, run) {
   for (let i = 0; i < count; i++) {
     const card = document.createElement("div");
     card.className = "sample"; card.dataset.index = i;
-    card.innerHTML = `<h3 style="color:${COLORS[i % COLORS.length]}">Sample ${i + 1}</h3><canvas width="680" height="110"></canvas>`;
+    card.innerHTML = `<h3>Sample ${i + 1}</h3><canvas width="680" height="110"></canvas>`;
     card.querySelector("canvas").onclick = () => select(i);
     box.appendChild(card);
   }
@@ -79,7 +80,8 @@ function viewOf(samples, ticksPerBeat) {
   const promptEnd = first.prompt_end ?? null;
   const promptNotes = promptEnd === null ? [] : first.notes.filter((n) => n[0] < promptEnd);
   const total = Math.max(...samples.map((s) => Math.max(0, ...s.notes.map((n) => n[1]))));
-  return { ticksPerBeat, promptNotes, promptEnd, total, samples: samples.map((s) => ({ ...s, notes: s.notes })) };
+  return { ticksPerBeat, promptNotes, promptEnd, total, tracks: first.tracks, meters: first.meters,
+           samples: samples.map((s) => ({ ...s, notes: s.notes })) };
 }
 
 // ---- sound ----
@@ -117,8 +119,7 @@ function showTransport(samples) {
     button.classList.toggle("selected", i === state.selected);
     $("ab").appendChild(button);
   }
-  const bar = state.view ? 4 * state.view.ticksPerBeat : 1;
-  $("from-bar").value = Math.max(1, Math.floor((state.view?.promptEnd || 0) / bar) - 1);
+  $("from-bar").value = state.view ? Math.max(1, barAt(state.view, state.view.promptEnd || 0) - 2) : 1;
 }
 
 function select(i) {
@@ -134,8 +135,8 @@ async function playSound(begin) {
   const view = state.view, sample = view && view.samples[state.selected];
   if (!sample || !sample.tracks) return;
   await sound.loading;
-  const bar = 4 * view.ticksPerBeat, from = Math.max(0, Number($("from-bar").value) - 1) * bar;
-  const loopEnd = $("loop").checked ? Math.max(view.promptEnd || 0, from) + 2 * bar : null;
+  const from = barStart(view, Number($("from-bar").value));
+  const loopEnd = $("loop").checked ? barStart(view, barAt(view, Math.max(view.promptEnd || 0, from)) + 2) : null;
   const wav = api(`/files/${state.run}/${sample.files.midi.replace(/\.mid$/, ".wav")}`);
   const time = timeline(sample.tempos, view.ticksPerBeat);
   const first = await sound.player.start(sample, time, { from, begin: begin ?? from, loopEnd, wav });
@@ -160,16 +161,17 @@ function followPlayhead() {
   if (!sound.playing) return;
   const tick = sound.player.position();
   if (tick === null) return stopSound(); // played to its end
-  $("playhead").style.left = `${(100 * tick) / Number($("roll").dataset.end)}%`;
+  const share = rollShare(tick); // null outside the roll's window
+  $("playhead").style.visibility = share === null ? "hidden" : "";
+  $("playhead").style.left = `${100 * (share ?? 0)}%`;
   requestAnimationFrame(followPlayhead);
 }
 
 // a click on the large roll chooses the bar to play from
 function chooseBar(event) {
   if (!state.view) return;
-  const box = $("roll").getBoundingClientRect(), bar = 4 * state.view.ticksPerBeat;
-  const tick = ((event.clientX - box.left) / box.width) * Number($("roll").dataset.end);
-  $("from-bar").value = Math.floor(tick / bar) + 1;
+  const box = $("roll").getBoundingClientRect();
+  $("from-bar").value = barAt(state.view, rollTick((event.clientX - box.left) / box.width));
   if (sound.playing) playSound();
 }
 
@@ -187,7 +189,8 @@ async function loadPrompt(query, body, label) {
     $("prompt-name").textContent = `Prompt: ${prompt.name} (${prompt.bars} bars, ${prompt.notes.length} notes)`;
     const end = prompt.notes.length ? Math.max(...prompt.notes.map((n) => n[1])) : 0;
     state.view = { ticksPerBeat: prompt.ticks_per_beat, promptNotes: prompt.notes, promptEnd: end,
-                   total: (prompt.bars + Number($("bars").value || 0)) * 4 * prompt.ticks_per_beat, samples: [] };
+                   tracks: prompt.tracks, meters: prompt.meters, samples: [] };
+    state.view.total = barStart(state.view, prompt.bars + Number($("bars").value || 0) + 1);
     $("cards").innerHTML = "";
     redraw();
   } catch (err) {
@@ -217,14 +220,15 @@ function onEvent(event, req) {
     const tpb = state.view ? state.view.ticksPerBeat : 480;
     const bars = state.prompt ? state.prompt.bars : 0;
     state.view = state.view || { ticksPerBeat: tpb, promptNotes: [], promptEnd: 0, samples: [] };
-    state.view.total = (bars + req.bars) * 4 * state.view.ticksPerBeat;
+    state.view.total = barStart(state.view, bars + req.bars + 1);
     if (!state.view.samples.length || $("cards").children.length !== event.samples.length) {
       state.view.samples = event.samples.map(() => ({ notes: [] }));
       sampleCards(event.samples.length);
     }
     // each sample's event holds only what changed: keep its first `from` notes, then append the rest
     event.samples.forEach((delta, i) => {
-      state.view.samples[i].notes = state.view.samples[i].notes.slice(0, delta.from).concat(delta.notes);
+      const sample = state.view.samples[i];
+      Object.assign(sample, { notes: sample.notes.slice(0, delta.from).concat(delta.notes), tracks: delta.tracks, meters: delta.meters });
     });
     redraw();
     $("roll").dataset.notes = state.view.samples.reduce((a, s) => a + s.notes.length, 0); // read by the browser test
@@ -367,6 +371,7 @@ async function start() {
   $("play").onclick = () => playSound();
   $("stop-sound").onclick = stopSound;
   $("roll").onclick = chooseBar;
+  controlRoll($("roll"), { in: $("zoom-in"), out: $("zoom-out"), left: $("scroll-left"), right: $("scroll-right"), seam: $("seam") }, redraw);
   $("loop").onchange = () => sound.playing && playSound(sound.player.position());
   loadResults();
 }

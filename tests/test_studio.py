@@ -111,8 +111,9 @@ def test_a_run_streams_notes_and_is_written_as_sample_writes_it(client, tmp_path
     assert kinds[:2] == ["queued", "started"] and kinds[-1] == "done", kinds
     drawn = [e for e in got if e["event"] == "notes"]
     assert drawn and all(len(e["samples"]) == 2 for e in drawn)
-    # with each sample's notes, what the roll draws them by: its tracks' instruments and its meters
-    assert prompt["tracks"] == [[0, 0, "Acoustic Grand Piano"]] and prompt["meters"] == [[0, 4, 4]]
+    # with each sample's notes, what the roll draws them by: its tracks' instruments (REMI's three
+    # roles, all piano) and its meters
+    assert prompt["tracks"] == [[0, 0, "Acoustic Grand Piano"]] * 3 and prompt["meters"] == [[0, 4, 4]]
     assert all(d["tracks"] and d["meters"] == [[0, 4, 4]] for e in drawn for d in e["samples"])
     # notes arrive before the run ends (each event only what is new), and never fewer as it goes on
     sent, held = sum(len(d["notes"]) for e in drawn for d in e["samples"]), page_notes(drawn)

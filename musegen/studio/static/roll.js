@@ -44,7 +44,8 @@ function barStarts(meters, ticksPerBeat, end) {
   return starts;
 }
 
-const metersOf = (view) => view.samples[state.selected]?.meters || view.meters;
+// the meters of sample `index` (by default the selected one, studio.js's state), else the prompt's
+const metersOf = (view, index = state.selected) => view.samples[index]?.meters || view.meters;
 const viewEnd = (view) => Math.max(view.total || 0, ...[view.promptNotes, ...view.samples.map((s) => s.notes)].flat().map((n) => n[1]));
 
 // the tick bar `n` (counted from 1) starts at, and the bar that holds `tick`
@@ -103,7 +104,7 @@ function drawRoll(canvas, view, index, large) {
   const lanes = layLanes(notes, tracks, colors, large ? LABEL_TOP : 0, h);
 
   // bar lines, and above them on the large roll every k-th bar's number, as many as fit apart
-  const starts = barStarts(metersOf(view), view.ticksPerBeat, to);
+  const starts = barStarts(metersOf(view, index), view.ticksPerBeat, to);
   ctx.font = "11px system-ui";
   const wide = ctx.measureText(String(starts.length)).width + 8;
   const narrowest = Math.min(...starts.slice(1).map((t, i) => x(t) - x(starts[i])), w);

@@ -187,9 +187,10 @@ async function loadPrompt(query, body, label) {
     state.prompt = prompt;
     showTransport(0);
     $("prompt-name").textContent = `Prompt: ${prompt.name} (${prompt.bars} bars, ${prompt.notes.length} notes)`;
-    const end = prompt.notes.length ? Math.max(...prompt.notes.map((n) => n[1])) : 0;
-    state.view = { ticksPerBeat: prompt.ticks_per_beat, promptNotes: prompt.notes, promptEnd: end,
-                   tracks: prompt.tracks, meters: prompt.meters, samples: [] };
+    state.view = { ticksPerBeat: prompt.ticks_per_beat, promptNotes: prompt.notes, tracks: prompt.tracks,
+                   meters: prompt.meters, samples: [] };
+    // the seam: the bar line after the prompt's last bar, where the continuation starts
+    state.view.promptEnd = barStart(state.view, prompt.bars + 1);
     state.view.total = barStart(state.view, prompt.bars + Number($("bars").value || 0) + 1);
     $("cards").innerHTML = "";
     redraw();

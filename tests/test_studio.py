@@ -111,6 +111,10 @@ def test_a_run_streams_notes_and_is_written_as_sample_writes_it(client, tmp_path
     assert kinds[:2] == ["queued", "started"] and kinds[-1] == "done", kinds
     drawn = [e for e in got if e["event"] == "notes"]
     assert drawn and all(len(e["samples"]) == 2 for e in drawn)
+    # with each sample's notes, what the roll draws them by: its tracks' instruments (REMI's three
+    # roles, all piano) and its meters
+    assert prompt["tracks"] == [[0, 0, "Acoustic Grand Piano"]] * 3 and prompt["meters"] == [[0, 4, 4]]
+    assert all(d["tracks"] and d["meters"] == [[0, 4, 4]] for e in drawn for d in e["samples"])
     # notes arrive before the run ends (each event only what is new), and never fewer as it goes on
     sent, held = sum(len(d["notes"]) for e in drawn for d in e["samples"]), page_notes(drawn)
     assert len(drawn) > 1 and sent < sum(len(notes) for seen in held for notes in seen)
@@ -206,18 +210,20 @@ def test_a_huge_upload_is_refused_before_it_is_read(client):
     [
         ({"model": "nope"}, "unknown model 'nope'"),
         ({"model": "../../etc"}, "unknown model"),
-        ({"model": "pop", "bars": 0}, "bars must be within 1..64"),
-        ({"model": "pop", "bars": 2.5}, "bars must be a whole number"),
-        ({"model": "pop", "samples": 99}, "samples must be within 1..8"),
-        ({"model": "pop", "temperature": 500}, "temperature must be within [0.001, 100], got 500.0"),
-        ({"model": "pop", "top_p": 2}, "top_p must be within [1e-06, 1], got 2.0"),
-        ({"model": "pop", "seed": -1}, "seed must be within"),
-        ({"model": "pop", "bars": "many"}, "bars must be a whole number"),
-        ({"model": "pop", "bars": True}, "bars must be a whole number"),
-        ({"model": "pop", "temperature": "hot"}, "temperature must be a number"),
-        ({"model": "pop", "tempo": "brisk"}, "tempo must be keep, free or a tempo in BPM within 1..1000, got brisk"),
-        ({"model": "pop", "tempo": 96}, "tempo must be text"),
-        ({"model": 5}, "model must be text, got 5"),
+        ({"model": "pop", "bars": 0}, "Bars must be within 1..64"),
+        ({"model": "pop", "bars": 2.5}, "Bars must be a whole number"),
+        ({"model": "pop", "samples": 99}, "Samples must be within 1..8"),
+        # a temperature far from any useful one is refused in the studio (the command line takes 0.001..100)
+        ({"model": "pop", "temperature": 100}, "Temperature must be within 0.1..3.0 in the studio, got 100"),
+        ({"model": "pop", "temperature": 0.01}, "Temperature must be within 0.1..3.0 in the studio, got 0.01"),
+        ({"model": "pop", "top_p": 2}, "Top-p must be within [1e-06, 1], got 2.0"),
+        ({"model": "pop", "seed": -1}, "Seed must be within"),
+        ({"model": "pop", "bars": "many"}, "Bars must be a whole number"),
+        ({"model": "pop", "bars": True}, "Bars must be a whole number"),
+        ({"model": "pop", "temperature": "hot"}, "Temperature must be a number"),
+        ({"model": "pop", "tempo": "brisk"}, "Tempo must be keep, free or a tempo in BPM within 1..1000, got brisk"),
+        ({"model": "pop", "tempo": 96}, "Tempo must be text"),
+        ({"model": 5}, "Model must be text, got 5"),
         ({"model": "pop", "temprature": 1.0}, "temprature: extra inputs are not permitted"),
         ({"model": "pop", "prompt": "0123456789ab"}, "no prompt 0123456789ab"),
         ({"model": "pop", "prompt": "../../x"}, "not a valid prompt id"),

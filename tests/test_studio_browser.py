@@ -23,36 +23,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.fixture
-def browser(tmp_path):
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in (
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--disable-dev-shm-usage",
-        "--autoplay-policy=no-user-gesture-required",
-        "--window-size=1400,1000",
-        f"--user-data-dir={tmp_path / 'chromium-profile'}",
-    ):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"performance": "ALL"})
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    driver.set_script_timeout(30)
-    driver.execute_cdp_cmd("Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(tmp_path / "dl")})
-    yield driver
-    driver.quit()
-
-
 @pytest.fixture(scope="module")
 def pop_and_groove(tmp_path_factory):
     """The studio with the pop and the groove model (pop first: the page's default), served."""
@@ -135,7 +105,7 @@ def test_the_page_generates_downloads_and_reports_a_bad_file(browser, tmp_path):
         # a tempo that is neither keep, free nor a BPM: the request's one line, in the page's words
         browser.find_element(By.ID, "tempo").send_keys("brisk")
         browser.find_element(By.ID, "generate").click()
-        wait_for(lambda: "tempo must be keep, free or a tempo in BPM" in text("error"))
+        wait_for(lambda: "Tempo must be keep, free or a tempo in BPM" in text("error"))
 
         urls = requested_urls(browser)
     hosts = {urlsplit(url).netloc for url in urls if urlsplit(url).scheme in ("http", "https", "ws", "wss")}
@@ -272,12 +242,12 @@ def test_drums_are_drawn_in_a_lane_of_their_own_below_the_pitched_notes(browser,
     fill(browser, {"bars": "2", "samples": "1", "seed": "2"})
     browser.find_element(By.ID, "generate").click()
     wait_for(lambda: text("status").startswith("done"))
-    notes = browser.execute_script("return state.view.promptNotes.concat(state.view.samples[0].notes)")
+    notes = browser.execute_script("return state.view.samples[0].notes")  # the prompt's and the run's
     drums = sorted({n[2] for n in notes if n[4]})
     assert drums and len(drums) < len(notes)  # groove_rock has drums and pitched notes
-    lane = roll_data(browser, "drumLane")
-    assert lane["label"] == "drums" and lane["pitches"] == drums  # one row per drum pitch used
-    assert lane["top"] >= roll_data(browser, "pitchedBottom")  # below every pitched note
+    *pitched, lane = roll_data(browser, "lanes")  # a lane per track, the drums last
+    assert lane["name"] == "Drums" and lane["pitches"] == drums  # one row per drum pitch used
+    assert pitched and lane["top"] >= max(p["bottom"] for p in pitched)  # below every pitched note
     assert lane["notes"] == sum(1 for n in notes if n[4])
 
 

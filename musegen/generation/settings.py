@@ -214,12 +214,13 @@ class SampleSettings:
             record["constraints"] = [repr(c) for c in self.constraints]
         return record
 
-    def resolved(self, tokenizer: Tokenizer | None = None, by_field: bool = False) -> "SampleSettings":
+    def resolved(self, tokenizer: Tokenizer | None = None, names: Mapping[str, str] | None = None) -> "SampleSettings":
         """Every option the run left unset (None) that is the model's takes the tokenizer's sampling
         default (the checkpoint's, where its meta names one: musegen.checkpoint), a seed is drawn,
         and every value is checked against its bound: a ConfigError of one line naming the option
-        otherwise, by its flag or (`by_field`, for a JSON request) its field's name; a
+        otherwise, by its flag or by the name `names` gives its field (the studio's labels); a
         CheckpointError where the model's own default breaks it."""
+        name_of = lambda field, flag: (names or {}).get(field, flag)  # noqa: E731
         defaults = model_defaults(tokenizer)
         values: dict[str, Any] = {}
         for name, how in options(type(self)).items():
@@ -236,10 +237,10 @@ class SampleSettings:
         for name, how in options(type(self)).items():
             value = values[name]
             if value is not None and how.bound and not how.bound.holds(value):
-                raise ConfigError(f"{name if by_field else how.flag} must be {how.bound.text}, got {value}")
+                raise ConfigError(f"{name_of(name, how.flag)} must be {how.bound.text}, got {value}")
         if tokenizer is not None and held_bpm(values["tempo"]) is not None and not len(tokenizer.tempo_token_ids()):
-            flag = "tempo" if by_field else "--tempo"
-            raise ConfigError(f"{flag} {values['tempo']}: the {tokenizer.kind} tokens hold no tempo (give keep)")
+            tempo = name_of("tempo", "--tempo")
+            raise ConfigError(f"{tempo} {values['tempo']}: the {tokenizer.kind} tokens hold no tempo (give keep)")
         return replace(self, **values)
 
 

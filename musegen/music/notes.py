@@ -31,6 +31,13 @@ class Track:
     is_drum: bool
     role: str = ""
 
+    @property
+    def instrument(self) -> str:
+        """Its General MIDI instrument's name; "Drums" for a drum track."""
+        import pretty_midi  # its table of names only, on first use
+
+        return "Drums" if self.is_drum else pretty_midi.program_to_instrument_name(self.program)
+
 
 @dataclass
 class NoteTable:

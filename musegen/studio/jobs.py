@@ -20,6 +20,7 @@ from ..generation.loop import Sample
 from ..generation.prompt import load_prompt
 from ..generation.settings import SampleSettings
 from ..music.constants import MAX_PROMPT_BARS
+from ..music.meter import signature_changes
 from ..music.midi import load_score
 from ..music.notes import NoteTable
 from .models import Models
@@ -31,6 +32,13 @@ REPORT_EVERY = 0.1  # seconds between two reports of the notes drawn so far
 # POP909's longest song has ~4,000 notes; the red team's 200 dense bars (153,600) took minutes to
 # encode and, for 8 samples, half an hour to feed to the model
 MAX_PROMPT_NOTES = 20_000
+# beyond 3 every token is nearly as likely as any other (noise, not music); below 0.1 each is the
+# most likely one alone: the command line's wider bounds (SampleSettings) are for experiments
+TEMPERATURE_RANGE = (0.1, 3.0)
+# each request field by its label in the page, which its messages use; and the settings' fields
+LABELS = {"model": "Model", "prompt": "Prompt", "bars": "Bars", "samples": "Samples", "seed": "Seed"}
+LABELS |= {"temperature": "Temperature", "top_p": "Top-p", "tempo": "Tempo"}
+SETTING_LABELS = {**LABELS, "num_samples": LABELS["samples"]}
 
 
 class Stopped(Exception):
@@ -58,7 +66,7 @@ class StudioRequest(BaseModel):
     bars: Annotated[int, Field(ge=1, le=MAX_BARS)] = 8
     samples: Annotated[int, Field(ge=1, le=MAX_SAMPLES)] = 1
     seed: int | None = None
-    temperature: float | None = None
+    temperature: Annotated[float | None, Field(ge=TEMPERATURE_RANGE[0], le=TEMPERATURE_RANGE[1])] = None
     top_p: float | None = None
     tempo: Annotated[str, Field(max_length=32)] | None = None  # keep, free or BPM (SampleSettings.tempo)
 
@@ -130,8 +138,8 @@ def _problem(exc: ValidationError) -> str:
     error = exc.errors(include_url=False)[0]
     if not error["loc"]:
         return "a generation request must be a JSON object"
-    name, got = str(error["loc"][0]), repr(error.get("input"))[:60]
-    field = StudioRequest.model_fields.get(name)
+    field_name, got = str(error["loc"][0]), repr(error.get("input"))[:60]
+    name, field = LABELS.get(field_name, field_name), StudioRequest.model_fields.get(field_name)
     bounds = {k: getattr(m, k) for m in (field.metadata if field else ()) for k in ("ge", "le") if hasattr(m, k)}
     if error["type"] in ("greater_than_equal", "less_than_equal"):
         return f"{name} must be within {bounds['ge']}..{bounds['le']} in the studio, got {got}"
@@ -152,6 +160,23 @@ def notes_of(table: NoteTable) -> list[list[int]]:
     return rows[np.lexsort(rows.T[::-1])].tolist()
 
 
+def tracks_of(table: NoteTable) -> list[list[Any]]:
+    """[program, drum (1 or 0), instrument name (Track.instrument)] of every track: the roll's
+    legend names the instruments, the page's synthesiser reads the first two."""
+    return [[t.program, int(t.is_drum), t.instrument] for t in table.tracks]
+
+
+def meters_of(table: NoteTable) -> list[list[int]]:
+    """[tick, numerator, denominator] of each time signature, 4/4 from tick 0 until the first: the
+    page draws its bar lines from them."""
+    return [list(change) for change in signature_changes(table.time_signatures)]
+
+
+def piece_view(table: NoteTable) -> dict[str, Any]:
+    """What the page draws of a piece besides its notes: its tracks and meters."""
+    return {"tracks": tracks_of(table), "meters": meters_of(table)}
+
+
 def prompt_view(models: Models, model: str, path: Path) -> dict[str, Any]:
     """What the page draws of a prompt: its notes as the model's tokenizer reads them. A prompt of
     more than MAX_PROMPT_NOTES notes is refused before it is encoded."""
@@ -163,13 +188,14 @@ def prompt_view(models: Models, model: str, path: Path) -> dict[str, Any]:
     if notes > MAX_PROMPT_NOTES:
         raise ResourceError(f"{path.name}: {notes:,} notes; a prompt in the studio has at most {MAX_PROMPT_NOTES:,}")
     prompt = load_prompt(tokenizer, path, grid=SampleSettings().grid)  # the grid the page's runs use
-    return {"notes": notes_of(prompt.piece), "ticks_per_beat": prompt.piece.tpq, "bars": int(prompt.bars)}
+    piece = prompt.piece
+    return {"notes": notes_of(piece), **piece_view(piece), "ticks_per_beat": piece.tpq, "bars": int(prompt.bars)}
 
 
 def run_view(folder: Path, summary: dict[str, Any]) -> list[dict[str, Any]]:
     """Each sample of a finished run as the page draws and plays it: its notes (from its MIDI
-    file), its tracks' [program, drum] and tempos [tick, quarter notes per minute] (what the
-    page's synthesiser needs besides the notes), where the prompt ends in ticks, and its files."""
+    file), its tracks (tracks_of) and meters, its tempos [tick, quarter notes per minute] (what
+    the page's synthesiser needs besides the notes), where the prompt ends in ticks, and its files."""
     views = []
     for record in summary["samples"]:
         score = load_score(folder / record["midi"])
@@ -179,7 +205,7 @@ def run_view(folder: Path, summary: dict[str, Any]) -> list[dict[str, Any]]:
                 "index": record["index"],
                 "notes": notes_of(table),
                 "ticks_per_beat": table.tpq,
-                "tracks": [[track.program, int(track.is_drum)] for track in table.tracks],
+                **piece_view(table),
                 "tempos": [[tick, qpm] for tick, qpm in table.tempos],
                 "prompt_end": table.prompt_end(),
                 "files": {k: record[k] for k in ("midi", "json") if record.get(k)},
@@ -203,10 +229,10 @@ def generate_run(
     stop: threading.Event,
 ) -> dict[str, Any]:
     """Continue `request.prompt` into `out_dir`; `report` gets {"progress", "samples": a delta per
-    sample (runs.notes_delta) from the notes reported before} while sampling. Ends with Stopped
-    as soon as `stop` is set, while the prompt is fed to the model too; when the page pressed Stop
-    (runs.Stop.keeps) the bars drawn so far are written first, if they hold a note. Returns
-    the run's summary (as `musegen sample` writes it)."""
+    sample (runs.notes_delta) from the notes reported before, with its tracks and meters} while
+    sampling. Ends with Stopped as soon as `stop` is set, while the prompt is fed to the model
+    too; when the page pressed Stop (runs.Stop.keeps) the bars drawn so far are written first, if
+    they hold a note. Returns the run's summary (as `musegen sample` writes it)."""
 
     def go_on() -> None:
         if stop.is_set():
@@ -214,7 +240,7 @@ def generate_run(
 
     go_on()  # a run whose page left while it waited is not started
     model, tokenizer, weights = models.shared(request.model)
-    settings = request.settings().resolved(tokenizer, by_field=True)
+    settings = request.settings().resolved(tokenizer, SETTING_LABELS)
     prompt = load_prompt(tokenizer, request.prompt, settings.prompt_bars, settings.grid, settings.prompt_from)
     last, sent, started = 0.0, [[] for _ in range(settings.num_samples)], time.perf_counter()
     stem = request.prompt.stem if request.prompt else "sample"
@@ -245,10 +271,13 @@ def generate_run(
         last = now
         drawn = min(len(tokenizer.bar_starts(ids)) for ids in rows) - (prompt.bars or 0)
         try:
-            samples = [notes_of(tokenizer.decode(ids, prompt.meta)) for ids in rows]
+            pieces = [tokenizer.decode(ids, prompt.meta) for ids in rows]
         except MusegenError:  # a note cut open by the step: shown at the next report
             return
-        deltas = [notes_delta(before, notes) for before, notes in zip(sent, samples)]
+        samples = [notes_of(piece) for piece in pieces]
+        deltas = [
+            {**notes_delta(before, notes), **piece_view(piece)} for before, notes, piece in zip(sent, samples, pieces)
+        ]
         sent[:] = samples
         report({"progress": max(0.0, min(1.0, drawn / settings.bars)), "samples": deltas})
 

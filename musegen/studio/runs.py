@@ -67,10 +67,10 @@ def notes_delta(sent: list[list[int]], now: list[list[int]]) -> dict[str, Any]:
 
 
 def merged_deltas(first: dict[str, Any], then: dict[str, Any]) -> dict[str, Any]:
-    """One delta doing what `first` and then `then` do."""
+    """One delta doing what `first` and then `then` do (what else it carries, `then`'s)."""
     if then["from"] < first["from"]:
         return then
-    return {"from": first["from"], "notes": first["notes"][: then["from"] - first["from"]] + then["notes"]}
+    return {**then, "from": first["from"], "notes": first["notes"][: then["from"] - first["from"]] + then["notes"]}
 
 
 def merged_notes(first: dict[str, Any], then: dict[str, Any]) -> dict[str, Any]:

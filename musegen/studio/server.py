@@ -166,8 +166,8 @@ class Studio:
     def checked_job(self, sid: str, body: bytes) -> jobs.Request:
         job = jobs.Request.parse(body, partial(self.store.prompt, sid), partial(self.sample_of, sid))
         job.settings().resolved(
-            self.models.tokenizer(job.model), by_field=True
-        )  # refused here, before the stream starts
+            self.models.tokenizer(job.model), jobs.SETTING_LABELS
+        )  # refused before the stream starts
         return job
 
     async def generate(self, request: Request):

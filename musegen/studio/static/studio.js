@@ -5,7 +5,6 @@ const $ = (id) => document.getElementById(id);
 const session = localStorage.getItem("musegen-session") || crypto.randomUUID().replaceAll("-", "");
 localStorage.setItem("musegen-session", session);
 const api = (path) => path + (path.includes("?") ? "&" : "?") + "session=" + session;
-const COLORS = ["#3d6fd8", "#d8673d", "#2e9e6b", "#9b4dd6", "#c9a200", "#d63d8a", "#3dacd8", "#7a8a2e"];
 
 const state = {
   models: [], prompt: null, view: null, // view: {ticksPerBeat, promptNotes, promptEnd, total, samples: [...]}
@@ -25,80 +24,13 @@ async function json(response) {
 
 function setStatus(text) { $("status").textContent = text; }
 
-// ---- piano roll ----
-// A note is [start, end, pitch, track, drum]. Pitched notes are drawn by pitch; a drum track's
-// notes in a lane of their own below them, one row per drum sound used, labelled "drums".
-// What was drawn is kept on the canvas's dataset (read by the browser tests).
-function draw(canvas, view, only) {
-  const ctx = canvas.getContext("2d");
-  const w = canvas.width, h = canvas.height;
-  ctx.clearRect(0, 0, w, h);
-  if (!view) return;
-  const samples = only === undefined ? view.samples.map((s, i) => [s, i]) : [[view.samples[only], only]];
-  const all = view.promptNotes.concat(...samples.map(([s]) => (s ? s.notes : [])));
-  const pitches = all.filter((n) => !n[4]).map((n) => n[2]);
-  const drums = [...new Set(all.filter((n) => n[4]).map((n) => n[2]))].sort((a, b) => a - b);
-  const laneH = drums.length ? Math.min(h * 0.3, Math.max(20, drums.length * 8)) : 0;
-  const top = h - laneH; // the pitched notes above, the drum lane from here down
-  const low = Math.min(48, ...pitches) - 2, high = Math.max(84, ...pitches) + 2;
-  const bar = 4 * view.ticksPerBeat;
-  const end = Math.max(view.total, ...all.map((n) => n[1]));
-  const x = (t) => (t / end) * w, y = (p) => top - ((p - low + 1) / (high - low + 1)) * top;
-  const rowH = Math.max(2, top / (high - low + 1)), drumH = laneH / Math.max(1, drums.length);
-  const place = (n) => (n[4] ? [top + drums.indexOf(n[2]) * drumH, drumH] : [y(n[2]), rowH]);
-  ctx.fillStyle = "#f0f2f6";
-  for (let p = low; p <= high; p++) if ([1, 3, 6, 8, 10].includes(p % 12)) ctx.fillRect(0, y(p), w, rowH);
-  if (drums.length) { ctx.fillStyle = "#e6e9f0"; ctx.fillRect(0, top, w, laneH); }
-  ctx.strokeStyle = "#d5dae3";
-  ctx.fillStyle = "#8a94a6"; ctx.font = "11px system-ui";
-  // bar numbers on the large roll, every 1st, 2nd, 4th... bar: as many as fit without touching
-  const bars = Math.ceil(end / bar), wide = ctx.measureText(String(bars)).width + 8;
-  let every = 1;
-  while (every < bars && x(every * bar) < wide) every *= 2;
-  const labels = [];
-  for (let t = 0, n = 1; t <= end; t += bar, n++) {
-    ctx.beginPath(); ctx.moveTo(x(t) + 0.5, 0); ctx.lineTo(x(t) + 0.5, h); ctx.stroke();
-    if (h > 200 && t < end && (n - 1) % every === 0) {
-      ctx.fillText(String(n), x(t) + 3, 11);
-      labels.push([n, Math.round(x(t) + 3), Math.ceil(ctx.measureText(String(n)).width)]);
-    }
-  }
-  canvas.dataset.barLabels = JSON.stringify(labels);
-  canvas.dataset.end = end; // the tick at the right edge, where the playhead is placed from
-  const box = (n, color) => {
-    const [at, size] = place(n);
-    ctx.fillStyle = color; ctx.fillRect(x(n[0]), at, Math.max(2, x(n[1]) - x(n[0]) - 1), size - 1);
-  };
-  const promptEnd = view.promptEnd ?? 0;
-  view.promptNotes.forEach((n) => box(n, "#8a94a6"));
-  for (const [sample, i] of samples) {
-    if (!sample) continue;
-    ctx.globalAlpha = only === undefined && i !== state.selected ? 0.35 : 1;
-    sample.notes.forEach((n) => { if (n[0] >= promptEnd || !view.promptNotes.length) box(n, COLORS[i % COLORS.length]); });
-    ctx.globalAlpha = 1;
-  }
-  if (drums.length) {
-    ctx.fillStyle = "#1d2330"; ctx.font = "11px system-ui";
-    ctx.fillText("drums", 4, top + Math.min(laneH - 2, 12));
-    ctx.strokeStyle = "#8a94a6"; ctx.beginPath(); ctx.moveTo(0, top - 0.5); ctx.lineTo(w, top - 0.5); ctx.stroke();
-  }
-  const pitched = all.filter((n) => !n[4]);
-  canvas.dataset.pitchedBottom = Math.max(0, ...pitched.map((n) => place(n)[0] + place(n)[1]));
-  canvas.dataset.drumLane = drums.length
-    ? JSON.stringify({ label: "drums", pitches: drums, top, notes: all.length - pitched.length }) : "";
-  if (view.promptNotes.length) {
-    ctx.strokeStyle = "#1d2330"; ctx.setLineDash([4, 3]);
-    ctx.beginPath(); ctx.moveTo(x(promptEnd) + 0.5, 0); ctx.lineTo(x(promptEnd) + 0.5, h); ctx.stroke();
-    ctx.setLineDash([]);
-  }
-}
-
 function redraw() {
-  draw($("roll"), state.view);
+  drawRoll($("roll"), state.view, state.selected, true);
+  drawLegend($("legend"), $("roll"), state.view, state.selected);
   document.querySelectorAll(".sample").forEach((card) => {
     const i = Number(card.dataset.index);
     card.classList.toggle("selected", i === state.selected);
-    draw(card.querySelector("canvas"), state.view, i);
+    drawRoll(card.querySelector("canvas"), state.view, i, false);
   });
 }
 
@@ -117,7 +49,7 @@ function sampleCards(count, withFiles) {
   for (let i = 0; i < count; i++) {
     const card = document.createElement("div");
     card.className = "sample"; card.dataset.index = i;
-    card.innerHTML = `<h3 style="color:${COLORS[i % COLORS.length]}">Sample ${i + 1}</h3><canvas width="680" height="110"></canvas>`;
+    card.innerHTML = `<h3>Sample ${i + 1}</h3><canvas width="680" height="110"></canvas>`;
     card.querySelector("canvas").onclick = () => select(i);
     box.appendChild(card);
   }
@@ -152,7 +84,8 @@ function viewOf(samples, ticksPerBeat) {
   const promptEnd = first.prompt_end ?? null;
   const promptNotes = promptEnd === null ? [] : first.notes.filter((n) => n[0] < promptEnd);
   const total = Math.max(...samples.map((s) => Math.max(0, ...s.notes.map((n) => n[1]))));
-  return { ticksPerBeat, promptNotes, promptEnd, total, samples: samples.map((s) => ({ ...s, notes: s.notes })) };
+  return { ticksPerBeat, promptNotes, promptEnd, total, tracks: first.tracks, meters: first.meters,
+           samples: samples.map((s) => ({ ...s, notes: s.notes })) };
 }
 
 // ---- sound ----
@@ -190,8 +123,7 @@ function showTransport(samples) {
     button.classList.toggle("selected", i === state.selected);
     $("ab").appendChild(button);
   }
-  const bar = state.view ? 4 * state.view.ticksPerBeat : 1;
-  $("from-bar").value = Math.max(1, Math.floor((state.view?.promptEnd || 0) / bar) - 1);
+  $("from-bar").value = state.view ? Math.max(1, barAt(state.view, state.view.promptEnd || 0) - 2) : 1;
 }
 
 function select(i) {
@@ -207,8 +139,8 @@ async function playSound(begin) {
   const view = state.view, sample = view && view.samples[state.selected];
   if (!sample || !sample.tracks) return;
   await sound.loading;
-  const bar = 4 * view.ticksPerBeat, from = Math.max(0, Number($("from-bar").value) - 1) * bar;
-  const loopEnd = $("loop").checked ? Math.max(view.promptEnd || 0, from) + 2 * bar : null;
+  const from = barStart(view, Number($("from-bar").value));
+  const loopEnd = $("loop").checked ? barStart(view, barAt(view, Math.max(view.promptEnd || 0, from)) + 2) : null;
   const wav = api(`/files/${sample.run}/${sample.files.midi.replace(/\.mid$/, ".wav")}`);
   const time = timeline(sample.tempos, view.ticksPerBeat);
   const first = await sound.player.start(sample, time, { from, begin: begin ?? from, loopEnd, wav });
@@ -233,16 +165,17 @@ function followPlayhead() {
   if (!sound.playing) return;
   const tick = sound.player.position();
   if (tick === null) return stopSound(); // played to its end
-  $("playhead").style.left = `${(100 * tick) / Number($("roll").dataset.end)}%`;
+  const share = rollShare(tick); // null outside the roll's window
+  $("playhead").style.visibility = share === null ? "hidden" : "";
+  $("playhead").style.left = `${100 * (share ?? 0)}%`;
   requestAnimationFrame(followPlayhead);
 }
 
 // a click on the large roll chooses the bar to play from
 function chooseBar(event) {
   if (!state.view) return;
-  const box = $("roll").getBoundingClientRect(), bar = 4 * state.view.ticksPerBeat;
-  const tick = ((event.clientX - box.left) / box.width) * Number($("roll").dataset.end);
-  $("from-bar").value = Math.floor(tick / bar) + 1;
+  const box = $("roll").getBoundingClientRect();
+  $("from-bar").value = barAt(state.view, rollTick((event.clientX - box.left) / box.width));
   if (sound.playing) playSound();
 }
 
@@ -259,9 +192,11 @@ async function loadPrompt(query, body, label) {
     showTransport(0);
     $("prompt-name").textContent = `Prompt: ${prompt.name} (${prompt.bars} bars, ${prompt.notes.length} notes)`;
     showPromptBars(1, prompt.bars, prompt.bars, prompt.name.endsWith(".json"));
-    const end = prompt.notes.length ? Math.max(...prompt.notes.map((n) => n[1])) : 0;
-    state.view = { ticksPerBeat: prompt.ticks_per_beat, promptNotes: prompt.notes, promptEnd: end,
-                   total: (prompt.bars + Number($("bars").value || 0)) * 4 * prompt.ticks_per_beat, samples: [] };
+    state.view = { ticksPerBeat: prompt.ticks_per_beat, promptNotes: prompt.notes, tracks: prompt.tracks,
+                   meters: prompt.meters, samples: [] };
+    // the seam: the bar line after the prompt's last bar, where the continuation starts
+    state.view.promptEnd = barStart(state.view, prompt.bars + 1);
+    state.view.total = barStart(state.view, prompt.bars + Number($("bars").value || 0) + 1);
     $("cards").innerHTML = "";
     redraw();
   } catch (err) {
@@ -329,14 +264,15 @@ function onEvent(event, req, into) {
     const tpb = state.view ? state.view.ticksPerBeat : 480;
     const bars = state.prompt ? state.prompt.bars : 0;
     state.view = state.view || { ticksPerBeat: tpb, promptNotes: [], promptEnd: 0, samples: [] };
-    state.view.total = (bars + req.bars) * 4 * state.view.ticksPerBeat;
+    state.view.total = barStart(state.view, bars + req.bars + 1);
     if (!state.view.samples.length || $("cards").children.length !== event.samples.length) {
       state.view.samples = event.samples.map(() => ({ notes: [] }));
       sampleCards(event.samples.length);
     }
     // each sample's event holds only what changed: keep its first `from` notes, then append the rest
     event.samples.forEach((delta, i) => {
-      state.view.samples[i].notes = state.view.samples[i].notes.slice(0, delta.from).concat(delta.notes);
+      const sample = state.view.samples[i];
+      Object.assign(sample, { notes: sample.notes.slice(0, delta.from).concat(delta.notes), tracks: delta.tracks, meters: delta.meters });
     });
     redraw();
     $("roll").dataset.notes = state.view.samples.reduce((a, s) => a + s.notes.length, 0); // read by the browser test
@@ -373,8 +309,8 @@ async function extend(i, bars) {
   const n = /^\d+$/.test(String(bars).trim()) ? Number(bars) : NaN, sample = state.view.samples[i];
   if (!(n >= 1 && n <= state.maxBars)) return showError(`extend by a whole number of bars from 1 to ${state.maxBars}`);
   state.selected = i;
-  const bar = 4 * state.view.ticksPerBeat, end = Math.max(0, ...sample.notes.map((note) => note[1]));
-  state.view.total = Math.max(state.view.total, (Math.ceil(end / bar) + n) * bar);
+  const end = Math.max(0, ...sample.notes.map((note) => note[1]));
+  state.view.total = Math.max(state.view.total, barStart(state.view, barAt(state.view, end) + n + 1));
   state.streamed = [];
   const req = { ...formSettings(), bars: n, samples: 1, extend_run: sample.run, extend_sample: sample.index };
   const last = await stream(req, i);
@@ -530,6 +466,7 @@ async function start() {
   $("play").onclick = () => playSound();
   $("stop-sound").onclick = stopSound;
   $("roll").onclick = chooseBar;
+  controlRoll($("roll"), { in: $("zoom-in"), out: $("zoom-out"), left: $("scroll-left"), right: $("scroll-right"), seam: $("seam") }, redraw);
   $("loop").onchange = () => sound.playing && playSound(sound.player.position());
   loadResults();
 }

@@ -66,14 +66,15 @@ def histogram(bars: list[dict]) -> np.ndarray:
 
 def measure(run: Path, songs: Path) -> dict:
     tok = tokenizer_from_dict({"kind": "song"})
+    records = read_jsonl(run / "pieces.jsonl", PIECE_RECORD)
     if (songs / "index.json").is_file():  # prepared shards: the pieces as they were encoded
         shards = Shards(songs)
         real_ids = {
             name: ids for split in shards.splits for name, ids in zip(shards.names(split), shards.pieces(split))
         }
-    else:
-        real_ids = {p.stem: tok.encode(p).ids for p in find_midi_files(songs)}
-    records = read_jsonl(run / "pieces.jsonl", PIECE_RECORD)
+    else:  # the files the run continued (those it refused are not in it)
+        evaluated = {record["piece"] for record in records}
+        real_ids = {p.stem: tok.encode(p).ids for p in find_midi_files(songs) if p.stem in evaluated}
     span = schemas.read(run / "run.json", EVALUATION_SETTINGS)["bars"]
     out = defaultdict(list)
     for record in records:

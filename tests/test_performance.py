@@ -89,7 +89,7 @@ def test_sampler_uses_its_thread_setting_and_restores_the_callers():
     def recording_session(*args, **kwargs):  # each step notes the threads it ran with
         session = open_session(*args, **kwargs)
         step = session.step
-        session.step = lambda tokens: (seen.append(torch.get_num_threads()), step(tokens))[1]
+        session.step = lambda *args: (seen.append(torch.get_num_threads()), step(*args))[1]
         return session
 
     model.session = recording_session

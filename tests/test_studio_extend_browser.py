@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from test_studio import EXAMPLE, EXAMPLES, POP, serving
-from test_studio_browser import browser, fill, open_page, prompt_named, pytestmark, wait_for  # noqa: F401
+from test_studio_browser import fill, open_page, prompt_named, pytestmark, wait_for  # noqa: F401
 from test_studio_extend import musegen_sample, notes, same_files
 
 from musegen.music.notes import NoteTable

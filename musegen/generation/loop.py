@@ -94,7 +94,7 @@ def constraint_chain(s: SampleSettings) -> tuple[Constraint, ...]:
     tempo hold (unless `tempo` is "free"), the grammar's end hold and finish, the suffix cache
     (with a weight above 0), KeptShare (with the grammar), then the settings' own
     `constraints`. The cache mixes the model's own distribution, before KeptShare moves the
-    note-off share over the mask the others leave."""
+    kept type's share (groove's note-offs, song's bar lines) over the mask the others leave."""
     if not all(isinstance(c, Constraint) for c in s.constraints):
         raise ConfigError("constraints must be musegen.generation.constraints.Constraint objects")
     masks = (GrammarMask(), HoldEnds(), Finish()) if s.grammar else ()

@@ -11,18 +11,15 @@ from pathlib import Path
 import miditoolkit
 import pretty_midi
 import pytest
+from conftest import POP909
 from test_studio import EXAMPLE, POP, ROOT, serving
-from test_studio_browser import CHROMEDRIVER, CHROMIUM, choose, fill, open_page, prompt_named, wait_for
+from test_studio_browser import choose, fill, open_page, prompt_named, pytestmark, wait_for  # noqa: F401
 
 from musegen.studio.models import Models
 from musegen.studio.server import create_app
 
 SONG = ROOT / "checkpoints" / "song"
 MULTITRACK = ROOT / "tests" / "data" / "multitrack"
-POP909 = Path("/work/shared/datasets/pop909")
-pytestmark = pytest.mark.skipif(
-    not (CHROMIUM and CHROMEDRIVER), reason="Debian's chromium and chromium-driver are not installed (scripts/setup.sh)"
-)
 
 
 @pytest.fixture(scope="module")

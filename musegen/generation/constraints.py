@@ -89,6 +89,18 @@ class Constraint:
         return logits
 
 
+@dataclass
+class Forbid(Constraint):
+    """Never these ids (e.g. the tracks of an instrument someone else plays)."""
+
+    ids: np.ndarray
+
+    def allow(self, run: Run, row: Row, allowed: np.ndarray) -> np.ndarray:
+        narrowed = allowed.copy()
+        narrowed[self.ids] = False
+        return narrowed
+
+
 class GrammarMask(Constraint):
     """Only what the grammar allows after the row's tokens (never ids past the vocabulary: PAD)."""
 

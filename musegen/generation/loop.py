@@ -54,6 +54,15 @@ class Sample:
         return self.violation is None and self.closed
 
 
+@dataclass
+class Resumed:
+    """A session that has consumed a prompt's tokens already, and its logits after the last: a
+    run sampled from it feeds nothing again (live play keeps one per player)."""
+
+    session: Any  # a model's Session
+    logits: torch.Tensor  # [batch, vocab]
+
+
 def filter_logits(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
     """Temperature, then top-k, then nucleus (top-p): dropped tokens get -inf. The most likely
     token always survives, so a row with any finite logit stays sampleable."""
@@ -115,6 +124,7 @@ def generate(
     on_step: Callable[[list[list[int]]], None] | None = None,
     on_ingest: Callable[[], None] | None = None,
     weights: PreparedWeights | None = None,
+    resumed: Resumed | None = None,
 ) -> tuple[list[Sample], dict[str, Any]]:
     """Sample `settings.num_samples` continuations of `prompt` in one batch.
 
@@ -125,6 +135,8 @@ def generate(
     minutes); what it raises ends the run, e.g. when nobody waits for it any more.
     `weights`: the model's prepared weights, shared with other runs (each run prepares its own
     without); the model is only read, so threads may sample from one model at once.
+    `resumed`: a session that has consumed `prompt` already (of the batch's size), continued in
+    place instead of a new one.
     Returns the samples and run statistics (tokens/s of the sampling loop, counts).
     """
     check_threads(threads)
@@ -135,7 +147,7 @@ def generate(
         weights = PreparedWeights(model)
     with cpu_threads(threads):
         resolved = settings.resolved(tokenizer)
-        return _generate(model, tokenizer, prompt, resolved, device, progress, on_step, on_ingest, weights)
+        return _generate(model, tokenizer, prompt, resolved, device, progress, on_step, on_ingest, weights, resumed)
 
 
 @dataclass
@@ -234,6 +246,7 @@ def _generate(
     on_step,
     on_ingest,
     weights: PreparedWeights,
+    resumed: Resumed | None = None,
 ):
     """The batch loop. Each row carries its own given tokens, their grammar state and its target
     bar, so rows could come from different prompts; what is missing for that is ingesting each
@@ -262,9 +275,12 @@ def _generate(
     choice = step_choice(s.precision, model, len(rows))  # timed before the clock starts, where not cached
     started = time.perf_counter()
     with bar, torch.inference_mode():  # (the bar is cleared on errors too)
-        session = model.session(len(rows), choice.path, seed=s.seed, weights=weights)
-        prompt_onsets = None if onsets is None else onsets.prompt
-        logits = _ingest(session, start_ids, len(rows), device, on_ingest, prompt_onsets)
+        if resumed is None:
+            session = model.session(len(rows), choice.path, seed=s.seed, weights=weights)
+            prompt_onsets = None if onsets is None else onsets.prompt
+            logits = _ingest(session, start_ids, len(rows), device, on_ingest, prompt_onsets)
+        else:
+            session, logits = resumed.session, resumed.logits
         for _ in range(budget + FINISH_LIMIT):
             active = [row for row in rows if not row.done]
             if not active:

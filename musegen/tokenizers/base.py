@@ -208,6 +208,9 @@ class Tokenizer(abc.ABC):
     # The roles its tracks play (e.g. bass, drums, other), which evaluation scores one by one;
     # () for a single stream of notes.
     roles: ClassVar[tuple[str, ...]] = ()
+    # Cells per quarter note where every onset lies, in every bar (a bar line is a cell's start);
+    # None where time is not such a grid. Live play (generation.live) places a player's notes on it.
+    onset_grid: ClassVar[int | None] = None
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -354,6 +357,11 @@ class Tokenizer(abc.ABC):
         """The piece with each drum note of pitch p played on pitch kit[p] (`kit`: a permutation
         of 0..127), in the order the representation writes. Needed for `kit_shuffle`."""
         raise NotImplementedError(f"the {self.kind} tokenizer has no drum kit to shuffle")
+
+    def program_token_ids(self, program: int) -> np.ndarray:
+        """The ids that name a track of GM `program` (every track of it), for a sampler that leaves
+        that instrument to someone else (live accompaniment). Only a representation with tracks."""
+        raise ConfigError(f"the {self.kind} tokenizer has no tracks of their own instrument")
 
     def to_bar_line(self, state, bar: int) -> list[int]:
         """Tokens to append to a piece cut where bar `bar` starts (`ids[:bar_starts(...)[bar]]`,

@@ -76,6 +76,10 @@ class RemiTokenizer(RemiVocab, Tokenizer):
     def pad_id(self) -> int:
         return self._pad_id
 
+    @property
+    def onset_grid(self) -> int:
+        return self.beat_resolution
+
     def tempo_token_ids(self) -> np.ndarray:
         return self.tempo_ids
 

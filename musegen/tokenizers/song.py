@@ -129,6 +129,7 @@ class SongTokenizer(SongVocab, Tokenizer):
     kept_share_type = "Bar"  # the sampler keeps the bar line's share (generation.constraints.KeptShare)
     roles = ROLES  # as the style metrics map a song's tracks (`NoteTable.with_roles`)
     sampling_defaults = {"temperature": 1.0, "top_p": 0.95}
+    onset_grid = UNITS_PER_BEAT
 
     @property
     def pad_id(self) -> int:
@@ -323,6 +324,9 @@ class SongTokenizer(SongVocab, Tokenizer):
     # ------------------------------------------------------------------ editing
     def bar_starts(self, ids) -> list[int]:
         return np.flatnonzero(self.check_ids(ids) == self.bar_id).tolist()
+
+    def program_token_ids(self, program: int) -> np.ndarray:
+        return np.array([i for i, (p, _) in zip(self.program_ids, self.programs) if p == program], dtype=np.int64)
 
     def to_bar_line(self, state, bar: int) -> list[int]:
         """A piece cut at a bar line goes on from the next Bar (its meter comes next)."""

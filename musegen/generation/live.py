@@ -1,0 +1,291 @@
+"""Live play: a player's bars fed to a model as they are played, and the model's answers drawn
+from the same streaming state, so an answer costs only the tokens it plays.
+
+`Live` keeps one piece in the model's view, at a fixed tempo and meter: the player's notes, each
+onset put on the tokenizer's grid (`Tokenizer.onset_grid`; the played timing stays with whoever
+hears and saves it), and the model's own notes. When a bar is over (`close_bar`), the piece up to
+that bar line is what `musegen sample` would read as a prompt (`prompt_from_ids`); the tokens it
+has beyond what the session consumed are fed in one parallel chunk. An answer (`answer`) samples
+bars from there with the settings' whole chain; `accompany` samples the next bar without the
+player's instrument, for its notes to sound under the player's while the bar is played.
+
+Each fed bar leaves a snapshot of the session; where the prompt's tokens change behind the last
+one (a chord read again with the next bar's notes, an answer cut back by the sampler) the session
+goes back to the latest snapshot before the change and feeds the rest again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from ..errors import ConfigError, TokenError
+from ..model.torch_step import PreparedWeights
+from ..music.notes import NoteTable, Track
+from ..tokenizers.base import Tokenizer
+from .constraints import Forbid
+from .loop import Resumed, generate
+from .precision import step_choice
+from .prompt import Prompt, prompt_from_ids, with_ending
+from .settings import SampleSettings
+
+TPQ = 480  # ticks per quarter note of the live piece and of the notes given and returned
+SNAPSHOTS = 8  # bars the session can go back
+CONTEXT_BARS = 32  # a piece longer than this is read from its last CONTEXT_BARS // 2 bars again
+SENTINEL_PITCH = 60  # a note that makes the encoder write the bars up to the one being continued
+
+
+@dataclass
+class LiveNote:
+    """A note of the live piece: ticks from its first bar line (TPQ to the quarter note)."""
+
+    start: int
+    end: int
+    pitch: int
+    velocity: int
+    program: int = 0
+    drum: bool = False
+
+    def row(self) -> list[int]:
+        return [self.start, self.end, self.pitch, self.velocity, self.program, int(self.drum)]
+
+
+@dataclass
+class _Snapshot:
+    fed: int  # tokens the session had consumed
+    state: Any
+    logits: torch.Tensor
+
+
+class Live:
+    """One player's piece and the model's streaming state over it (module docstring).
+
+    `meter` (numerator, denominator) and `bpm` hold for the whole piece; `program` is the GM
+    instrument the player's notes are given; `backing`: notes already in the piece before the
+    player starts (a song whose other tracks an accompaniment goes on with), bars from 0."""
+
+    def __init__(
+        self,
+        model,
+        tokenizer: Tokenizer,
+        settings: SampleSettings,
+        meter: tuple[int, int] = (4, 4),
+        bpm: float = 100.0,
+        program: int = 0,
+        weights: PreparedWeights | None = None,
+        backing: list[LiveNote] = (),
+        backing_bars: int = 0,
+    ):
+        if tokenizer.onset_grid is None:
+            raise ConfigError(
+                f"live play needs a model whose tokens put notes on a grid within bars (pop or song); "
+                f"the {tokenizer.kind} tokenizer's do not"
+            )
+        self.model, self.tokenizer, self.meter, self.bpm, self.program = model, tokenizer, meter, bpm, program
+        one = replace(settings, bars=1, length=None, num_samples=1, prompt_bars=None, prompt_from=1)
+        self.settings = one.resolved(tokenizer)
+        self.weights = weights if weights is not None else PreparedWeights(model)
+        # the step's path is chosen (timed, under "auto") once, here, not while a player waits
+        self.path = step_choice(self.settings.precision, model, 1, quiet=True).path
+        self.cell = TPQ // tokenizer.onset_grid  # ticks between two onsets the tokens can hold
+        self.bar_ticks = TPQ * 4 * meter[0] // meter[1]
+        self.notes: list[LiveNote] = list(backing)
+        self.bars = backing_bars  # bars over, whose notes the session has consumed
+        self.first_bar: int | None = 0 if self.notes else None  # where the piece begins (its first note's bar)
+        self.waiting: list[LiveNote] = []  # played notes whose onset falls in a bar not over yet
+        self.answers = 0
+        self._restart()
+        if self.notes:
+            self._sync()
+        else:
+            self._target(check_only=True)  # a meter or tempo the tokens lack is refused now
+
+    # --- the player's side ----------------------------------------------------------------------
+    def close_bar(self, played: list[LiveNote] = ()) -> None:
+        """Bar `self.bars` is over: the notes played (those whose onset falls in a later bar wait
+        for it; one in a bar already over is heard but not fed) join the piece, which is fed."""
+        start, end = self.bars * self.bar_ticks, (self.bars + 1) * self.bar_ticks
+        later = []
+        for note in [*self.waiting, *played]:
+            onset = int(round(note.start / self.cell)) * self.cell
+            note = replace(note, start=onset, end=max(int(note.end), onset + self.cell), program=self.program)
+            if onset >= end:
+                later.append(note)
+            elif onset >= start:
+                self.notes.append(note)
+                self.first_bar = self.bars if self.first_bar is None else self.first_bar
+        self.waiting = later
+        self.bars += 1
+        if self.first_bar is not None:
+            self._sync()
+
+    # --- the model's side -----------------------------------------------------------------------
+    def answer(self, bars: int, on_notes: Callable[[list[LiveNote]], None] | None = None) -> list[LiveNote]:
+        """Continue the piece for `bars` bars from the bar line after the last bar over; the
+        answer's notes join the piece (and the bars are over). `on_notes` gets each note as soon as
+        the tokens after it are drawn, in order of onset."""
+        notes = self._sample(bars, on_notes, forbid_player=False)
+        self.bars += bars
+        self._sync()
+        return notes
+
+    def accompany(self, on_notes: Callable[[list[LiveNote]], None] | None = None) -> list[LiveNote]:
+        """The next bar (`self.bars`) of every instrument but the player's, from the piece up to
+        its bar line: it sounds while the player plays that bar, and both are fed when it is over."""
+        return self._sample(1, on_notes, forbid_player=True)
+
+    # --- inside -----------------------------------------------------------------------------------
+    def _sample(self, bars: int, on_notes, forbid_player: bool) -> list[LiveNote]:
+        if self.first_bar is None:
+            raise ConfigError("nothing has been played yet: the model answers what it heard")
+        forbid = ()
+        if forbid_player:
+            if not any(n.program != self.program or n.drum for n in self.notes):
+                raise ConfigError("an accompaniment goes on with the piece's other instruments, and it has none yet")
+            forbid = (Forbid(self.tokenizer.program_token_ids(self.program)),)
+        settings = replace(
+            self.settings,
+            bars=bars,
+            seed=self.settings.seed + self.answers,
+            constraints=self.settings.constraints + forbid,
+        )
+        self.answers += 1
+        snapshot = self.snapshots[-1]
+        stream = _NoteStream(self, on_notes)
+        with torch.inference_mode():
+            samples, _ = generate(
+                self.model,
+                self.tokenizer,
+                self.prompt,
+                settings,
+                progress=False,
+                on_step=stream.step,
+                weights=self.weights,
+                resumed=Resumed(self.session, snapshot.logits),
+            )
+            self.session.set_state(snapshot.state)  # the answer is fed again as the prompt reads it
+        notes = stream.finish(samples[0].ids)
+        self.notes += notes
+        return notes
+
+    def _restart(self) -> None:
+        with torch.inference_mode():
+            self.session = self.model.session(1, self.path, seed=self.settings.seed, weights=self.weights)
+        self.fed: list[int] = []
+        self.snapshots: list[_Snapshot] = []
+        self.prompt: Prompt | None = None
+
+    def _sync(self) -> None:
+        """Feed the session what the piece up to `self.bars` adds to the tokens it consumed."""
+        if self.bars - self.first_bar > CONTEXT_BARS:  # read again from a later bar: time and memory stay bounded
+            self.first_bar = self.bars - CONTEXT_BARS // 2
+            self._restart()
+        prompt = self._target()
+        ids = [int(t) for t in prompt.ids]
+        same = next((k for k, (a, b) in enumerate(zip(self.fed, ids)) if a != b), min(len(self.fed), len(ids)))
+        while self.snapshots and self.snapshots[-1].fed > same:
+            self.snapshots.pop()
+        if not self.snapshots and self.fed:
+            self._restart()
+        with torch.inference_mode():
+            if self.snapshots:
+                last = self.snapshots[-1]
+                self.session.set_state(last.state)
+                logits, self.fed = last.logits, self.fed[: last.fed]
+            if len(ids) > len(self.fed):
+                chunk = torch.tensor([ids[len(self.fed) :]], dtype=torch.long)
+                logits = self.session.step(chunk)[:, -1]
+            snapshot = _Snapshot(len(ids), self.session.get_state(), logits)
+            self.snapshots = self.snapshots[-(SNAPSHOTS - 1) :] + [snapshot]
+        self.fed, self.prompt = ids, prompt
+
+    def _target(self, check_only: bool = False) -> Prompt:
+        """The piece from its first bar up to the bar line `self.bars`, as the prompt that
+        `musegen sample --prompt-bars` would read from it."""
+        first = self.first_bar or 0
+        # a note in the bar being continued makes the encoder write the silent bars before it
+        sentinel = LiveNote(self.bars * self.bar_ticks, self.bars * self.bar_ticks + self.cell, SENTINEL_PITCH, 64)
+        table = self._table([*self.notes, sentinel]).from_tick(first * self.bar_ticks)
+        encoding = self.tokenizer.encode(table.midi_bytes())
+        if check_only:
+            return Prompt(np.asarray(encoding.ids))
+        return prompt_from_ids(self.tokenizer, encoding.ids, self.bars - first, encoding.report, "the live piece")
+
+    def _table(self, notes: list[LiveNote]) -> NoteTable:
+        by_track: dict[tuple[int, bool], list[tuple[int, int, int, int]]] = {}
+        for n in sorted(notes, key=lambda n: (n.start, n.pitch)):
+            by_track.setdefault((n.program, n.drum), []).append((n.start, n.end, n.pitch, n.velocity))
+        tracks = [(Track(None, program, drum), rows) for (program, drum), rows in by_track.items()]
+        return NoteTable.of_tracks(TPQ, tracks, [(0, float(self.bpm))], [(0, *self.meter)])
+
+    def piece(self) -> NoteTable:
+        """The whole piece as the model heard and played it (the player's notes on the grid)."""
+        return self._table(self.notes)
+
+
+class _NoteStream:
+    """An answer's notes while its tokens are drawn: a note is passed on once a token with a later
+    onset follows it (its duration is drawn by then), the rest when the answer ends."""
+
+    def __init__(self, live: Live, on_notes):
+        self.live, self.on_notes = live, on_notes
+        self.tokenizer = live.tokenizer
+        self.origin = live.bars * live.bar_ticks  # the answer's first bar line in the live piece
+        self.base = len(live.prompt.ids)
+        self.clock = live.tokenizer.onset_clock()
+        for token in live.prompt.ids:
+            self.clock.advance(int(token))
+        self.onset, self.sent = None, 0
+        self.first_bar_end = self.answer_start = None  # where the piece's second and the answer's first bar start
+
+    def step(self, rows: list[list[int]]) -> None:
+        ids = rows[0]
+        onset = self.clock.advance(ids[-1])
+        if self.on_notes is None or onset == self.onset:
+            return
+        if self.onset is not None:
+            self._pass_on(self._decoded(ids[:-1]))  # every note before this token is whole
+        self.onset = onset
+
+    def finish(self, ids) -> list[LiveNote]:
+        notes = self._decoded([int(t) for t in ids], whole=True)
+        self._pass_on(notes)
+        return notes
+
+    def _pass_on(self, notes: list[LiveNote]) -> None:
+        if self.on_notes is not None and len(notes) > self.sent:
+            self.on_notes(notes[self.sent :])
+            self.sent = len(notes)
+
+    def _decoded(self, ids: list[int], whole: bool = False) -> list[LiveNote]:
+        """The answer's notes in `ids` (the prompt and what was drawn), in live ticks. Only the
+        piece's first bar (which opens it as its grammar wants) and the answer's bars are decoded."""
+        if self.answer_start is None:
+            starts = self.tokenizer.bar_starts(ids) if len(ids) > self.base else []
+            if len(starts) <= self.live.prompt.bars:
+                return []
+            self.first_bar_end, self.answer_start = starts[1], starts[self.live.prompt.bars]
+        tail = ids[: self.first_bar_end] + ids[self.answer_start :]
+        closed = tail if whole else with_ending(self.tokenizer.grammar(), tail)
+        try:
+            piece = self.tokenizer.decode(closed, self.live.prompt.meta)
+        except TokenError:  # not whole yet (a bar line with nothing after it): at the next onset
+            return []
+        shift = self.origin * piece.tpq // TPQ - piece.tpq * 4 * self.live.meter[0] // self.live.meter[1]
+        answer = np.flatnonzero(piece.start >= piece.tpq * 4 * self.live.meter[0] // self.live.meter[1])
+        answer = answer[np.lexsort((piece.pitch[answer], piece.start[answer]))]
+        tracks = piece.tracks
+        return [
+            LiveNote(
+                (int(piece.start[k]) + shift) * TPQ // piece.tpq,
+                (int(piece.end[k]) + shift) * TPQ // piece.tpq,
+                int(piece.pitch[k]),
+                int(piece.velocity[k]),
+                tracks[piece.track[k]].program,
+                tracks[piece.track[k]].is_drum,
+            )
+            for k in answer
+        ]

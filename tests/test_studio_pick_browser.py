@@ -123,6 +123,10 @@ def test_a_drag_across_the_roll_picks_bars_3_to_5_and_runs_as_sample_runs_them(b
     flags = ("--prompt-from", 3, "--prompt-bars", 3, "--bars", 1, "--seed", 6)
     same_files(run, musegen_sample(tmp_path / "cli", song, *flags))
 
+    start, end = window(browser)  # the roll shows the run: a drag across it picks nothing
+    drag(browser, (start + (end - start) / 4, start + (end - start) * 3 / 4))
+    assert boxes(browser) == ("3", "5") and chosen(browser) is None
+
 
 def ruler_colour(browser, x: int) -> list[int]:
     """The colour drawn at `x` on the canvas, in the bar numbers' ruler above any number's glyphs."""

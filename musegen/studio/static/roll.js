@@ -264,7 +264,7 @@ function pickBars(canvas, canPick, pick) {
     dragged = true;
     pick(begun.bar, barUnder(event));
   });
-  canvas.addEventListener("pointerup", () => { begun = null; });
+  for (const end of ["pointerup", "pointercancel"]) canvas.addEventListener(end, () => { begun = null; });
   canvas.addEventListener("click", (event) => { if (dragged) event.stopImmediatePropagation(); }, true);
   canvas.addEventListener("dblclick", () => { if (canPick()) pick(); });
 }

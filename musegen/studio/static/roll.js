@@ -90,8 +90,10 @@ function rollTick(share) { return frame.from + share * (frame.to - frame.from); 
 
 // ---- drawing ----
 // The piece drawn: sample `index`'s notes (the prompt's part faded), or the prompt alone while no
-// sample has notes. What was drawn is kept on the canvas's dataset (read by the browser tests).
-function drawRoll(canvas, view, index, large) {
+// sample has notes; then `chosen`, the prompt's bars [from, to] a run would continue (null: all),
+// is shaded and the rest dimmed. What was drawn is kept on the canvas's dataset (read by the
+// browser tests).
+function drawRoll(canvas, view, index, large, chosen = null) {
   const ctx = canvas.getContext("2d");
   const w = canvas.width, h = canvas.height;
   ctx.clearRect(0, 0, w, h);
@@ -102,6 +104,14 @@ function drawRoll(canvas, view, index, large) {
   const x = (t) => ((t - from) / (to - from)) * w;
   const colors = trackColors(tracks);
   const lanes = layLanes(notes, tracks, colors, large ? LABEL_TOP : 0, h);
+  // the chosen bars, as ticks and as the canvas's x: drawn only over the prompt shown alone
+  const [first, last] = (!(sample && sample.notes.length) && chosen) || [];
+  const span = first ? [barStart(view, first), barStart(view, last + 1)] : null;
+  const across = span && span.map((t) => Math.round(Math.min(w, Math.max(0, x(t)))));
+  if (span) { // tinted behind everything, the bar numbers' ruler most
+    ctx.fillStyle = "#3d6fd814"; ctx.fillRect(across[0], 0, across[1] - across[0], h);
+    if (large) { ctx.fillStyle = "#3d6fd840"; ctx.fillRect(across[0], 0, across[1] - across[0], LABEL_TOP); }
+  }
 
   // bar lines, and above them on the large roll every k-th bar's number, as many as fit apart
   const starts = barStarts(metersOf(view, index), view.ticksPerBeat, to);
@@ -138,6 +148,13 @@ function drawRoll(canvas, view, index, large) {
     ctx.fillRect(x(n[0]), lane.y(n[2]), width, Math.max(1, lane.row - 1));
   }
   ctx.globalAlpha = 1;
+  if (span) { // the bars left out, dimmed; the chosen ones' edges, drawn
+    ctx.fillStyle = "#f4f5f7c0";
+    ctx.fillRect(0, 0, across[0], h); ctx.fillRect(across[1], 0, w - across[1], h);
+    ctx.strokeStyle = "#3d6fd8"; ctx.lineWidth = 2;
+    for (const at of across) { ctx.beginPath(); ctx.moveTo(at, 0); ctx.lineTo(at, h); ctx.stroke(); }
+    ctx.lineWidth = 1;
+  }
   if (large) lanes.forEach((lane) => { // each lane's instrument at its top left
     ctx.font = "11px system-ui"; ctx.fillStyle = "#ffffffcc";
     const name = lane.name, width = ctx.measureText(name).width;
@@ -151,6 +168,7 @@ function drawRoll(canvas, view, index, large) {
   }
   Object.assign(canvas.dataset, {
     from, to, sample: sample && sample.notes.length ? index : "",
+    chosen: span ? JSON.stringify({ bars: [first, last], ticks: span, x: across }) : "",
     barLines: JSON.stringify(lines), barLabels: JSON.stringify(labels),
     lanes: JSON.stringify(lanes.map(({ track, name, program, drum, color, top, bottom, notes: count, pitches }) =>
       ({ track, name, program, drum, color, top, bottom, notes: count, pitches }))),
@@ -222,4 +240,31 @@ function controlRoll(canvas, buttons, redraw) {
   const act = { in: { factor: 0.5 }, out: { factor: 2 }, left: { shift: -0.5 }, right: { shift: 0.5 } };
   for (const [name, how] of Object.entries(act)) buttons[name].onclick = () => { if (view()) { moveFrame(view(), how); redraw(); } };
   buttons.seam.onclick = () => { resetFrame(); redraw(); };
+}
+
+// Dragging across the large roll (its lanes or its bar numbers) picks whole bars while `canPick()`:
+// `pick(first, last)` gets the bar where the drag began and the one under the pointer, as the
+// roll's bar lines count them (from 1); a double-click, `pick()`: every bar. A press that has not
+// moved a few pixels stays a click, and the click that ends a drag is no click (the wheel, a
+// separate event, zooms and scrolls as ever, mid-drag too: the bar under the pointer follows).
+function pickBars(canvas, canPick, pick) {
+  const barUnder = (event) => {
+    const box = canvas.getBoundingClientRect();
+    return barAt(state.view, rollTick(Math.min(1, Math.max(0, (event.clientX - box.left) / box.width))));
+  };
+  let begun = null, dragged = false;
+  canvas.addEventListener("pointerdown", (event) => {
+    dragged = false;
+    if (event.button !== 0 || !canPick()) return;
+    begun = { x: event.clientX, bar: barUnder(event) };
+    canvas.setPointerCapture(event.pointerId); // the drag goes on past the roll's edge
+  });
+  canvas.addEventListener("pointermove", (event) => {
+    if (!begun || (!dragged && Math.abs(event.clientX - begun.x) < 4)) return;
+    dragged = true;
+    pick(begun.bar, barUnder(event));
+  });
+  for (const end of ["pointerup", "pointercancel"]) canvas.addEventListener(end, () => { begun = null; });
+  canvas.addEventListener("click", (event) => { if (dragged) event.stopImmediatePropagation(); }, true);
+  canvas.addEventListener("dblclick", () => { if (canPick()) pick(); });
 }

@@ -25,7 +25,7 @@ async function json(response) {
 function setStatus(text) { $("status").textContent = text; }
 
 function redraw() {
-  drawRoll($("roll"), state.view, state.selected, true);
+  drawRoll($("roll"), state.view, state.selected, true, chosenBars());
   drawLegend($("legend"), $("roll"), state.view, state.selected);
   document.querySelectorAll(".sample").forEach((card) => {
     const i = Number(card.dataset.index);
@@ -233,6 +233,28 @@ function promptBars() {
   if (!(to >= from && to <= last)) throw new Error(`prompt to bar must be a whole number ${range(from)}`);
   return { prompt_from: from > 1 ? from : null, prompt_to: to < last ? to : null };
 }
+
+// the prompt's bars the boxes choose, [from, to], to shade on the roll: null for the whole prompt,
+// for none, or while the boxes hold what Generate would refuse
+function chosenBars() {
+  try {
+    const { prompt_from: from, prompt_to: to } = promptBars();
+    return from || to ? [from ?? 1, to ?? state.prompt.bars] : null;
+  } catch { return null; }
+}
+
+// a drag on the roll writes the bars it spans into the boxes (the one place the choice is held),
+// within the prompt; `pick()`: all of them. A MIREX task keeps its first bar (its box is fixed).
+function pickPromptBars(first, last) {
+  const bars = state.prompt.bars, within = (n) => Math.min(Math.max(1, n), bars);
+  const [from, to] = first === undefined ? [1, bars] : [within(Math.min(first, last)), within(Math.max(first, last))];
+  if (!$("prompt-from").disabled) $("prompt-from").value = from;
+  $("prompt-to").value = to;
+  redraw();
+}
+
+// the roll picks bars while it shows a prompt file alone, whose bars are known
+const canPickBars = () => !state.controller && !$("prompt-bars").hidden && Boolean(state.prompt?.bars) && $("roll").dataset.sample === "";
 
 // the sampling settings of the form, as a run or an extension sends them
 function formSettings() {
@@ -466,6 +488,9 @@ async function start() {
   $("play").onclick = () => playSound();
   $("stop-sound").onclick = stopSound;
   $("roll").onclick = chooseBar;
+  pickBars($("roll"), canPickBars, pickPromptBars);
+  $("prompt-from").oninput = $("prompt-to").oninput = redraw;
+  $("all-bars").onclick = () => pickPromptBars();
   controlRoll($("roll"), { in: $("zoom-in"), out: $("zoom-out"), left: $("scroll-left"), right: $("scroll-right"), seam: $("seam") }, redraw);
   $("loop").onchange = () => sound.playing && playSound(sound.player.position());
   loadResults();

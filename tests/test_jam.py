@@ -51,6 +51,8 @@ class VirtualTime:
 
 
 class FakeInput:
+    name = "fake keyboard"
+
     def __init__(self, time: VirtualTime):
         self.time = time
 
@@ -60,6 +62,8 @@ class FakeInput:
 
 
 class FakeOutput:
+    name = "fake synthesizer"
+
     def __init__(self, time: VirtualTime):
         self.time, self.sent = time, []
 
@@ -257,8 +261,10 @@ def test_without_a_port_backend_the_command_says_how_to_get_one(capsys, monkeypa
     "args, says",
     [
         (["-m", "no_such_model"], "no_such_model"),
-        (["--meter", "3/4"], "3/4"),
+        (["--meter", "3/4"], "--meter 3/4: the remi tokens cannot play in it"),
+        (["--meter", "2/4"], "--meter 2/4: the remi tokens cannot play in it"),
         (["--meter", "four"], "--meter must be"),
+        (["--bpm", "0"], "--bpm must be within 1..1000"),
         (["--program", "128"], "--program must be within 0..127"),
     ],
 )
@@ -267,3 +273,25 @@ def test_bad_input_is_one_line_before_any_port_is_opened(args, says, capsys, mon
     code, err, _ = run_cli(["jam", *args], capsys)
     assert code != 0 and len(err) == 1 and says in err[0], err
     assert "port" not in err[0]
+
+
+def test_the_command_takes_the_prompts_tempo_and_meter_and_saves_the_jam(tmp_path, capsys, monkeypatch):
+    from musegen.generation import jam as jamming
+
+    monkeypatch.setenv("MUSEGEN_PRECISION", "fp32")
+    waltz = NoteTable.of_tracks(
+        TPQ,
+        [(Track("bass", 33, False), [(0, 400, 43, 90), (3 * TPQ, 3 * TPQ + 400, 38, 90)])],
+        [(0, 240.0)],
+        [(0, 3, 4)],
+    )
+    (tmp_path / "waltz.mid").write_bytes(waltz.midi_bytes())
+    time = VirtualTime([])  # a player who plays nothing, on ports of the test's own
+    monkeypatch.setattr(jamming, "open_ports", lambda i, o: (FakeInput(time), FakeOutput(time)))
+    args = ["jam", "-m", "song", "--prompt", tmp_path / "waltz.mid", "--mode", "accompany", "--bars", "1"]
+    code, err, out = run_cli([str(a) for a in [*args, "--count-in", "0", "--save", tmp_path / "jam.mid"]], capsys)
+    assert code == 0, err
+    assert "accompany with song at 240 BPM in 3/4" in out and f"written to {tmp_path / 'jam.mid'}" in out
+    saved = NoteTable.read(tmp_path / "jam.mid", by_role=False)
+    assert saved.time_signatures == [(0, 3, 4)] and saved.tempos[0][1] == pytest.approx(240)
+    assert not [k for k, t in enumerate(saved.tracks) if t.name == "player" and (saved.track == k).any()]

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from ..generation.settings import SampleSettings
+from ..generation.settings import TEMPO_RANGE, SampleSettings
 from .options import sampling_options
 
 # sampling options the jam decides itself (bars, prompt, tempo) or that are for another model
@@ -82,7 +82,7 @@ def jam(
     from musegen import home
     from musegen.checkpoint import load_checkpoint
     from musegen.cli.terminate import Terminated
-    from musegen.errors import ConfigError, MidiError
+    from musegen.errors import ConfigError
     from musegen.generation import jam as jamming
     from musegen.generation.live import Live
     from musegen.generation.resources import checked_device, cpu_threads
@@ -102,12 +102,12 @@ def jam(
     table = NoteTable.read(home.prompt(prompt), by_role=False) if prompt is not None else None
     numerator, denominator = _meter(meter, table)
     tempo = bpm if bpm is not None else table.tempos[0][1] if table is not None and table.tempos else DEFAULT_BPM
+    if not TEMPO_RANGE[0] <= tempo <= TEMPO_RANGE[1]:
+        raise ConfigError(f"--bpm must be within {TEMPO_RANGE[0]:g}..{TEMPO_RANGE[1]:g}, got {tempo:g}")
     loaded, tokenizer, _, _ = load_checkpoint(model, device=checked_device(device))
     backing, backing_bars = jamming.backing_from(table, (numerator, denominator)) if table else ([], 0)
-    try:
-        live = Live(loaded, tokenizer, settings, (numerator, denominator), tempo, program, None, backing, backing_bars)
-    except MidiError as exc:  # a meter (or a prompt) the model's tokens cannot write
-        raise ConfigError(f"{model} in {numerator}/{denominator}: {str(exc).removeprefix('<bytes>: ')}") from None
+    jamming.check_meter(tokenizer, (numerator, denominator))
+    live = Live(loaded, tokenizer, settings, (numerator, denominator), tempo, program, None, backing, backing_bars)
     jamming.check_mode(live, mode)
     inport, outport = jamming.open_ports(in_port, out_port)
     session = jamming.Jam(

@@ -30,9 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ..errors import ConfigError
+from ..errors import ConfigError, MidiError
 from ..io import write_bytes
 from ..music.notes import NoteTable, Track
+from ..tokenizers.base import Tokenizer
 from .live import TPQ, Live, LiveNote
 
 MODES = ("answer", "accompany")
@@ -77,6 +78,25 @@ def open_ports(input_name: str | None, output_name: str | None):
             raise ConfigError(f"no MIDI {what} port {given!r}; there are: {', '.join(there)}")
         names.append(given if given is not None else there[0])
     return backend.open_input(names[0]), backend.open_output(names[1])
+
+
+def check_meter(tokenizer: Tokenizer, meter: tuple[int, int]) -> None:
+    """A one-line ConfigError where the model's tokens do not write each bar of `meter` as a bar
+    of their own (REMI writes 4/4 only, and reads a 2/4 bar as half of one)."""
+    bar = TPQ * 4 * meter[0] // meter[1]
+
+    def bars_written(bars: int) -> int:
+        notes = [(k * bar, k * bar + 1, 60, 64) for k in range(bars)]
+        table = NoteTable.of_tracks(TPQ, [(Track(None, 0, False), notes)], [(0, 100.0)], [(0, *meter)])
+        return len(tokenizer.bar_starts(tokenizer.encode(table.midi_bytes()).ids))
+
+    try:
+        if bars_written(4) - bars_written(2) == 2:
+            return
+        why = "they join its bars into others"
+    except MidiError as exc:
+        why = str(exc).removeprefix("<bytes>: ")
+    raise ConfigError(f"--meter {meter[0]}/{meter[1]}: the {tokenizer.kind} tokens cannot play in it ({why})")
 
 
 def check_mode(live: Live, mode: str) -> None:

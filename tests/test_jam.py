@@ -79,6 +79,22 @@ class FakeOutput:
         ]
 
 
+class LaggingWorker:
+    """A worker thread whose every job takes `latency` seconds of virtual time: a job is done (and
+    its notes are there) once the clock has passed the time it ends, one after another."""
+
+    def __init__(self, time: VirtualTime, latency: float):
+        self.time, self.latency, self.jobs, self.free_at = time, latency, [], 0.0
+
+    def submit(self, job) -> None:
+        self.free_at = max(self.time.now, self.free_at) + self.latency
+        self.jobs.append((self.free_at, job))
+
+    def check(self) -> None:
+        while self.jobs and self.jobs[0][0] <= self.time.now:
+            self.jobs.pop(0)[1]()
+
+
 def phrase(bars: int, start: float = START, pitches=(60, 62, 64, 65, 67, 69, 71, 72)) -> list:
     """Quarter notes of a C major scale from `start`, each held for 0.5 s (five sixths of a beat)."""
     notes = []
@@ -104,18 +120,16 @@ def song():
     return model, tokenizer
 
 
-def jam_of(loaded, played, interrupt_at=None, backing=(), backing_bars=0, **options) -> tuple[Jam, FakeOutput]:
+def jam_of(
+    loaded, played, interrupt_at=None, backing=(), backing_bars=0, program=0, latency=None, **options
+) -> tuple[Jam, FakeOutput]:
     model, tokenizer = loaded
-    live = Live(
-        model,
-        tokenizer,
-        SampleSettings(precision="fp32", seed=7),
-        bpm=BPM,
-        backing=list(backing),
-        backing_bars=backing_bars,
-    )
+    settings = SampleSettings(precision="fp32", seed=7)
+    live = Live(model, tokenizer, settings, bpm=BPM, program=program, backing=list(backing), backing_bars=backing_bars)
     time = VirtualTime(played, interrupt_at)
     out = FakeOutput(time)
+    if latency is not None:
+        options["worker"] = LaggingWorker(time, latency)
     return Jam(live, FakeInput(time), out, time.clock, time.sleep, **options), out
 
 
@@ -155,6 +169,29 @@ def test_the_answer_begins_at_the_bar_line_after_the_silent_bar_and_every_note_s
     order = np.lexsort((model.pitch, model.start))
     assert (model.start[order] * scale).tolist() == [n.start for n in jam.model_notes]
     assert (model.pitch[order]).tolist() == [n.pitch for n in jam.model_notes]
+
+
+def test_notes_the_model_draws_late_sound_at_once_unless_they_are_over(pop):
+    latency = 0.5  # each job: closing the silent bar, then drawing the answer's first bar
+    jam, out = jam_of(pop, phrase(2), latency=latency, bars=6)
+    jam.run()
+    sent = out.note_ons()
+    arrival = sent[0][0]  # the first bar's notes, seen at the loop's next read after the worker is done
+    assert line(3) + 2 * latency <= arrival < line(3) + 2 * latency + 0.002
+    drawn = [n for n in jam.live.notes if n.start >= 3 * jam.live.bar_ticks]  # the answer, as the engine has it
+    heard = [n for n in drawn if START + n.end * TICK > arrival]
+    assert len(heard) < len(drawn), "no note of the answer was over before it arrived: nothing to leave out"
+    assert jam.model_notes == heard
+    assert [t for t, _ in sent] == pytest.approx([max(START + n.start * TICK, arrival) for n in heard], abs=1e-9)
+
+
+def test_echo_sends_the_player_on_to_the_output_as_their_instrument(pop):
+    jam, out = jam_of(pop, phrase(1), program=24, echo=True, click=False, bars=1)
+    jam.run()
+    assert out.sent[0][1] == mido.Message("program_change", channel=0, program=24)
+    echoed = [(t, m.type, m.note) for t, m in out.sent[1:] if m.channel != DRUM_CHANNEL]  # the count-in clicks
+    assert echoed == [(t, m.type, m.note) for t, m in phrase(1)]
+    assert all(m.channel == 0 for _, m in out.sent if m.channel != DRUM_CHANNEL)
 
 
 def test_playing_during_an_answer_drops_it_from_the_next_bar_line_and_the_next_phrase_is_answered(pop):

@@ -302,6 +302,7 @@ def test_without_a_port_backend_the_command_says_how_to_get_one(capsys, monkeypa
         (["--meter", "four"], "--meter must be"),
         (["--bpm", "0"], "--bpm must be within 1..1000"),
         (["--program", "128"], "--program must be within 0..127"),
+        (["--save", "no/such/folder/jam.mid"], "no folder"),
     ],
 )
 def test_bad_input_is_one_line_before_any_port_is_opened(args, says, capsys, monkeypatch):

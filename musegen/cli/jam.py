@@ -99,6 +99,8 @@ def jam(
     for name, value in (("--answer-bars", answer_bars), ("--bars", bars)):
         if value is not None and not 1 <= value <= MAX_BARS:
             raise ConfigError(f"{name} must be within 1..{MAX_BARS:,}, got {value}")
+    if save is not None and not save.resolve().parent.is_dir():  # found now, not when the jam is over
+        raise ConfigError(f"--save {save}: no folder {save.resolve().parent}")
     table = NoteTable.read(home.prompt(prompt), by_role=False) if prompt is not None else None
     numerator, denominator = _meter(meter, table)
     tempo = bpm if bpm is not None else table.tempos[0][1] if table is not None and table.tempos else DEFAULT_BPM

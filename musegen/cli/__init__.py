@@ -39,9 +39,9 @@ app = typer.Typer(
 
 
 def _register_commands() -> None:
-    from . import data, evaluate, export, inspect, render, sample, studio, train
+    from . import data, evaluate, export, inspect, jam, render, sample, studio, train
 
-    for module in (data, train, export, sample, render, evaluate, inspect, studio):
+    for module in (data, train, export, sample, render, evaluate, inspect, studio, jam):
         module.register(app)
 
 

@@ -209,6 +209,9 @@ def test_playing_during_an_answer_drops_it_from_the_next_bar_line_and_the_next_p
     before = [(t, n.pitch) for t, n in zip(whole_onsets, whole.model_notes) if t < line(7)]
     assert [(t, n.pitch) for t, n in zip(onsets, cut.model_notes) if t < line(7)] == before
     assert not [t for t in onsets if line(7) <= t < line(8)]
+    # nor has the model heard it: the bar it drew ahead was taken back, and bar 7 stayed silent
+    heard = [START + (n.start - cut.first_bar * cut.live.bar_ticks) * TICK for n in cut.live.notes]
+    assert not [t for t in heard if line(7) <= t < line(8)]
     # that phrase (bar 6) ended with a silent bar 7: the model answers it from bar 8
     assert [t for t in onsets if t >= line(8)], "the second phrase was not answered"
     assert [t for t, _ in out.note_ons()] == pytest.approx(onsets, abs=1e-9)
@@ -264,7 +267,9 @@ def test_accompaniment_plays_the_other_instruments_under_the_player(song):
 
 
 def test_accompaniment_without_a_band_is_refused_in_one_line(song):
-    with pytest.raises(Exception, match="--mode accompany goes on with a band"):
+    with pytest.raises(
+        Exception, match="--mode accompany: an accompaniment goes on with the piece's other instruments"
+    ):
         jam_of(song, [], mode="accompany")
 
 
@@ -297,8 +302,8 @@ def test_without_a_port_backend_the_command_says_how_to_get_one(capsys, monkeypa
     "args, says",
     [
         (["-m", "no_such_model"], "no_such_model"),
-        (["--meter", "3/4"], "--meter 3/4: the remi tokens cannot play in it"),
-        (["--meter", "2/4"], "--meter 2/4: the remi tokens cannot play in it"),
+        (["--meter", "3/4"], "--meter 3/4: the remi tokens cannot play in 3/4"),
+        (["--meter", "2/4"], "--meter 2/4: the remi tokens cannot play in 2/4 (they join its bars"),
         (["--meter", "four"], "--meter must be"),
         (["--bpm", "0"], "--bpm must be within 1..1000"),
         (["--program", "128"], "--program must be within 0..127"),

@@ -106,6 +106,21 @@ def test_an_answer_is_what_the_sampler_draws_from_the_same_prompt_and_arrives_in
     assert torch.allclose(live.snapshots[-1].logits[0], fresh_logits(model, live.fed), atol=1e-4)
 
 
+def test_taking_back_an_answers_last_bar_leaves_the_session_as_if_it_had_answered_one_bar(models):
+    model, tokenizer = models["pop"]
+    live = Live(model, tokenizer, SETTINGS, bpm=90)
+    for notes in melody_bars(2):
+        live.close_bar(notes)
+    answer = live.answer(2)
+    live.take_back(3)  # the player came back in bar 3: the answer's second bar never sounded
+    assert live.bars == 3 and all(n.start < 3 * BAR for n in live.notes)
+    assert [n for n in live.notes if n.start >= 2 * BAR] == [n for n in answer if n.start < 3 * BAR]
+    assert live.fed == [int(t) for t in reference(tokenizer, live, 3).ids]
+    assert torch.allclose(live.snapshots[-1].logits[0], fresh_logits(model, live.fed), atol=1e-4)
+    with pytest.raises(ConfigError, match="cannot be taken back"):
+        live.take_back(5)
+
+
 def test_a_note_played_just_before_a_bar_line_waits_for_that_bar_and_a_late_one_is_not_fed(models):
     model, tokenizer = models["pop"]
     live = Live(model, tokenizer, SETTINGS)

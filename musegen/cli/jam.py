@@ -108,8 +108,10 @@ def jam(
         raise ConfigError(f"--bpm must be within {TEMPO_RANGE[0]:g}..{TEMPO_RANGE[1]:g}, got {tempo:g}")
     loaded, tokenizer, _, _ = load_checkpoint(model, device=checked_device(device))
     backing, backing_bars = jamming.backing_from(table, (numerator, denominator)) if table else ([], 0)
-    jamming.check_meter(tokenizer, (numerator, denominator))
-    live = Live(loaded, tokenizer, settings, (numerator, denominator), tempo, program, None, backing, backing_bars)
+    try:
+        live = Live(loaded, tokenizer, settings, (numerator, denominator), tempo, program, None, backing, backing_bars)
+    except ConfigError as exc:  # a meter the tokens cannot play in, named as the option that gave it
+        raise ConfigError(f"--meter {numerator}/{denominator}: {exc}") from None
     jamming.check_mode(live, mode)
     inport, outport = jamming.open_ports(in_port, out_port)
     session = jamming.Jam(

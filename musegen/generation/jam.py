@@ -30,10 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ..errors import ConfigError, MidiError
+from ..errors import ConfigError
 from ..io import write_bytes
 from ..music.notes import NoteTable, Track
-from ..tokenizers.base import Tokenizer
 from .live import TPQ, Live, LiveNote
 
 MODES = ("answer", "accompany")
@@ -80,39 +79,17 @@ def open_ports(input_name: str | None, output_name: str | None):
     return backend.open_input(names[0]), backend.open_output(names[1])
 
 
-def check_meter(tokenizer: Tokenizer, meter: tuple[int, int]) -> None:
-    """A one-line ConfigError where the model's tokens do not write each bar of `meter` as a bar
-    of their own (REMI writes 4/4 only, and reads a 2/4 bar as half of one)."""
-    bar = TPQ * 4 * meter[0] // meter[1]
-
-    def bars_written(bars: int) -> int:
-        notes = [(k * bar, k * bar + 1, 60, 64) for k in range(bars)]
-        table = NoteTable.of_tracks(TPQ, [(Track(None, 0, False), notes)], [(0, 100.0)], [(0, *meter)])
-        return len(tokenizer.bar_starts(tokenizer.encode(table.midi_bytes()).ids))
-
-    try:
-        if bars_written(4) - bars_written(2) == 2:
-            return
-        why = "they join its bars into others"
-    except MidiError as exc:
-        why = str(exc).removeprefix("<bytes>: ")
-    raise ConfigError(f"--meter {meter[0]}/{meter[1]}: the {tokenizer.kind} tokens cannot play in it ({why})")
-
-
 def check_mode(live: Live, mode: str) -> None:
     """A one-line ConfigError where `live` cannot be played in `mode`."""
     if mode not in MODES:
         raise ConfigError(f"--mode must be one of {', '.join(MODES)}, got {mode}")
     if mode == "accompany":
         try:
-            live.tokenizer.program_token_ids(live.program)
+            live.check_accompany()
         except ConfigError as exc:
-            raise ConfigError(f"--mode accompany needs a model of several instruments (song): {exc}") from None
-        if not any(n.program != live.program or n.drum for n in live.notes):
             raise ConfigError(
-                "--mode accompany goes on with a band: give --prompt a MIDI file with instruments besides "
-                "the player's --program"
-            )
+                f"--mode accompany: {exc} (--prompt gives a band besides the player's --program)"
+            ) from None
 
 
 # --- the model's work, away from the clock -------------------------------------------------------
@@ -355,6 +332,9 @@ class Jam:
         answer = self.answer
         if answer is not None and answer.first <= bar < answer.end:
             answer.end = bar + 1
+            if answer.next > answer.end:  # a bar drawn ahead will not sound: the model forgets it
+                self._submit(lambda end=answer.end: self.live.take_back(end))
+                answer.next = self.next_bar = answer.end
 
     def _live_note(self, played: Played, now: float) -> LiveNote:
         """A played note in the piece's ticks; one still held lasts until now, as far as is known."""

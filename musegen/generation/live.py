@@ -22,7 +22,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from ..errors import ConfigError, TokenError
+from ..errors import ConfigError, MusegenError, TokenError
 from ..model.torch_step import PreparedWeights
 from ..music.notes import NoteTable, Track
 from ..tokenizers.base import Tokenizer
@@ -97,11 +97,10 @@ class Live:
         self.first_bar: int | None = 0 if self.notes else None  # where the piece begins (its first note's bar)
         self.waiting: list[LiveNote] = []  # played notes whose onset falls in a bar not over yet
         self.answers = 0
+        self._check_meter()
         self._restart()
         if self.notes:
             self._sync()
-        else:
-            self._target(check_only=True)  # a meter or tempo the tokens lack is refused now
 
     # --- the player's side ----------------------------------------------------------------------
     def close_bar(self, played: list[LiveNote] = ()) -> None:
@@ -122,6 +121,17 @@ class Live:
         if self.first_bar is not None:
             self._sync()
 
+    def take_back(self, bar: int) -> None:
+        """Forget the bars from `bar` on (an answer drawn ahead that the player cut short: its
+        notes there never sounded); the session goes back to that bar line."""
+        if self.first_bar is None or not self.first_bar < bar <= self.bars:
+            raise ConfigError(
+                f"bars {bar}.. cannot be taken back: the piece has bars {self.first_bar}..{self.bars - 1}"
+            )
+        self.notes = [n for n in self.notes if n.start < bar * self.bar_ticks]
+        self.bars = bar
+        self._sync()
+
     # --- the model's side -----------------------------------------------------------------------
     def answer(self, bars: int, on_notes: Callable[[list[LiveNote]], None] | None = None) -> list[LiveNote]:
         """Continue the piece for `bars` bars from the bar line after the last bar over; the
@@ -137,14 +147,39 @@ class Live:
         its bar line: it sounds while the player plays that bar, and both are fed when it is over."""
         return self._sample(1, on_notes, forbid_player=True)
 
+    def check_accompany(self) -> None:
+        """A one-line ConfigError where `accompany` cannot play: the tokens have no instruments of
+        their own, or the piece has none but the player's."""
+        self.tokenizer.program_token_ids(self.program)
+        if not any(n.program != self.program or n.drum for n in self.notes):
+            raise ConfigError("an accompaniment goes on with the piece's other instruments, and it has none yet")
+
     # --- inside -----------------------------------------------------------------------------------
+    def _check_meter(self) -> None:
+        """A one-line error where the tokens do not write each bar of the meter as a bar of their
+        own (REMI writes 4/4 only: it refuses 3/4 and joins two 2/4 bars into one)."""
+        n, d = self.meter
+
+        def bars_written(bars: int) -> int:
+            notes = [
+                LiveNote(k * self.bar_ticks, k * self.bar_ticks + self.cell, SENTINEL_PITCH, 64) for k in range(bars)
+            ]
+            return len(self.tokenizer.bar_starts(self.tokenizer.encode(self._table(notes).midi_bytes()).ids))
+
+        try:
+            if bars_written(4) - bars_written(2) == 2:
+                return
+            why = "they join its bars into others"
+        except MusegenError as exc:
+            why = str(exc).splitlines()[0].removeprefix("<bytes>: ")
+        raise ConfigError(f"the {self.tokenizer.kind} tokens cannot play in {n}/{d} ({why})")
+
     def _sample(self, bars: int, on_notes, forbid_player: bool) -> list[LiveNote]:
         if self.first_bar is None:
             raise ConfigError("nothing has been played yet: the model answers what it heard")
         forbid = ()
         if forbid_player:
-            if not any(n.program != self.program or n.drum for n in self.notes):
-                raise ConfigError("an accompaniment goes on with the piece's other instruments, and it has none yet")
+            self.check_accompany()
             forbid = (Forbid(self.tokenizer.program_token_ids(self.program)),)
         settings = replace(
             self.settings,
@@ -202,7 +237,7 @@ class Live:
             self.snapshots = self.snapshots[-(SNAPSHOTS - 1) :] + [snapshot]
         self.fed, self.prompt = ids, prompt
 
-    def _target(self, check_only: bool = False) -> Prompt:
+    def _target(self) -> Prompt:
         """The piece from its first bar up to the bar line `self.bars`, as the prompt that
         `musegen sample --prompt-bars` would read from it."""
         first = self.first_bar or 0
@@ -210,8 +245,6 @@ class Live:
         sentinel = LiveNote(self.bars * self.bar_ticks, self.bars * self.bar_ticks + self.cell, SENTINEL_PITCH, 64)
         table = self._table([*self.notes, sentinel]).from_tick(first * self.bar_ticks)
         encoding = self.tokenizer.encode(table.midi_bytes())
-        if check_only:
-            return Prompt(np.asarray(encoding.ids))
         return prompt_from_ids(self.tokenizer, encoding.ids, self.bars - first, encoding.report, "the live piece")
 
     def _table(self, notes: list[LiveNote]) -> NoteTable:

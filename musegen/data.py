@@ -15,7 +15,7 @@ import torch
 
 from .errors import ConfigError, DataError
 from .music.roles import GM_KIT
-from .tokenizers.base import Tokenizer, methods_lacking
+from .tokenizers.base import Grammar, Tokenizer, methods_lacking
 
 SAMPLING_CHOICES = ("piece", "length")
 CROP_CHOICES = ("random", "start")
@@ -100,7 +100,10 @@ class CropDataset(torch.utils.data.Dataset):
     The extra id makes inputs `x[:-1]` and next-token targets `x[1:]` of `length` each. With
     `onsets` (the tokenizer's, for a model whose positions are beats) an item is (ids, beats):
     each token's onset in beats (float64) from the crop's first token, the PAD after the piece
-    at its last onset.
+    at its last onset. With `grammar` (a model trained under it, ModelConfig.loss_over) an item
+    is (ids, beats or an empty tensor, allowed): bool [length, vocab], what the grammar allows at
+    each target; the crop is then transposed with the piece before it, so that the grammar's
+    state where the crop begins is the transposed piece's.
     """
 
     def __init__(
@@ -112,11 +115,13 @@ class CropDataset(torch.utils.data.Dataset):
         augmenter: Augmenter | None = None,
         crop: str = "random",
         onsets: Optional[Callable[[np.ndarray], np.ndarray]] = None,
+        grammar: Grammar | None = None,
     ):
         if crop not in CROP_CHOICES:
             raise ConfigError(f"crop must be one of {CROP_CHOICES}, got {crop!r}")
         self.pieces, self.length, self.pad_id = pieces, length, pad_id
         self.seed, self.augmenter, self.crop, self.onsets = seed, augmenter, crop, onsets
+        self.grammar = grammar
 
     def __len__(self) -> int:
         return len(self.pieces)
@@ -129,24 +134,31 @@ class CropDataset(torch.utils.data.Dataset):
             ids = self.augmenter.before_crop(ids, rng)
         span = self.length + 1
         start = int(rng.integers(0, len(ids) - span + 1)) if self.crop == "random" and len(ids) > span else 0
-        window = ids[start : start + span]
+        upto = ids[: start + span] if self.grammar is not None else ids[start : start + span]
         if self.augmenter is not None:
-            window = self.augmenter.after_crop(window, rng)
+            upto = self.augmenter.after_crop(upto, rng)
+        window = upto[start:] if self.grammar is not None else upto
         out = np.full(span, self.pad_id, dtype=np.int64)
         out[: len(window)] = window
-        if self.onsets is None:
+        if self.onsets is None and self.grammar is None:
             return torch.from_numpy(out)
-        # on the whole piece as augmented (a bar skipped moves every onset); transposing keeps them
-        times = self.onsets(ids)[start : start + len(window)]
-        beats = np.full(span, times[-1], dtype=np.float64)
-        beats[: len(times)] = times
-        return torch.from_numpy(out), torch.from_numpy(beats - times[0])
+        beats = torch.zeros(0, dtype=torch.float64)
+        if self.onsets is not None:
+            # on the whole piece as augmented (a bar skipped moves every onset); transposing keeps them
+            times = self.onsets(ids)[start : start + len(window)]
+            beats = np.full(span, times[-1], dtype=np.float64)
+            beats[: len(times)] = times
+            beats = torch.from_numpy(beats - times[0])
+        if self.grammar is None:
+            return torch.from_numpy(out), beats
+        return torch.from_numpy(out), beats, torch.from_numpy(self.grammar.allowed_after(upto, start, self.length))
 
 
-def batch_inputs(batch, device: torch.device) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """(ids, beats or None) of a collated batch of CropDataset items, on `device`."""
-    ids, beats = batch if isinstance(batch, (list, tuple)) else (batch, None)
-    return ids.to(device, non_blocking=True), None if beats is None else beats.to(device, non_blocking=True)
+def batch_inputs(batch, device: torch.device) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """(ids, beats or None, allowed or None) of a collated batch of CropDataset items, on `device`."""
+    ids, beats, allowed = (*batch, None)[:3] if isinstance(batch, (list, tuple)) else (batch, None, None)
+    beats = None if beats is None or not beats.numel() else beats.to(device, non_blocking=True)
+    return ids.to(device, non_blocking=True), beats, None if allowed is None else allowed.to(device, non_blocking=True)
 
 
 class StepBatches(torch.utils.data.Sampler):

@@ -342,7 +342,7 @@ def test_crops_of_a_model_of_beats_carry_each_tokens_onset_and_train_it():
     assert torch.equal(beats[:n], torch.from_numpy(tok.onsets(short)))  # the whole short piece: crop at 0
     # a batch as the trainer reads it, into a model of beats, with a gradient
     batch = torch.utils.data.default_collate([data[(k, k % 2)] for k in range(3)])
-    ids, beats = batch_inputs(batch, torch.device("cpu"))
+    ids, beats, _ = batch_inputs(batch, torch.device("cpu"))
     torch.manual_seed(0)
     model = MusicPerformer(preset("tiny", vocab_size=tok.vocab_size, positions="beats", window=8))
     model(ids[:, :-1], beats[:, :-1]).logsumexp(-1).mean().backward()

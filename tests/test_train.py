@@ -24,8 +24,13 @@ from train_fixtures import prepare_pop909
 from musegen.checkpoint import load_checkpoint
 from musegen.cli import main
 from musegen.errors import ConfigError, FormatError
+from musegen.generation.constraints import KeptShare
+from musegen.generation.loop import constraint_chain, generate
+from musegen.generation.prompt import Prompt
+from musegen.generation.settings import SampleSettings
+from musegen.metrics.loss import scoring_inputs, token_nll
 from musegen.model.transformer import MusicPerformer
-from musegen.shards import write_shards
+from musegen.shards import Shards, write_shards
 from musegen.tokenizers.groove import GrooveTokenizer
 from musegen.training.loader import load_training_data
 from musegen.training.optim import lr_factor, make_optimizer, next_token_nll
@@ -880,3 +885,28 @@ def test_a_model_of_beats_with_a_window_trains_and_validates_on_remi_onsets(pop2
     assert (config.positions, config.window) == ("beats", 8)
     validated = [record for record in map(json.loads, _log_lines(run)) if "valid_loss" in record]
     assert [record["step"] for record in validated] == [3] and math.isfinite(validated[0]["valid_loss"])
+
+
+def test_a_model_trained_under_the_grammar_trains_validates_and_samples_under_it(pop20, tmp_path, capsys):
+    run = tmp_path / "run"
+    under = ["--set", "model.loss_over=grammar", "--set", "valid_every=3"]
+    assert _cli(["train", "--data", pop20, "--out", run, *TINY, *under, "--set", "steps=3"]) == 0
+    assert all(math.isfinite(loss) for loss in _losses(run).values())
+    model, tokenizer, config, _ = load_checkpoint(latest_checkpoint(run))
+    assert config.loss_over == "grammar"
+    validated = [record for record in map(json.loads, _log_lines(run)) if "valid_loss" in record]
+    assert math.isfinite(validated[0]["valid_loss"])
+    # scored among the allowed ids, every token is at least as likely as among all of them
+    piece = Shards(pop20).pieces("valid")[0][:300]
+    among_allowed = token_nll(model, [piece], 299, tokenizer.pad_id, grammar=tokenizer.grammar())[0]
+    among_all = token_nll(model, [piece], 299, tokenizer.pad_id)[0]
+    assert (among_allowed <= among_all + 1e-6).all() and among_allowed.sum() < among_all.sum()
+    assert scoring_inputs(model, tokenizer)["grammar"] is not None
+    # sampled with the grammar's mask and no share kept (its distribution over the mask is its own)
+    settings = SampleSettings(length=40, seed=1, precision="fp32")
+    assert not any(isinstance(c, KeptShare) for c in constraint_chain(settings, under_grammar=True))
+    samples, _ = generate(model, tokenizer, Prompt(piece[:100]), settings, progress=False)
+    assert tokenizer.grammar().first_violation(samples[0].ids) is None
+    with pytest.raises(ConfigError, match="trained under the grammar"):
+        unmasked = dataclasses.replace(settings, grammar=False)
+        generate(model, tokenizer, Prompt(piece[:100]), unmasked, progress=False)

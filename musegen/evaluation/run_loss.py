@@ -17,6 +17,7 @@ from ..metrics.loss import (
     TYPE_COLUMNS,
     TypeBaselines,
     position_sums,
+    scoring_inputs,
     summarize,
     token_nll,
     type_nll_rows,
@@ -71,9 +72,14 @@ def evaluate_loss(
     if not pieces:
         raise DataError(f"{data_dir}: split {split!r} holds no pieces")
     train_len = int(meta.get("train_len") or max_len)
-    onsets = tokenizer.onsets if model.config.positions == "beats" else None
     scored = token_nll(
-        model, pieces, max_len, tokenizer.pad_id, batch_size, type_of=tokenizer.token_type_ids(), onsets=onsets
+        model,
+        pieces,
+        max_len,
+        tokenizer.pad_id,
+        batch_size,
+        type_of=tokenizer.token_type_ids(),
+        **scoring_inputs(model, tokenizer),
     )
     sums, counts = position_sums([nll for nll, _ in scored], max_len)
     baselines = TypeBaselines(tokenizer, shards.pieces("train")) if "train" in shards.splits else None

@@ -25,7 +25,7 @@ from ..checkpoint import load_checkpoint
 from ..device import resolve_device
 from ..errors import ConfigError
 from ..io import write_json
-from ..metrics.loss import token_nll
+from ..metrics.loss import scoring_inputs, token_nll
 from ..metrics.metric import nan_mean
 from ..metrics.report import fmt, json_safe, write_table
 from ..music.loops import HELD_OUT_SEEDS, random_loop_piece
@@ -39,9 +39,8 @@ MAX_TOKENS = 2048  # a loop's 8 bars take about 500 tokens of groove-dur, 1,000 
 def nll_by_bar(model, tokenizer, pieces: list[np.ndarray], bars: int = BARS) -> np.ndarray:
     """Mean NLL of the tokens of each bar 0..bars-1 over `pieces` (NaN where no piece reaches it)."""
     sums, counts = np.zeros(bars), np.zeros(bars)
-    beats = getattr(getattr(model, "config", None), "positions", "tokens") == "beats"  # (a scorer need not be a model)
-    onsets = tokenizer.onsets if beats else None
-    for ids, nll in zip(pieces, token_nll(model, pieces, MAX_TOKENS, tokenizer.pad_id, onsets=onsets)):
+    scored = token_nll(model, pieces, MAX_TOKENS, tokenizer.pad_id, **scoring_inputs(model, tokenizer))
+    for ids, nll in zip(pieces, scored):
         starts = np.asarray(tokenizer.bar_starts(ids))
         token_bar = np.searchsorted(starts, np.arange(1, len(nll) + 1), side="right") - 1  # nll[i]: token i + 1
         for b in range(bars):

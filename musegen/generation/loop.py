@@ -98,18 +98,23 @@ def temper_within_families(logits: torch.Tensor, families: list[torch.Tensor], t
     return out
 
 
-def constraint_chain(s: SampleSettings) -> tuple[Constraint, ...]:
+def constraint_chain(s: SampleSettings, under_grammar: bool = False) -> tuple[Constraint, ...]:
     """The constraints a run applies, in order: the grammar's mask (unless `grammar` is off), the
     tempo hold (unless `tempo` is "free"), the grammar's end hold and finish, the suffix cache
     (with a weight above 0), KeptShare (with the grammar), then the settings' own
     `constraints`. The cache mixes the model's own distribution, before KeptShare moves the
-    kept type's share (groove's note-offs, song's bar lines) over the mask the others leave."""
+    kept type's share (groove's note-offs, song's bar lines) over the mask the others leave.
+    `under_grammar`: the model was trained under the grammar (ModelConfig.loss_over): its
+    distribution over what the mask leaves is its own, so KeptShare has no share to keep, and
+    without the mask it would draw ids its training never scored."""
     if not all(isinstance(c, Constraint) for c in s.constraints):
         raise ConfigError("constraints must be musegen.generation.constraints.Constraint objects")
+    if under_grammar and not s.grammar:
+        raise ConfigError("the model was trained under the grammar (loss_over 'grammar'): sample it with the grammar")
     masks = (GrammarMask(), HoldEnds(), Finish()) if s.grammar else ()
     tempo = () if s.tempo == "free" else (HoldTempo(held_bpm(s.tempo)),)
     cache = (SuffixCache(s.cache),) if s.cache else ()
-    share = (KeptShare(),) if s.grammar and s.keep_share else ()
+    share = (KeptShare(),) if s.grammar and s.keep_share and not under_grammar else ()
     return masks[:1] + tempo + masks[1:] + cache + share + tuple(s.constraints)
 
 
@@ -258,7 +263,8 @@ def _generate(
     budget = s.length if s.length else s.bars * MAX_TOKENS_PER_BAR
     model.config.check_length(len(start_ids) + (s.length or 0), "the prompt plus --length")
     check_memory(model, s.num_samples, len(start_ids) + budget + FINISH_LIMIT, device, weights)
-    run, chain = Run(tokenizer, grammar, budget, device), constraint_chain(s)
+    run = Run(tokenizer, grammar, budget, device)
+    chain = constraint_chain(s, under_grammar=model.config.loss_over == "grammar")
     moves = _Rows(run, prefixed=s.grammar and s.mono_bass)
     target = None if s.bars is None else prompt.bars + s.bars
     rows = [moves.start(start_ids, start_state, target) for _ in range(s.num_samples)]

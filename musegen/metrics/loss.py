@@ -13,9 +13,10 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from ..errors import TokenError
-from ..tokenizers.base import Tokenizer
+from ..tokenizers.base import Grammar, Tokenizer
 from .metric import nan_mean
 
 
@@ -28,6 +29,16 @@ def position_sums(per_piece: Sequence[np.ndarray], max_len: int) -> tuple[np.nda
     return sums, counts
 
 
+def scoring_inputs(model, tokenizer: Tokenizer) -> dict[str, Any]:
+    """What `token_nll` needs for `model` beside the ids: the tokenizer's onsets for a model whose
+    positions are beats, its grammar for one trained under it (a scorer that is not a model,
+    such as a baseline, needs neither)."""
+    config = getattr(model, "config", None)
+    beats = getattr(config, "positions", "tokens") == "beats"
+    under_grammar = getattr(config, "loss_over", "vocab") == "grammar"
+    return {"onsets": tokenizer.onsets if beats else None, "grammar": tokenizer.grammar() if under_grammar else None}
+
+
 @torch.no_grad()
 def token_nll(
     model: torch.nn.Module,
@@ -38,6 +49,7 @@ def token_nll(
     seed: int = 0,
     type_of: np.ndarray | None = None,
     onsets: Optional[Callable[[np.ndarray], np.ndarray]] = None,
+    grammar: Grammar | None = None,
 ) -> list:
     """Teacher-forced NLL (nats) of tokens 1..max_len of each piece given the tokens before them.
 
@@ -45,7 +57,8 @@ def token_nll(
     id's token type, -1 for none) each entry is a pair: the NLL and the NLL *given the type*,
     -log(p(token) / p(any token of its type)), which compares fairly with baselines that know
     the type. `onsets`: the tokenizer's, for a model whose
-    positions are beats (each piece's onsets, the padding at its last).
+    positions are beats (each piece's onsets, the padding at its last). `grammar`: for a model
+    trained under it (ModelConfig.loss_over), each token is scored among the ids it allows there.
 
     The model's own random draws (SPE noise, features) come from a generator seeded with
     `seed`, so repeated validations of one model agree; the caller's RNG state is untouched.
@@ -74,7 +87,14 @@ def token_nll(
                         beats[row], beats[row, : len(piece)] = times[-1], times
                 batch = batch.to(device)
                 inputs = (batch[:, :-1],) if beats is None else (batch[:, :-1], beats[:, :-1].to(device))
-                logp = model(*inputs).float().log_softmax(-1)
+                logits = model(*inputs).float()
+                if grammar is not None:
+                    allowed = np.ones((*batch[:, 1:].shape, grammar.vocab_size), dtype=bool)
+                    for row, (_, piece) in enumerate(chunk):
+                        allowed[row] = grammar.allowed_after(piece, 0, allowed.shape[1])
+                    allowed = F.pad(torch.from_numpy(allowed).to(device), (0, logits.shape[-1] - grammar.vocab_size))
+                    logits = logits.masked_fill(~allowed, -math.inf)
+                logp = logits.log_softmax(-1)
                 targets = batch[:, 1:]
                 nll = -logp.gather(-1, targets[..., None])[..., 0]
                 given = None if members is None else nll + _type_log_mass(logp, targets, members, type_of)

@@ -17,6 +17,7 @@ FAMILY_ATTENTIONS = ("relative", "synthesizer", "aaren")  # musegen/model/famili
 SYNTHESIZER_VARIANTS = ("dense", "random", "random-fixed", "factorized", "dot")
 KERNEL_CHOICES = ("torch", "fast-transformers")
 POSITION_CHOICES = ("tokens", "beats")  # what a position counts: tokens, or musical time in beats
+LOSS_OVER = ("vocab", "grammar")  # the ids a model's softmax was trained over (ModelConfig.loss_over)
 
 
 def size(most: int, least: int = 1):
@@ -64,6 +65,10 @@ class ModelConfig:
     synthesizer: str = "dense"  # variants of SYNTHESIZER_VARIANTS, mixed with "+" (e.g. "dense+dot")
     synthesizer_rank: size(4096) = 8  # "factorized": rank of R1 R2^T
     max_len: size(65536) = 2048  # synthesizer: logits exist for positions < max_len only
+    # The ids the softmax was trained over: "vocab", every id; "grammar", only those the
+    # tokenizer's grammar allows at each step (the rest never enter the loss). Such a model's
+    # logits mean nothing outside the grammar: it is sampled and scored under the grammar's mask.
+    loss_over: str = "vocab"
 
     def __post_init__(self):
         # the linear attentions (one per feature map) and softmax: SPE and `kernel` apply to these
@@ -92,6 +97,7 @@ class ModelConfig:
                 f"window needs attention 'performer' (its exact part is the softmax FAVOR+ estimates), "
                 f"got {self.attention!r}",
             ),
+            (self.loss_over in LOSS_OVER, f"loss_over must be one of {LOSS_OVER}, got {self.loss_over!r}"),
             (self.kernel in KERNEL_CHOICES, f"kernel must be one of {KERNEL_CHOICES}, got {self.kernel!r}"),
             (self.norm in NORMS, f"norm must be 'post' or 'pre', got {self.norm!r}"),
             (self.activation in ACTIVATIONS, f"activation must be 'relu' or 'gelu', got {self.activation!r}"),

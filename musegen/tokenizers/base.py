@@ -97,6 +97,23 @@ class Grammar(abc.ABC):
             out.append(self.step(out[-1], int(tok)))
         return out
 
+    def allowed_after(self, ids, start: int, count: int) -> np.ndarray:
+        """bool [count, vocab_size]: what may follow ids[:start + 1 + k] for each k < count, walked
+        from the piece's start: the next-token targets of a crop of `ids` beginning at `start`,
+        which a model trained under the grammar (ModelConfig.loss_over) is scored among. Every id
+        is allowed past the piece's end and from a token the grammar rejects on."""
+        masks = np.ones((count, self.vocab_size), dtype=bool)
+        state = self.start()
+        allowed = self.allowed(state)
+        for i, token in enumerate(int(t) for t in ids[: start + count]):
+            if not allowed[token]:
+                break
+            state = self.step(state, token)
+            allowed = self.allowed(state)
+            if i >= start and allowed.any():
+                masks[i - start] = allowed
+        return masks
+
     def repair(self, ids) -> tuple[list[int], int]:
         """A piece this grammar accepts, made of `ids` as far as they go: every token it rejects
         is dropped, then the piece is closed (or cut back to the last point where it can close).

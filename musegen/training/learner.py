@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import math
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -92,9 +92,10 @@ class Learner:
         return state_is_finite(self.model, self.optimizer)
 
     def update(
-        self, micro_batches: list[tuple[torch.Tensor, Optional[torch.Tensor]]], n_tokens: float, pad_id: int, bf16: bool
+        self, micro_batches: list[tuple[torch.Tensor, ...]], n_tokens: float, pad_id: int, bf16: bool
     ) -> tuple[float, float, float]:
-        """Forward and backward over the micro-batches, each (ids, onsets in beats or None), then
+        """Forward and backward over the micro-batches, each (ids, onsets in beats or None, the
+        grammar's allowed ids or None: data.batch_inputs), then
         the optimiser step unless the loss or the gradient is non-finite (that update is skipped
         and counted). `n_tokens`: the real target tokens of the global batch. Returns (loss, grad
         norm, lr)."""
@@ -102,7 +103,7 @@ class Learner:
         torch.manual_seed(derive_seed(cfg.seed, 4, step))
         self.model.on_train_step(step)
         total = torch.zeros((), device=self.device)
-        for a, (mb, beats) in enumerate(micro_batches):
+        for a, (mb, beats, allowed) in enumerate(micro_batches):
             torch.manual_seed(derive_seed(cfg.seed, 5, step, a * procs.world + procs.rank))
             sync = (
                 self.net.no_sync()
@@ -112,7 +113,7 @@ class Learner:
             with sync:
                 with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bf16):
                     logits = self.net(mb[:, :-1], None if beats is None else beats[:, :-1])
-                    nll = next_token_nll(logits, mb[:, 1:], pad_id)
+                    nll = next_token_nll(logits, mb[:, 1:], pad_id, allowed)
                 # DDP averages gradients over processes: scale so the result is the
                 # gradient of the mean over every real target token of the global batch.
                 # Outside autocast, as PyTorch advises: backward ops take their forward's dtypes.

@@ -10,6 +10,7 @@ import torch
 
 from ..data import Augmenter, CropDataset, StepBatches
 from ..errors import ConfigError, DataError
+from ..model.config import ModelConfig
 from ..shards import Shards, resolve_split
 from ..tokenizers.base import Tokenizer
 from .processes import Processes, ignore_interrupts
@@ -61,16 +62,18 @@ def make_loader(
     procs: Processes,
     step: int,
     device: torch.device,
-    beats: bool = False,
+    model_cfg: ModelConfig,
 ) -> torch.utils.data.DataLoader:
-    """This process's micro-batches from update `step` on (`batching`: micro batch, accumulation);
-    `beats`: each batch is (ids, onsets in beats), for a model whose positions are beats."""
+    """This process's micro-batches from update `step` on (`batching`: micro batch, accumulation),
+    with what `model_cfg` needs beside the ids (data.CropDataset): each token's onset in beats for
+    a model whose positions are beats, the grammar's allowed ids for one trained under it."""
     tokenizer = data.tokenizer
     crop = cfg.crop if cfg.crop != "auto" else tokenizer.default_crop
-    onsets = tokenizer.onsets if beats else None
+    onsets = tokenizer.onsets if model_cfg.positions == "beats" else None
     if onsets is not None:
         onsets(np.zeros(0, dtype=np.int64))  # a ConfigError here, not in a data worker, where it gives none
-    dataset = CropDataset(data.train, cfg.seq_len, tokenizer.pad_id, cfg.seed, data.augmenter, crop, onsets)
+    grammar = tokenizer.grammar() if model_cfg.loss_over == "grammar" else None
+    dataset = CropDataset(data.train, cfg.seq_len, tokenizer.pad_id, cfg.seed, data.augmenter, crop, onsets, grammar)
     micro, accumulation = batching
     batches = StepBatches(
         [len(p) for p in data.train],

@@ -9,11 +9,19 @@ import torch
 import torch.nn.functional as F
 
 
-def next_token_nll(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
-    """Summed NLL of `targets` [B, N] under `logits` [B, N, vocab], in fp32. Flattened so that the
-    log-softmax runs over contiguous rows (over a [B, vocab, N] view it copies the logits twice)."""
+def next_token_nll(
+    logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100, allowed: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Summed NLL of `targets` [B, N] under `logits` [B, N, vocab], in fp32; with `allowed` (bool
+    [B, N, grammar's vocab], CropDataset's) the softmax runs over the allowed ids only (the model's
+    ids past the grammar's are never allowed). Flattened so that the log-softmax runs over
+    contiguous rows (over a [B, vocab, N] view it copies the logits twice)."""
+    logits = logits.float()
+    if allowed is not None:
+        allowed = F.pad(allowed, (0, logits.shape[-1] - allowed.shape[-1]), value=False)
+        logits = logits.masked_fill(~allowed, -math.inf)
     return F.cross_entropy(
-        logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=ignore_index, reduction="sum"
+        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=ignore_index, reduction="sum"
     )
 
 

@@ -23,7 +23,7 @@ from tqdm import tqdm
 from ..data import batch_inputs, derive_seed
 from ..device import check_fits
 from ..errors import CheckpointError, ConfigError, TrainingError
-from ..metrics.loss import position_sums, summarize, token_nll
+from ..metrics.loss import position_sums, scoring_inputs, summarize, token_nll
 from ..model.config import ModelConfig
 from ..model.transformer import MusicPerformer
 from ..precision import Choice
@@ -109,8 +109,7 @@ class Trainer:
             self.learner.restore(source, data.tokenizer)
         procs.barrier()  # every process has read and checked its state
         self.learner.distribute()
-        beats = model_cfg.positions == "beats"
-        self.loader = make_loader(cfg, data, self.batching, procs, self.learner.step, device, beats)
+        self.loader = make_loader(cfg, data, self.batching, procs, self.learner.step, device, model_cfg)
         self.writer = RunWriter(cfg, procs, data.tokenizer, source)
         self.rate: float | None = None  # tokens a second, smoothed
         self.valid_result: dict[str, Any] | None = None
@@ -162,7 +161,7 @@ class Trainer:
         cfg, learner, started = self.cfg, self.learner, time.perf_counter()
         pad_id = self.data.tokenizer.pad_id
         micro_batches = [batch_inputs(next(batches), self.device) for _ in range(self.batching[1])]
-        local = sum(int((ids[:, 1:] != pad_id).sum()) for ids, _ in micro_batches)
+        local = sum(int((ids[:, 1:] != pad_id).sum()) for ids, *_ in micro_batches)
         shared = self.procs.sum(torch.tensor([float(local), float(stop.requested)], device=self.device))
         if shared[1] > 0:  # every process stops at the same update
             self._checkpoint()
@@ -207,10 +206,10 @@ class Trainer:
             return
         cfg, model = self.cfg, self.learner.model
         valid_len = cfg.valid_len or min(2 * cfg.seq_len, self.learner.model_cfg.max_positions or 2 * cfg.seq_len)
-        onsets = self.data.tokenizer.onsets if self.learner.model_cfg.positions == "beats" else None
-        per_piece = token_nll(
-            model, self.data.valid, valid_len, self.data.tokenizer.pad_id, seed=derive_seed(cfg.seed, 3), onsets=onsets
-        )
+        tokenizer = self.data.tokenizer
+        inputs = scoring_inputs(model, tokenizer)
+        seed = derive_seed(cfg.seed, 3)
+        per_piece = token_nll(model, self.data.valid, valid_len, tokenizer.pad_id, seed=seed, **inputs)
         sums, counts = position_sums(per_piece, valid_len)
         self.valid_result = summarize(sums, counts, cfg.seq_len)
         self.writer.validation(self.learner.step, sums, counts, self.valid_result)

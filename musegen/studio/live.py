@@ -165,7 +165,8 @@ class LiveRoutes:
 
     # --- the routes ---------------------------------------------------------------------------
     async def start(self, request: Request):
-        """A new live session for the page (its earlier one ends): {"live", "bar", "bar_ticks", "tpq"}."""
+        """A new live session for the page (its earlier one ends): {"live": its id, "bar": the
+        player's first, "bar_ticks", "cell": ticks between two onsets the model hears, "tpq"}."""
         page = request.query_params.get("session", "")
         self.store.session(page)
         start = schemas.loads(await request.body(), LIVE_START, "the live request", explain=_problem)
@@ -185,7 +186,8 @@ class LiveRoutes:
             await self._end(session, write=False)
             raise
         live = session.live
-        return JSONResponse({"live": session.id, "bar": live.bars, "bar_ticks": live.bar_ticks, "tpq": TPQ})
+        body = {"live": session.id, "bar": live.bars, "bar_ticks": live.bar_ticks, "cell": live.cell, "tpq": TPQ}
+        return JSONResponse(body)
 
     async def bar(self, request: Request):
         """Bar `bar` is over: its notes are fed; the answer's or the accompaniment's notes are

@@ -106,7 +106,7 @@ def create_app(out: Path, models: Models, host: str = "127.0.0.1", sound: Sound 
         middleware=[Middleware(Guard, host=host, limits=body_limit)],
         exception_handlers={MusegenError: failure, OSError: failure, Exception: failure},
     )
-    app.state.pool, app.state.places = studio.pool, studio.places
+    app.state.pool, app.state.places, app.state.live = studio.pool, studio.places, studio.live
     return app
 
 

@@ -1,0 +1,95 @@
+"""Playing along in the studio's page (Debian's headless Chromium, as in test_studio_browser.py):
+keys pressed in time with the page's own clock (the AudioContext's), the bars sent to the server,
+the model's answer scheduled on the piece's bar lines, and the piece written as it was played."""
+
+from __future__ import annotations
+
+import io
+
+import httpx
+import miditoolkit
+import pytest
+from test_studio import POP, serving
+from test_studio_browser import fill, open_page, pytestmark, wait_for  # noqa: F401
+
+from musegen.studio.models import Models
+from musegen.studio.server import create_app
+from musegen.studio.sound import Sound
+
+
+@pytest.fixture(scope="module")
+def studio(tmp_path_factory):
+    """The studio with the pop model, served, without the page's synthesiser (its soundfont is no
+    part of these tests): the page keeps time on an AudioContext of its own."""
+    silent = Sound.find(tmp_path_factory.mktemp("no-node-modules"))
+    with serving(create_app(tmp_path_factory.mktemp("out"), Models([POP]), sound=silent)) as base:
+        yield base
+
+
+def live(page, expression: str):
+    return page.execute_script(f"return {expression}")
+
+
+def at_time(page, seconds: float) -> None:
+    """Waits until the page's AudioContext clock reaches `seconds`."""
+    wait_for(lambda: live(page, "musegenLive.context.currentTime") >= seconds, 30, every=0.005)
+
+
+def play(page, key: str, start: float, end: float) -> None:
+    """Presses `key` when the page's clock is at `start` and lets it go at `end` (context seconds)."""
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    at_time(page, start)
+    ActionChains(page).key_down(key).perform()
+    at_time(page, end)
+    ActionChains(page).key_up(key).perform()
+
+
+def test_two_bars_played_and_space_bring_an_answer_on_the_next_bar_line_and_the_piece_is_saved(browser, studio):
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    open_page(browser, studio)
+    fill(browser, {"seed": "1", "live-bpm": "100"})
+    browser.find_element(By.ID, "live-start").click()
+    wait_for(lambda: live(browser, "musegenLive.on"), 30)
+    tpq, bar_ticks = live(browser, "musegenLive.tpq"), live(browser, "musegenLive.barTicks")
+    beat = 60 / 100
+    assert bar_ticks == 4 * tpq and live(browser, "musegenLive.secondsPerTick") == pytest.approx(beat / tpq)
+    first_line = live(browser, "musegenLive.barLines[0]")
+    assert first_line["bar"] == 0 and first_line["tick"] == 0
+    # two bars of quarter notes on the first three beats, C E G then D F A; Space in the second bar
+    for bar, keys in enumerate(("adg", "sfh")):
+        for k, key in enumerate(keys):
+            onset = first_line["at"] + (4 * bar + k) * beat
+            play(browser, key, onset, onset + beat / 2)
+    at_time(browser, first_line["at"] + 7 * beat)
+    ActionChains(browser).key_down(Keys.SPACE).key_up(Keys.SPACE).perform()
+
+    wait_for(lambda: live(browser, "musegenLive.scheduled.length"), 60)
+    posts = live(browser, "musegenLive.posts.map(({bar, notes, answer}) => ({bar, notes, answer}))")
+    assert [(p["bar"], p["answer"]) for p in posts] == [(0, 0), (1, 2)]  # Space: an answer of the panel's 2 bars
+    assert [n[2] for p in posts for n in p["notes"]] == [60, 64, 67, 62, 65, 69]
+    # the answer starts on the next bar line: in the piece's ticks and on the AudioContext's clock
+    line = live(browser, "musegenLive.barLines.find((b) => b.bar === 2)")
+    first = live(browser, "musegenLive.scheduled[0]")
+    assert line["tick"] == 2 * bar_ticks and first["tick"] == line["tick"]
+    assert first["at"] == line["at"] == pytest.approx(first_line["at"] + 8 * beat, abs=1e-9)
+    scheduled = live(browser, "musegenLive.scheduled")
+    for note in scheduled:  # each at its place after the bar line
+        assert note["at"] == pytest.approx(line["at"] + (note["tick"] - line["tick"]) * beat / tpq, abs=1e-9)
+    assert all(2 * bar_ticks <= n["tick"] < 4 * bar_ticks for n in scheduled)
+
+    wait_for(lambda: "answered" in browser.find_element(By.ID, "live-status").text, 60)
+    answer = live(browser, "musegenLive.scheduled.map((n) => [n.tick, n.end, n.pitch, n.velocity])")
+    browser.find_element(By.ID, "live-stop").click()
+    link = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#live-saved a"), 30)[0]
+    midi = miditoolkit.MidiFile(file=io.BytesIO(httpx.get(link.get_attribute("href")).content))
+    assert midi.ticks_per_beat == tpq and midi.tempo_changes[0].tempo == pytest.approx(100)
+    tracks = {i.name: i.notes for i in midi.instruments}
+    played = [tuple(n) for p in posts for n in p["notes"]]
+    assert sorted((n.start, n.end, n.pitch, n.velocity) for n in tracks["player"]) == sorted(played)  # as played
+    # the answer's notes at their ticks (two of one pitch that overlap pair their ends either way in MIDI)
+    assert sorted((n.start, n.pitch) for n in tracks["musegen"]) == sorted((n[0], n[2]) for n in answer)
+    assert sorted((n.end, n.pitch) for n in tracks["musegen"]) == sorted((n[1], n[2]) for n in answer)

@@ -97,13 +97,15 @@ def _problem(exc: ValidationError) -> str:
     where = "".join(f"[{part}]" for part in error["loc"][1:])
     bounds = {k: error.get("ctx", {}).get(k) for k in ("ge", "le")}
     if error["type"] == "greater_than_equal":
-        return f"{name}{where} must be {bounds['ge']} or more, got {got}"
+        return f"{name}{where} must be {bounds['ge']:g} or more, got {got}"
     if error["type"] == "less_than_equal":
-        return f"{name}{where} must be {bounds['le']} or less, got {got}"
+        return f"{name}{where} must be {bounds['le']:g} or less, got {got}"
     if error["type"] == "string_pattern_mismatch":
         return f"{name} must be a time signature such as 4/4, got {got}"
     if error["type"] in ("int_type", "int_from_float"):
         return f"{name}{where} must be a whole number, got {got}"
+    if error["type"] == "float_type":
+        return f"{name}{where} must be a number, got {got}"
     if error["type"] in ("too_long", "too_short") and len(error["loc"]) == 1:
         return f"{name}: at most {MAX_BAR_NOTES} in a bar"
     if error["type"] in ("too_long", "too_short"):
@@ -139,9 +141,12 @@ class Session:
         if self.live.bars > bar + 1:
             self.live.take_back(bar + 1)
 
-    def write(self) -> Path:
-        """The piece so far as a MIDI file in the session's run folder: every note at its time."""
+    def write(self) -> Path | None:
+        """The piece so far as a MIDI file in the session's run folder, every note at its time;
+        None while nothing has been played or answered."""
         live = self.live
+        if not (self.played or self.heard):
+            return None
         by_track: dict[tuple[str, int, bool], list[tuple[int, int, int, int]]] = {}
         for who, notes in (("backing", self.backing), ("player", self.played), ("musegen", self.heard)):
             for n in notes:
@@ -167,7 +172,8 @@ class LiveRoutes:
     # --- the routes ---------------------------------------------------------------------------
     async def start(self, request: Request):
         """A new live session for the page (its earlier one ends): {"live": its id, "bar": the
-        player's first, "bar_ticks", "cell": ticks between two onsets the model hears, "tpq"}."""
+        player's first, "bar_ticks", "cell": ticks between two onsets the model hears, "tpq", "backing":
+        the backing's notes as the stream's}."""
         page = request.query_params.get("session", "")
         self.store.session(page)
         start = schemas.loads(await request.body(), LIVE_START, "the live request", explain=_problem)
@@ -188,6 +194,7 @@ class LiveRoutes:
             raise
         live = session.live
         body = {"live": session.id, "bar": live.bars, "bar_ticks": live.bar_ticks, "cell": live.cell, "tpq": TPQ}
+        body["backing"] = [n.row() for n in session.backing]
         return JSONResponse(body)
 
     async def bar(self, request: Request):
@@ -224,6 +231,8 @@ class LiveRoutes:
         """The piece so far as a MIDI file (written into the session's run folder)."""
         session = self._session(request)
         path = await self._in_worker(session, session.write)
+        if path is None:
+            raise RequestError("nothing has been played yet: the piece has no notes")
         return FileResponse(path, filename=path.name, media_type="audio/midi")
 
     # --- inside -------------------------------------------------------------------------------
@@ -309,7 +318,7 @@ class LiveRoutes:
                 self.sessions.pop(session.id, None)
             if session.live:
                 session.worker.submit(session.write)
-            session.worker.shutdown(wait=False)
+            session.worker.shutdown(wait=True)  # nothing else is in flight: it was idle
 
 
 def _backing(tokenizer, path: Path, meter: tuple[int, int]) -> tuple[list[LiveNote], int]:

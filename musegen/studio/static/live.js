@@ -18,7 +18,7 @@ const INSTRUMENTS = [[0, "Piano"], [4, "Electric piano"], [11, "Vibraphone"], [1
 const PLAYER_CHANNEL = 0;
 
 const live = (window.musegenLive = {
-  on: false, id: null, octave: 0, // the id: the server's live session
+  on: false, id: null, octave: 0, backing: [], // the id: the server's live session
   scheduled: [], // model notes: {tick, end, pitch, velocity, program, drum, at, endAt, arrived, dropped}
   played: [], // the player's notes: {tick, end, pitch, velocity, time}
   barLines: [], // {bar, tick, at}: each bar line the page has reached, with its context time
@@ -59,7 +59,8 @@ async function liveStart() {
       origin: countIn + barSeconds - started.bar * barSeconds, // piece tick 0; its first bar starts after the count-in
       bar: started.bar, next: started.bar, // the bar being played, and the next the server expects
       nextClick: 0, countIn, clickEvery: barSeconds / numerator, space: false, phrase: false, handedOver: 0,
-      scheduled: [], played: [], barLines: [], posts: [], held: new Map(), channels: new Map(), notesDrawn: 0,
+      scheduled: [], played: [], barLines: [], posts: [], held: new Map(), channels: new Map(),
+      backing: started.backing.map(([tick, end, pitch, velocity, program, drum]) => ({ tick, end, pitch, velocity, program, drum: Boolean(drum) })),
     });
     live.barLines.push({ bar: live.bar, tick: live.bar * live.barTicks, at: atTick(live.bar * live.barTicks) });
     const synth = liveSynth();
@@ -69,6 +70,11 @@ async function liveStart() {
     document.activeElement.blur(); // Space asks for an answer, and presses no button
     $("cards").innerHTML = "";
     if (!live.midi) live.midi = connectMidi();
+    if (live.mode === "accompany") { // the band's first bar, under the player's first
+      const first = { bar: null, notes: [], answer: 0, accompany: true, hand_back: false, dropFrom: Infinity, at: countIn };
+      live.posts.push(first);
+      streamBar(first);
+    }
     $("live-stop").disabled = false; $("live-saved").hidden = true;
     $("live-status").textContent = `count-in… then play (bar ${live.bar + 1} of the piece; ${numerator}/${denominator})`;
   } catch (err) {
@@ -292,7 +298,7 @@ function liveView() {
   const tracks = [[live.program, 0, `You (${INSTRUMENTS.find(([p]) => p === live.program)?.[1] || "program " + live.program})`]];
   const trackOf = new Map();
   const notes = live.played.map((n) => [n.tick, n.end ?? tickAt(live.context.currentTime), n.pitch, 0, 0, n.velocity]);
-  for (const n of live.scheduled) {
+  for (const n of [...live.backing, ...live.scheduled]) {
     if (n.dropped) continue;
     const key = `${n.program}/${n.drum}`;
     if (!trackOf.has(key)) { trackOf.set(key, tracks.length); tracks.push([n.program, Number(n.drum), n.drum ? "musegen drums" : `musegen (program ${n.program})`]); }

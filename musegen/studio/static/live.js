@@ -22,7 +22,7 @@ const live = (window.musegenLive = {
   scheduled: [], // model notes: {tick, end, pitch, velocity, program, drum, at, endAt, arrived, dropped}
   played: [], // the player's notes: {tick, end, pitch, velocity, time}
   barLines: [], // {bar, tick, at}: each bar line the page has reached, with its context time
-  posts: [], // each bar sent: {bar, notes, answer, accompany, hand_back, at}
+  posts: [], // each bar sent: {bar, notes, answer, accompany, hand_back, at: its due time, sent, firstNotes}
 });
 
 const liveSynth = () => (sound.player instanceof SynthPlayer ? sound.player.synth : null);
@@ -149,6 +149,7 @@ function sendBar(bar, due) {
 }
 
 async function streamBar(post) {
+  post.sent = live.context.currentTime;
   try {
     const { bar, notes, answer, accompany, hand_back } = post;
     const response = await fetch(api(`/api/live/${live.id}/bar`), {
@@ -166,6 +167,7 @@ async function streamBar(post) {
         const event = JSON.parse(buffer.slice(0, cut));
         buffer = buffer.slice(cut + 1);
         if (event.event === "notes") schedule(event.notes, post);
+        if (event.event === "notes" && post.firstNotes === undefined) post.firstNotes = live.context.currentTime;
         else if (event.event === "error") throw new Error(event.error);
         else if (event.event === "done" && post.answer) $("live-status").textContent = `answered ${post.answer} bars`;
       }
@@ -295,19 +297,20 @@ async function connectMidi() {
 
 // ---- the roll: the live piece as it grows, the player's notes in track 0 ----
 function liveView() {
-  const tracks = [[live.program, 0, `You (${INSTRUMENTS.find(([p]) => p === live.program)?.[1] || "program " + live.program})`]];
+  const named = (program) => INSTRUMENTS.find(([p]) => p === program)?.[1] || `program ${program}`;
+  const tracks = [[live.program, 0, `You (${named(live.program)})`]];
   const trackOf = new Map();
   const notes = live.played.map((n) => [n.tick, n.end ?? tickAt(live.context.currentTime), n.pitch, 0, 0, n.velocity]);
   for (const n of [...live.backing, ...live.scheduled]) {
     if (n.dropped) continue;
     const key = `${n.program}/${n.drum}`;
-    if (!trackOf.has(key)) { trackOf.set(key, tracks.length); tracks.push([n.program, Number(n.drum), n.drum ? "musegen drums" : `musegen (program ${n.program})`]); }
+    if (!trackOf.has(key)) { trackOf.set(key, tracks.length); tracks.push([n.program, Number(n.drum), n.drum ? "musegen (drums)" : `musegen (${named(n.program)})`]); }
     notes.push([n.tick, n.end, n.pitch, trackOf.get(key), Number(n.drum), n.velocity]);
   }
   notes.sort((a, b) => a[0] - b[0] || a[2] - b[2]);
   const meters = [[0, live.beats, Math.round((live.tpq * 4 * live.beats) / live.barTicks)]];
   const total = Math.max(live.barTicks, (live.bar + 2) * live.barTicks);
-  state.view = { ticksPerBeat: live.tpq, promptNotes: [], promptEnd: 0, total, tracks, meters,
+  state.view = { label: "Live", ticksPerBeat: live.tpq, promptNotes: [], promptEnd: 0, total, tracks, meters,
                  samples: [{ notes, tracks, meters }] };
   state.selected = 0;
   redraw();

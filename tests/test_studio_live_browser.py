@@ -93,3 +93,36 @@ def test_two_bars_played_and_space_bring_an_answer_on_the_next_bar_line_and_the_
     # the answer's notes at their ticks (two of one pitch that overlap pair their ends either way in MIDI)
     assert sorted((n.start, n.pitch) for n in tracks["musegen"]) == sorted((n[0], n[2]) for n in answer)
     assert sorted((n.end, n.pitch) for n in tracks["musegen"]) == sorted((n[1], n[2]) for n in answer)
+
+
+def test_a_silent_bar_after_a_phrase_asks_for_the_answer_and_playing_over_it_hands_the_piece_back(browser, studio):
+    from selenium.webdriver.common.by import By
+
+    open_page(browser, studio)
+    fill(browser, {"seed": "2", "live-answer-bars": "2"})
+    browser.find_element(By.ID, "live-start").click()
+    wait_for(lambda: live(browser, "musegenLive.on"), 30)
+    bar_ticks, beat = live(browser, "musegenLive.barTicks"), 60 / 100
+    first_line = live(browser, "musegenLive.barLines[0]")["at"]
+    for k, key in enumerate("dgk"):  # bar 1 played, bar 2 silent: the answer comes in bars 3 and 4
+        play(browser, key, first_line + k * beat, first_line + (k + 0.5) * beat)
+    play(browser, "h", first_line + 10 * beat, first_line + 10.5 * beat)  # over the answer's first bar
+    at_time(browser, first_line + 15 * beat)  # late in the answer's second bar, its post not yet sent
+
+    posts = live(
+        browser, "musegenLive.posts.map(({bar, notes, answer, hand_back}) => ({bar, notes, answer, hand_back}))"
+    )
+    assert [(p["bar"], p["answer"], p["hand_back"]) for p in posts] == [(0, 0, False), (1, 2, False), (2, 0, True)]
+    assert [n[2] for n in posts[2]["notes"]] == [69]  # the note played over the answer, sent as the bar's
+    scheduled = wait_for(lambda: live(browser, "musegenLive.scheduled"), 60)
+    kept = [n for n in scheduled if n["tick"] < 3 * bar_ticks]
+    assert kept and all(not n["dropped"] for n in kept) and min(n["tick"] for n in kept) == 2 * bar_ticks
+    # the rest of the answer, from the next bar line on, never reaches the synthesiser
+    assert all(n["dropped"] and not n.get("handed") for n in scheduled if n["tick"] >= 3 * bar_ticks)
+
+    browser.find_element(By.ID, "live-stop").click()
+    link = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#live-saved a"), 30)[0]
+    midi = miditoolkit.MidiFile(file=io.BytesIO(httpx.get(link.get_attribute("href")).content))
+    tracks = {i.name: i.notes for i in midi.instruments}
+    assert sorted(n.pitch for n in tracks["player"]) == [64, 67, 69, 72]
+    assert sorted((n.start, n.pitch) for n in tracks["musegen"]) == sorted((n["tick"], n["pitch"]) for n in kept)

@@ -222,6 +222,9 @@ function livePress(pitch, velocity = 96) {
   const note = { tick: tickAt(time), end: null, pitch, velocity, time };
   live.held.set(pitch, note);
   live.played.push(note);
+  // over an answer: it stops at the next bar line, before any of its notes there reaches the synthesiser
+  const bar = Math.floor((note.tick + live.cell / 2) / live.barTicks); // the bar the model hears it in
+  if (bar < live.next && bar > live.bar - 1) dropAnswer((bar + 1) * live.barTicks);
   const synth = liveSynth();
   if (synth) synth.noteOn(PLAYER_CHANNEL, pitch, velocity);
   showKey(pitch, true);

@@ -59,6 +59,7 @@ def refused(response) -> str:
 def test_the_bars_posted_are_what_the_engine_hears_and_the_answer_streamed_is_its_own(client, models):
     started = start(client, seed=4, bpm=96).json()
     assert (started["bar"], started["bar_ticks"], started["tpq"], started["backing"]) == (0, BAR, TPQ, [])
+    assert (started["bpm"], started["meter"]) == (96, [4, 4])
     assert post_bar(client, started["live"], bar=0, notes=PLAYED[0]) == [{"event": "done", "bar": 1}]
     events = post_bar(client, started["live"], bar=1, notes=PLAYED[1], answer=2)
     assert events[-1] == {"event": "done", "bar": 4} and all(e["event"] == "notes" for e in events[:-1])

@@ -67,7 +67,7 @@ class LiveStart(_Body):
     meter: Annotated[str, Field(pattern=r"^\d{1,2}/\d{1,2}$")] = "4/4"
     program: Annotated[int, Field(ge=0, le=127)] = 0  # the player's General MIDI instrument
     prompt: schemas.Name | None = None  # a prompt id of the session: its bars open the piece
-    answer_bars: Annotated[int, Field(ge=1, le=MAX_ANSWER_BARS)] = 2
+    answer_bars: Annotated[int, Field(ge=1, le=MAX_ANSWER_BARS)] = 2  # the page's, as Space asks
     seed: int | None = None
     temperature: Annotated[float | None, Field(ge=TEMPERATURE_RANGE[0], le=TEMPERATURE_RANGE[1])] = None
     top_p: float | None = None
@@ -117,12 +117,10 @@ def _problem(exc: ValidationError) -> str:
 class Session:
     """One live session: the engine, its one worker thread, and the piece as it sounded."""
 
-    id: str
+    id: str  # the name of the run folder its piece is written to, too
     page: str  # the page session it belongs to
-    run: str  # the run folder its piece is written to
     folder: Path
     mode: str
-    answer_bars: int
     worker: ThreadPoolExecutor
     live: Live | None = None
     next_bar: int = 0  # the bar the page is to send next
@@ -172,8 +170,8 @@ class LiveRoutes:
     # --- the routes ---------------------------------------------------------------------------
     async def start(self, request: Request):
         """A new live session for the page (its earlier one ends): {"live": its id, "bar": the
-        player's first, "bar_ticks", "cell": ticks between two onsets the model hears, "tpq", "backing":
-        the backing's notes as the stream's}."""
+        player's first, "bar_ticks", "cell": ticks between two onsets the model hears, "tpq", "bpm",
+        "meter": [numerator, denominator], "answer_bars", "backing": the backing's notes as the stream's}."""
         page = request.query_params.get("session", "")
         self.store.session(page)
         start = schemas.loads(await request.body(), LIVE_START, "the live request", explain=_problem)
@@ -185,7 +183,7 @@ class LiveRoutes:
                 raise RequestError(f"the studio has {MAX_LIVE} live sessions going; try again when one ends")
             run, folder = self.store.new_run(page)
             worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="studio-live")
-            session = Session(run, page, run, folder, start.mode, start.answer_bars, worker)
+            session = Session(run, page, folder, start.mode, worker)
             self.sessions[session.id] = session
         try:
             await self._in_worker(session, self._build, session, start)
@@ -194,6 +192,7 @@ class LiveRoutes:
             raise
         live = session.live
         body = {"live": session.id, "bar": live.bars, "bar_ticks": live.bar_ticks, "cell": live.cell, "tpq": TPQ}
+        body |= {"bpm": live.bpm, "meter": list(live.meter), "answer_bars": start.answer_bars}
         body["backing"] = [n.row() for n in session.backing]
         return JSONResponse(body)
 
@@ -225,7 +224,7 @@ class LiveRoutes:
         """Ends the live session; its piece is written: {"run", "midi"} (served by /files)."""
         session = self._session(request)
         path = await self._end(session)
-        return JSONResponse({"run": session.run, "midi": path.name if path else None})
+        return JSONResponse({"run": session.id, "midi": path.name if path else None})
 
     async def midi(self, request: Request):
         """The piece so far as a MIDI file (written into the session's run folder)."""

@@ -50,12 +50,12 @@ async function liveStart() {
     const started = await json(await fetch(api("/api/live"), { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) }));
     const context = liveContext();
     if (context.state !== "running") await context.resume();
-    const [numerator, denominator] = body.meter.split("/").map(Number);
-    const secondsPerTick = 60 / body.bpm / started.tpq, barSeconds = started.bar_ticks * secondsPerTick;
+    const [numerator, denominator] = started.meter;
+    const secondsPerTick = 60 / started.bpm / started.tpq, barSeconds = started.bar_ticks * secondsPerTick;
     const countIn = context.currentTime + COUNT_IN_LEAD;
     Object.assign(live, {
-      on: true, id: started.live, context, mode: body.mode, program: body.program, answerBars: body.answer_bars,
-      tpq: started.tpq, barTicks: started.bar_ticks, cell: started.cell, secondsPerTick, beats: numerator,
+      on: true, id: started.live, context, mode: body.mode, program: body.program, answerBars: started.answer_bars,
+      tpq: started.tpq, barTicks: started.bar_ticks, cell: started.cell, secondsPerTick, beats: numerator, meter: started.meter,
       origin: countIn + barSeconds - started.bar * barSeconds, // piece tick 0; its first bar starts after the count-in
       bar: started.bar, next: started.bar, // the bar being played, and the next the server expects
       nextClick: 0, countIn, clickEvery: barSeconds / numerator, space: false, phrase: false, handedOver: 0,
@@ -300,6 +300,7 @@ async function connectMidi() {
 
 // ---- the roll: the live piece as it grows, the player's notes in track 0 ----
 function liveView() {
+  // the model's and the backing's instruments by name, one lane each
   const named = (program) => INSTRUMENTS.find(([p]) => p === program)?.[1] || `program ${program}`;
   const tracks = [[live.program, 0, `You (${named(live.program)})`]];
   const trackOf = new Map();
@@ -307,11 +308,11 @@ function liveView() {
   for (const n of [...live.backing, ...live.scheduled]) {
     if (n.dropped) continue;
     const key = `${n.program}/${n.drum}`;
-    if (!trackOf.has(key)) { trackOf.set(key, tracks.length); tracks.push([n.program, Number(n.drum), n.drum ? "musegen (drums)" : `musegen (${named(n.program)})`]); }
+    if (!trackOf.has(key)) { trackOf.set(key, tracks.length); tracks.push([n.program, Number(n.drum), n.drum ? "Drums" : named(n.program)]); }
     notes.push([n.tick, n.end, n.pitch, trackOf.get(key), Number(n.drum), n.velocity]);
   }
   notes.sort((a, b) => a[0] - b[0] || a[2] - b[2]);
-  const meters = [[0, live.beats, Math.round((live.tpq * 4 * live.beats) / live.barTicks)]];
+  const meters = [[0, ...live.meter]];
   const total = Math.max(live.barTicks, (live.bar + 2) * live.barTicks);
   state.view = { label: "Live", ticksPerBeat: live.tpq, promptNotes: [], promptEnd: 0, total, tracks, meters,
                  samples: [{ notes, tracks, meters }] };

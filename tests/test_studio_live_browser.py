@@ -10,7 +10,7 @@ import httpx
 import miditoolkit
 import pytest
 from test_studio import POP, serving
-from test_studio_browser import fill, open_page, pytestmark, wait_for  # noqa: F401
+from test_studio_browser import choose, fill, open_page, pytestmark, wait_for  # noqa: F401
 
 from musegen.studio.models import Models
 from musegen.studio.server import create_app
@@ -126,3 +126,39 @@ def test_a_silent_bar_after_a_phrase_asks_for_the_answer_and_playing_over_it_han
     tracks = {i.name: i.notes for i in midi.instruments}
     assert sorted(n.pitch for n in tracks["player"]) == [64, 67, 69, 72]
     assert sorted((n.start, n.pitch) for n in tracks["musegen"]) == sorted((n["tick"], n["pitch"]) for n in kept)
+
+
+def test_accompany_asks_for_the_band_s_next_bar_at_each_bar_s_end_and_schedules_it_under_the_player(browser, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    silent = Sound.find(tmp_path / "no-node-modules")
+    with serving(create_app(tmp_path / "out", Models([POP.parent / "song"]), sound=silent)) as base:
+        open_page(browser, base)
+        choose(browser, "example", "groove_rock.mid")  # drums, piano and bass, 2 bars: the backing
+        wait_for(lambda: browser.find_element(By.ID, "prompt-name").text.startswith("Prompt: groove_rock.mid"), 30)
+        fill(browser, {"seed": "1"})
+        choose(browser, "live-mode", "accompany")
+        choose(browser, "live-program", "73")  # a flute over the band
+        browser.find_element(By.ID, "live-backing").click()
+        browser.find_element(By.ID, "live-start").click()
+        wait_for(lambda: live(browser, "musegenLive.on"), 30)
+        bar_ticks, beat = live(browser, "musegenLive.barTicks"), 60 / 100
+        line = live(browser, "musegenLive.barLines[0]")
+        assert line["bar"] == 2  # the backing's two bars come first
+        assert {(n["program"], n["drum"]) for n in live(browser, "musegenLive.backing")} == {
+            (0, True),
+            (0, False),
+            (33, False),
+        }
+        for k, key in enumerate("kjhg"):
+            play(browser, key, line["at"] + k * beat, line["at"] + (k + 0.5) * beat)
+        at_time(browser, line["at"] + 5 * beat)  # in the player's second bar
+        posts = live(browser, "musegenLive.posts.map(({bar, notes, accompany}) => ({bar, notes, accompany}))")
+        assert [(p["bar"], p["accompany"]) for p in posts] == [(None, True), (2, True)]
+        assert [n[2] for n in posts[1]["notes"]] == [72, 71, 69, 67]
+        wait_for(lambda: live(browser, f"musegenLive.scheduled.some((n) => n.tick >= {3 * bar_ticks})"), 60)
+        scheduled = live(browser, "musegenLive.scheduled")
+    assert {n["tick"] // bar_ticks for n in scheduled} == {2, 3}  # under the player's first two bars
+    assert all(n["program"] != 73 or n["drum"] for n in scheduled)  # never the player's instrument
+    for note in scheduled:
+        assert note["at"] == pytest.approx(line["at"] + (note["tick"] - line["tick"]) * beat / 480, abs=1e-9)

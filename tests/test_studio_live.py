@@ -146,6 +146,8 @@ def test_a_bad_bar_is_refused_in_one_line_and_the_session_goes_on(client):
         assert message in refused(client.post(url, json=body)), body
     events = post_bar(client, live, bar=0, answer=1)  # nothing played yet: the engine's own line
     assert events == [{"event": "error", "error": "nothing has been played yet: the model answers what it heard"}]
+    assert post_bar(client, live, bar=2, notes=[[2 * BAR, 2 * BAR + 200, 60, 90]]) == [{"event": "done", "bar": 3}]
+    assert client.app.state.live.sessions[live].live.bars == 3  # the bar the answer did not fill, silent
     assert "no live session 'nope'" in refused(client.post(f"/api/live/nope/bar?session={A}", json={"bar": 0}))
     assert "no live session" in refused(client.post(f"/api/live/{live}/bar?session={B}", json={"bar": 1}))
 

@@ -258,6 +258,8 @@ class LiveRoutes:
             if played.hand_back:
                 session.hand_back(played.bar)
             elif played.bar is not None:
+                while session.live.bars < played.bar:  # the bars of an answer that failed: silent
+                    session.live.close_bar()
                 session.live.close_bar(notes)
             session.played += notes
             on_notes = lambda found: put({"event": "notes", "notes": [n.row() for n in found]})  # noqa: E731

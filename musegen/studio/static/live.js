@@ -58,7 +58,7 @@ async function liveStart() {
       tpq: started.tpq, barTicks: started.bar_ticks, cell: started.cell, secondsPerTick, beats: numerator, meter: started.meter,
       origin: countIn + barSeconds - started.bar * barSeconds, // piece tick 0; its first bar starts after the count-in
       bar: started.bar, next: started.bar, // the bar being played, and the next the server expects
-      nextClick: 0, countIn, clickEvery: barSeconds / numerator, space: false, phrase: false, handedOver: 0,
+      nextClick: 0, countIn, clickEvery: barSeconds / numerator, space: false, phrase: false,
       scheduled: [], played: [], barLines: [], posts: [], held: new Map(), channels: new Map(),
       backing: started.backing.map(([tick, end, pitch, velocity, program, drum]) => ({ tick, end, pitch, velocity, program, drum: Boolean(drum) })),
     });

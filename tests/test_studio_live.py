@@ -8,10 +8,11 @@ from __future__ import annotations
 import io
 import json
 
+import httpx
 import miditoolkit
 import pytest
 from starlette.testclient import TestClient
-from test_studio import EXAMPLES, GROOVE, POP, A, B, upload
+from test_studio import EXAMPLES, GROOVE, POP, A, B, serving, upload
 
 from musegen.generation.live import TPQ, Live, LiveNote
 from musegen.generation.settings import SampleSettings
@@ -189,3 +190,21 @@ def test_one_live_session_per_page_a_few_in_all_and_an_idle_one_ends_with_its_pi
     assert [p.parent.name for p in written] == [second]
     midi = miditoolkit.MidiFile(str(written[0]))
     assert sorted([n.start, n.end, n.pitch, n.velocity] for n in midi.instruments[0].notes) == sorted(PLAYED[0])
+
+
+def test_a_script_that_posts_bars_faster_than_the_model_answers_is_refused_beyond_two(models, tmp_path):
+    with serving(create_app(tmp_path / "out", models)) as base, httpx.Client(base_url=base, timeout=60) as http:
+        live = http.post(f"/api/live?session={A}", json={"model": "pop"}).json()["live"]
+        url = f"/api/live/{live}/bar?session={A}"
+        http.post(url, json={"bar": 0, "notes": PLAYED[0]})
+        with (
+            http.stream("POST", url, json={"bar": 1, "answer": 8}) as first,
+            http.stream("POST", url, json={"bar": 10, "answer": 8}) as second,
+            http.stream("POST", url, json={"bar": 19, "answer": 8}) as third,
+        ):
+            assert (first.status_code, second.status_code) == (200, 200)
+            assert third.status_code == 400 and json.loads(third.read())["error"] == (
+                f"the model is still at work on the {studio_live.MAX_PENDING} bars before; this one was not taken"
+            )
+            assert [json.loads(line) for line in second.iter_lines()][-1] == {"event": "done", "bar": 19}
+        assert http.post(url, json={"bar": 19}).json() == {"event": "done", "bar": 20}  # taken now

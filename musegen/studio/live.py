@@ -13,7 +13,7 @@ import asyncio
 import json
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Callable, Literal
@@ -38,6 +38,9 @@ MAX_LIVE = 4  # live sessions in the studio at once: each holds a model's stream
 IDLE_SECONDS = 10 * 60  # a live session nobody plays into for this long ends (its piece is written)
 MAX_ANSWER_BARS = 8
 MAX_BAR_NOTES = 512  # notes in one bar's post: far more than ten fingers play in a bar
+# bars posted and not yet done, per session: a page posts one a bar, whose answer takes less than a
+# bar; more are a script's, whose queue would grow without end
+MAX_PENDING = 2
 MIDI_NAME = "live.mid"
 # each field by its label in the page's Live panel, which the messages use
 LABELS = {"model": "Model", "mode": "Mode", "bpm": "Tempo", "meter": "Meter", "program": "Instrument"}
@@ -125,6 +128,7 @@ class Session:
     live: Live | None = None
     next_bar: int = 0  # the bar the page is to send next
     answered: range = range(0)  # the bars of the last answer, where the player may come back in
+    pending: list[Future] = field(default_factory=list)  # the bars posted, in the worker
     backing: list[LiveNote] = field(default_factory=list)
     played: list[LiveNote] = field(default_factory=list)  # the player's notes, as played
     heard: list[LiveNote] = field(default_factory=list)  # the model's notes, as they sounded
@@ -211,13 +215,16 @@ class LiveRoutes:
             raise RequestError(f"Hand back: bar {played.bar} is not one of the model's answer")
         if played.bar is not None and not played.hand_back and played.bar != session.next_bar:
             raise RequestError(f"Bar must be {session.next_bar}, the bar being played, got {played.bar}")
+        session.pending = [f for f in session.pending if not f.done()]
+        if len(session.pending) >= MAX_PENDING:
+            raise RequestError(f"the model is still at work on the {MAX_PENDING} bars before; this one was not taken")
         if played.bar is not None:
             session.next_bar = played.bar + 1 + played.answer
             session.answered = range(played.bar + 1, session.next_bar)
         session.used = time.monotonic()
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
         put = lambda event: loop.call_soon_threadsafe(events.put_nowait, event)  # noqa: E731
-        session.worker.submit(_one_thread, self._play, session, played, notes, put)
+        session.pending.append(session.worker.submit(_one_thread, self._play, session, played, notes, put))
         return StreamingResponse(_stream(events), media_type="application/x-ndjson")
 
     async def stop(self, request: Request):

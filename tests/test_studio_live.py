@@ -96,8 +96,12 @@ def test_a_player_coming_in_over_an_answer_hands_the_piece_back_from_the_next_ba
     assert post_bar(client, live, bar=3, notes=came_in, hand_back=True) == [{"event": "done", "bar": 4}]
     engine = client.app.state.live.sessions[live].live
     assert engine.bars == 4 and max(n.start for n in engine.notes) < 4 * BAR
-    assert LiveNote(3 * BAR + 480, 3 * BAR + 900, 71, 90) in engine.notes  # the player's, on the grid
+    assert any(2 * BAR <= n.start < 4 * BAR for n in engine.notes)  # the answer's bars that sounded
+    assert LiveNote(3 * BAR + 480, 3 * BAR + 900, 71, 90) not in engine.notes  # not fed, as musegen jam does
     assert post_bar(client, live, bar=4)[-1] == {"event": "done", "bar": 5}  # the piece goes on from there
+    saved = client.get(f"/api/live/{live}/live.mid?session={A}")
+    player = next(i for i in miditoolkit.MidiFile(file=io.BytesIO(saved.content)).instruments if i.name == "player")
+    assert came_in[0] in [[n.start, n.end, n.pitch, n.velocity] for n in player.notes]  # kept as played
 
 
 @pytest.mark.parametrize(
@@ -107,7 +111,8 @@ def test_a_player_coming_in_over_an_answer_hands_the_piece_back_from_the_next_ba
         ({"bpm": "fast"}, "Tempo must be a number, got 'fast'"),
         ({"meter": "4-4"}, "Meter must be a time signature such as 4/4, got '4-4'"),
         ({"meter": "4/5"}, "Meter must be a time signature such as 4/4, got '4/5'"),
-        ({"meter": "3/4"}, "time signature 3/4 at tick 0; REMI needs 4/4"),
+        ({"meter": "3/4"}, "the remi tokens cannot play in 3/4"),
+        ({"meter": "2/4"}, "the remi tokens cannot play in 2/4 (they join its bars into others)"),
         ({"program": 128}, "Instrument must be 127 or less, got 128"),
         ({"answer_bars": 0}, "Answer bars must be 1 or more, got 0"),
         ({"temperature": 9}, "Temperature must be 3 or less, got 9"),

@@ -257,6 +257,8 @@ class LiveRoutes:
         session.live = Live(
             model, tokenizer, settings, (numerator, denominator), start.bpm, start.program, weights, backing, bars
         )
+        if start.mode == "accompany":
+            session.live.check_accompany()  # refused at Start, not at the first bar
         session.next_bar, session.backing = bars, backing
 
     def _play(self, session: Session, played: LiveBar, notes: list[LiveNote], put) -> None:

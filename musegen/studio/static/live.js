@@ -300,7 +300,7 @@ async function connectMidi() {
 
 // ---- the roll: the live piece as it grows, the player's notes in track 0 ----
 function liveView() {
-  // the model's and the backing's instruments by name, one lane each
+  // the model's instruments by name (the backing's are the band's before you start), one lane each
   const named = (program) => INSTRUMENTS.find(([p]) => p === program)?.[1] || `program ${program}`;
   const tracks = [[live.program, 0, `You (${named(live.program)})`]];
   const trackOf = new Map();
@@ -308,7 +308,7 @@ function liveView() {
   for (const n of [...live.backing, ...live.scheduled]) {
     if (n.dropped) continue;
     const key = `${n.program}/${n.drum}`;
-    if (!trackOf.has(key)) { trackOf.set(key, tracks.length); tracks.push([n.program, Number(n.drum), n.drum ? "Drums" : named(n.program)]); }
+    if (!trackOf.has(key)) { trackOf.set(key, tracks.length); tracks.push([n.program, Number(n.drum), `musegen (${n.drum ? "Drums" : named(n.program)})`]); }
     notes.push([n.tick, n.end, n.pitch, trackOf.get(key), Number(n.drum), n.velocity]);
   }
   notes.sort((a, b) => a[0] - b[0] || a[2] - b[2]);

@@ -5,7 +5,6 @@ Generate, and how long 12 bars take, with the shipped pop model and its example 
     python -m bench.studio --bars 4 --runs 2
     python -m bench.studio --live 20    # and play along: the time to an answer's first note
 
-
 The studio is started as a user starts it (`musegen studio --port 0`, only the pop checkpoint
 offered besides the shipped ones' loading) and driven over HTTP; times are from sending the request
 to the event that carries the note (first note) or the finished run (total). The first run of a
@@ -77,7 +76,7 @@ def one_answer(http: httpx.Client, seed: int) -> float:
     live = started.json()["live"]
     bar, beat = started.json()["bar_ticks"], started.json()["tpq"]
     chords = ((60, 64, 67), (62, 65, 69), (59, 62, 67))
-    for k, pitches in enumerate(chords):  # three bars of crotchets, a little off the beat as played
+    for k, pitches in enumerate(chords):  # crotchets a little off the beat, as played; the third bar asks
         notes = [[k * bar + i * beat + 17, k * bar + i * beat + 300, p, 90] for i, p in enumerate(pitches)]
         body = {"bar": k, "notes": notes, "answer": 2 if k == len(chords) - 1 else 0}
         sent, first = time.perf_counter(), None

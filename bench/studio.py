@@ -3,16 +3,23 @@ Generate, and how long 12 bars take, with the shipped pop model and its example 
 
     python -m bench.studio              # 4 runs of 12 bars, one sample each (run from the repository root)
     python -m bench.studio --bars 4 --runs 2
+    python -m bench.studio --live 20    # and play along: the time to an answer's first note
 
 The studio is started as a user starts it (`musegen studio --port 0`, only the pop checkpoint
 offered besides the shipped ones' loading) and driven over HTTP; times are from sending the request
 to the event that carries the note (first note) or the finished run (total). The first run of a
 worker thread also copies the model for it, so it is reported apart from the others' median.
+
+With --live N, the play-along mode is timed as a page uses it (`live_answers`): N live sessions of
+the pop model at 100 BPM, each fed two played bars and then a bar that asks for an answer of two
+bars; the time is from posting that bar to the stream's first answer note (its median is printed;
+a first session, which warms the model up, is not counted).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import statistics
@@ -63,10 +70,48 @@ def one_run(http: httpx.Client, prompt: dict, bars: int, seed: int) -> tuple[flo
     raise SystemExit("the run ended without a result")
 
 
+def one_answer(http: httpx.Client, seed: int) -> float:
+    """Seconds from posting the bar that asks for an answer to the first answer note's event."""
+    started = http.post(f"/api/live?session={SESSION}", json={"model": "pop", "bpm": 100, "seed": seed})
+    live = started.json()["live"]
+    bar, beat = started.json()["bar_ticks"], started.json()["tpq"]
+    chords = ((60, 64, 67), (62, 65, 69), (59, 62, 67))
+    for k, pitches in enumerate(chords):  # crotchets a little off the beat, as played; the third bar asks
+        notes = [[k * bar + i * beat + 17, k * bar + i * beat + 300, p, 90] for i, p in enumerate(pitches)]
+        body = {"bar": k, "notes": notes, "answer": 2 if k == len(chords) - 1 else 0}
+        sent, first = time.perf_counter(), None
+        with http.stream("POST", f"/api/live/{live}/bar?session={SESSION}", json=body) as response:
+            for line in response.iter_lines():
+                event = json.loads(line)
+                if event["event"] == "error":
+                    raise SystemExit(event["error"])
+                if event["event"] == "notes" and first is None:
+                    first = time.perf_counter() - sent
+    http.post(f"/api/live/{live}/stop?session={SESSION}")
+    return first
+
+
+def live_answers(url: str, sessions: int) -> list[float]:
+    """The play-along mode's answer latencies, in seconds: see the module's docstring."""
+    with httpx.Client(base_url=url, timeout=600) as http:
+        one_answer(http, 0)  # warms the model up
+        return [one_answer(http, seed) for seed in range(1, sessions + 1)]
+
+
+def print_live(times: list[float]) -> None:
+    # the page posts a bar half a grid cell (a 32nd note) before its line: 75 ms before it at 100 BPM
+    median, early = statistics.median(times) * 1000, 60_000 / 100 / 8
+    print(f"\nmusegen studio live, pop model, 100 BPM; {cpu_name()}, {os.cpu_count()} cores")
+    print(f"bar posted to the first answer note, median of {len(times)}: {median:.0f} ms", end=" ")
+    fastest, slowest = min(times) * 1000, max(times) * 1000
+    print(f"(fastest {fastest:.0f}, slowest {slowest:.0f}); from the bar line: {median - early:.0f} ms")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bars", type=int, default=12)
     parser.add_argument("--runs", type=int, default=4)
+    parser.add_argument("--live", type=int, default=0, help="also time N play-along answers (live_answers)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as out:
         server, url = start_studio(Path(out))
@@ -75,6 +120,7 @@ def main() -> None:
                 example = f"/api/prompts?session={SESSION}&model=pop&example={EXAMPLE}"
                 prompt = http.post(example).json()
                 times = [one_run(http, prompt, args.bars, seed) for seed in range(args.runs)]
+            live = live_answers(url, args.live) if args.live else []
         finally:
             server.terminate()
             server.wait(30)
@@ -85,6 +131,8 @@ def main() -> None:
         rest = times[1:]
         first, total = statistics.median(t[0] for t in rest), statistics.median(t[1] for t in rest)
         print(f"{f'median of {len(rest)} more':<24}{first:>16.2f}{total:>14.2f}")
+    if live:
+        print_live(live)
 
 
 if __name__ == "__main__":

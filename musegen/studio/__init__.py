@@ -4,6 +4,8 @@
   run written as `musegen sample` writes it), and the names a request may use in it;
 - `models`: the checkpoints offered by name, one copy of each model per worker thread;
 - `jobs`: one generation run in a worker thread, its notes reported while they are drawn;
+- `live`: playing along: a page's live session, its bars fed to a model's streaming state and
+  the answer's or accompaniment's notes streamed back as they become final;
 - `server`: the Starlette app (JSON API, the streamed run, files, the static page in static/);
 - `sound`: what the page's own synthesiser needs (its npm packages, the soundfont), or why it
   cannot run; `audio`: the server's WAVs, for download and where the page cannot play itself.

@@ -34,6 +34,7 @@ from ..io import is_disk_full
 from . import jobs
 from .audio import Renders
 from .guard import Guard
+from .live import LiveRoutes
 from .models import Models, examples
 from .runs import Places, RunEvents, Stop, client_left
 from .sound import Sound, SoundfontResponse
@@ -92,6 +93,10 @@ def create_app(out: Path, models: Models, host: str = "127.0.0.1", sound: Sound 
         Route("/api/runs/{run}", studio.run_detail),
         Route("/api/runs/{run}/stop", studio.stop, methods=["POST"]),
         Route("/files/{run}/{name}", studio.run_file),
+        Route("/api/live", studio.live.start, methods=["POST"]),
+        Route("/api/live/{live}/bar", studio.live.bar, methods=["POST"]),
+        Route("/api/live/{live}/stop", studio.live.stop, methods=["POST"]),
+        Route("/api/live/{live}/live.mid", studio.live.midi),
         Route("/sound/soundfont.sf2", studio.soundfont),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
         *studio.sound.routes(),
@@ -101,7 +106,7 @@ def create_app(out: Path, models: Models, host: str = "127.0.0.1", sound: Sound 
         middleware=[Middleware(Guard, host=host, limits=body_limit)],
         exception_handlers={MusegenError: failure, OSError: failure, Exception: failure},
     )
-    app.state.pool, app.state.places = studio.pool, studio.places
+    app.state.pool, app.state.places, app.state.live = studio.pool, studio.places, studio.live
     return app
 
 
@@ -123,6 +128,7 @@ class Studio:
         self.pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="studio-sample")
         self.places, self.renders = Places(WORKERS + MAX_WAITING, PER_SESSION), Renders()
         self.stops: dict[tuple[str, str], Stop] = {}  # the runs going, by session and run
+        self.live = LiveRoutes(self.store, models, error_message)  # play along: live.py
 
     async def index(self, request: Request):
         return FileResponse(STATIC / "index.html")

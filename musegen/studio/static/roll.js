@@ -212,7 +212,8 @@ function drawLegend(box, canvas, view, index) {
   box.innerHTML = "";
   if (!view || !lanes.length) return;
   const count = view.samples.length;
-  if (canvas.dataset.sample !== "") box.append(count > 1 ? `Sample ${index + 1} of ${count}:` : "Sample:");
+  if (view.label) box.append(`${view.label}:`); // the live piece
+  else if (canvas.dataset.sample !== "") box.append(count > 1 ? `Sample ${index + 1} of ${count}:` : "Sample:");
   else box.append("Prompt:");
   for (const lane of lanes) {
     const item = document.createElement("span");

@@ -72,7 +72,7 @@ def test_the_bars_posted_are_what_the_engine_hears_and_the_answer_streamed_is_it
     for bar in PLAYED:
         engine.close_bar([LiveNote(*note) for note in bar])
     answer = engine.answer(2)
-    assert streamed == [note.row() for note in answer] and streamed[0][0] >= 2 * BAR
+    assert sorted(streamed) == sorted(note.row() for note in answer) and min(streamed)[0] >= 2 * BAR
     served = client.app.state.live.sessions[started["live"]].live
     assert served.notes == engine.notes  # the piece the model saw: the played notes on its grid, the answer
 

@@ -26,14 +26,14 @@ import itertools
 import math
 import queue
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
 from ..errors import ConfigError
 from ..io import write_bytes
-from ..music.notes import NoteTable, Track
-from .live import TPQ, Live, LiveNote
+from ..music.notes import NoteTable
+from .live import TPQ, Live, LiveNote, live_notes, recording
 
 MODES = ("answer", "accompany")
 MAX_ANSWER_BARS = 4  # an answer is as long as the phrase it answers, up to this
@@ -392,22 +392,15 @@ class Jam:
     def recording(self) -> NoteTable:
         """The jam from the player's first bar line: the player's notes at the times they were
         played, the model's at the times it gave them (those handed back left out)."""
-        now = self.clock()
-        origin = self.line(self.first_bar)
-        player = []
-        for note in self.played:
-            start = round((note.start - origin) / self.tick_seconds)
-            end = round(((note.end if note.end is not None else now) - origin) / self.tick_seconds)
-            if start >= 0:  # a note of the count-in is not the jam's
-                player.append((start, max(end, start + 1), note.pitch, note.velocity))
-        tracks = [(Track("player", self.live.program, False), player)]
+        now, origin = self.clock(), self.line(self.first_bar)
+        ticks = lambda seconds: round((seconds - origin) / self.tick_seconds)  # noqa: E731
+        player = [
+            LiveNote(ticks(n.start), ticks(n.end if n.end is not None else now), n.pitch, n.velocity, self.live.program)
+            for n in self.played
+        ]
         shift = self.first_bar * self.live.bar_ticks
-        by_track: dict[tuple[int, bool], list] = {}
-        for n in self.model_notes:
-            by_track.setdefault((n.program, n.drum), []).append((n.start - shift, n.end - shift, n.pitch, n.velocity))
-        tracks += [(Track("model", program, drum), rows) for (program, drum), rows in by_track.items()]
-        numerator, denominator = self.live.meter
-        return NoteTable.of_tracks(TPQ, tracks, [(0, float(self.live.bpm))], [(0, numerator, denominator)])
+        model = [replace(n, start=n.start - shift, end=n.end - shift) for n in self.model_notes]
+        return recording({"player": player, "model": model}, self.live.meter, self.live.bpm)
 
 
 def _message(kind: str, **fields):
@@ -419,16 +412,5 @@ def _message(kind: str, **fields):
 def backing_from(table: NoteTable, meter: tuple[int, int]) -> tuple[list[LiveNote], int]:
     """A --prompt's notes in the live piece's ticks, and its bars in `meter` (up to its last onset's)."""
     bar_ticks = TPQ * 4 * meter[0] // meter[1]
-    notes = [
-        LiveNote(
-            int(table.start[k]) * TPQ // table.tpq,
-            int(table.end[k]) * TPQ // table.tpq,
-            int(table.pitch[k]),
-            int(table.velocity[k]),
-            table.tracks[table.track[k]].program,
-            table.tracks[table.track[k]].is_drum,
-        )
-        for k in range(len(table))
-    ]
-    bars = max((n.start // bar_ticks + 1 for n in notes), default=0)
-    return notes, bars
+    notes = live_notes(table)
+    return notes, max((n.start // bar_ticks + 1 for n in notes), default=0)

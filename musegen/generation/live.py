@@ -53,6 +53,29 @@ class LiveNote:
         return [self.start, self.end, self.pitch, self.velocity, self.program, int(self.drum)]
 
 
+def live_notes(table: NoteTable) -> list[LiveNote]:
+    """Every note of `table` in the live piece's ticks, with its track's instrument."""
+    scale = lambda ticks: int(ticks) * TPQ // table.tpq  # noqa: E731
+    tracks = table.tracks
+    return [
+        LiveNote(scale(s), scale(e), int(p), int(v), tracks[k].program, tracks[k].is_drum)
+        for s, e, p, v, k in zip(table.start, table.end, table.pitch, table.velocity, table.track)
+    ]
+
+
+def recording(parts: dict[str, list[LiveNote]], meter: tuple[int, int], bpm: float) -> NoteTable:
+    """A live piece as it sounded: a track for each part (who played it: the player, the model, a
+    backing) and instrument, every note at its time; a note of the count-in (before 0) is left out."""
+    tracks: dict[tuple[str, int, bool], list[tuple[int, int, int, int]]] = {}
+    for who, notes in parts.items():
+        for n in notes:
+            if n.start >= 0:
+                rows = tracks.setdefault((who, n.program, n.drum), [])
+                rows.append((n.start, max(n.end, n.start + 1), n.pitch, n.velocity))
+    named = [(Track(who, program, drum), sorted(rows)) for (who, program, drum), rows in tracks.items()]
+    return NoteTable.of_tracks(TPQ, named, [(0, float(bpm))], [(0, *meter)])
+
+
 @dataclass
 class _Snapshot:
     fed: int  # tokens the session had consumed

@@ -50,11 +50,21 @@ class Stopped(Exception):
         self.summary = summary
 
 
-class StudioRequest(BaseModel):
-    """The body of the studio's generation request. A field left empty (null or "") takes its
-    default; temperature, top_p, seed and tempo are bounded by SampleSettings, which the request becomes."""
+class PageRequest(BaseModel):
+    """A request body of the page: a field left empty (null or "") takes its default."""
 
     model_config = schemas.STRICT
+
+    @model_validator(mode="before")
+    @classmethod
+    def _empty_fields_take_defaults(cls, data: Any) -> Any:
+        return {k: v for k, v in data.items() if v is not None and v != ""} if isinstance(data, dict) else data
+
+
+class StudioRequest(PageRequest):
+    """The body of the studio's generation request; temperature, top_p, seed and tempo are bounded
+    by SampleSettings, which the request becomes."""
+
     model: schemas.Name = ""  # one of the studio's models (checked by its list)
     prompt: schemas.Name | None = None  # a prompt id of the session (checked by the store's pattern)
     # the prompt's bars from..to (1-based, as the page draws them; default: all of it, as None says)
@@ -69,11 +79,6 @@ class StudioRequest(BaseModel):
     temperature: Annotated[float | None, Field(ge=TEMPERATURE_RANGE[0], le=TEMPERATURE_RANGE[1])] = None
     top_p: float | None = None
     tempo: Annotated[str, Field(max_length=32)] | None = None  # keep, free or BPM (SampleSettings.tempo)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _empty_fields_take_defaults(cls, data: Any) -> Any:
-        return {k: v for k, v in data.items() if v is not None and v != ""} if isinstance(data, dict) else data
 
 
 STUDIO_REQUEST = schemas.Format("studio request", None, StudioRequest)

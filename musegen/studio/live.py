@@ -16,21 +16,20 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Callable, Literal
+from typing import Annotated, Callable, Literal
 
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, StreamingResponse
 
 from .. import schemas
 from ..errors import ConfigError
-from ..generation.live import TPQ, Live, LiveNote
+from ..generation.live import TPQ, Live, LiveNote, live_notes, recording
 from ..generation.prompt import load_prompt
 from ..generation.resources import DEFAULT_CPU_THREADS, cpu_threads
 from ..generation.settings import SampleSettings
 from ..io import write_bytes
-from ..music.notes import NoteTable, Track
-from .jobs import TEMPERATURE_RANGE
+from .jobs import TEMPERATURE_RANGE, PageRequest
 from .models import Models
 from .store import RequestError, Store
 
@@ -52,16 +51,7 @@ LABELS |= {"hand_back": "Hand back"}
 Note = Annotated[list[int], Field(min_length=4, max_length=4)]
 
 
-class _Body(BaseModel):
-    model_config = schemas.STRICT
-
-    @model_validator(mode="before")
-    @classmethod
-    def _empty_fields_take_defaults(cls, data: Any) -> Any:
-        return {k: v for k, v in data.items() if v is not None and v != ""} if isinstance(data, dict) else data
-
-
-class LiveStart(_Body):
+class LiveStart(PageRequest):
     """A live session's settings, as the page's Live panel sends them."""
 
     model: schemas.Name = ""
@@ -76,7 +66,7 @@ class LiveStart(_Body):
     top_p: float | None = None
 
 
-class LiveBar(_Body):
+class LiveBar(PageRequest):
     """A bar the player has just played: its notes, and what the model is to do from its end."""
 
     bar: Annotated[int, Field(ge=0)] | None = None  # the bar that is over (0: the piece's first); None: none
@@ -146,17 +136,10 @@ class Session:
     def write(self) -> Path | None:
         """The piece so far as a MIDI file in the session's run folder, every note at its time;
         None while nothing has been played or answered."""
-        live = self.live
         if not (self.played or self.heard):
             return None
-        by_track: dict[tuple[str, int, bool], list[tuple[int, int, int, int]]] = {}
-        for who, notes in (("backing", self.backing), ("player", self.played), ("musegen", self.heard)):
-            for n in notes:
-                start = max(0, int(n.start))  # a note played during the count-in
-                rows = by_track.setdefault((who, n.program, n.drum), [])
-                rows.append((start, max(start + 1, int(n.end)), n.pitch, n.velocity))
-        tracks = [(Track(who, program, drum), sorted(rows)) for (who, program, drum), rows in by_track.items()]
-        table = NoteTable.of_tracks(TPQ, tracks, [(0, float(live.bpm))], [(0, *live.meter)])
+        parts = {"backing": self.backing, "player": self.played, "musegen": self.heard}
+        table = recording(parts, self.live.meter, self.live.bpm)
         path = self.folder / MIDI_NAME
         self.folder.mkdir(parents=True, exist_ok=True)
         write_bytes(path, table.midi_bytes())
@@ -340,19 +323,7 @@ def _backing(tokenizer, path: Path, meter: tuple[int, int]) -> tuple[list[LiveNo
     first = tuple(piece.time_signatures[0][1:]) if piece.time_signatures else (4, 4)
     if first != meter:
         raise ConfigError(f"{path.name} is in {first[0]}/{first[1]}: play along in that meter, or choose another")
-    tracks = piece.tracks
-    notes = [
-        LiveNote(
-            int(piece.start[k]) * TPQ // piece.tpq,
-            int(piece.end[k]) * TPQ // piece.tpq,
-            int(piece.pitch[k]),
-            int(piece.velocity[k]),
-            tracks[piece.track[k]].program,
-            tracks[piece.track[k]].is_drum,
-        )
-        for k in range(len(piece))
-    ]
-    return notes, int(prompt.bars)
+    return live_notes(piece), int(prompt.bars)
 
 
 def _one_thread(fn, *args):

@@ -156,22 +156,12 @@ async function streamBar(post) {
       method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ bar, notes, answer, accompany, hand_back }),
     });
     if (!response.ok) await json(response);
-    const reader = response.body.getReader(), decoder = new TextDecoder();
-    let buffer = "";
-    for (;;) {
-      const { value, done } = await reader.read();
-      if (done) break;
-      buffer += decoder.decode(value, { stream: true });
-      let cut;
-      while ((cut = buffer.indexOf("\n")) >= 0) {
-        const event = JSON.parse(buffer.slice(0, cut));
-        buffer = buffer.slice(cut + 1);
-        if (event.event === "notes") schedule(event.notes, post);
-        if (event.event === "notes" && post.firstNotes === undefined) post.firstNotes = live.context.currentTime;
-        else if (event.event === "error") throw new Error(event.error);
-        else if (event.event === "done" && post.answer) $("live-status").textContent = `answered ${post.answer} bars`;
-      }
-    }
+    await readEvents(response, (event) => {
+      if (event.event === "notes") schedule(event.notes, post);
+      if (event.event === "notes" && post.firstNotes === undefined) post.firstNotes = live.context.currentTime;
+      else if (event.event === "error") throw new Error(event.error);
+      else if (event.event === "done" && post.answer) $("live-status").textContent = `answered ${post.answer} bars`;
+    });
   } catch (err) { if (live.on) showError(err.message); }
 }
 

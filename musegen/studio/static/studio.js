@@ -342,6 +342,23 @@ async function extend(i, bars) {
   }
 }
 
+// each event of an NDJSON response (one JSON object a line) to `onEvent`, as it arrives
+async function readEvents(response, onEvent) {
+  const reader = response.body.getReader(), decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += decoder.decode(value, { stream: true });
+    let cut;
+    while ((cut = buffer.indexOf("\n")) >= 0) {
+      const event = JSON.parse(buffer.slice(0, cut));
+      buffer = buffer.slice(cut + 1);
+      onEvent(event);
+    }
+  }
+}
+
 // posts `req` and follows its run's events to their end; returns the last one
 async function stream(req, into) {
   let last = null;
@@ -354,19 +371,7 @@ async function stream(req, into) {
       method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(req), signal: state.controller.signal,
     });
     if (!response.ok) await json(response);
-    const reader = response.body.getReader(), decoder = new TextDecoder();
-    let buffer = "";
-    for (;;) {
-      const { value, done } = await reader.read();
-      if (done) break;
-      buffer += decoder.decode(value, { stream: true });
-      let cut;
-      while ((cut = buffer.indexOf("\n")) >= 0) {
-        last = JSON.parse(buffer.slice(0, cut));
-        onEvent(last, req, into);
-        buffer = buffer.slice(cut + 1);
-      }
-    }
+    await readEvents(response, (event) => { last = event; onEvent(event, req, into); });
   } catch (err) {
     if (err.name === "AbortError") setStatus("stopped"); else { showError(err.message); setStatus("failed"); }
   } finally {

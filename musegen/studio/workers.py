@@ -3,7 +3,7 @@ model (the grammar, the constraints, the notes decoded for its page), which hold
 lock: two runs in threads of one process wait for each other, two in processes of their own
 each take a core. So each of the server's sampling threads hands its run to a worker process
 and relays what the process sends to the page (runs.RunEvents); the page's Stop, or its
-leaving, reaches the process through two flags it reads at every step.
+leaving, reaches the process on the same pipe, read at every step.
 
 A worker samples one run at a time on one torch thread (generation.resources), loads a model on
 its first run that samples it, and is kept for the next run of the same models: the processes
@@ -13,6 +13,7 @@ studio itself, which holds threads and its clients' sockets."""
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing
 import signal
 import threading
@@ -30,18 +31,17 @@ CONTEXT.set_forkserver_preload([__name__])
 RELAY_EVERY = 0.05  # seconds between two looks at the page's Stop while the run sends nothing
 
 
-class Flags:
-    """A run's Stop as its worker process reads it (the flags are shared with the studio)."""
+class StopMessage:
+    """A run's Stop as its worker process reads it: the studio sends ("stop", keeps) on the run's
+    pipe, read at the run's next step (a select per step: no cost beside the step's)."""
 
-    def __init__(self, stop, keep):
-        self.stop, self.keep = stop, keep
+    def __init__(self, connection):
+        self.connection, self.stopped, self.keeps = connection, False, False
 
     def is_set(self) -> bool:
-        return self.stop.is_set()
-
-    @property
-    def keeps(self) -> bool:
-        return self.keep.is_set()
+        if not self.stopped and self.connection.poll():
+            self.stopped, self.keeps = True, self.connection.recv()[1]
+        return self.stopped
 
 
 class WorkerEnded(Exception):
@@ -49,28 +49,23 @@ class WorkerEnded(Exception):
 
 
 class Worker:
-    """A worker process for one set of models, and the flags that stop its run."""
+    """A worker process for one set of models, and the pipe it takes runs and Stops from."""
 
     def __init__(self, folders: dict[str, Path]):
         self.connection, theirs = CONTEXT.Pipe()
-        self.flags = Flags(CONTEXT.Event(), CONTEXT.Event())
-        self.process = CONTEXT.Process(
-            target=_serve, args=(folders, theirs, self.flags), daemon=True, name="musegen-studio-worker"
-        )
+        self.process = CONTEXT.Process(target=_serve, args=(folders, theirs), daemon=True, name="musegen-studio-worker")
         self.process.start()
         theirs.close()
 
     def run(self, job: jobs.Request, run: str, folder: Path, send: Callable[[dict[str, Any]], None], stop: Stop):
         """Sample `job` as jobs.run_events does, its events given to `send`, `stop` passed on."""
-        self.flags.stop.clear()
-        self.flags.keep.clear()
         try:
-            self.connection.send((job, run, folder))
+            self.connection.send(("run", job, run, folder))
+            stop_sent = False
             while True:
-                if stop.is_set() and not self.flags.is_set():
-                    if stop.keeps:  # before the stop itself: the process reads them in that order
-                        self.flags.keep.set()
-                    self.flags.stop.set()
+                if stop.is_set() and not stop_sent:
+                    self.connection.send(("stop", stop.keeps))
+                    stop_sent = True
                 if self.connection.poll(RELAY_EVERY):
                     if (event := self.connection.recv()) is None:
                         return
@@ -81,6 +76,7 @@ class Worker:
     def close(self) -> None:
         self.connection.close()
         self.process.kill()
+        self.process.join()
 
 
 _idle: dict[tuple[tuple[str, Path], ...], list[Worker]] = {}  # by the models they hold
@@ -103,7 +99,20 @@ def sample(folders: dict[str, Path], job: jobs.Request, run: str, folder: Path, 
         _idle.setdefault(key, []).append(worker)
 
 
-def _serve(folders: dict[str, Path], connection, flags: Flags) -> None:
+@atexit.register  # before multiprocessing's own, which would kill them
+def _end_idle() -> None:
+    """Idle workers end as the studio does: their pipe closed, each returns, so what the sampler
+    made in it (tqdm's lock, a named semaphore) is removed as a process's exit removes it."""
+    with _idle_lock:
+        ending = [worker for workers in _idle.values() for worker in workers]
+        _idle.clear()
+    for worker in ending:
+        worker.connection.close()
+    for worker in ending:
+        worker.process.join(5)
+
+
+def _serve(folders: dict[str, Path], connection) -> None:
     """A worker process: the runs the studio sends, one at a time, each answered by its events
     and None, until the studio goes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the studio ends its workers
@@ -111,8 +120,11 @@ def _serve(folders: dict[str, Path], connection, flags: Flags) -> None:
     models = OnDemand(folders)
     while True:
         try:
-            job, run, folder = connection.recv()
+            message = connection.recv()
         except EOFError:
             return
-        jobs.run_events(models, job, run, folder, connection.send, flags)
+        if message[0] == "stop":  # for a run that ended before reading it
+            continue
+        job, run, folder = message[1:]
+        jobs.run_events(models, job, run, folder, connection.send, StopMessage(connection))
         connection.send(None)

@@ -7,8 +7,9 @@ two runs started at once share the CPU: each against the same request run alone.
 
 The studio is started as a user starts it (`musegen studio --port 0`, only the pop checkpoint
 offered besides the shipped ones' loading) and driven over HTTP; times are from sending the request
-to the event that carries the note (first note) or the finished run (total). The first run of a
-worker thread also copies the model for it, so it is reported apart from the others' median.
+to the event that carries the note (first note) or the finished run (total). The first run also
+starts a worker process (the sampler imported, the model loaded), so it is reported apart from
+the others' median.
 The two concurrent runs are the same request (same seed) from two sessions, so the per-session
 limit does not hold either back; both workers have run once before anything is timed.
 """
@@ -79,7 +80,7 @@ def first_note_and_total(url: str, bars: int, runs: int) -> None:
         times = [one_run(http, prompt, bars, seed) for seed in range(runs)]
     print(f"musegen studio, pop model, {EXAMPLE}, {bars} bars, 1 sample; {cpu_name()}, {os.cpu_count()} cores")
     print(f"{'run':<24}{'first note (s)':>16}{f'{bars} bars (s)':>14}")
-    print(f"{'first (copies the model)':<24}{times[0][0]:>16.2f}{times[0][1]:>14.2f}")
+    print(f"{'first (starts a worker)':<24}{times[0][0]:>16.2f}{times[0][1]:>14.2f}")
     if len(times) > 1:
         rest = times[1:]
         first, total = statistics.median(t[0] for t in rest), statistics.median(t[1] for t in rest)

@@ -8,8 +8,10 @@ import contextlib
 import errno
 import io
 import json
+import multiprocessing
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -27,7 +29,7 @@ from starlette.testclient import TestClient
 from musegen import schemas
 from musegen.generation.outputs import SAMPLE_SUMMARY
 from musegen.generation.settings import SampleSettings
-from musegen.studio import jobs, server
+from musegen.studio import jobs, server, workers
 from musegen.studio.models import Models
 from musegen.studio.runs import Stop
 from musegen.studio.server import create_app
@@ -409,6 +411,23 @@ def test_stop_before_a_note_is_drawn_leaves_nothing(models, tmp_path):
         assert http.get(f"/api/results?session={A}").json()["results"] == []
         assert run_ends(app, 30)
     assert not [p for p in (tmp_path / "out").rglob("*") if p.is_file()]
+
+
+def test_a_worker_killed_during_a_run_ends_it_in_one_line_and_the_next_run_gets_a_new_one(models, tmp_path):
+    with serving(create_app(tmp_path / "out", models)) as base, httpx.Client(base_url=base, timeout=60) as http:
+        request = {"model": "pop", "bars": 64, "samples": 8, "seed": 1}  # minutes of sampling
+        got = []
+        with http.stream("POST", f"/api/generate?session={A}", json=request) as response:
+            for line in response.iter_lines():
+                got.append(json.loads(line))
+                if got[-1]["event"] == "notes" and sum(e["event"] == "notes" for e in got) == 1:
+                    idle = {w.process.pid for held in workers._idle.values() for w in held}
+                    sampling = [p for p in multiprocessing.active_children() if p.name == "musegen-studio-worker"]
+                    (busy,) = [p for p in sampling if p.pid not in idle]
+                    os.kill(busy.pid, signal.SIGKILL)  # as the kernel ends a process out of memory
+        assert got[-1] == {"event": "error", "error": "internal error: WorkerEnded (see the studio's console)"}
+        assert events(http, A, model="pop", bars=1, seed=1)[-1]["event"] == "done"
+        assert http.get(f"/api/results?session={A}").json()["results"][0]["run"] != got[0]["run"]
 
 
 def studio_command(*args: str) -> subprocess.Popen:

@@ -118,13 +118,13 @@ def _serve(folders: dict[str, Path], connection) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the studio ends its workers
     torch.set_num_threads(1)  # one core per run: the other runs have theirs
     models = OnDemand(folders)
-    while True:
-        try:
+    try:
+        while True:
             message = connection.recv()
-        except EOFError:
-            return
-        if message[0] == "stop":  # for a run that ended before reading it
-            continue
-        job, run, folder = message[1:]
-        jobs.run_events(models, job, run, folder, connection.send, StopMessage(connection))
-        connection.send(None)
+            if message[0] == "stop":  # for a run that ended before reading it
+                continue
+            job, run, folder = message[1:]
+            jobs.run_events(models, job, run, folder, connection.send, StopMessage(connection))
+            connection.send(None)
+    except (EOFError, BrokenPipeError):  # the studio has gone: nobody to sample for
+        return

@@ -88,9 +88,9 @@ def first_note_and_total(url: str, bars: int, runs: int) -> None:
 
 
 def concurrent_runs(url: str, bars: int, pairs: int) -> None:
-    """The same request alone, then twice at once (two sessions), `pairs` times each: each
+    """The same request alone, then twice at once (two sessions), `pairs` times in turn: each
     concurrent run's seconds against the median alone."""
-    sessions = (SESSION, OTHER_SESSION)
+    sessions, load_before = (SESSION, OTHER_SESSION), os.getloadavg()[0]
     clients = [httpx.Client(base_url=url, timeout=600) for _ in sessions]
     try:
         prompts = [example_prompt(http, session) for http, session in zip(clients, sessions)]
@@ -98,15 +98,18 @@ def concurrent_runs(url: str, bars: int, pairs: int) -> None:
         def run(i: int) -> float:
             return one_run(clients[i], prompts[i], bars, seed=0, session=sessions[i])[1]
 
+        alone, together = [], []
         with ThreadPoolExecutor(len(sessions)) as pool:
             list(pool.map(run, range(2)))  # each worker's first run, untimed
-            alone = [run(0) for _ in range(pairs)]
-            together = [list(pool.map(run, range(2))) for _ in range(pairs)]
+            for _ in range(pairs):  # in turn, so that a change in the machine's load hits both alike
+                alone.append(run(0))
+                together.append(list(pool.map(run, range(2))))
     finally:
         for http in clients:
             http.close()
     median = statistics.median(alone)
     print(f"\ntwo runs at once, the same request ({bars} bars, 1 sample, seed 0), from two sessions; {cpu_name()}")
+    print(f"load average (1 min) {load_before:.1f} before, {os.getloadavg()[0]:.1f} after")
     print(f"{'':<10}{'alone (s)':>12}{'run A (s)':>12}{'run B (s)':>12}{'A / alone':>12}{'B / alone':>12}")
     for i, (a, b) in enumerate(together):
         print(f"{f'pair {i + 1}':<10}{alone[i]:>12.2f}{a:>12.2f}{b:>12.2f}{a / median:>12.2f}{b / median:>12.2f}")

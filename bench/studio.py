@@ -1,19 +1,22 @@
 """musegen studio, as a page sees it: how soon the first generated note arrives after pressing
-Generate, and how long 12 bars take, with the shipped pop model and its example prompt.
+Generate, and how long 12 bars take, with the shipped pop model and its example prompt; then how
+two runs started at once share the CPU: each against the same request run alone.
 
     python -m bench.studio              # 4 runs of 12 bars, one sample each (run from the repository root)
-    python -m bench.studio --bars 4 --runs 2
-    python -m bench.studio --live 20    # and play along: the time to an answer's first note
+    python -m bench.studio --bars 4 --runs 2 --pair-bars 8 --pairs 3 --live 20
 
 The studio is started as a user starts it (`musegen studio --port 0`, only the pop checkpoint
 offered besides the shipped ones' loading) and driven over HTTP; times are from sending the request
-to the event that carries the note (first note) or the finished run (total). The first run of a
-worker thread also copies the model for it, so it is reported apart from the others' median.
+to the event that carries the note (first note) or the finished run (total). The first run also
+starts a worker process (the sampler imported, the model loaded), so it is reported apart from
+the others' median.
+The two concurrent runs are the same request (same seed) from two sessions, so the per-session
+limit does not hold either back; both workers have run once before anything is timed.
 
-With --live N, the play-along mode is timed as a page uses it (`live_answers`): N live sessions of
-the pop model at 100 BPM, each fed two played bars and then a bar that asks for an answer of two
-bars; the time is from posting that bar to the stream's first answer note (its median is printed;
-a first session, which warms the model up, is not counted).
+The play-along mode is timed as a page uses it (`live_answers`, `--live` sessions, 20 by default):
+live sessions of the pop model at 100 BPM, each fed two played bars and then a bar that asks for
+an answer of two bars; the time is from posting that bar to the stream's first answer note (its
+median is printed; a first session, which warms the model up, is not counted).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -38,6 +42,7 @@ from musegen.studio.server import STUDIO_EVENT
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = "pop_progression.mid"
 SESSION = "0" * 32
+OTHER_SESSION = "1" * 32  # the second of two concurrent runs
 
 
 def start_studio(out: Path) -> tuple[subprocess.Popen, str]:
@@ -52,12 +57,16 @@ def start_studio(out: Path) -> tuple[subprocess.Popen, str]:
     return server, found.group(0)
 
 
-def one_run(http: httpx.Client, prompt: dict, bars: int, seed: int) -> tuple[float, float]:
+def example_prompt(http: httpx.Client, session: str) -> dict:
+    return http.post(f"/api/prompts?session={session}&model=pop&example={EXAMPLE}").json()
+
+
+def one_run(http: httpx.Client, prompt: dict, bars: int, seed: int, session: str = SESSION) -> tuple[float, float]:
     """(seconds to the first generated note, seconds to the finished run)."""
     continuation = prompt["bars"] * 4 * prompt["ticks_per_beat"]
     request = {"model": "pop", "prompt": prompt["prompt"], "bars": bars, "samples": 1, "seed": seed}
     started, first = time.perf_counter(), None
-    with http.stream("POST", f"/api/generate?session={SESSION}", json=request) as response:
+    with http.stream("POST", f"/api/generate?session={session}", json=request) as response:
         for line in response.iter_lines():
             event = schemas.loads(line, STUDIO_EVENT, "the studio's stream").model_dump()
             if event["event"] == "notes" and first is None:
@@ -107,32 +116,69 @@ def print_live(times: list[float]) -> None:
     print(f"(fastest {fastest:.0f}, slowest {slowest:.0f}); from the bar line: {median - early:.0f} ms")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--bars", type=int, default=12)
-    parser.add_argument("--runs", type=int, default=4)
-    parser.add_argument("--live", type=int, default=0, help="also time N play-along answers (live_answers)")
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as out:
-        server, url = start_studio(Path(out))
-        try:
-            with httpx.Client(base_url=url, timeout=600) as http:
-                example = f"/api/prompts?session={SESSION}&model=pop&example={EXAMPLE}"
-                prompt = http.post(example).json()
-                times = [one_run(http, prompt, args.bars, seed) for seed in range(args.runs)]
-            live = live_answers(url, args.live) if args.live else []
-        finally:
-            server.terminate()
-            server.wait(30)
-    print(f"musegen studio, pop model, {EXAMPLE}, {args.bars} bars, 1 sample; {cpu_name()}, {os.cpu_count()} cores")
-    print(f"{'run':<24}{'first note (s)':>16}{f'{args.bars} bars (s)':>14}")
-    print(f"{'first (copies the model)':<24}{times[0][0]:>16.2f}{times[0][1]:>14.2f}")
+def first_note_and_total(url: str, bars: int, runs: int) -> None:
+    """One run after another: the first note's and the whole run's seconds."""
+    with httpx.Client(base_url=url, timeout=600) as http:
+        prompt = example_prompt(http, SESSION)
+        times = [one_run(http, prompt, bars, seed) for seed in range(runs)]
+    print(f"musegen studio, pop model, {EXAMPLE}, {bars} bars, 1 sample; {cpu_name()}, {os.cpu_count()} cores")
+    print(f"{'run':<24}{'first note (s)':>16}{f'{bars} bars (s)':>14}")
+    print(f"{'first (starts a worker)':<24}{times[0][0]:>16.2f}{times[0][1]:>14.2f}")
     if len(times) > 1:
         rest = times[1:]
         first, total = statistics.median(t[0] for t in rest), statistics.median(t[1] for t in rest)
         print(f"{f'median of {len(rest)} more':<24}{first:>16.2f}{total:>14.2f}")
-    if live:
-        print_live(live)
+
+
+def concurrent_runs(url: str, bars: int, pairs: int) -> None:
+    """The same request alone, then twice at once (two sessions), `pairs` times in turn: each
+    concurrent run's seconds against the median alone."""
+    sessions, load_before = (SESSION, OTHER_SESSION), os.getloadavg()[0]
+    clients = [httpx.Client(base_url=url, timeout=600) for _ in sessions]
+    try:
+        prompts = [example_prompt(http, session) for http, session in zip(clients, sessions)]
+
+        def run(i: int) -> float:
+            return one_run(clients[i], prompts[i], bars, seed=0, session=sessions[i])[1]
+
+        alone, together = [], []
+        with ThreadPoolExecutor(len(sessions)) as pool:
+            list(pool.map(run, range(2)))  # each worker's first run, untimed
+            for _ in range(pairs):  # in turn, so that a change in the machine's load hits both alike
+                alone.append(run(0))
+                together.append(list(pool.map(run, range(2))))
+    finally:
+        for http in clients:
+            http.close()
+    median = statistics.median(alone)
+    print(f"\ntwo runs at once, the same request ({bars} bars, 1 sample, seed 0), from two sessions; {cpu_name()}")
+    print(f"load average (1 min) {load_before:.1f} before, {os.getloadavg()[0]:.1f} after")
+    print(f"{'':<10}{'alone (s)':>12}{'run A (s)':>12}{'run B (s)':>12}{'A / alone':>12}{'B / alone':>12}")
+    for i, (a, b) in enumerate(together):
+        print(f"{f'pair {i + 1}':<10}{alone[i]:>12.2f}{a:>12.2f}{b:>12.2f}{a / median:>12.2f}{b / median:>12.2f}")
+    worst = max(max(pair) for pair in together)
+    print(f"median alone {median:.2f} s; slowest concurrent run {worst:.2f} s: {worst / median:.2f}x alone")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bars", type=int, default=12)
+    parser.add_argument("--runs", type=int, default=4)
+    parser.add_argument("--pair-bars", type=int, default=8, help="bars of each run of the concurrent part")
+    parser.add_argument("--pairs", type=int, default=3, help="times alone, and pairs at once (0: skip the part)")
+    parser.add_argument("--live", type=int, default=20, help="play-along answers to time (0: skip the part)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as out:
+        server, url = start_studio(Path(out))
+        try:
+            first_note_and_total(url, args.bars, args.runs)
+            if args.pairs:
+                concurrent_runs(url, args.pair_bars, args.pairs)
+            if args.live:
+                print_live(live_answers(url, args.live))
+        finally:
+            server.terminate()
+            server.wait(30)
 
 
 if __name__ == "__main__":

@@ -8,8 +8,10 @@ import contextlib
 import errno
 import io
 import json
+import multiprocessing
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -27,8 +29,9 @@ from starlette.testclient import TestClient
 from musegen import schemas
 from musegen.generation.outputs import SAMPLE_SUMMARY
 from musegen.generation.settings import SampleSettings
-from musegen.studio import jobs
+from musegen.studio import jobs, server, workers
 from musegen.studio.models import Models
+from musegen.studio.runs import Stop
 from musegen.studio.server import create_app
 from musegen.studio.sound import PACKAGES, Sound
 
@@ -278,14 +281,18 @@ def test_a_full_disk_gets_one_line(client, monkeypatch):
     assert answer.status_code == 507 and answer.json()["error"].startswith("disk full")
 
 
-def test_a_disk_that_fills_during_a_run_gets_one_line_and_leaves_no_run(client, tmp_path, monkeypatch):
+def test_a_disk_that_fills_during_a_run_gets_one_line_and_leaves_no_run(models, tmp_path, monkeypatch):
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr("musegen.generation.batch.write_json", full)  # the run's summary, written last
-    got = events(client, A, model="pop", bars=1, seed=2)
+    # what a worker process does with a run (jobs.run_events), here in this process, where the
+    # disk can be made to fill: the run's summary, written last
+    monkeypatch.setattr("musegen.generation.batch.write_json", full)
+    request = jobs.Request.parse(b'{"model": "pop", "bars": 1, "seed": 2}', None, None)
+    got = []
+    jobs.run_events(models, request, "run", tmp_path / "run", got.append, Stop())
     assert got[-1] == {"event": "error", "error": "disk full: the studio's --out folder has no space left"}
-    assert client.get(f"/api/results?session={A}").json()["results"] == []
+    assert not (tmp_path / "run").exists()
 
 
 def test_an_unknown_model_keeps_no_upload(client, tmp_path):
@@ -320,28 +327,45 @@ def test_ten_runs_at_once_each_get_their_own_results_and_the_page_stays_responsi
     assert waits and max(waits) < 1.0, waits  # the event loop answers while ten runs sample
 
 
-def test_a_page_that_leaves_ends_its_run_and_nothing_is_written(models, tmp_path, monkeypatch):
-    ended = []
-    generate_run = jobs.generate_run
+def test_two_runs_at_once_each_write_what_the_same_request_writes_alone(models, tmp_path):
+    request = {"model": "pop", "bars": 2, "samples": 2, "seed": 4}
+    sessions = (A, B, "c" * 32)  # one alone, then two at once (each session may run 4)
+    with serving(create_app(tmp_path / "out", models)) as base, httpx.Client(base_url=base, timeout=120) as http:
+        prompts = {s: upload(http, s, EXAMPLE, (EXAMPLES / EXAMPLE).read_bytes()).json()["prompt"] for s in sessions}
 
-    def watched(*args, **kwargs):
-        try:
-            return generate_run(*args, **kwargs)
-        except BaseException as exc:
-            ended.append(type(exc))
-            raise
+        def run(session: str) -> dict:
+            return events(http, session, prompt=prompts[session], **request)[-1]
 
-    monkeypatch.setattr(jobs, "generate_run", watched)
-    with serving(create_app(tmp_path / "out", models)) as base, httpx.Client(base_url=base, timeout=60) as http:
+        alone = run(sessions[0])
+        with ThreadPoolExecutor(2) as pool:
+            together = list(pool.map(run, sessions[1:]))
+
+    def written(session: str, done: dict) -> dict[str, bytes]:
+        assert done["event"] == "done", done
+        return {path.name: path.read_bytes() for path in (tmp_path / "out" / session / done["run"]).glob("*.mid")}
+
+    expected = written(sessions[0], alone)
+    assert sorted(expected) == ["pop_progression_000.mid", "pop_progression_001.mid"]
+    assert [written(s, done) for s, done in zip(sessions[1:], together)] == [expected, expected]
+
+
+def run_ends(app, within: float) -> bool:
+    """Whether every run of `app` has ended (its worker gave its place back) within `within` seconds."""
+    deadline = time.perf_counter() + within
+    while app.state.places.held() and time.perf_counter() < deadline:
+        time.sleep(0.05)
+    return not app.state.places.held()
+
+
+def test_a_page_that_leaves_ends_its_run_and_nothing_is_written(models, tmp_path):
+    app = create_app(tmp_path / "out", models)
+    with serving(app) as base, httpx.Client(base_url=base, timeout=60) as http:
         request = {"model": "pop", "bars": 64, "samples": 8, "seed": 1}  # minutes of sampling
         with http.stream("POST", f"/api/generate?session={A}", json=request) as response:
             for line in response.iter_lines():
                 if json.loads(line)["event"] == "notes":
                     break  # the page is closed: its request with it
-        deadline = time.perf_counter() + 30
-        while not ended and time.perf_counter() < deadline:
-            time.sleep(0.05)
-        assert ended == [jobs.Stopped]
+        assert run_ends(app, 30)
         assert http.get(f"/api/results?session={A}").json()["results"] == []
     assert not [p for p in (tmp_path / "out").rglob("*") if p.is_file()]
 
@@ -370,23 +394,40 @@ def test_stop_keeps_the_bars_drawn_so_far_as_a_result(models, tmp_path):
         assert midi.status_code == 200 and midi.content[:4] == b"MThd"
 
 
-def test_stop_before_a_note_is_drawn_leaves_nothing(models, tmp_path, monkeypatch):
-    generate_run = jobs.generate_run
-
-    def after_stop(models, request, out_dir, report, stop):
-        stop.wait(30)  # Stop pressed while the run waits for its worker
-        return generate_run(models, request, out_dir, report, stop)
-
-    monkeypatch.setattr(jobs, "generate_run", after_stop)
-    with serving(create_app(tmp_path / "out", models)) as base, httpx.Client(base_url=base, timeout=60) as http:
-        with http.stream("POST", f"/api/generate?session={A}", json={"model": "pop", "bars": 4}) as response:
-            lines = response.iter_lines()
-            run = json.loads(next(lines))["run"]
-            assert http.post(f"/api/runs/{run}/stop?session={A}").status_code == 200
-            events = [json.loads(line) for line in lines]
+def test_stop_before_a_note_is_drawn_leaves_nothing(models, tmp_path):
+    app = create_app(tmp_path / "out", models)
+    with serving(app) as base, httpx.Client(base_url=base, timeout=60) as http:
+        with contextlib.ExitStack() as busy:  # every worker sampling another page's long run
+            for seed in range(server.WORKERS):
+                request = {"model": "pop", "bars": 64, "seed": seed}
+                busy.enter_context(http.stream("POST", f"/api/generate?session={B}", json=request))
+            with http.stream("POST", f"/api/generate?session={A}", json={"model": "pop"}) as response:
+                lines = response.iter_lines()
+                run = json.loads(next(lines))["run"]
+                assert http.post(f"/api/runs/{run}/stop?session={A}").status_code == 200  # while it waits
+                busy.close()  # the other page leaves: A's run gets a worker, and is stopped already
+                events = [json.loads(line) for line in lines]
         assert events[-1] == {"event": "stopped"}
         assert http.get(f"/api/results?session={A}").json()["results"] == []
+        assert run_ends(app, 30)
     assert not [p for p in (tmp_path / "out").rglob("*") if p.is_file()]
+
+
+def test_a_worker_killed_during_a_run_ends_it_in_one_line_and_the_next_run_gets_a_new_one(models, tmp_path):
+    with serving(create_app(tmp_path / "out", models)) as base, httpx.Client(base_url=base, timeout=60) as http:
+        request = {"model": "pop", "bars": 64, "samples": 8, "seed": 1}  # minutes of sampling
+        got = []
+        with http.stream("POST", f"/api/generate?session={A}", json=request) as response:
+            for line in response.iter_lines():
+                got.append(json.loads(line))
+                if got[-1]["event"] == "notes" and sum(e["event"] == "notes" for e in got) == 1:
+                    idle = {w.process.pid for held in workers._idle.values() for w in held}
+                    sampling = [p for p in multiprocessing.active_children() if p.name == "musegen-studio-worker"]
+                    (busy,) = [p for p in sampling if p.pid not in idle]
+                    os.kill(busy.pid, signal.SIGKILL)  # as the kernel ends a process out of memory
+        assert got[-1] == {"event": "error", "error": "internal error: WorkerEnded (see the studio's console)"}
+        assert events(http, A, model="pop", bars=1, seed=1)[-1]["event"] == "done"
+        assert http.get(f"/api/results?session={A}").json()["results"][0]["run"] != got[0]["run"]
 
 
 def studio_command(*args: str) -> subprocess.Popen:

@@ -1,14 +1,15 @@
-"""One generation run of the studio, done in a worker thread: the prompt is continued and written
-as `musegen sample` writes it (musegen.generation.batch.sample_prompt), and while the samples are
-drawn their notes so far are reported a few times a second."""
+"""One generation run of the studio, done in a worker process (workers.py): the prompt is continued
+and written as `musegen sample` writes it (musegen.generation.batch.sample_prompt), and while the
+samples are drawn their notes so far are reported a few times a second; what the page is told of
+it (run_events), a failure in one line (error_message)."""
 
 from __future__ import annotations
 
-import threading
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Callable
+from typing import Annotated, Any, Callable, Protocol
 
 import numpy as np
 from pydantic import BaseModel, Field, ValidationError, model_validator
@@ -19,11 +20,12 @@ from ..generation.batch import Loaded, sample_prompt, write_set
 from ..generation.loop import Sample
 from ..generation.prompt import load_prompt
 from ..generation.settings import SampleSettings
+from ..io import is_disk_full
 from ..music.constants import MAX_PROMPT_BARS
 from ..music.meter import signature_changes
 from ..music.midi import load_score
 from ..music.notes import NoteTable
-from .models import Models
+from .models import Models, OnDemand
 from .runs import notes_delta
 
 MAX_BARS = 64  # a page's run: long enough to listen to, short enough to wait for
@@ -39,6 +41,18 @@ TEMPERATURE_RANGE = (0.1, 3.0)
 LABELS = {"model": "Model", "prompt": "Prompt", "bars": "Bars", "samples": "Samples", "seed": "Seed"}
 LABELS |= {"temperature": "Temperature", "top_p": "Top-p", "tempo": "Tempo"}
 SETTING_LABELS = {**LABELS, "num_samples": LABELS["samples"]}
+# an absolute path in a message: the page is told the file's name only, not where the server keeps it
+ABSOLUTE_PATH = re.compile(r"(?<![\w.:/])/(?:[^\s/'\"]+/)+(?=[^\s/'\"])")
+
+
+def error_message(exc: BaseException) -> str:
+    """One line for the page: a MusegenError's own, a full disk, or an internal error by type."""
+    if isinstance(exc, MusegenError):
+        line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return ABSOLUTE_PATH.sub("", line)
+    if is_disk_full(exc):
+        return "disk full: the studio's --out folder has no space left"
+    return f"internal error: {type(exc).__name__} (see the studio's console)"
 
 
 class Stopped(Exception):
@@ -226,12 +240,42 @@ def mirex_generation(midi_path: Path) -> dict[str, Any]:
     return {"generation": mirex.generation(NoteTable.read(midi_path, by_role=False).after_prompt(), 0)}
 
 
+class StopFlag(Protocol):
+    """What a run reads of its page's Stop (runs.Stop, or its copy in a worker process)."""
+
+    keeps: bool
+
+    def is_set(self) -> bool: ...
+
+
+def run_events(
+    models: Models | OnDemand,
+    request: Request,
+    run: str,
+    out_dir: Path,
+    send: Callable[[dict[str, Any]], None],
+    stop: StopFlag,
+) -> None:
+    """Run `request` into `out_dir` (run `run`), each event for its page given to `send`: started,
+    notes while sampling, then done, stopped (with what Stop kept) or error (one line)."""
+    try:
+        send({"event": "started"})
+        summary = generate_run(models, request, out_dir, lambda e: send({"event": "notes", **e}), stop)
+        send({"event": "done", "run": run, "samples": run_view(out_dir, summary), "stats": summary["stats"]})
+    except Stopped as stopped:
+        kept = stopped.summary
+        views = {"run": run, "samples": run_view(out_dir, kept), "bars": kept["stopped_at_bars"]} if kept else {}
+        send({"event": "stopped", **views})
+    except Exception as exc:  # every failure becomes one line in the page
+        send({"event": "error", "error": error_message(exc)})
+
+
 def generate_run(
-    models: Models,
+    models: Models | OnDemand,
     request: Request,
     out_dir: Path,
     report: Callable[[dict[str, Any]], None],
-    stop: threading.Event,
+    stop: StopFlag,
 ) -> dict[str, Any]:
     """Continue `request.prompt` into `out_dir`; `report` gets {"progress", "samples": a delta per
     sample (runs.notes_delta) from the notes reported before, with its tracks and meters} while
@@ -269,7 +313,7 @@ def generate_run(
     def on_step(rows: list[list[int]]) -> None:
         nonlocal last
         if stop.is_set():
-            raise Stopped(kept([list(ids) for ids in rows]) if getattr(stop, "keeps", False) else None)
+            raise Stopped(kept([list(ids) for ids in rows]) if stop.keeps else None)
         now = time.monotonic()
         if now - last < REPORT_EVERY and last:
             return

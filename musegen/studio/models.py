@@ -1,7 +1,7 @@
 """The checkpoints the studio offers, by name: the shipped ones (wherever musegen/home.py finds
 them) and those given with --checkpoint. Each is loaded once when the studio starts, so a bad folder is
-refused before the page is served. Workers share each model and its prepared weights: a run keeps
-its streaming state in a session of its own (MusicPerformer.session)."""
+refused before the page is served, and again in each worker process that samples it (OnDemand):
+a run keeps its streaming state in a session of its own (MusicPerformer.session)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,22 @@ def examples() -> dict[str, Path]:
     return home.examples()
 
 
+class OnDemand:
+    """The studio's models as a worker process holds them: by the names Models gave them, each
+    loaded on the first run that samples it (Models checked every folder when the studio started)."""
+
+    def __init__(self, folders: dict[str, Path]):
+        self.folders = folders
+        self._shared: dict[str, tuple[Any, Tokenizer, PreparedWeights]] = {}
+
+    def shared(self, name: str) -> tuple[Any, Tokenizer, PreparedWeights]:
+        """(model, tokenizer, prepared weights), as Models.shared."""
+        if name not in self._shared:
+            model, tokenizer = load_checkpoint(self.folders[name])[:2]
+            self._shared[name] = model, tokenizer, PreparedWeights(model)
+        return self._shared[name]
+
+
 class Models:
     def __init__(self, folders: list[Path]):
         self.folders: dict[str, Path] = {}
@@ -33,20 +49,17 @@ class Models:
             while name in self.folders and self.folders[name] != folder:
                 name, n = f"{folder.name}-{n}", n + 1
             self.folders[name] = folder
-        self._loaded = {name: load_checkpoint(folder)[:2] for name, folder in self.folders.items()}
-        self._weights = {name: PreparedWeights(model) for name, (model, _) in self._loaded.items()}
+        self._loaded = OnDemand(self.folders)
+        for name in self.folders:  # every folder loaded now: a bad one is refused before anything is served
+            self._loaded.shared(name)
         # the examples each model can continue (the groove tokenizer needs drums): a few small files
-        self._examples = {name: _readable(tokenizer) for name, (_, tokenizer) in self._loaded.items()}
+        self._examples = {name: _readable(self.tokenizer(name)) for name in self.folders}
 
     def describe(self) -> list[dict[str, Any]]:
+        tokenizers = {name: self.tokenizer(name) for name in self.folders}
         return [
-            {
-                "name": name,
-                "tokenizer": tokenizer.kind,
-                "defaults": dict(tokenizer.sampling_defaults),
-                "examples": self._examples[name],
-            }
-            for name, (_, tokenizer) in self._loaded.items()
+            {"name": name, "tokenizer": t.kind, "defaults": dict(t.sampling_defaults), "examples": self._examples[name]}
+            for name, t in tokenizers.items()
         ]
 
     def name_of(self, checkpoint: str) -> str | None:
@@ -55,18 +68,14 @@ class Models:
         return next((n for n, f in self.folders.items() if f.resolve() == at), None)
 
     def tokenizer(self, name: str) -> Tokenizer:
-        return self._get(name)[1]
+        return self.shared(name)[1]
 
     def shared(self, name: str) -> tuple[Any, Tokenizer, PreparedWeights]:
-        """(model, tokenizer, prepared weights), one of each for every worker: a run only reads the
-        model, and keeps what changes while it samples in a session of its own."""
-        model, tokenizer = self._get(name)
-        return model, tokenizer, self._weights[name]
-
-    def _get(self, name: str):
-        if name not in self._loaded:
-            raise ConfigError(f"unknown model {str(name)[:80]!r}; choose one of: {', '.join(self._loaded)}")
-        return self._loaded[name]
+        """(model, tokenizer, prepared weights): a run only reads the model, and keeps what changes
+        while it samples in a session of its own."""
+        if name not in self.folders:
+            raise ConfigError(f"unknown model {str(name)[:80]!r}; choose one of: {', '.join(self.folders)}")
+        return self._loaded.shared(name)
 
 
 def _readable(tokenizer: Tokenizer) -> list[str]:

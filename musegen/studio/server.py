@@ -1,16 +1,16 @@
 """The studio's web app: the page (static/), a JSON API, and a run streamed to the page as one JSON
-object per line while it samples. Sampling runs in a bounded pool of worker threads, so the event
-loop keeps answering every page meanwhile. A user's input that cannot be used is answered with
+object per line while it samples. Runs are sampled in worker processes (workers.py), WORKERS at
+once, each relayed by a thread of a bounded pool, so the event loop keeps answering every page
+meanwhile and each run has a core of its own. A user's input that cannot be used is answered with
 {"error": one line} and status 400; no traceback reaches the page, nor where the server keeps
 its files. What every request must pass first (its host, its origin, its size) is in guard.py;
-how runs share the workers and reach their pages, in runs.py; the WAVs, in audio.py; what the
+how runs share the places and reach their pages, in runs.py; the WAVs, in audio.py; what the
 page's own synthesiser needs, in sound.py."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import re
 import shutil
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -31,9 +31,10 @@ from starlette.staticfiles import StaticFiles
 from .. import schemas
 from ..errors import MusegenError
 from ..io import is_disk_full
-from . import jobs
+from . import jobs, workers
 from .audio import Renders
 from .guard import Guard
+from .jobs import error_message
 from .live import LiveRoutes
 from .models import Models, examples
 from .runs import Places, RunEvents, Stop, client_left
@@ -41,12 +42,10 @@ from .sound import Sound, SoundfontResponse
 from .store import MAX_UPLOAD_BYTES, RequestError, Store
 
 STATIC = Path(__file__).parent / "static"
-WORKERS = 2  # generations sampled at once; more wait their turn (the page says so)
+WORKERS = 2  # runs sampled at once, each in a process of its own; more wait their turn (the page says so)
 MAX_WAITING = 32  # runs accepted beyond those being sampled
 PER_SESSION = 4  # runs one session may have sampling or waiting: the others keep their places
 MAX_JSON_BYTES = 64 * 1024  # a request body other than an upload (a generation request is ~200 bytes)
-# an absolute path in a message: the page is told the file's name only, not where the server keeps it
-ABSOLUTE_PATH = re.compile(r"(?<![\w.:/])/(?:[^\s/'\"]+/)+(?=[^\s/'\"])")
 
 
 class StudioEvent(BaseModel):
@@ -57,16 +56,6 @@ class StudioEvent(BaseModel):
 
 
 STUDIO_EVENT = schemas.Format("studio event", None, StudioEvent)
-
-
-def error_message(exc: BaseException) -> str:
-    """One line for the page: a MusegenError's own, a full disk, or an internal error by type."""
-    if isinstance(exc, MusegenError):
-        line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        return ABSOLUTE_PATH.sub("", line)
-    if is_disk_full(exc):
-        return "disk full: the studio's --out folder has no space left"
-    return f"internal error: {type(exc).__name__} (see the studio's console)"
 
 
 def body_limit(path: str, query: QueryParams) -> tuple[int, str]:
@@ -262,17 +251,12 @@ class Studio:
         return FileResponse(path, filename=path.name)
 
 
-def _work(models: Models, job: jobs.Request, run: str, folder: Path, events: RunEvents, stop, done) -> None:
-    """A run, in a sampling thread: its events for the page, then None; `done` when it ends."""
+def _work(models: Models, job: jobs.Request, run: str, folder: Path, events: RunEvents, stop: Stop, done) -> None:
+    """A run, relayed by a sampling thread from its worker process: its events for the page, then
+    None; `done` when it ends."""
     try:
-        events.put({"event": "started"})
-        summary = jobs.generate_run(models, job, folder, lambda e: events.put({"event": "notes", **e}), stop)
-        events.put({"event": "done", "run": run, "samples": jobs.run_view(folder, summary), "stats": summary["stats"]})
-    except jobs.Stopped as stopped:
-        kept = stopped.summary
-        views = {"run": run, "samples": jobs.run_view(folder, kept), "bars": kept["stopped_at_bars"]} if kept else {}
-        events.put({"event": "stopped", **views})
-    except Exception as exc:  # every failure becomes one line in the page
+        workers.sample(models.folders, job, run, folder, events.put, stop)
+    except Exception as exc:  # the process could not start, or ended: one line in the page too
         events.put({"event": "error", "error": error_message(exc)})
     finally:
         done()

@@ -73,7 +73,10 @@ class Store:
 
     def new_run(self, session: str) -> tuple[str, Path]:
         """A run id and its folder (made by `musegen sample`'s writer when the run completes)."""
-        run = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
+        now = time.time()
+        # the second, then its milliseconds in 3 hex digits and 3 random ones: runs of one second
+        # (a warm worker's short runs) still sort by when they started
+        run = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now)) + f"-{int(now % 1 * 1000):03x}{secrets.token_hex(2)[:3]}"
         return run, self.session(session) / run
 
     def run(self, session: str, run: str) -> Path:

@@ -22,7 +22,6 @@ median is printed; a first session, which warms the model up, is not counted).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import statistics
@@ -37,6 +36,7 @@ import httpx
 
 from bench.common import cpu_name
 from musegen import schemas
+from musegen.studio.live import LIVE_EVENT
 from musegen.studio.server import STUDIO_EVENT
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,7 +91,7 @@ def one_answer(http: httpx.Client, seed: int) -> float:
         sent, first = time.perf_counter(), None
         with http.stream("POST", f"/api/live/{live}/bar?session={SESSION}", json=body) as response:
             for line in response.iter_lines():
-                event = json.loads(line)
+                event = schemas.loads(line, LIVE_EVENT, "the live stream").model_dump()
                 if event["event"] == "error":
                     raise SystemExit(event["error"])
                 if event["event"] == "notes" and first is None:

@@ -463,6 +463,7 @@ CHECK_ONLY = {  # formats whose real file needs a training run: the schema alone
     "studio request": {"model": "pop", "prompt": "0123456789ab", "bars": 8, "samples": 2, "temperature": 1.2},
     "studio live start": {"model": "pop", "mode": "answer", "bpm": 100, "meter": "4/4", "program": 0, "answer_bars": 2},
     "studio live bar": {"bar": 1, "notes": [[1920, 2300, 60, 90]], "answer": 2, "accompany": False},
+    "studio live event": {"event": "notes", "notes": [[3840, 4320, 60, 90, 0, 0]]},
     "piece counts": {"notes": 120, "count_in_notes": 8},
     "precision cache": {
         "cpu; model": {"path": "bf16-step.c", "seconds": {"fp32": 0.02, "bf16": 0.01}, "date": "2026-11-25"}

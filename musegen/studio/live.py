@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Callable, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, StreamingResponse
 
@@ -77,8 +77,17 @@ class LiveBar(PageRequest):
     hand_back: bool = False
 
 
+class LiveEvent(BaseModel):
+    """A line of a live bar's stream, as its clients read it: notes as they become final, the bar
+    done (and the next bar to post), or one line of error."""
+
+    model_config = schemas.OPEN
+    event: Literal["notes", "done", "error"]
+
+
 LIVE_START = schemas.Format("studio live start", None, LiveStart)
 LIVE_BAR = schemas.Format("studio live bar", None, LiveBar)
+LIVE_EVENT = schemas.Format("studio live event", None, LiveEvent)
 
 
 def _problem(exc: ValidationError) -> str:

@@ -477,6 +477,38 @@ def test_musegen_studio_serves_the_page_on_127_0_0_1_and_prints_its_address(tmp_
     assert (server.returncode, out.strip(), err) == (0, "musegen studio: stopped", "")  # SIGTERM stops it, no error
 
 
+def test_sigterm_during_a_run_ends_the_run_and_the_studio_at_once(tmp_path):
+    server = studio_command("--port", "0", "--out", str(tmp_path / "out"))
+    events: list[str] = []
+
+    def follow(url: str, started: threading.Event) -> None:
+        request = {"model": "pop", "bars": 64, "samples": 8, "seed": 1}  # minutes of sampling
+        with httpx.stream("POST", url + "api/generate?session=" + "a" * 32, json=request, timeout=600) as response:
+            try:
+                for line in response.iter_lines():
+                    events.append(json.loads(line)["event"])
+                    if events[-1] == "notes":
+                        started.set()
+            except httpx.HTTPError:  # the server went away mid-stream
+                pass
+        started.set()
+
+    try:
+        url = re.fullmatch(r"musegen studio: (http://\S+/) .*", server.stdout.readline().strip()).group(1)
+        started = threading.Event()
+        reader = threading.Thread(target=follow, args=(url, started))
+        reader.start()
+        started.wait(300)
+        assert "notes" in events, events
+    finally:
+        server.terminate()
+        out, err = server.communicate(timeout=300)
+    reader.join(60)
+    assert (server.returncode, out.strip(), err) == (0, "musegen studio: stopped", "")
+    assert "done" not in events  # the run was ended, not waited for
+    assert not list((tmp_path / "out").rglob("*.mid"))  # and left nothing half-written
+
+
 @pytest.mark.parametrize(
     "args,message,code",
     [

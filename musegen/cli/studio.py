@@ -55,9 +55,23 @@ def studio(
             err=True,
         )
     try:
-        uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+        _server_class()(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
     except (KeyboardInterrupt, Terminated):  # how a server is stopped: uvicorn has shut it down and passes it on
         typer.echo("musegen studio: stopped")
+
+
+def _server_class():
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """Ends the runs going before it waits for their streams to close: a stopping studio would
+        otherwise wait for each to finish (minutes)."""
+
+        async def shutdown(self, sockets=None) -> None:
+            self.config.app.state.end_runs()
+            await super().shutdown(sockets)
+
+    return Server
 
 
 def register(app: typer.Typer) -> None:

@@ -96,6 +96,7 @@ def create_app(out: Path, models: Models, host: str = "127.0.0.1", sound: Sound 
         exception_handlers={MusegenError: failure, OSError: failure, Exception: failure},
     )
     app.state.pool, app.state.places, app.state.live = studio.pool, studio.places, studio.live
+    app.state.end_runs = studio.end_runs
     return app
 
 
@@ -199,6 +200,11 @@ class Studio:
             return None
         index = next((r["index"] for r in records if r.get("midi") == midi.name), None)
         return {"run": midi.parent.name, "sample": index, "name": midi.name} if index is not None else None
+
+    def end_runs(self) -> None:
+        """Every run going ends at its next step, nothing kept (the studio is stopping)."""
+        for stop in list(self.stops.values()):
+            stop.set()
 
     def ended(self, sid: str, run: str) -> None:
         self.stops.pop((sid, run), None)

@@ -114,9 +114,9 @@ def test_a_run_streams_notes_and_is_written_as_sample_writes_it(client, tmp_path
     assert kinds[:2] == ["queued", "started"] and kinds[-1] == "done", kinds
     drawn = [e for e in got if e["event"] == "notes"]
     assert drawn and all(len(e["samples"]) == 2 for e in drawn)
-    # with each sample's notes, what the roll draws them by: its tracks' instruments (REMI's three
-    # roles, all piano) and its meters
-    assert prompt["tracks"] == [[0, 0, "Acoustic Grand Piano"]] * 3 and prompt["meters"] == [[0, 4, 4]]
+    # with each sample's notes, what the roll draws them by: its tracks' instruments (REMI's one
+    # stream of piano, one lane however its decoder splits it into tracks) and its meters
+    assert prompt["tracks"] == [[0, 0, "Acoustic Grand Piano"]] and prompt["meters"] == [[0, 4, 4]]
     assert all(d["tracks"] and d["meters"] == [[0, 4, 4]] for e in drawn for d in e["samples"])
     # notes arrive before the run ends (each event only what is new), and never fewer as it goes on
     sent, held = sum(len(d["notes"]) for e in drawn for d in e["samples"]), page_notes(drawn)
@@ -536,3 +536,24 @@ def test_musegen_studio_on_every_address_warns_that_the_page_is_open_to_the_netw
     finally:
         server.terminate()
         server.wait(30)
+
+
+def test_the_page_draws_a_single_stream_piano_as_one_lane_and_a_songs_tracks_as_theirs():
+    from musegen.music.notes import NoteTable, Track
+    from musegen.studio.jobs import as_drawn, tracks_of
+    from musegen.tokenizers.remi import RemiTokenizer
+    from musegen.tokenizers.song import SongTokenizer
+
+    notes = [(0, 960, 60, 80), (240, 480, 60, 80), (480, 960, 64, 80)]  # two overlapping Cs
+    piano = NoteTable.of_tracks(480, [(Track("piano", 0, False), notes)], [(0, 120.0)], [(0, 4, 4)])
+    remi = RemiTokenizer()
+    decoded = remi.decode(remi.encode(piano.midi_bytes()).ids)
+    assert len(decoded.tracks) == 2  # the decoder keeps the overlapping C on a track of its own
+    drawn = as_drawn(decoded, remi)
+    assert tracks_of(drawn) == [[0, 0, "Acoustic Grand Piano"]] and len(drawn) == len(decoded) == 3
+    two = NoteTable.of_tracks(
+        480, [(Track("melody", 0, False), notes[:1]), (Track("piano", 0, False), notes[2:])], [(0, 120.0)], [(0, 4, 4)]
+    )
+    song = SongTokenizer()
+    songs = song.decode(song.encode(two.midi_bytes()).ids)
+    assert len(as_drawn(songs, song).tracks) == len(songs.tracks) == 2  # melody and piano stay apart

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any, Callable, Protocol
 
@@ -25,6 +25,7 @@ from ..music.constants import MAX_PROMPT_BARS
 from ..music.meter import signature_changes
 from ..music.midi import load_score
 from ..music.notes import NoteTable
+from ..tokenizers.base import Tokenizer
 from .models import Models, OnDemand
 from .runs import notes_delta
 
@@ -191,6 +192,20 @@ def meters_of(table: NoteTable) -> list[list[int]]:
     return [list(change) for change in signature_changes(table.time_signatures)]
 
 
+def as_drawn(table: NoteTable, tokenizer: Tokenizer | None) -> NoteTable:
+    """The piece as the page draws it: the tracks of one instrument of a single-stream tokenizer
+    (REMI's, whose decoder splits a piano only so that overlapping notes of one pitch survive in
+    MIDI) as one track; a tokenizer with tracks of their own keeps them (song's melody, bridge
+    and piano). Without a tokenizer, as written."""
+    if tokenizer is None or tokenizer.roles or len(table.tracks) < 2:
+        return table
+    instruments = [(t.program, t.is_drum) for t in table.tracks]
+    first: dict[tuple[int, bool], int] = {}
+    lane = np.array([first.setdefault(key, len(first)) for key in instruments], dtype=np.int64)
+    tracks = [table.tracks[instruments.index(key)] for key in first]
+    return replace(table, track=lane[table.track], tracks=tracks)
+
+
 def piece_view(table: NoteTable) -> dict[str, Any]:
     """What the page draws of a piece besides its notes: its tracks and meters."""
     return {"tracks": tracks_of(table), "meters": meters_of(table)}
@@ -207,18 +222,19 @@ def prompt_view(models: Models, model: str, path: Path) -> dict[str, Any]:
     if notes > MAX_PROMPT_NOTES:
         raise ResourceError(f"{path.name}: {notes:,} notes; a prompt in the studio has at most {MAX_PROMPT_NOTES:,}")
     prompt = load_prompt(tokenizer, path, grid=SampleSettings().grid)  # the grid the page's runs use
-    piece = prompt.piece
+    piece = as_drawn(prompt.piece, tokenizer)
     return {"notes": notes_of(piece), **piece_view(piece), "ticks_per_beat": piece.tpq, "bars": int(prompt.bars)}
 
 
-def run_view(folder: Path, summary: dict[str, Any]) -> list[dict[str, Any]]:
+def run_view(folder: Path, summary: dict[str, Any], tokenizer: Tokenizer | None) -> list[dict[str, Any]]:
     """Each sample of a finished run as the page draws and plays it: its notes (from its MIDI
-    file), its tracks (tracks_of) and meters, its tempos [tick, quarter notes per minute] (what
-    the page's synthesiser needs besides the notes), where the prompt ends in ticks, and its files."""
+    file), its tracks (tracks_of; as_drawn by the run's `tokenizer`) and meters, its tempos [tick,
+    quarter notes per minute] (what the page's synthesiser needs besides the notes), where the
+    prompt ends in ticks, and its files."""
     views = []
     for record in summary["samples"]:
         score = load_score(folder / record["midi"])
-        table = NoteTable.from_score(score, by_role=False)
+        table = as_drawn(NoteTable.from_score(score, by_role=False), tokenizer)
         views.append(
             {
                 "index": record["index"],
@@ -261,10 +277,13 @@ def run_events(
     try:
         send({"event": "started"})
         summary = generate_run(models, request, out_dir, lambda e: send({"event": "notes", **e}), stop)
-        send({"event": "done", "run": run, "samples": run_view(out_dir, summary), "stats": summary["stats"]})
+        tokenizer = models.shared(request.model)[1]
+        send({"event": "done", "run": run, "samples": run_view(out_dir, summary, tokenizer), "stats": summary["stats"]})
     except Stopped as stopped:
-        kept = stopped.summary
-        views = {"run": run, "samples": run_view(out_dir, kept), "bars": kept["stopped_at_bars"]} if kept else {}
+        kept, tokenizer = stopped.summary, models.shared(request.model)[1]
+        views = {}
+        if kept:
+            views = {"run": run, "samples": run_view(out_dir, kept, tokenizer), "bars": kept["stopped_at_bars"]}
         send({"event": "stopped", **views})
     except Exception as exc:  # every failure becomes one line in the page
         send({"event": "error", "error": error_message(exc)})
@@ -320,7 +339,7 @@ def generate_run(
         last = now
         drawn = min(len(tokenizer.bar_starts(ids)) for ids in rows) - (prompt.bars or 0)
         try:
-            pieces = [tokenizer.decode(ids, prompt.meta) for ids in rows]
+            pieces = [as_drawn(tokenizer.decode(ids, prompt.meta), tokenizer) for ids in rows]
         except MusegenError:  # a note cut open by the step: shown at the next report
             return
         samples = [notes_of(piece) for piece in pieces]

@@ -239,7 +239,9 @@ class Studio:
         def detail():
             summary = self.store.summary(session(request), request.path_params["run"])
             folder = self.store.run(session(request), request.path_params["run"])
-            return {**summary, "views": jobs.run_view(folder, summary)}
+            name = self.models.name_of(summary.get("checkpoint", ""))
+            tokenizer = self.models.tokenizer(name) if name else None  # a model no longer offered: as written
+            return {**summary, "views": jobs.run_view(folder, summary, tokenizer)}
 
         return JSONResponse(await run_in_threadpool(detail))
 

@@ -173,7 +173,7 @@ class Jam:
         self.bar_seconds = self.live.bar_ticks * self.tick_seconds
         self.first_bar = self.live.bars  # the player's first bar (a --prompt's bars come before it)
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()  # the worker's notes and news, for the loop
-        self.events: list = []  # heap of (seconds, order, kind, payload)
+        self.events: list = []  # heap of (seconds, order, what, payload)
         self.order = itertools.count()
         self.channels: dict[tuple[int, bool], int] = {}
         self.played: list[Played] = []
@@ -267,10 +267,10 @@ class Jam:
     def _take_in(self) -> None:
         while True:
             try:
-                kind, answer, notes = self.inbox.get_nowait()
+                news, answer, notes = self.inbox.get_nowait()
             except queue.Empty:
                 return
-            if kind == "drawn":
+            if news == "drawn":
                 answer.drawing = False
             for note in notes:
                 self._at(self.origin + note.start * self.tick_seconds, "note", (note, answer))
@@ -343,16 +343,16 @@ class Jam:
         return LiveNote(ticks(played.start), ticks(end), played.pitch, played.velocity, self.live.program)
 
     # --- the output port -------------------------------------------------------------------------
-    def _at(self, seconds: float, kind: str, payload) -> None:
-        heapq.heappush(self.events, (seconds, next(self.order), kind, payload))
+    def _at(self, seconds: float, what: str, payload) -> None:
+        heapq.heappush(self.events, (seconds, next(self.order), what, payload))
 
     def _send_due(self, now: float) -> None:
         while self.events and self.events[0][0] <= now:
-            seconds, _, kind, payload = heapq.heappop(self.events)
-            if kind == "off":
+            seconds, _, what, payload = heapq.heappop(self.events)
+            if what == "off":
                 channel, pitch = payload
                 self.outport.send(_message("note_off", channel=channel, note=pitch, velocity=0))
-            elif kind == "click":
+            elif what == "click":
                 velocity = 100 if payload == CLICK_PITCHES[0] else 70
                 self.outport.send(_message("note_on", channel=DRUM_CHANNEL, note=payload, velocity=velocity))
                 self._at(seconds + CLICK_SECONDS, "off", (DRUM_CHANNEL, payload))
@@ -382,8 +382,8 @@ class Jam:
 
     def _silence(self) -> None:
         """End every note the output port still sounds."""
-        for _, _, kind, payload in sorted(self.events):
-            if kind == "off":
+        for _, _, what, payload in sorted(self.events):
+            if what == "off":
                 channel, pitch = payload
                 self.outport.send(_message("note_off", channel=channel, note=pitch, velocity=0))
         self.events = []
@@ -403,10 +403,10 @@ class Jam:
         return recording({"player": player, "model": model}, self.live.meter, self.live.bpm)
 
 
-def _message(kind: str, **fields):
+def _message(type_: str, **fields):
     import mido
 
-    return mido.Message(kind, **fields)
+    return mido.Message(type_, **fields)
 
 
 def backing_from(table: NoteTable, meter: tuple[int, int]) -> tuple[list[LiveNote], int]:

@@ -79,57 +79,23 @@ def jam(
     Connect a keyboard and a synthesizer (docs/jam.md); MIDI ports need python-rtmidi (the jam extra)."""
     import time
 
-    from musegen import home
-    from musegen.checkpoint import load_checkpoint
     from musegen.cli.terminate import Terminated
-    from musegen.errors import ConfigError
     from musegen.generation import jam as jamming
-    from musegen.generation.live import Live
-    from musegen.generation.resources import checked_device, cpu_threads
-    from musegen.music.notes import NoteTable
+    from musegen.generation.resources import cpu_threads
 
     if list_ports:
-        inputs, outputs = jamming.port_names()
-        typer.echo("inputs:\n" + "".join(f"  {name}\n" for name in inputs) + "outputs:")
-        typer.echo("".join(f"  {name}\n" for name in outputs), nl=False)
+        _list_ports()
         return
-    for name, value, low, high in (("--program", program, 0, 127), ("--count-in", count_in, 0, 16)):
-        if not low <= value <= high:
-            raise ConfigError(f"{name} must be within {low}..{high}, got {value}")
-    for name, value in (("--answer-bars", answer_bars), ("--bars", bars)):
-        if value is not None and not 1 <= value <= MAX_BARS:
-            raise ConfigError(f"{name} must be within 1..{MAX_BARS:,}, got {value}")
-    if save is not None and not save.resolve().parent.is_dir():  # found now, not when the jam is over
-        raise ConfigError(f"--save {save}: no folder {save.resolve().parent}")
-    table = NoteTable.read(home.prompt(prompt), by_role=False) if prompt is not None else None
-    numerator, denominator = _meter(meter, table)
-    tempo = bpm if bpm is not None else table.tempos[0][1] if table is not None and table.tempos else DEFAULT_BPM
-    if not TEMPO_RANGE[0] <= tempo <= TEMPO_RANGE[1]:
-        raise ConfigError(f"--bpm must be within {TEMPO_RANGE[0]:g}..{TEMPO_RANGE[1]:g}, got {tempo:g}")
-    loaded, tokenizer, _, _ = load_checkpoint(model, device=checked_device(device))
-    backing, backing_bars = jamming.backing_from(table, (numerator, denominator)) if table else ([], 0)
-    try:
-        live = Live(loaded, tokenizer, settings, (numerator, denominator), tempo, program, None, backing, backing_bars)
-    except ConfigError as exc:  # a meter the tokens cannot play in, named as the option that gave it
-        raise ConfigError(f"--meter {numerator}/{denominator}: {exc}") from None
+    _check_bounds(program, count_in, answer_bars, bars, save)
+    live = _live(model, device, settings, prompt, meter, bpm, program)
     jamming.check_mode(live, mode)
     inport, outport = jamming.open_ports(in_port, out_port)
+    options = {"mode": mode, "answer_bars": answer_bars, "click": click, "count_in": count_in, "echo": echo}
     session = jamming.Jam(
-        live,
-        inport,
-        outport,
-        time.monotonic,
-        time.sleep,
-        jamming.ThreadWorker(),
-        mode=mode,
-        answer_bars=answer_bars,
-        click=click,
-        count_in=count_in,
-        echo=echo,
-        bars=bars,
+        live, inport, outport, time.monotonic, time.sleep, jamming.ThreadWorker(), bars=bars, **options
     )
     typer.echo(
-        f"musegen jam: {mode} with {model} at {tempo:g} BPM in {numerator}/{denominator}, seed "
+        f"musegen jam: {mode} with {model} at {live.bpm:g} BPM in {live.meter[0]}/{live.meter[1]}, seed "
         f"{live.settings.seed}, from {inport.name} to {outport.name}; Ctrl-C to stop"
     )
     try:
@@ -138,6 +104,52 @@ def jam(
     except (KeyboardInterrupt, Terminated):  # how a jam ends
         pass
     typer.echo("musegen jam: stopped" + (f"; written to {save}" if save is not None else ""))
+
+
+def _list_ports() -> None:
+    from musegen.generation.jam import port_names
+
+    inputs, outputs = port_names()
+    typer.echo("inputs:\n" + "".join(f"  {name}\n" for name in inputs) + "outputs:")
+    typer.echo("".join(f"  {name}\n" for name in outputs), nl=False)
+
+
+def _check_bounds(program: int, count_in: int, answer_bars, bars, save) -> None:
+    """A one-line ConfigError for an option out of its bounds, before a model is loaded."""
+    from musegen.errors import ConfigError
+
+    for name, value, low, high in (("--program", program, 0, 127), ("--count-in", count_in, 0, 16)):
+        if not low <= value <= high:
+            raise ConfigError(f"{name} must be within {low}..{high}, got {value}")
+    for name, value in (("--answer-bars", answer_bars), ("--bars", bars)):
+        if value is not None and not 1 <= value <= MAX_BARS:
+            raise ConfigError(f"{name} must be within 1..{MAX_BARS:,}, got {value}")
+    if save is not None and not save.resolve().parent.is_dir():  # found now, not when the jam is over
+        raise ConfigError(f"--save {save}: no folder {save.resolve().parent}")
+
+
+def _live(model: str, device: str, settings: SampleSettings, prompt, meter, bpm, program: int):
+    """The live engine the options ask for: the model, the --prompt's bars as its backing, the
+    meter and tempo given or the prompt's."""
+    from musegen import home
+    from musegen.checkpoint import load_checkpoint
+    from musegen.errors import ConfigError
+    from musegen.generation.jam import backing_from
+    from musegen.generation.live import Live
+    from musegen.generation.resources import checked_device
+    from musegen.music.notes import NoteTable
+
+    table = NoteTable.read(home.prompt(prompt), by_role=False) if prompt is not None else None
+    numerator, denominator = _meter(meter, table)
+    tempo = bpm if bpm is not None else table.tempos[0][1] if table is not None and table.tempos else DEFAULT_BPM
+    if not TEMPO_RANGE[0] <= tempo <= TEMPO_RANGE[1]:
+        raise ConfigError(f"--bpm must be within {TEMPO_RANGE[0]:g}..{TEMPO_RANGE[1]:g}, got {tempo:g}")
+    loaded, tokenizer, _, _ = load_checkpoint(model, device=checked_device(device))
+    backing, backing_bars = backing_from(table, (numerator, denominator)) if table else ([], 0)
+    try:
+        return Live(loaded, tokenizer, settings, (numerator, denominator), tempo, program, None, backing, backing_bars)
+    except ConfigError as exc:  # a meter the tokens cannot play in, named as the option that gave it
+        raise ConfigError(f"--meter {numerator}/{denominator}: {exc}") from None
 
 
 def _meter(given: str | None, table) -> tuple[int, int]:

@@ -107,15 +107,15 @@ def test_a_player_coming_in_over_an_answer_hands_the_piece_back_from_the_next_ba
 @pytest.mark.parametrize(
     "settings, message",
     [
-        ({"bpm": 500}, "Tempo must be 300 or less, got 500"),
+        ({"bpm": 500}, "Tempo must be within 30..300 in the studio, got 500"),
         ({"bpm": "fast"}, "Tempo must be a number, got 'fast'"),
         ({"meter": "4-4"}, "Meter must be a time signature such as 4/4, got '4-4'"),
         ({"meter": "4/5"}, "Meter must be a time signature such as 4/4, got '4/5'"),
         ({"meter": "3/4"}, "the remi tokens cannot play in 3/4"),
         ({"meter": "2/4"}, "the remi tokens cannot play in 2/4 (they join its bars into others)"),
-        ({"program": 128}, "Instrument must be 127 or less, got 128"),
-        ({"answer_bars": 0}, "Answer bars must be 1 or more, got 0"),
-        ({"temperature": 9}, "Temperature must be 3 or less, got 9"),
+        ({"program": 128}, "Instrument must be within 0..127 in the studio, got 128"),
+        ({"answer_bars": 0}, "Answer bars must be within 1..8 in the studio, got 0"),
+        ({"temperature": 9}, "Temperature must be within 0.1..3.0 in the studio, got 9"),
         ({"top_p": 2}, "Top-p"),
         ({"model": "nope"}, "unknown model 'nope'"),
         ({"model": "groove"}, "live play needs a model whose tokens put notes on a grid within bars"),
@@ -134,6 +134,7 @@ def test_a_bad_bar_is_refused_in_one_line_and_the_session_goes_on(client):
     url = f"/api/live/{live}/bar?session={A}"
     for body, message in [
         ({"bar": 1}, "Bar must be 0, the bar being played, got 1"),
+        ({"bar": -1}, "Bar must be 0 or more, got -1"),  # a bound the field has on one side only
         ({"bar": 0, "notes": [[0, 100, 60]]}, "Notes[0] must be [start, end, pitch, velocity], got [0, 100, 60]"),
         ({"bar": 0, "notes": [[0, 100, 60, 1.5]]}, "Notes[0][3] must be a whole number, got 1.5"),
         ({"bar": 0, "notes": [[0, 100, 130, 90]]}, "Notes[0]: pitch 130 and velocity 90 must be MIDI's"),
@@ -143,7 +144,7 @@ def test_a_bad_bar_is_refused_in_one_line_and_the_session_goes_on(client):
             "Notes[0] starts at tick 9600, not within a bar of bar 0",
         ),
         ({"bar": 0, "notes": [[0, 9, 60, 90]] * 513}, "Notes: at most 512 in a bar"),
-        ({"bar": 0, "answer": 9}, "Answer bars must be 8 or less, got 9"),
+        ({"bar": 0, "answer": 9}, "Answer bars must be within 0..8 in the studio, got 9"),
         ({"bar": 0, "accompany": True}, "this live session answers; start one in accompany mode"),
         ({"notes": []}, "Bar: a post that ends no bar only asks for the next bar's accompaniment"),
         ({"bar": 0, "hand_back": True}, "Hand back: bar 0 is not one of the model's answer"),

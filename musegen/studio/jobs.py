@@ -9,7 +9,7 @@ import re
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Annotated, Any, Callable, Protocol
+from typing import Annotated, Any, Callable, ClassVar, Protocol
 
 import numpy as np
 from pydantic import BaseModel, Field, ValidationError, model_validator
@@ -66,19 +66,59 @@ class Stopped(Exception):
 
 
 class PageRequest(BaseModel):
-    """A request body of the page: a field left empty (null or "") takes its default."""
+    """A request body of the page: a field left empty (null or "") takes its default. `labels`
+    name the fields as the page does, for `problem`'s messages."""
 
     model_config = schemas.STRICT
+    what: ClassVar[str] = "a request"
+    labels: ClassVar[dict[str, str]] = {}
 
     @model_validator(mode="before")
     @classmethod
     def _empty_fields_take_defaults(cls, data: Any) -> Any:
         return {k: v for k, v in data.items() if v is not None and v != ""} if isinstance(data, dict) else data
 
+    @classmethod
+    def problem(cls, exc: ValidationError) -> str:
+        """The first thing wrong with a body of this request, in the page's words: the field by its
+        label, a bounded number with both its bounds where the field has them."""
+        error = exc.errors(include_url=False)[0]
+        loc, kind = error["loc"], error["type"]
+        if not loc:
+            return f"{cls.what} must be a JSON object"
+        field = cls.model_fields.get(str(loc[0])) if len(loc) == 1 else None
+        name = cls.labels.get(str(loc[0]), str(loc[0])) + "".join(f"[{part}]" for part in loc[1:])
+        got = repr(error.get("input"))[:60]
+        special = cls._problem_of(kind, name, got, error.get("ctx", {}))
+        if special:
+            return special
+        if kind in ("greater_than_equal", "less_than_equal"):
+            limits = field.metadata if field else ()
+            bounds = {k: getattr(m, k) for m in limits for k in ("ge", "le") if hasattr(m, k)}
+            if len(bounds) == 2:
+                return f"{name} must be within {bounds['ge']}..{bounds['le']} in the studio, got {got}"
+            bound = error["ctx"].get("ge", error["ctx"].get("le"))
+            return f"{name} must be {bound} or {'more' if kind == 'greater_than_equal' else 'less'}, got {got}"
+        if kind in ("int_type", "int_from_float"):
+            return f"{name} must be a whole number, got {got}"
+        if kind == "float_type":
+            return f"{name} must be a number, got {got}"
+        if kind == "string_type":
+            return f"{name} must be text, got {got}"
+        return f"{name}: {error['msg'][0].lower() + error['msg'][1:]}"[:200]
+
+    @classmethod
+    def _problem_of(cls, kind: str, name: str, got: str, ctx: dict) -> str | None:
+        """A request's own words for an error of this `kind` (pydantic's), or None for `problem`'s."""
+        return None
+
 
 class StudioRequest(PageRequest):
     """The body of the studio's generation request; temperature, top_p, seed and tempo are bounded
     by SampleSettings, which the request becomes."""
+
+    what: ClassVar[str] = "a generation request"
+    labels: ClassVar[dict[str, str]] = LABELS
 
     model: schemas.Name = ""  # one of the studio's models (checked by its list)
     prompt: schemas.Name | None = None  # a prompt id of the session (checked by the store's pattern)
@@ -124,7 +164,7 @@ class Request:
         value that breaks it is a FormatError of one line. `prompt_of` finds the prompt id's file,
         `sample_of` an earlier run's sample: its MIDI file and the name of the model that made it
         (an extension is sampled by that model, whatever the request names)."""
-        checked = schemas.loads(body, STUDIO_REQUEST, "the generation request", explain=_problem)
+        checked = schemas.loads(body, STUDIO_REQUEST, "the generation request", explain=StudioRequest.problem)
         if checked.prompt and checked.extend_run:
             raise ConfigError("a request continues either a prompt or an earlier sample (extend_run), not both")
         if checked.extend_run and (checked.prompt_from > 1 or checked.prompt_to):
@@ -151,25 +191,6 @@ class Request:
             prompt_bars=self.prompt_to - self.prompt_from + 1 if self.prompt_to else None,
             **tempo,
         )
-
-
-def _problem(exc: ValidationError) -> str:
-    """The first thing wrong with a request, in the page's words."""
-    error = exc.errors(include_url=False)[0]
-    if not error["loc"]:
-        return "a generation request must be a JSON object"
-    field_name, got = str(error["loc"][0]), repr(error.get("input"))[:60]
-    name, field = LABELS.get(field_name, field_name), StudioRequest.model_fields.get(field_name)
-    bounds = {k: getattr(m, k) for m in (field.metadata if field else ()) for k in ("ge", "le") if hasattr(m, k)}
-    if error["type"] in ("greater_than_equal", "less_than_equal"):
-        return f"{name} must be within {bounds['ge']}..{bounds['le']} in the studio, got {got}"
-    if error["type"] == "int_type":
-        return f"{name} must be a whole number, got {got}"
-    if error["type"] == "float_type":
-        return f"{name} must be a number, got {got}"
-    if error["type"] == "string_type":
-        return f"{name} must be text, got {got}"
-    return f"{name}: {error['msg'][0].lower() + error['msg'][1:]}"[:200]
 
 
 def notes_of(table: NoteTable) -> list[list[int]]:

@@ -16,9 +16,9 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Callable, Literal
+from typing import Annotated, Callable, ClassVar, Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, StreamingResponse
 
@@ -51,7 +51,24 @@ LABELS |= {"hand_back": "Hand back"}
 Note = Annotated[list[int], Field(min_length=4, max_length=4)]
 
 
-class LiveStart(PageRequest):
+class LiveRequest(PageRequest):
+    """A request of the page's Live panel, its fields by the panel's labels."""
+
+    what: ClassVar[str] = "a live request"
+    labels: ClassVar[dict[str, str]] = LABELS
+
+    @classmethod
+    def _problem_of(cls, kind: str, name: str, got: str, ctx: dict) -> str | None:
+        if kind == "string_pattern_mismatch":
+            return f"{name} must be a time signature such as 4/4, got {got}"
+        if kind in ("too_long", "too_short"):  # a bar's list of notes, or one note's four numbers
+            if "[" not in name:
+                return f"{name}: at most {MAX_BAR_NOTES} in a bar"
+            return f"{name} must be [start, end, pitch, velocity], got {got}"
+        return None
+
+
+class LiveStart(LiveRequest):
     """A live session's settings, as the page's Live panel sends them."""
 
     model: schemas.Name = ""
@@ -66,7 +83,7 @@ class LiveStart(PageRequest):
     top_p: float | None = None
 
 
-class LiveBar(PageRequest):
+class LiveBar(LiveRequest):
     """A bar the player has just played: its notes, and what the model is to do from its end."""
 
     bar: Annotated[int, Field(ge=0)] | None = None  # the bar that is over (0: the piece's first); None: none
@@ -88,31 +105,6 @@ class LiveEvent(BaseModel):
 LIVE_START = schemas.Format("studio live start", None, LiveStart)
 LIVE_BAR = schemas.Format("studio live bar", None, LiveBar)
 LIVE_EVENT = schemas.Format("studio live event", None, LiveEvent)
-
-
-def _problem(exc: ValidationError) -> str:
-    """The first thing wrong with a request, in the Live panel's words."""
-    error = exc.errors(include_url=False)[0]
-    if not error["loc"]:
-        return "a live request must be a JSON object"
-    name, got = LABELS.get(str(error["loc"][0]), str(error["loc"][0])), repr(error.get("input"))[:60]
-    where = "".join(f"[{part}]" for part in error["loc"][1:])
-    bounds = {k: error.get("ctx", {}).get(k) for k in ("ge", "le")}
-    if error["type"] == "greater_than_equal":
-        return f"{name}{where} must be {bounds['ge']:g} or more, got {got}"
-    if error["type"] == "less_than_equal":
-        return f"{name}{where} must be {bounds['le']:g} or less, got {got}"
-    if error["type"] == "string_pattern_mismatch":
-        return f"{name} must be a time signature such as 4/4, got {got}"
-    if error["type"] in ("int_type", "int_from_float"):
-        return f"{name}{where} must be a whole number, got {got}"
-    if error["type"] == "float_type":
-        return f"{name}{where} must be a number, got {got}"
-    if error["type"] in ("too_long", "too_short") and len(error["loc"]) == 1:
-        return f"{name}: at most {MAX_BAR_NOTES} in a bar"
-    if error["type"] in ("too_long", "too_short"):
-        return f"{name}{where} must be [start, end, pitch, velocity], got {got}"
-    return f"{name}{where}: {error['msg'][0].lower() + error['msg'][1:]}"[:200]
 
 
 @dataclass
@@ -170,7 +162,7 @@ class LiveRoutes:
         "meter": [numerator, denominator], "answer_bars", "backing": the backing's notes as the stream's}."""
         page = request.query_params.get("session", "")
         self.store.session(page)
-        start = schemas.loads(await request.body(), LIVE_START, "the live request", explain=_problem)
+        start = schemas.loads(await request.body(), LIVE_START, "the live request", explain=LiveStart.problem)
         self._end_idle()
         for old in [s for s in self.sessions.values() if s.page == page]:
             await self._end(old)
@@ -197,7 +189,7 @@ class LiveRoutes:
         streamed as NDJSON ({"event": "notes", "notes": [[start, end, pitch, velocity, program,
         drum], ...]}) as they become final, then {"event": "done", "bar": the next bar to send}."""
         session = self._session(request)
-        played = schemas.loads(await request.body(), LIVE_BAR, "the live bar", explain=_problem)
+        played = schemas.loads(await request.body(), LIVE_BAR, "the live bar", explain=LiveBar.problem)
         notes = self._checked(session, played)
         if played.accompany and session.mode != "accompany":
             raise ConfigError("this live session answers; start one in accompany mode for an accompaniment")

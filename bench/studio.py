@@ -3,7 +3,7 @@ Generate, and how long 12 bars take, with the shipped pop model and its example 
 two runs started at once share the CPU: each against the same request run alone.
 
     python -m bench.studio              # 4 runs of 12 bars, one sample each (run from the repository root)
-    python -m bench.studio --bars 4 --runs 2 --pair-bars 8 --pairs 3 --live 20
+    python -m bench.studio --bars 4 --runs 2 --pair-bars 8 --pairs 6 --live 20
 
 The studio is started as a user starts it (`musegen studio --port 0`, only the pop checkpoint
 offered besides the shipped ones' loading) and driven over HTTP; times are from sending the request
@@ -11,7 +11,8 @@ to the event that carries the note (first note) or the finished run (total). The
 starts a worker process (the sampler imported, the model loaded), so it is reported apart from
 the others' median.
 The two concurrent runs are the same request (same seed) from two sessions, so the per-session
-limit does not hold either back; both workers have run once before anything is timed.
+limit does not hold either back; both workers have run once before anything is timed. Each pair
+lies between two runs alone, its reference.
 
 The play-along mode is timed as a page uses it (`live_answers`, `--live` sessions, 20 by default):
 live sessions of the pop model at 100 BPM, each fed two played bars and then a bar that asks for
@@ -130,9 +131,23 @@ def first_note_and_total(url: str, bars: int, runs: int) -> None:
         print(f"{f'median of {len(rest)} more':<24}{first:>16.2f}{total:>14.2f}")
 
 
-def concurrent_runs(url: str, bars: int, pairs: int) -> None:
-    """The same request alone, then twice at once (two sessions), `pairs` times in turn: each
-    concurrent run's seconds against the median alone."""
+def worker_cpu_seconds(server_pid: int) -> float:
+    """CPU seconds (user + system) used so far by the studio's worker processes: every process
+    below the server, whichever of its threads started it (Linux /proc)."""
+    own = 0.0
+    for children in Path(f"/proc/{server_pid}/task").glob("*/children"):
+        for pid in children.read_text().split():
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            own += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") + worker_cpu_seconds(int(pid))
+    return own
+
+
+def concurrent_runs(url: str, server_pid: int, bars: int, pairs: int) -> None:
+    """The same request alone, then twice at once (two sessions), in turn, with an alone run after
+    the last pair: each concurrent run's seconds against the mean of the alone runs just before and
+    just after it (this virtual machine's speed drifts by a third within minutes), and the CPU
+    seconds the workers used against the seconds the runs took (a run that waited on the other
+    would take longer than its CPU time)."""
     sessions, load_before = (SESSION, OTHER_SESSION), os.getloadavg()[0]
     clients = [httpx.Client(base_url=url, timeout=600) for _ in sessions]
     try:
@@ -141,23 +156,33 @@ def concurrent_runs(url: str, bars: int, pairs: int) -> None:
         def run(i: int) -> float:
             return one_run(clients[i], prompts[i], bars, seed=0, session=sessions[i])[1]
 
-        alone, together = [], []
+        alone, together, cpu = [], [], []
         with ThreadPoolExecutor(len(sessions)) as pool:
             list(pool.map(run, range(2)))  # each worker's first run, untimed
-            for _ in range(pairs):  # in turn, so that a change in the machine's load hits both alike
-                alone.append(run(0))
+            alone.append(run(0))
+            for _ in range(pairs):
+                before = worker_cpu_seconds(server_pid)
                 together.append(list(pool.map(run, range(2))))
+                cpu.append(worker_cpu_seconds(server_pid) - before)
+                alone.append(run(0))
     finally:
         for http in clients:
             http.close()
-    median = statistics.median(alone)
     print(f"\ntwo runs at once, the same request ({bars} bars, 1 sample, seed 0), from two sessions; {cpu_name()}")
     print(f"load average (1 min) {load_before:.1f} before, {os.getloadavg()[0]:.1f} after")
-    print(f"{'':<10}{'alone (s)':>12}{'run A (s)':>12}{'run B (s)':>12}{'A / alone':>12}{'B / alone':>12}")
+    print(f"{'':<8}{'alone before, after (s)':>25}{'run A, B (s)':>15}{'A, B / alone':>14}{'CPU / wall':>19}")
+    ratios = []
     for i, (a, b) in enumerate(together):
-        print(f"{f'pair {i + 1}':<10}{alone[i]:>12.2f}{a:>12.2f}{b:>12.2f}{a / median:>12.2f}{b / median:>12.2f}")
-    worst = max(max(pair) for pair in together)
-    print(f"median alone {median:.2f} s; slowest concurrent run {worst:.2f} s: {worst / median:.2f}x alone")
+        reference = (alone[i] + alone[i + 1]) / 2
+        ratios += [a / reference, b / reference]
+        print(
+            f"{f'pair {i + 1}':<8}{f'{alone[i]:.2f}, {alone[i + 1]:.2f}':>25}{f'{a:.2f}, {b:.2f}':>15}"
+            f"{f'{a / reference:.2f}, {b / reference:.2f}':>14}{cpu[i] / (a + b):>19.2f}"
+        )
+    print(
+        f"concurrent / alone: median {statistics.median(ratios):.2f}x, slowest {max(ratios):.2f}x; "
+        f"alone runs {min(alone):.2f} to {max(alone):.2f} s"
+    )
 
 
 def main() -> None:
@@ -165,7 +190,7 @@ def main() -> None:
     parser.add_argument("--bars", type=int, default=12)
     parser.add_argument("--runs", type=int, default=4)
     parser.add_argument("--pair-bars", type=int, default=8, help="bars of each run of the concurrent part")
-    parser.add_argument("--pairs", type=int, default=3, help="times alone, and pairs at once (0: skip the part)")
+    parser.add_argument("--pairs", type=int, default=6, help="times alone, and pairs at once (0: skip the part)")
     parser.add_argument("--live", type=int, default=20, help="play-along answers to time (0: skip the part)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as out:
@@ -173,7 +198,7 @@ def main() -> None:
         try:
             first_note_and_total(url, args.bars, args.runs)
             if args.pairs:
-                concurrent_runs(url, args.pair_bars, args.pairs)
+                concurrent_runs(url, server.pid, args.pair_bars, args.pairs)
             if args.live:
                 print_live(live_answers(url, args.live))
         finally:

@@ -36,6 +36,7 @@ TPQ = 480  # ticks per quarter note of the live piece and of the notes given and
 SNAPSHOTS = 8  # bars the session can go back
 CONTEXT_BARS = 32  # a piece longer than this is read from its last CONTEXT_BARS // 2 bars again
 SENTINEL_PITCH = 60  # a note that makes the encoder write the bars up to the one being continued
+PROBE_BPM = 100.0  # the tempo of the pieces that try a meter: where the bars fall does not depend on it
 
 
 @dataclass
@@ -76,6 +77,39 @@ def recording(parts: dict[str, list[LiveNote]], meter: tuple[int, int], bpm: flo
     return NoteTable.of_tracks(TPQ, named, [(0, float(bpm))], [(0, *meter)])
 
 
+def live_refusal(tokenizer: Tokenizer, meter: tuple[int, int]) -> str | None:
+    """Why `tokenizer` cannot play live in `meter` (numerator, denominator), in one line; None where
+    it can: its tokens put each onset on a grid within bars, and write each bar of the meter as a
+    bar of their own (REMI writes 4/4 only: it refuses 3/4 and joins two 2/4 bars into one)."""
+    if tokenizer.onset_grid is None:
+        return (
+            f"live play needs a model whose tokens put notes on a grid within bars (pop or song); "
+            f"the {tokenizer.kind} tokenizer's do not"
+        )
+    bar_ticks, cell = TPQ * 4 * meter[0] // meter[1], TPQ // tokenizer.onset_grid
+
+    def bars_written(bars: int) -> int:
+        notes = [LiveNote(k * bar_ticks, k * bar_ticks + cell, SENTINEL_PITCH, 64) for k in range(bars)]
+        return len(tokenizer.bar_starts(tokenizer.encode(_piece(notes, meter, PROBE_BPM).midi_bytes()).ids))
+
+    try:
+        if bars_written(4) - bars_written(2) == 2:
+            return None
+        why = "they join its bars into others"
+    except MusegenError as exc:
+        why = str(exc).splitlines()[0].removeprefix("<bytes>: ")
+    return f"the {tokenizer.kind} tokens cannot play in {meter[0]}/{meter[1]} ({why})"
+
+
+def _piece(notes: list[LiveNote], meter: tuple[int, int], bpm: float) -> NoteTable:
+    """`notes` as a piece to encode: a track for each instrument, at one tempo and meter."""
+    by_track: dict[tuple[int, bool], list[tuple[int, int, int, int]]] = {}
+    for n in sorted(notes, key=lambda n: (n.start, n.pitch)):
+        by_track.setdefault((n.program, n.drum), []).append((n.start, n.end, n.pitch, n.velocity))
+    tracks = [(Track(None, program, drum), rows) for (program, drum), rows in by_track.items()]
+    return NoteTable.of_tracks(TPQ, tracks, [(0, float(bpm))], [(0, *meter)])
+
+
 @dataclass
 class _Snapshot:
     fed: int  # tokens the session had consumed
@@ -102,11 +136,9 @@ class Live:
         backing: list[LiveNote] = (),
         backing_bars: int = 0,
     ):
-        if tokenizer.onset_grid is None:
-            raise ConfigError(
-                f"live play needs a model whose tokens put notes on a grid within bars (pop or song); "
-                f"the {tokenizer.kind} tokenizer's do not"
-            )
+        refusal = live_refusal(tokenizer, meter)
+        if refusal is not None:
+            raise ConfigError(refusal)
         self.model, self.tokenizer, self.meter, self.bpm, self.program = model, tokenizer, meter, bpm, program
         one = replace(settings, bars=1, length=None, num_samples=1, prompt_bars=None, prompt_from=1)
         self.settings = one.resolved(tokenizer)
@@ -120,7 +152,6 @@ class Live:
         self.first_bar: int | None = 0 if self.notes else None  # where the piece begins (its first note's bar)
         self.waiting: list[LiveNote] = []  # played notes whose onset falls in a bar not over yet
         self.answers = 0
-        self._check_meter()
         self._restart()
         if self.notes:
             self._sync()
@@ -178,25 +209,6 @@ class Live:
             raise ConfigError("an accompaniment goes on with the piece's other instruments, and it has none yet")
 
     # --- inside -----------------------------------------------------------------------------------
-    def _check_meter(self) -> None:
-        """A one-line error where the tokens do not write each bar of the meter as a bar of their
-        own (REMI writes 4/4 only: it refuses 3/4 and joins two 2/4 bars into one)."""
-        n, d = self.meter
-
-        def bars_written(bars: int) -> int:
-            notes = [
-                LiveNote(k * self.bar_ticks, k * self.bar_ticks + self.cell, SENTINEL_PITCH, 64) for k in range(bars)
-            ]
-            return len(self.tokenizer.bar_starts(self.tokenizer.encode(self._table(notes).midi_bytes()).ids))
-
-        try:
-            if bars_written(4) - bars_written(2) == 2:
-                return
-            why = "they join its bars into others"
-        except MusegenError as exc:
-            why = str(exc).splitlines()[0].removeprefix("<bytes>: ")
-        raise ConfigError(f"the {self.tokenizer.kind} tokens cannot play in {n}/{d} ({why})")
-
     def _sample(self, bars: int, on_notes, forbid_player: bool) -> list[LiveNote]:
         if self.first_bar is None:
             raise ConfigError("nothing has been played yet: the model answers what it heard")
@@ -266,20 +278,13 @@ class Live:
         first = self.first_bar or 0
         # a note in the bar being continued makes the encoder write the silent bars before it
         sentinel = LiveNote(self.bars * self.bar_ticks, self.bars * self.bar_ticks + self.cell, SENTINEL_PITCH, 64)
-        table = self._table([*self.notes, sentinel]).from_tick(first * self.bar_ticks)
+        table = _piece([*self.notes, sentinel], self.meter, self.bpm).from_tick(first * self.bar_ticks)
         encoding = self.tokenizer.encode(table.midi_bytes())
         return prompt_from_ids(self.tokenizer, encoding.ids, self.bars - first, encoding.report, "the live piece")
 
-    def _table(self, notes: list[LiveNote]) -> NoteTable:
-        by_track: dict[tuple[int, bool], list[tuple[int, int, int, int]]] = {}
-        for n in sorted(notes, key=lambda n: (n.start, n.pitch)):
-            by_track.setdefault((n.program, n.drum), []).append((n.start, n.end, n.pitch, n.velocity))
-        tracks = [(Track(None, program, drum), rows) for (program, drum), rows in by_track.items()]
-        return NoteTable.of_tracks(TPQ, tracks, [(0, float(self.bpm))], [(0, *self.meter)])
-
     def piece(self) -> NoteTable:
         """The whole piece as the model heard and played it (the player's notes on the grid)."""
-        return self._table(self.notes)
+        return _piece(self.notes, self.meter, self.bpm)
 
 
 class _NoteStream:

@@ -129,6 +129,19 @@ def test_a_bad_live_session_is_refused_in_one_line(client, settings, message):
     assert not client.app.state.live.sessions
 
 
+def test_the_model_list_offers_each_model_the_meters_it_starts_in_and_no_other(client):
+    offered = {m["name"]: m["live_meters"] for m in client.get("/api/models").json()["models"]}
+    # REMI writes 4/4 only; the song tokens write a bar of their own for each; groove plays no live at all
+    assert offered == {"pop": ["4/4"], "groove": [], "song": ["4/4", "3/4", "2/4", "6/8"]}
+    for model in ("pop", "song"):
+        for meter in ("4/4", "3/4", "2/4", "6/8"):
+            response = start(client, model=model, meter=meter)
+            if meter in offered[model]:
+                assert response.json()["meter"] == [int(x) for x in meter.split("/")]
+            else:
+                assert f"tokens cannot play in {meter}" in refused(response)
+
+
 def test_a_bad_bar_is_refused_in_one_line_and_the_session_goes_on(client):
     live = start(client).json()["live"]
     url = f"/api/live/{live}/bar?session={A}"

@@ -11,9 +11,12 @@ from typing import Any
 from .. import home
 from ..checkpoint import load_checkpoint
 from ..errors import ConfigError, MusegenError
+from ..generation.live import live_refusal
 from ..generation.prompt import load_prompt
 from ..model.torch_step import PreparedWeights
 from ..tokenizers.base import Tokenizer
+
+LIVE_METERS = ((4, 4), (3, 4), (2, 4), (6, 8))  # the Live panel's Meter menu offers those a model plays
 
 
 def shipped_checkpoints() -> list[Path]:
@@ -54,11 +57,19 @@ class Models:
             self._loaded.shared(name)
         # the examples each model can continue (the groove tokenizer needs drums): a few small files
         self._examples = {name: _readable(self.tokenizer(name)) for name in self.folders}
+        # the meters each plays live (a few encodes each): none where it cannot play live at all
+        self._meters = {name: _live_meters(self.tokenizer(name)) for name in self.folders}
 
     def describe(self) -> list[dict[str, Any]]:
         tokenizers = {name: self.tokenizer(name) for name in self.folders}
         return [
-            {"name": name, "tokenizer": t.kind, "defaults": dict(t.sampling_defaults), "examples": self._examples[name]}
+            {
+                "name": name,
+                "tokenizer": t.kind,
+                "defaults": dict(t.sampling_defaults),
+                "examples": self._examples[name],
+                "live_meters": self._meters[name],
+            }
             for name, t in tokenizers.items()
         ]
 
@@ -88,3 +99,8 @@ def _readable(tokenizer: Tokenizer) -> list[str]:
             continue
         readable.append(name)
     return readable
+
+
+def _live_meters(tokenizer: Tokenizer) -> list[str]:
+    """The meters of LIVE_METERS `tokenizer` plays live, as the panel writes them ("3/4")."""
+    return [f"{n}/{d}" for n, d in LIVE_METERS if live_refusal(tokenizer, (n, d)) is None]

@@ -10,7 +10,7 @@ import httpx
 import miditoolkit
 import pytest
 from test_studio import POP, serving
-from test_studio_browser import choose, fill, open_page, pytestmark, wait_for  # noqa: F401
+from test_studio_browser import choose, fill, open_page, pytestmark, shown, wait_for  # noqa: F401
 
 from musegen.studio.models import Models
 from musegen.studio.server import create_app
@@ -162,3 +162,34 @@ def test_accompany_asks_for_the_band_s_next_bar_at_each_bar_s_end_and_schedules_
     assert all(n["program"] != 73 or n["drum"] for n in scheduled)  # never the player's instrument
     for note in scheduled:
         assert note["at"] == pytest.approx(line["at"] + (note["tick"] - line["tick"]) * beat / 480, abs=1e-9)
+
+
+def test_the_meter_menu_offers_only_the_meters_the_chosen_model_plays(browser, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    offered = lambda: [o.get_attribute("value") for o in browser.find_elements(By.CSS_SELECTOR, "#live-meter option")]
+    enabled = lambda id_: browser.find_element(By.ID, id_).is_enabled()
+    silent = Sound.find(tmp_path / "no-node-modules")
+    song, groove = POP.parent / "song", POP.parent / "groove"
+    with serving(create_app(tmp_path / "out", Models([POP, song, groove]), sound=silent)) as base:
+        open_page(browser, base)
+        assert offered() == ["4/4"] and shown(browser, "live-meter") == "4/4"  # pop: REMI writes 4/4 only
+        choose(browser, "model", "song")
+        assert offered() == ["4/4", "3/4", "2/4", "6/8"] and shown(browser, "live-meter") == "4/4"
+        choose(browser, "live-meter", "6/8")
+        choose(browser, "model", "groove")  # its tokens put no notes on a grid: nothing to choose, no Start
+        assert offered() == [] and not enabled("live-meter") and not enabled("live-start")
+        assert browser.find_element(By.ID, "live-status").text == "The chosen model cannot play along: choose another."
+        browser.find_element(By.ID, "live-panel").screenshot(str(tmp_path / "no_meters.png"))
+        choose(browser, "model", "pop")
+        assert offered() == ["4/4"] and enabled("live-meter") and enabled("live-start")
+        assert browser.find_element(By.ID, "live-status").text.startswith("Keys A W S")
+        choose(browser, "model", "song")
+        choose(browser, "live-meter", "6/8")
+        browser.find_element(By.ID, "live-panel").screenshot(str(tmp_path / "meters.png"))
+        browser.find_element(By.ID, "live-start").click()  # the menu's meter is the session's
+        wait_for(lambda: live(browser, "musegenLive.on"), 30)
+        assert live(browser, "musegenLive.meter") == [6, 8]
+        assert live(browser, "musegenLive.barTicks") == 3 * live(browser, "musegenLive.tpq")
+        browser.find_element(By.ID, "live-stop").click()
+        wait_for(lambda: browser.find_element(By.ID, "live-status").text == "stopped", 30)

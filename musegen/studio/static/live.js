@@ -16,6 +16,7 @@ const KEY_STEPS = { a: 0, w: 1, s: 2, e: 3, d: 4, f: 5, t: 6, g: 7, y: 8, h: 9, 
 const INSTRUMENTS = [[0, "Piano"], [4, "Electric piano"], [11, "Vibraphone"], [16, "Organ"], [24, "Guitar"],
   [33, "Bass"], [48, "Strings"], [56, "Trumpet"], [65, "Saxophone"], [73, "Flute"], [80, "Lead synth"]];
 const PLAYER_CHANNEL = 0;
+const LIVE_HELP = $("live-status").textContent; // the keys, as the page says them before a session
 
 const live = (window.musegenLive = {
   on: false, id: null, octave: 0, backing: [], // the id: the server's live session
@@ -90,7 +91,7 @@ async function liveStop() {
   for (const [pitch] of live.held) liveRelease(pitch);
   const synth = liveSynth();
   if (synth) for (let channel = 0; channel < 16; channel++) synth.controllerChange(channel, 120, 0); // all sound off
-  $("live-stop").disabled = true; $("live-start").disabled = false;
+  $("live-stop").disabled = true; showLiveMeters();
   try {
     const saved = await json(await fetch(api(`/api/live/${live.id}/stop`), { method: "POST" }));
     if (saved.midi) {
@@ -286,6 +287,20 @@ async function connectMidi() {
     access.inputs.forEach(listen);
     access.onstatechange = (e) => e.port.type === "input" && e.port.state === "connected" && listen(e.port);
   } catch { /* refused by the user: the keyboard and keys still play */ }
+}
+
+// ---- the Meter menu ----
+// the meters the chosen model plays live (the server tried each), the choice kept where it is still
+// offered, else 4/4 or the first; a model that cannot play along offers none, and no Start, and says so
+function showLiveMeters() {
+  const m = state.models.find((x) => x.name === $("model").value);
+  const meters = m ? m.live_meters : [], menu = $("live-meter"), chosen = menu.value;
+  menu.length = 0;
+  for (const meter of meters) menu.add(new Option(meter, meter));
+  menu.value = meters.includes(chosen) ? chosen : meters.includes("4/4") ? "4/4" : meters[0] ?? "";
+  menu.disabled = !meters.length;
+  $("live-start").disabled = live.on || !meters.length;
+  if (!live.on) $("live-status").textContent = meters.length ? LIVE_HELP : "The chosen model cannot play along: choose another.";
 }
 
 // ---- the roll: the live piece as it grows, the player's notes in track 0 ----

@@ -436,7 +436,7 @@ function clock(run) { return run.slice(9, 15).replace(/(..)(..)(..)/, "$1:$2:$3"
 // the form as it was for an earlier run: its model, its prompt (an uploaded one and its bars, or
 // the earlier sample an extension continued), its settings (as the run recorded them)
 function restoreForm(r) {
-  if (state.models.some((m) => m.name === r.model)) { $("model").value = r.model; showDefaults(); showExamples(); }
+  if (state.models.some((m) => m.name === r.model)) { $("model").value = r.model; showModel(); }
   const s = r.settings;
   const fields = { bars: s.bars, samples: s.num_samples, temperature: s.temperature, top_p: s.top_p, seed: s.seed, tempo: s.tempo };
   for (const [id, value] of Object.entries(fields)) $(id).value = value ?? "";
@@ -452,6 +452,9 @@ function restoreForm(r) {
 }
 
 // ---- start ----
+// what the chosen model offers: its defaults, the examples it continues, the meters it plays live (live.js)
+function showModel() { showDefaults(); showExamples(); showLiveMeters(); }
+
 function showDefaults() {
   const m = state.models.find((x) => x.name === $("model").value);
   if (!m) return;
@@ -475,10 +478,10 @@ async function start() {
     // the prompt held is read again by the new model's tokenizer, or let go; an earlier sample
     // is continued by the model that made it, whichever is chosen
     $("model").onchange = () => {
-      showDefaults(); showExamples();
+      showModel();
       if (state.prompt && state.prompt.prompt) loadPrompt(`prompt=${state.prompt.prompt}`, null, state.prompt.name);
     };
-    showDefaults(); showExamples();
+    showModel();
     loadSound(info.sound_missing);
     setStatus("ready");
   } catch (err) { showError(err.message); }

@@ -1,10 +1,12 @@
 """Write a checkpoint's weights under attention settings that use the same weights: a Performer's
-queries, keys and values read by exact softmax attention, or by FAVOR+ with more random features.
+queries, keys and values read by exact softmax attention, by FAVOR+ with more random features, or
+by FAVOR+ beside an exact window.
 What the new settings draw afresh (the random-feature projections) is the new model's own draw;
 every other tensor is the checkpoint's. An experiment's starting point, e.g. the softmax upper
 bound of a fine-tuning comparison at equal compute (docs/experiments/groove-loops).
     python scripts/experiments/attention_view.py CHECKPOINT OUT attention=softmax
     python scripts/experiments/attention_view.py CHECKPOINT OUT n_features=256
+    python scripts/experiments/attention_view.py CHECKPOINT OUT window=256
 """
 
 import shutil
@@ -24,7 +26,8 @@ source, out, changes = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3:]
 config = schemas.read(source / "config.json", CHECKPOINT_CONFIG).model_dump()
 for change in changes:
     key, _, value = change.partition("=")
-    config["model"][key] = type(config["model"][key])(value)
+    kind = type(config["model"].get(key, getattr(ModelConfig(), key)))  # (a setting newer than the checkpoint)
+    config["model"][key] = kind(value)
 torch.manual_seed(0)
 fresh = MusicPerformer(ModelConfig(**config["model"])).state_dict()
 weights = load_file(source / "model.safetensors")

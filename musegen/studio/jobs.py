@@ -89,7 +89,7 @@ class PageRequest(BaseModel):
         field = cls.model_fields.get(str(loc[0])) if len(loc) == 1 else None
         name = cls.labels.get(str(loc[0]), str(loc[0])) + "".join(f"[{part}]" for part in loc[1:])
         got = repr(error.get("input"))[:60]
-        special = cls._problem_of(kind, name, got, error.get("ctx", {}))
+        special = cls._problem_of(kind, name, got)
         if special:
             return special
         if kind in ("greater_than_equal", "less_than_equal"):
@@ -108,7 +108,7 @@ class PageRequest(BaseModel):
         return f"{name}: {error['msg'][0].lower() + error['msg'][1:]}"[:200]
 
     @classmethod
-    def _problem_of(cls, kind: str, name: str, got: str, ctx: dict) -> str | None:
+    def _problem_of(cls, kind: str, name: str, got: str) -> str | None:
         """A request's own words for an error of this `kind` (pydantic's), or None for `problem`'s."""
         return None
 

@@ -58,7 +58,7 @@ class LiveRequest(PageRequest):
     labels: ClassVar[dict[str, str]] = LABELS
 
     @classmethod
-    def _problem_of(cls, kind: str, name: str, got: str, ctx: dict) -> str | None:
+    def _problem_of(cls, kind: str, name: str, got: str) -> str | None:
         if kind == "string_pattern_mismatch":
             return f"{name} must be a time signature such as 4/4, got {got}"
         if kind in ("too_long", "too_short"):  # a bar's list of notes, or one note's four numbers

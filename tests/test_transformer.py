@@ -96,6 +96,20 @@ def test_beats_at_the_token_indices_are_the_token_positions(pe):
     assert (by_beats - by_tokens).abs().max() <= 1e-4
 
 
+@pytest.mark.parametrize("pe", ["sine", "ape"])
+def test_positions_per_beat_scales_the_onsets_everywhere(pe):
+    """A model of 4 positions a beat reads onsets b as a model of 1 a beat reads 4 b: in the
+    parallel pass, the step and a mix (the step.c path takes the codes the step makes)."""
+    tokens = ids()
+    beats = onsets(tokens)
+    scaled = three_ways(tiny(pe=pe, positions="beats", positions_per_beat=4.0), tokens, beats=beats)
+    by_hand = three_ways(tiny(pe=pe, positions="beats"), tokens, beats=4 * beats)
+    for a, b in zip(scaled, by_hand):
+        assert (a - b).abs().max() <= 1e-4
+    unscaled = three_ways(tiny(pe=pe, positions="beats"), tokens, beats=beats)[0]
+    assert (scaled[0] - unscaled).abs().max() > 1e-3
+
+
 def test_a_model_of_beats_needs_its_onsets_and_a_model_of_tokens_takes_none():
     tokens = ids()
     with pytest.raises(ValueError, match="onset"):
@@ -113,6 +127,8 @@ def test_a_model_of_beats_needs_its_onsets_and_a_model_of_tokens_takes_none():
         (dict(pe="none", positions="beats"), "positions 'beats'"),
         (dict(positions="bars"), "positions must be"),
         (dict(attention="elu", window=4), "window needs attention 'performer'"),
+        (dict(positions_per_beat=4.0), "positions_per_beat needs positions 'beats'"),
+        (dict(positions="beats", positions_per_beat=0.0), "positions_per_beat"),
     ],
 )
 def test_positions_and_window_settings_are_checked(settings, message):

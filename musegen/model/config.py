@@ -48,6 +48,11 @@ class ModelConfig:
     # "beats": each token sits at its onset in beats (any real, non-decreasing), given beside the
     # ids (training) or by the sampler at each step; "tokens": token indices 0, 1, 2, ...
     positions: str = "tokens"
+    # With positions "beats": position units per beat, the onsets' scale. sineSPE's frequencies
+    # stop at half a cycle per unit, so at 1 two onsets within one beat are barely told apart by
+    # position; at a model's mean tokens per beat, the kernels of its token-position training
+    # keep about their reach (a fine-tune from token positions).
+    positions_per_beat: Annotated[float, Field(gt=0.0, le=4096.0)] = 1.0
     spe_sines: size(256) = 5  # K for sineSPE
     spe_kernel: size(4096) = 128  # filter length P for convSPE
     spe_realizations: size(1024) = 64  # R
@@ -91,6 +96,10 @@ class ModelConfig:
                 self.positions == "tokens" or self.pe in ("sine", "ape"),
                 f"positions 'beats' needs pe 'sine' or 'ape' (convSPE filters noise on a grid of "
                 f"token steps; 'none' has no positions), got pe={self.pe!r}",
+            ),
+            (
+                self.positions == "beats" or self.positions_per_beat == 1.0,
+                f"positions_per_beat needs positions 'beats', got positions={self.positions!r}",
             ),
             (
                 self.window == 0 or self.attention == "performer",

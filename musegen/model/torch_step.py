@@ -370,6 +370,7 @@ class RecurrentStep:
         """tokens [B] at token `position` (and each sequence's onset `beats` [B] when the model's
         positions are beats) -> logits [B, vocab] (fp32); the state moves one step on."""
         model = self.model
+        beats = model.beat_positions(beats)
         x = F.embedding(tokens, self.embedding)
         if model.config.pe == "ape":
             at = beats if beats is not None else torch.tensor([position], device=x.device)

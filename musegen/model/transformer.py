@@ -248,6 +248,7 @@ class MusicPerformer(nn.Module):
         t1 = t0 + ids.shape[1]
         self.config.check_length(t1)
         self._check_beats(beats, ids.shape)
+        beats = self.beat_positions(beats)
         x = self.embedding(ids) * math.sqrt(self.config.d_model)
         if self.config.pe == "ape":
             positions = beats if beats is not None else torch.arange(t0, t1, device=ids.device)
@@ -283,6 +284,11 @@ class MusicPerformer(nn.Module):
     def position_encoding(self, positions: torch.Tensor) -> torch.Tensor:
         """The absolute (APE) encoding of `positions` [...] (token indices or beats): [..., d_model]."""
         return sinusoids(positions, self.config.d_model)
+
+    def beat_positions(self, beats: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        """Onsets in beats as the positions the encodings read (`positions_per_beat` units a beat)."""
+        scale = self.config.positions_per_beat
+        return beats if beats is None or scale == 1.0 else beats * scale
 
     def _check_beats(self, beats: Optional[torch.Tensor], shape: tuple) -> None:
         """ValueError unless `beats` is given, of `shape`, exactly when the positions are beats."""

@@ -27,6 +27,29 @@ train_run() {
     && echo "$run: trained" || { echo "$run: FAILED (see $run/train.out)"; return 1; }
 }
 
+# fine_tune RUN INIT DATA STOP KEPT SETTING...: train (or resume) RUN from INIT's weights with
+# these settings. With STOP, a comparison at equal compute: stop once checkpoint STOP is written
+# and keep it as KEPT (nothing to do when KEPT exists); the run's schedule may go on longer, so it
+# can be resumed. STOP empty: train to the last step.
+fine_tune() {
+  local run=$1 init=$2 data=$3 stop=$4 kept=$5; shift 5
+  [ -n "$stop" ] && [ -d "$kept" ] && { echo "$kept: done"; return 0; }
+  local sets=(--init "$init")
+  compgen -G "$run/checkpoints/step-*" >/dev/null && sets+=(--resume)  # with --init: the model is the init checkpoint's, not a preset's
+  for s in "$@"; do sets+=(--set "$s"); done
+  mkdir -p "$run"
+  OMP_NUM_THREADS=1 "${musegen[@]}" train --data "$data" --out "$run" "${sets[@]}" >> "$run/train.out" 2>&1 &
+  local pid=$!
+  [ -n "$stop" ] || { wait $pid; return; }
+  local step=$run/checkpoints/step-$(printf %08d "$stop")
+  until [ -f "$step/model.safetensors" ] || ! kill -0 $pid 2>/dev/null; do sleep 10; done
+  sleep 20  # the checkpoint's last files
+  kill $pid 2>/dev/null || true
+  wait $pid || true
+  [ -f "$step/model.safetensors" ] || { echo "$run: stopped before step $stop (see $run/train.out)"; return 1; }
+  cp -r "$step" "$kept"
+}
+
 # in_pool COMMAND...: run in the background, at most $JOBS at once; `wait` collects them.
 in_pool() {
   while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n || true; done

@@ -27,24 +27,11 @@ declare -A INIT_OF=([plain]=checkpoints/groove-dur [loops]=checkpoints/groove-du
                     [softmax-loops]=$RUNS/groove-dur-softmax-init [f256-loops]=$RUNS/groove-dur-f256-init)
 stages=${*:-data train copy}
 
-# fine_tune NAME [STOP_AT]: train (or resume) run NAME from its starting weights; with STOP_AT,
-# stop it once its checkpoint STOP_AT is written and keep that as $RUNS/NAME-at-STOP_AT.
-fine_tune() {
-  local name=$1 stop=${2:-} run=$RUNS/groove-dur-$1
-  [ -n "$stop" ] && [ -d "$RUNS/$name-at-$stop" ] && { echo "$RUNS/$name-at-$stop: done"; return 0; }
-  local sets=(--init "${INIT_OF[$name]}")
-  compgen -G "$run/checkpoints/step-*" >/dev/null && sets+=(--resume)  # with --init: the model is the init checkpoint's, not a preset's
-  for s in "${COMMON[@]}"; do sets+=(--set "$s"); done
-  mkdir -p "$run"
-  OMP_NUM_THREADS=1 "${musegen[@]}" train --data "${DATA_OF[$name]}" --out "$run" "${sets[@]}" > "$run/train.out" 2>&1 &
-  local pid=$!
-  [ -n "$stop" ] || { wait $pid; return; }
-  local step=$run/checkpoints/step-$(printf %08d "$stop")
-  until [ -f "$step/model.safetensors" ] || ! kill -0 $pid 2>/dev/null; do sleep 10; done
-  sleep 20  # the checkpoint's last files
-  kill $pid 2>/dev/null || true
-  wait $pid || true
-  cp -r "$step" "$RUNS/$name-at-$stop"
+# loop_run NAME [STOP_AT]: fine-tune run NAME from its starting weights (common.sh's fine_tune);
+# with STOP_AT, kept at that update as $RUNS/NAME-at-STOP_AT.
+loop_run() {
+  local stop=${2:-}
+  fine_tune "$RUNS/groove-dur-$1" "${INIT_OF[$1]}" "${DATA_OF[$1]}" "$stop" "$RUNS/$1-at-$stop" "${COMMON[@]}"
 }
 
 for stage in $stages; do
@@ -57,7 +44,7 @@ for stage in $stages; do
     train)
       "$py" scripts/experiments/attention_view.py checkpoints/groove-dur "$RUNS/groove-dur-softmax-init" attention=softmax
       "$py" scripts/experiments/attention_view.py checkpoints/groove-dur "$RUNS/groove-dur-f256-init" n_features=256
-      for m in plain loops softmax-loops f256-loops; do in_pool fine_tune "$m" $COMPARE_AT; done
+      for m in plain loops softmax-loops f256-loops; do in_pool loop_run "$m" $COMPARE_AT; done
       wait ;;
     copy)
       OMP_NUM_THREADS=1 "${musegen[@]}" evaluate copy --checkpoint previous=checkpoints/groove \
@@ -67,7 +54,7 @@ for stage in $stages; do
         --data data/mma-groove-dur --pieces 12 --samples 2 --seed 0 --threads 1 --device cpu --out "$RUNS/groove-loops-copy" ;;
     long)
       COMMON+=(steps=$LONG_STEPS)  # (the later setting wins)
-      fine_tune loops ;;
+      loop_run loops ;;
     *) echo "groove_loops.sh: unknown stage $stage (data train copy long)" >&2; exit 2 ;;
   esac
 done

@@ -11,12 +11,15 @@
 #   finetune  two fine-tuning runs from checkpoints/groove-dur at equal compute, side by side:
 #             `plain` (as trained) and `window-256` (the same weights with window 256), 8 x 512
 #             tokens an update, lr 1e-4, 20 warm-up updates, cosine over 400; compared at STOP
+#   beats     the same for `beats` (positions in musical time: model.positions=beats) and
+#             `beats-window-256` (both), from the same weights
 #   compare   recall gain and the copy test with the model alone (--cache 0, corpus patterns) of
-#             the start and both runs at STOP
+#             the start and every run of FINE_TUNED at STOP
 #   styles    the issue-style continuation protocol on the 60 test-style pieces (2-bar prompts,
-#             8 bars, 2 samples, --cache 0) for the start and both runs at STOP
-#   bash scripts/experiments/groove_window.sh views zero data finetune compare styles
-# Settings (environment): RUNS (runs), WINDOWS ("128 256 512"), STOP (150; the page also has 100).
+#             8 bars, 2 samples, --cache 0) for the same models
+#   bash scripts/experiments/groove_window.sh views zero data finetune beats compare styles
+# Settings (environment): RUNS (runs), WINDOWS ("128 256 512"), STOP (150; the page also has 100),
+# FINE_TUNED (the runs compare and styles take: "plain window-256 beats beats-window-256").
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/experiments/common.sh
@@ -32,24 +35,24 @@ stages=${*:-views zero}
 views=(trained=$BASE softmax=$OUT/view-softmax)
 for w in $WINDOWS; do views+=(window-$w=$OUT/view-window-$w); done
 
-# fine_tune NAME INIT: train (or resume) run NAME from INIT's weights; stop once its checkpoint
-# STOP is written and keep that as $OUT/NAME-at-STOP.
-fine_tune() {
-  local name=$1 init=$2 run=$OUT/ft-$1 kept=$OUT/$1-at-$STOP
-  [ -d "$kept" ] && { echo "$kept: done"; return 0; }
-  local sets=(--init "$init")
-  compgen -G "$run/checkpoints/step-*" >/dev/null && sets+=(--resume)
-  for s in seq_len=512 batch_size=8 steps=400 lr=1e-4 warmup=20 model.redraw=every:40 valid_every=0 \
-           ckpt_every=50 keep=20 workers=0 seed=1; do sets+=(--set "$s"); done
-  mkdir -p "$run"
-  OMP_NUM_THREADS=1 "${musegen[@]}" train --data "$DATA" --out "$run" "${sets[@]}" >> "$run/train.out" 2>&1 &
-  local pid=$! step=$run/checkpoints/step-$(printf %08d "$STOP")
-  until [ -f "$step/model.safetensors" ] || ! kill -0 $pid 2>/dev/null; do sleep 10; done
-  sleep 20  # the checkpoint's last files
-  kill $pid 2>/dev/null || true
-  wait $pid || true
-  cp -r "$step" "$kept"
+# The fine-tuned runs and their starting weights; `beats` reads each token's position as its onset
+# in beats, 16 positions a beat (the corpus's median tokens per beat is 15.8, so the kernels learnt
+# over token positions keep about their reach).
+declare -A INIT_OF=([plain]=$BASE [window-256]=$OUT/view-window-256 [beats]=$OUT/view-beats
+                    [beats-window-256]=$OUT/view-beats-window-256)
+BEATS=(positions=beats positions_per_beat=16)
+FINE_TUNE=(seq_len=512 batch_size=8 steps=400 lr=1e-4 warmup=20 model.redraw=every:40 valid_every=0
+           ckpt_every=50 keep=20 workers=0 seed=1)
+
+# tuned NAME: fine-tune NAME from its starting weights, kept at update STOP as $OUT/NAME-at-STOP.
+tuned() { fine_tune "$OUT/ft-$1" "${INIT_OF[$1]}" "$DATA" "$STOP" "$OUT/$1-at-$STOP" "${FINE_TUNE[@]}"; }
+
+# kept_runs: start=BASE and NAME=its kept checkpoint for every fine-tuned run of FINE_TUNED.
+kept_runs() {
+  echo "start=$BASE"
+  for m in $FINE_TUNED; do echo "$m=$OUT/$m-at-$STOP"; done
 }
+FINE_TUNED=${FINE_TUNED:-plain window-256 beats beats-window-256}
 
 for stage in $stages; do
   case $stage in
@@ -71,19 +74,27 @@ for stage in $stages; do
     data)
       "${musegen[@]}" data prepare mma-groove --tokenizer groove-dur --limit 640 --loops 2000 --out "$DATA" ;;
     finetune)
-      in_pool fine_tune plain $BASE
-      in_pool fine_tune window-256 "$OUT/view-window-256"
+      in_pool tuned plain
+      in_pool tuned window-256
+      wait ;;
+    beats)
+      [ -d "$OUT/view-beats" ] || "$py" scripts/experiments/attention_view.py $BASE "$OUT/view-beats" "${BEATS[@]}"
+      [ -d "$OUT/view-beats-window-256" ] || "$py" scripts/experiments/attention_view.py $BASE \
+        "$OUT/view-beats-window-256" "${BEATS[@]}" window=256
+      in_pool tuned beats
+      in_pool tuned beats-window-256
       wait ;;
     compare)
-      [ -f "$OUT/compare/copy.json" ] || OMP_NUM_THREADS=1 "${musegen[@]}" evaluate copy --checkpoint start=$BASE \
-        --checkpoint "plain=$OUT/plain-at-$STOP" --checkpoint "window-256=$OUT/window-256-at-$STOP" \
+      models=()
+      for m in $(kept_runs); do models+=(--checkpoint "$m"); done
+      [ -f "$OUT/compare/copy.json" ] || OMP_NUM_THREADS=1 "${musegen[@]}" evaluate copy "${models[@]}" \
         --data "$DATA" --cache 0 --threads 1 --device cpu --out "$OUT/compare" ;;
     styles)
-      for m in start=$BASE "plain=$OUT/plain-at-$STOP" "window-256=$OUT/window-256-at-$STOP"; do
+      for m in $(kept_runs); do
         in_pool env DATA="$DATA" PIECES=60 SAMPLES=2 SAMPLING="--cache 0" \
           bash scripts/experiments/groove_eval.sh "${m#*=}" "$OUT/mma-${m%%=*}" mma table
       done
       wait ;;
-    *) echo "groove_window.sh: unknown stage $stage (views zero data finetune compare styles)" >&2; exit 2 ;;
+    *) echo "groove_window.sh: unknown stage $stage (views zero data finetune beats compare styles)" >&2; exit 2 ;;
   esac
 done

@@ -36,7 +36,7 @@ standard library's tokenize.)
 7. positions and window: the step at 512 and 8192 (--quick: 512 only) (batch 1, auto's path)
    of the same weights with positions in beats, with an exact window of W tokens (--window,
    default 16), and with both, next to token positions without a window, in interleaved rounds
-   (run by --step-only too).
+   and the step state's MiB at each position (run by --step-only too).
 Exits non-zero if a flatness target fails: step latency at the last position over 1.2x that
 at the first, or the sampler's last quarter over 1.2x slower than its first, without the cache
 or with it.
@@ -248,9 +248,9 @@ def family_steps(device: torch.device, vocab_size: int, tokens: torch.Tensor) ->
 def variant_steps(
     model: MusicPerformer, device: torch.device, tokens, path: str, window: int, rounds: int, positions
 ) -> dict:
-    """{(variant, position): median single-token step seconds} at `positions`, batch 1, on
-    `path`, for `model`'s weights with token positions, beats, a window, and both; the sessions
-    are advanced in parallel blocks and the steps timed in interleaved rounds."""
+    """{(variant, position): (median single-token step seconds, the step's state bytes)} at
+    `positions`, batch 1, on `path`, for `model`'s weights with token positions, beats, a window,
+    and both; the sessions are advanced in parallel blocks and the steps timed in interleaved rounds."""
     variants = {
         "tokens": {},
         "beats": dict(positions="beats"),
@@ -276,16 +276,28 @@ def variant_steps(
             t = session.position
             at = None if beats is None else beats[0, t : t + 1]
             times[key].append(seconds(lambda: session.step(tokens[:1, t], at), device))
-    return {key: statistics.median(values) for key, values in times.items()}
+    return {key: (statistics.median(values), sessions[key][0].state_bytes) for key, values in times.items()}
 
 
-def print_variant_table(times: dict, path: str) -> None:
-    positions = list(dict.fromkeys(position for _, position in times))
-    print(f"# positions and window ({path}, batch 1): step ms, and / token positions without a window")
-    print(f"{'variant':>24}" + "".join(f" {f'{p} ms':>9} {'/ tokens':>9}" for p in positions))
-    for name in dict.fromkeys(name for name, _ in times):
-        cells = ((times[(name, p)], times[(name, p)] / times[("tokens", p)]) for p in positions)
-        print(f"{name:>24}" + "".join(f" {s * 1e3:>9.2f} {ratio:>8.2f}x" for s, ratio in cells))
+def print_variant_table(steps: dict, path: str) -> None:
+    positions = list(dict.fromkeys(position for _, position in steps))
+    first, last = positions[0], positions[-1]
+    print(f"# positions and window ({path}, batch 1): step ms and / token positions without a window; state MiB")
+    print(
+        f"{'variant':>24}"
+        + "".join(f" {f'{p} ms':>9} {'/ tokens':>9}" for p in positions)
+        + "".join(f" {f'MiB {p}':>9}" for p in positions)
+        + (f" {f'{last}/{first}':>10}" if last != first else "")
+    )
+    for name in dict.fromkeys(name for name, _ in steps):
+        cells = ((steps[(name, p)][0], steps[(name, p)][0] / steps[("tokens", p)][0]) for p in positions)
+        memory = [steps[(name, p)][1] / 2**20 for p in positions]
+        print(
+            f"{name:>24}"
+            + "".join(f" {s * 1e3:>9.2f} {ratio:>8.2f}x" for s, ratio in cells)
+            + "".join(f" {mib:>9.2f}" for mib in memory)
+            + (f" {memory[-1] / memory[0]:>9.2f}x" if last != first else "")
+        )
 
 
 def thread_comparison(model: MusicPerformer, device: torch.device, threads: int, tokens, path: str) -> dict[int, float]:

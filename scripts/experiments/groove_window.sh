@@ -13,13 +13,15 @@
 #             tokens an update, lr 1e-4, 20 warm-up updates, cosine over 400; compared at STOP
 #   beats     the same for `beats` (positions in musical time: model.positions=beats) and
 #             `beats-window-256` (both), from the same weights
+#   bar       `beats-bar`: the `beats` start with heads 0 and 1 of sineSPE turning at 1/4..4/4 cycles a
+#             beat, a kernel that peaks once a bar (scripts/experiments/bar_kernel.py), fine-tuned alike
 #   compare   recall gain and the copy test with the model alone (--cache 0, corpus patterns) of
 #             the start and every run of FINE_TUNED at STOP
 #   styles    the issue-style continuation protocol on the 60 test-style pieces (2-bar prompts,
 #             8 bars, 2 samples, --cache 0) for the same models
-#   bash scripts/experiments/groove_window.sh views zero data finetune beats compare styles
+#   bash scripts/experiments/groove_window.sh views zero data finetune beats bar compare styles
 # Settings (environment): RUNS (runs), WINDOWS ("128 256 512"), STOP (150; the page also has 100),
-# FINE_TUNED (the runs compare and styles take: "plain window-256 beats beats-window-256").
+# FINE_TUNED (the runs compare and styles take: "plain window-256 beats beats-window-256 beats-bar").
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/experiments/common.sh
@@ -39,7 +41,7 @@ for w in $WINDOWS; do views+=(window-$w=$OUT/view-window-$w); done
 # in beats, 16 positions a beat (the corpus's median tokens per beat is 15.8, so the kernels learnt
 # over token positions keep about their reach).
 declare -A INIT_OF=([plain]=$BASE [window-256]=$OUT/view-window-256 [beats]=$OUT/view-beats
-                    [beats-window-256]=$OUT/view-beats-window-256)
+                    [beats-window-256]=$OUT/view-beats-window-256 [beats-bar]=$OUT/view-beats-bar)
 BEATS=(positions=beats positions_per_beat=16)
 FINE_TUNE=(seq_len=512 batch_size=8 steps=400 lr=1e-4 warmup=20 model.redraw=every:40 valid_every=0
            ckpt_every=50 keep=20 workers=0 seed=1)
@@ -52,7 +54,7 @@ kept_runs() {
   echo "start=$BASE"
   for m in $FINE_TUNED; do echo "$m=$OUT/$m-at-$STOP"; done
 }
-FINE_TUNED=${FINE_TUNED:-plain window-256 beats beats-window-256}
+FINE_TUNED=${FINE_TUNED:-plain window-256 beats beats-window-256 beats-bar}
 
 for stage in $stages; do
   case $stage in
@@ -84,6 +86,9 @@ for stage in $stages; do
       in_pool tuned beats
       in_pool tuned beats-window-256
       wait ;;
+    bar)
+      [ -d "$OUT/view-beats-bar" ] || "$py" scripts/experiments/bar_kernel.py "$OUT/view-beats" "$OUT/view-beats-bar" 2 4
+      tuned beats-bar ;;
     compare)
       models=()
       for m in $(kept_runs); do models+=(--checkpoint "$m"); done
@@ -95,6 +100,6 @@ for stage in $stages; do
           bash scripts/experiments/groove_eval.sh "${m#*=}" "$OUT/mma-${m%%=*}" mma table
       done
       wait ;;
-    *) echo "groove_window.sh: unknown stage $stage (views zero data finetune beats compare styles)" >&2; exit 2 ;;
+    *) echo "groove_window.sh: unknown stage $stage (views zero data finetune beats bar compare styles)" >&2; exit 2 ;;
   esac
 done

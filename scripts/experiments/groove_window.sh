@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What a local exact window (`model.window = W`: exact softmax over the last W tokens, FAVOR+ over
-# the older ones, one normalisation) does to the shipped groove model. Results in
-# docs/experiments/groove-window/README.md. One CPU thread per job.
+# the older ones, one normalisation) and positions in beats (`model.positions = beats`) do to the
+# shipped groove model. Results in docs/experiments/groove-window/README.md. One CPU thread per job.
 #   views     checkpoints/groove-dur's weights read with windows of WINDOWS tokens and with exact
 #             softmax over everything, untrained (scripts/experiments/attention_view.py)
 #   zero      recall gain and copy test (the sampler's defaults) of the views; and the issue-style
@@ -15,11 +15,13 @@
 #             `beats-window-256` (both), from the same weights
 #   bar       `beats-bar`: the `beats` start with heads 0 and 1 of sineSPE turning at 1/4..4/4 cycles a
 #             beat, a kernel that peaks once a bar (scripts/experiments/bar_kernel.py), fine-tuned alike
+#             (the page's run: STOP=100, compared with `beats` at its update 100)
 #   compare   recall gain and the copy test with the model alone (--cache 0, corpus patterns) of
 #             the start and every run of FINE_TUNED at STOP
 #   styles    the issue-style continuation protocol on the 60 test-style pieces (2-bar prompts,
 #             8 bars, 2 samples, --cache 0) for the same models
-#   bash scripts/experiments/groove_window.sh views zero data finetune beats bar compare styles
+#   midi      the same models on the Freedoom tunes of tests/data/multitrack, --cache 0
+#   bash scripts/experiments/groove_window.sh views zero data finetune beats bar compare styles midi
 # Settings (environment): RUNS (runs), WINDOWS ("128 256 512"), STOP (150; the page also has 100),
 # FINE_TUNED (the runs compare and styles take: "plain window-256 beats beats-window-256 beats-bar").
 set -euo pipefail
@@ -100,6 +102,11 @@ for stage in $stages; do
           bash scripts/experiments/groove_eval.sh "${m#*=}" "$OUT/mma-${m%%=*}" mma table
       done
       wait ;;
-    *) echo "groove_window.sh: unknown stage $stage (views zero data finetune beats bar compare styles)" >&2; exit 2 ;;
+    midi)
+      for m in $(kept_runs); do
+        in_pool env SAMPLING="--cache 0" bash scripts/experiments/groove_eval.sh "${m#*=}" "$OUT/midi-${m%%=*}" midi table
+      done
+      wait ;;
+    *) echo "groove_window.sh: unknown stage $stage (views zero data finetune beats bar compare styles midi)" >&2; exit 2 ;;
   esac
 done

@@ -857,7 +857,7 @@ def test_two_writers_on_one_run_folder(tiny_data, tmp_path):
     codes = sorted(rc for rc, _ in results)
     # The second refuses at the lock while the first trains (exit 1) or, had the first already
     # finished when it started (a loaded machine), at the checkpoints it left (exit 2): either
-    # way in one line, and the folder keeps one run's files.
+    # way in one line that says which.
     refusals = {1: "in use by another", 2: "already holds checkpoints"}
     errors = [[line for line in err.splitlines() if line.startswith("error:")] for rc, err in results if rc]
     one_refused = (

@@ -6,7 +6,6 @@ kernel from scratch (a fine-tune at lr 1e-4 moves sineSPE's parameters by about 
     python scripts/experiments/bar_kernel.py CHECKPOINT OUT HEADS HARMONICS    (e.g. 2 4)
 """
 
-import math
 import shutil
 import sys
 from pathlib import Path
@@ -31,4 +30,3 @@ offsets[:heads, :, :harmonics] = 0
 shutil.copytree(source, out, dirs_exist_ok=True)
 save_file({**weights, "spe.freqs": freqs.contiguous(), "spe.offsets": offsets.contiguous()}, out / "model.safetensors")
 print(f"{out}: {source} with heads 0..{heads - 1} turning at 1..{harmonics} quarters of a cycle a beat")
-assert math.isfinite(float(freqs.sum()))

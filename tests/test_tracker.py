@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import symusic
 from tiny_models import tiny_checkpoint
+from train_fixtures import prepare_pop909
 
 from data_prep.pop909 import annotations
 from musegen.cli import main
@@ -135,3 +136,52 @@ def test_cli_sample_says_and_records_the_grid(pop909_songs, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["sample", "-c", str(checkpoint), "--length", "8", "--grid", "bars", "--out", str(out / "bad")])
     assert exit_.value.code == 2 and "--grid must be one of auto, track, file" in capsys.readouterr().err
+
+
+def test_evaluate_continuation_puts_a_folder_of_raw_files_on_the_grid_it_is_told(pop909_songs, tmp_path, capsys):
+    """`evaluate continuation --grid track` continues each raw POP909 file as `sample --grid track`
+    reads it: the real bars it measures are the tracked, re-timed file's, not the file's offset
+    grid's; the grid is recorded; a prepared corpus (already on its grid) refuses the option."""
+    checkpoint = tiny_checkpoint("remi", tmp_path / "ckpt")
+    folder = tmp_path / "raw"
+    folder.mkdir()
+    song = pop909_songs[2]
+    (folder / song.name).write_bytes(song.read_bytes())
+    tok = RemiTokenizer()
+    real = {}
+    for grid in ("file", "track"):
+        args = [
+            "evaluate",
+            "continuation",
+            "-c",
+            checkpoint,
+            "--data",
+            folder,
+            "--grid",
+            grid,
+            "--out",
+            tmp_path / grid,
+        ]
+        args += ["--prompt-bars", 1, "--bars", 4, "--samples-per-piece", 1, "--device", "cpu"]
+        with pytest.raises(SystemExit) as exit_:
+            main([str(a) for a in args])
+        assert (exit_.value.code or 0) == 0, capsys.readouterr().err
+        assert json.loads((tmp_path / grid / "run.json").read_text())["grid"] == grid
+        record = json.loads((tmp_path / grid / "pieces.jsonl").read_text().splitlines()[0])
+        notes = tok.decode(load_prompt(tok, song, grid=grid).ids)  # the whole file, on that grid
+        span = notes.onsets_in(record["span_start_bar"], 4)
+        assert record["real"]["notes per bar"] == [len(span) / 4]
+        real[grid] = record["real"]
+    assert real["file"] != real["track"]  # the offset grid and the music's cut other bars
+    corpus = prepare_pop909(pop909_songs[:3], tmp_path / "corpus")
+    capsys.readouterr()  # the runs' and the preparation's progress
+    with pytest.raises(SystemExit) as exit_:
+        main(
+            [
+                str(a)
+                for a in ["evaluate", "continuation", "-c", checkpoint, "--data", corpus, "--split", "train"]
+                + ["--grid", "track", "--out", tmp_path / "corpus-eval", "--device", "cpu"]
+            ]
+        )
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and err.count("\n") == 0 and "a prepared corpus's tokens are on their grid" in err

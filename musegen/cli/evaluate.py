@@ -126,13 +126,19 @@ def continuation(
         help="Also measure each quarter of the bars (a multiple of 4): how a "
         "long continuation holds up past the training length.",
     ),
+    grid: str = typer.Option(
+        "file",
+        help="For a folder of MIDI files, where each file's beats and bars are: file: its own grid; track: found "
+        "in its notes, and the file re-timed to them (a played or offset file); auto: tracked where the file's "
+        "grid fits its notes worse.",
+    ),
     settings: Optional[SampleSettings] = None,  # the drawing options, made by @sampling_options
 ):
     """Continue held-out pieces (pickup bar + N bars in, M bars out, as MIREX 2025) and compare the
     continuations with the real bars and with another piece's: a table (CSV + Markdown) and a plot."""
     from musegen.evaluation.run_continuation import ContinuationSettings, evaluate_continuation
 
-    sample = replace(settings, bars=bars, num_samples=samples_per_piece, seed=seed)
+    sample = replace(settings, bars=bars, num_samples=samples_per_piece, seed=seed, grid=grid)
     settings = ContinuationSettings(prompt_bars=prompt_bars, sample=sample, by_quarter=by_quarter)
     result = evaluate_continuation(
         checkpoint, data, out, settings, split=split, limit=pieces, device=device, threads=threads

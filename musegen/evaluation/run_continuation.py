@@ -38,7 +38,7 @@ from ..device import resolve_device
 from ..errors import ConfigError, DataError, MusegenError, TokenError
 from ..generation.loop import generate
 from ..generation.outputs import write_samples
-from ..generation.prompt import prompt_from_ids
+from ..generation.prompt import encode_on_grid, prompt_from_ids
 from ..generation.settings import SampleSettings, nth_seed
 from ..io import write_json, write_text
 from ..metrics.metric import QUARTERS, STATISTICS, Metric, Span, measure, nan_median
@@ -124,12 +124,12 @@ MIDI_SPLIT = "midi"  # the split name of a folder of MIDI files
 
 
 def split_pieces(
-    data_dir: str | os.PathLike, split: str, tokenizer: Tokenizer
+    data_dir: str | os.PathLike, split: str, tokenizer: Tokenizer, grid: str = "file"
 ) -> tuple[str, list[str], list[np.ndarray], dict[str, str]]:
     """(split, piece names, their ids, unreadable pieces with why) of a prepared corpus's split,
     or of every MIDI file under a folder without a shard index (real music that is not in any
-    corpus; each file encoded by the model's tokenizer, named by its path in the folder; `split`
-    is then not used)."""
+    corpus; each file put on the grid `grid` names and encoded by the model's tokenizer, named by
+    its path in the folder; `split` is then not used). A corpus's tokens are on their grid already."""
 
     folder = Path(data_dir)
     if folder.is_dir() and not (folder / INDEX).exists():
@@ -140,11 +140,15 @@ def split_pieces(
         for path in files:
             name = str(path.relative_to(folder).with_suffix(""))
             try:
-                ids.append(np.asarray(tokenizer.encode(path).ids, dtype=np.int64))
+                ids.append(np.asarray(encode_on_grid(tokenizer, path, grid).ids, dtype=np.int64))
                 names.append(name)
             except MusegenError as exc:
                 unreadable[name] = f"cannot encode: {str(exc).splitlines()[0]}"
         return MIDI_SPLIT, names, ids, unreadable
+    if grid != "file":
+        raise ConfigError(
+            f"--grid {grid}: a prepared corpus's tokens are on their grid already; it is for a folder of MIDI files"
+        )
     shards = Shards(folder)
     split, ids = shards.pieces_for(split, tokenizer)
     return split, shards.names(split), ids, {}
@@ -442,7 +446,7 @@ def evaluate_continuation(
     device = resolve_device(device)
     model, tokenizer, _, _ = load_checkpoint(checkpoint, device=device)
     settings = replace(settings, sample=settings.sample.resolved(tokenizer))  # the model's defaults, recorded
-    split, names, ids, unreadable = split_pieces(data_dir, split, tokenizer)
+    split, names, ids, unreadable = split_pieces(data_dir, split, tokenizer, settings.sample.grid)
     usable, skipped = usable_pieces(tokenizer, names, ids, settings)
     skipped = unreadable | skipped
     if not usable:

@@ -65,12 +65,8 @@ def load_prompt(
     path = Path(source)
     check_regular(path, "prompt")  # a FIFO would block the read
     if path.suffix.lower() != ".json":
-        # a trusted grid needs no parse of its own: the tokenizer reads the file once
-        score, beats = (None, None) if grid == "file" else regrid(load_score(path), grid)
-        on_file = beats is None or beats.source == "file"
-        encoding = tokenizer.encode(path) if on_file else _encoded(tokenizer, score, path)
-        report = {**encoding.report, "grid": beats.record() if beats else {"source": "file"}}
-        return prompt_from_ids(tokenizer, encoding.ids, bars, report, str(path), first)
+        encoding = encode_on_grid(tokenizer, path, grid)
+        return prompt_from_ids(tokenizer, encoding.ids, bars, encoding.report, str(path), first)
     if first > 1:  # the task's times count from its own origin, which a later first bar would move
         raise ConfigError(f"{path}: a MIREX task prompt is continued from its first bar; --prompt-from is for MIDI")
     notes = mirex.read_prompt(path)
@@ -80,6 +76,16 @@ def load_prompt(
         raise type(exc)(str(exc).replace("<bytes>", str(path), 1)) from None
     prompt = prompt_from_ids(tokenizer, encoding.ids, bars, encoding.report, str(path))
     return replace(prompt, mirex_offset=mirex.origin_offset(notes, prompt.piece))
+
+
+def encode_on_grid(tokenizer: Tokenizer, path: Path, grid: str):
+    """A MIDI file encoded on the grid `grid` names (`musegen.music.tracker.regrid`); its report
+    records that grid as "grid"."""
+    # a trusted grid needs no parse of its own: the tokenizer reads the file once
+    score, beats = (None, None) if grid == "file" else regrid(load_score(path), grid)
+    on_file = beats is None or beats.source == "file"
+    encoding = tokenizer.encode(path) if on_file else _encoded(tokenizer, score, path)
+    return replace(encoding, report={**encoding.report, "grid": beats.record() if beats else {"source": "file"}})
 
 
 def _encoded(tokenizer: Tokenizer, score, path: Path):

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What a local exact window (`model.window = W`: exact softmax over the last W tokens, FAVOR+ over
 # the older ones, one normalisation) and positions in beats (`model.positions = beats`) do to the
-# shipped groove model. Results in docs/experiments/groove-window/README.md. One CPU thread per job.
+# shipped groove model. Results in docs/experiments/groove-window/README.md. One CPU thread per job;
+# the fine-tunes in fp32 on every machine (the first ones ran on a CPU without bf16).
 #   views     checkpoints/groove-dur's weights read with windows of WINDOWS tokens and with exact
 #             softmax over everything, untrained (scripts/experiments/attention_view.py)
 #   zero      recall gain and copy test (the sampler's defaults) of the views; and the issue-style
@@ -13,6 +14,8 @@
 #             tokens an update, lr 1e-4, 20 warm-up updates, cosine over 400; compared at STOP
 #   beats     the same for `beats` (positions in musical time: model.positions=beats) and
 #             `beats-window-256` (both), from the same weights
+#   softmax   `softmax`: the same weights read with exact softmax over every token (the view of `views`),
+#             fine-tuned alike: the upper bound a window tends to, at the same compute
 #   bar       `beats-bar`: the `beats` start with heads 0 and 1 of sineSPE turning at 1/4..4/4 cycles a
 #             beat, a kernel that peaks once a bar (scripts/experiments/bar_kernel.py), fine-tuned alike
 #             (the page's run: STOP=100, compared with `beats` at its update 100)
@@ -21,9 +24,10 @@
 #   styles    the issue-style continuation protocol on the 60 test-style pieces (2-bar prompts,
 #             8 bars, 2 samples, --cache 0) for the same models
 #   midi      the same models on the Freedoom tunes of tests/data/multitrack, --cache 0
-#   bash scripts/experiments/groove_window.sh views zero data finetune beats bar compare styles midi
+#   bash scripts/experiments/groove_window.sh views zero data finetune beats softmax bar compare styles midi
 # Settings (environment): RUNS (runs), WINDOWS ("128 256 512"), STOP (150; the page also has 100),
-# FINE_TUNED (the runs compare and styles take: "plain window-256 beats beats-window-256 beats-bar").
+# FINE_TUNED (the runs compare, styles and midi take: "plain window-256 beats beats-window-256
+# softmax beats-bar").
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/experiments/common.sh
@@ -43,10 +47,11 @@ for w in $WINDOWS; do views+=(window-$w=$OUT/view-window-$w); done
 # in beats, 16 positions a beat (the corpus's median tokens per beat is 15.8, so the kernels learnt
 # over token positions keep about their reach).
 declare -A INIT_OF=([plain]=$BASE [window-256]=$OUT/view-window-256 [beats]=$OUT/view-beats
-                    [beats-window-256]=$OUT/view-beats-window-256 [beats-bar]=$OUT/view-beats-bar)
+                    [beats-window-256]=$OUT/view-beats-window-256 [beats-bar]=$OUT/view-beats-bar
+                    [softmax]=$OUT/view-softmax)
 BEATS=(positions=beats positions_per_beat=16)
 FINE_TUNE=(seq_len=512 batch_size=8 steps=400 lr=1e-4 warmup=20 model.redraw=every:40 valid_every=0
-           ckpt_every=50 keep=20 workers=0 seed=1)
+           ckpt_every=50 keep=20 workers=0 seed=1 precision=fp32)
 
 # tuned NAME: fine-tune NAME from its starting weights, kept at update STOP as $OUT/NAME-at-STOP.
 tuned() { fine_tune "$OUT/ft-$1" "${INIT_OF[$1]}" "$DATA" "$STOP" "$OUT/$1-at-$STOP" "${FINE_TUNE[@]}"; }
@@ -56,7 +61,7 @@ kept_runs() {
   echo "start=$BASE"
   for m in $FINE_TUNED; do echo "$m=$OUT/$m-at-$STOP"; done
 }
-FINE_TUNED=${FINE_TUNED:-plain window-256 beats beats-window-256 beats-bar}
+FINE_TUNED=${FINE_TUNED:-plain window-256 beats beats-window-256 softmax beats-bar}
 
 for stage in $stages; do
   case $stage in
@@ -88,6 +93,9 @@ for stage in $stages; do
       in_pool tuned beats
       in_pool tuned beats-window-256
       wait ;;
+    softmax)
+      [ -d "$OUT/view-softmax" ] || "$py" scripts/experiments/attention_view.py $BASE "$OUT/view-softmax" attention=softmax
+      tuned softmax ;;
     bar)
       [ -d "$OUT/view-beats-bar" ] || "$py" scripts/experiments/bar_kernel.py "$OUT/view-beats" "$OUT/view-beats-bar" 2 4
       tuned beats-bar ;;
@@ -107,6 +115,6 @@ for stage in $stages; do
         in_pool env SAMPLING="--cache 0" bash scripts/experiments/groove_eval.sh "${m#*=}" "$OUT/midi-${m%%=*}" midi table
       done
       wait ;;
-    *) echo "groove_window.sh: unknown stage $stage (views zero data finetune beats bar compare styles midi)" >&2; exit 2 ;;
+    *) echo "groove_window.sh: unknown stage $stage (views zero data finetune beats softmax bar compare styles midi)" >&2; exit 2 ;;
   esac
 done

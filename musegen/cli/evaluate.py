@@ -99,13 +99,15 @@ def loss(
 
 
 @evaluate_app.command("continuation")
-@sampling_options(exclude=PROTOCOL_OWN)
+@sampling_options(
+    exclude=tuple(name for name in PROTOCOL_OWN if name != "grid")
+)  # a folder of MIDI files: each a prompt
 def continuation(
     checkpoint: Path = typer.Option(..., "--checkpoint", "-c", help="Checkpoint folder, or a shipped model's name."),
     data: Path = typer.Option(
         ...,
         help="Token shards folder (musegen data prepare), or a folder of MIDI files "
-        "(each encoded by the model's tokenizer; --split is then not used).",
+        "(each put on the grid --grid names and encoded by the model's tokenizer; --split is then not used).",
     ),
     out: Path = typer.Option(
         ...,
@@ -126,19 +128,13 @@ def continuation(
         help="Also measure each quarter of the bars (a multiple of 4): how a "
         "long continuation holds up past the training length.",
     ),
-    grid: str = typer.Option(
-        "file",
-        help="For a folder of MIDI files, where each file's beats and bars are: file: its own grid; track: found "
-        "in its notes, and the file re-timed to them (a played or offset file); auto: tracked where the file's "
-        "grid fits its notes worse.",
-    ),
     settings: Optional[SampleSettings] = None,  # the drawing options, made by @sampling_options
 ):
     """Continue held-out pieces (pickup bar + N bars in, M bars out, as MIREX 2025) and compare the
     continuations with the real bars and with another piece's: a table (CSV + Markdown) and a plot."""
     from musegen.evaluation.run_continuation import ContinuationSettings, evaluate_continuation
 
-    sample = replace(settings, bars=bars, num_samples=samples_per_piece, seed=seed, grid=grid)
+    sample = replace(settings, bars=bars, num_samples=samples_per_piece, seed=seed)
     settings = ContinuationSettings(prompt_bars=prompt_bars, sample=sample, by_quarter=by_quarter)
     result = evaluate_continuation(
         checkpoint, data, out, settings, split=split, limit=pieces, device=device, threads=threads

@@ -19,6 +19,8 @@ from train_fixtures import prepare_pop909
 from data_prep.pop909 import annotations
 from musegen.cli import main
 from musegen.generation.prompt import load_prompt, prompt_from_ids
+from musegen.generation.settings import SampleSettings
+from musegen.music import tracker
 from musegen.music.notes import NoteTable, Track
 from musegen.music.tracker import downbeat_agreement, file_beats, regrid, track_beats
 from musegen.tokenizers.remi import RemiTokenizer
@@ -108,11 +110,30 @@ def test_the_file_grid_keeps_the_prompt_as_it_is_and_tracking_re_times_it(pop909
     assert kept.report["grid"] == {"source": "file"}  # trusted, not measured
     tracked = load_prompt(tok, song, bars=4, grid="track")
     assert tracked.report["grid"]["source"] == "tracked" and not np.array_equal(tracked.ids, kept.ids)
-    # POP909's grid is offset from its notes, so auto tracks; a grid that fits its notes is kept
-    assert load_prompt(tok, song, bars=4, grid="auto").report["grid"]["source"] == "tracked"
+    # song 001's grid is offset from its notes (2% of them on its 16ths), so auto tracks it
+    assert load_prompt(tok, pop909_songs[0], bars=4, grid="auto").report["grid"]["source"] == "tracked"
     on_grid = played_piece(bpm=120.0, first_downbeat=1.0, bars=8, seed=1, jitter=0.0)
     assert load_prompt(tok, on_grid.midi_bytes(), grid="auto").report.get("grid") is None  # bytes: as given
     assert regrid(symusic.Score.from_midi(on_grid.midi_bytes()), "auto")[1].source == "file"
+
+
+def test_auto_keeps_a_file_whose_notes_sit_on_its_grid_without_tracking_it(pop909_songs, monkeypatch):
+    """Song 003's notes sit on its own 16ths (98%): `auto` (the default) keeps its grid and its
+    tokens, and never runs the tracker (up to a second a file); song 001's do not (2%): tracked."""
+    tok = RemiTokenizer()
+    kept, offset = pop909_songs[2], pop909_songs[0]
+    assert file_beats(symusic.Score(kept)).confidence >= 0.95 > file_beats(symusic.Score(offset)).confidence
+    assert SampleSettings().grid == "auto"
+    tracked = regrid(symusic.Score(offset), "auto")[1]
+    assert tracked.source == "tracked" and tracked.confidence > file_beats(symusic.Score(offset)).confidence
+
+    def no_tracking(_):
+        raise AssertionError("auto tracked a file that sits on its grid")
+
+    monkeypatch.setattr(tracker, "track_beats", no_tracking)
+    prompt = load_prompt(tok, kept, bars=4, grid="auto")
+    assert prompt.report["grid"]["source"] == "file" and prompt.report["grid"]["onsets_on_grid"] >= 0.95
+    assert np.array_equal(prompt.ids, prompt_from_ids(tok, tok.encode(kept).ids, bars=4).ids)
 
 
 def test_cli_sample_says_and_records_the_grid(pop909_songs, tmp_path, capsys):
@@ -185,3 +206,22 @@ def test_evaluate_continuation_puts_a_folder_of_raw_files_on_the_grid_it_is_told
         )
     err = capsys.readouterr().err.strip()
     assert exit_.value.code == 2 and err.count("\n") == 0 and "a prepared corpus's tokens are on their grid" in err
+
+
+def test_a_file_too_long_to_grid_is_one_line_under_the_default_grid(tmp_path, capsys):
+    """A note at tick 2^30 with 1 tick a beat: a grid of a billion beats would not fit in memory,
+    so the default `auto` refuses the file in one line that names it, as the tokenizer would."""
+    score = symusic.Score(1)
+    track = symusic.Track(program=0)
+    for k in range(8):
+        track.notes.append(symusic.Note(k, 1, 60 + k, 90))
+    track.notes.append(symusic.Note(2**30, 1, 60, 90))
+    score.tracks.append(track)
+    path = tmp_path / "far.mid"
+    score.dump_midi(str(path))
+    checkpoint = tiny_checkpoint("remi", tmp_path / "ckpt")
+    with pytest.raises(SystemExit) as exit_:
+        main(["sample", "-c", str(checkpoint), "--prompt", str(path), "--length", "8", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code != 0 and err.count("\n") == 0, err
+    assert str(path) in err and "beats, more than the longest piece" in err

@@ -129,7 +129,8 @@ def split_pieces(
     """(split, piece names, their ids, unreadable pieces with why) of a prepared corpus's split,
     or of every MIDI file under a folder without a shard index (real music that is not in any
     corpus; each file put on the grid `grid` names and encoded by the model's tokenizer, named by
-    its path in the folder; `split` is then not used). A corpus's tokens are on their grid already."""
+    its path in the folder; `split` is then not used). A corpus's tokens are on their grid already,
+    so `track` is refused for it and `auto` keeps it."""
 
     folder = Path(data_dir)
     if folder.is_dir() and not (folder / INDEX).exists():
@@ -145,9 +146,9 @@ def split_pieces(
             except MusegenError as exc:
                 unreadable[name] = f"cannot encode: {str(exc).splitlines()[0]}"
         return MIDI_SPLIT, names, ids, unreadable
-    if grid != "file":
+    if grid == "track":  # auto keeps a corpus as it is
         raise ConfigError(
-            f"--grid {grid}: a prepared corpus's tokens are on their grid already; it is for a folder of MIDI files"
+            "--grid track: a prepared corpus's tokens are on their grid already; it is for a folder of MIDI files"
         )
     shards = Shards(folder)
     split, ids = shards.pieces_for(split, tokenizer)

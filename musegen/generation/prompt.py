@@ -19,7 +19,7 @@ import numpy as np
 
 from .. import mirex
 from ..errors import ConfigError, MidiError, MusegenError, TokenError
-from ..io import check_regular
+from ..io import check_regular, printable
 from ..music.constants import MAX_PROMPT_BARS
 from ..music.meter import bar_start, signature_changes
 from ..music.midi import load_score
@@ -82,7 +82,13 @@ def encode_on_grid(tokenizer: Tokenizer, path: Path, grid: str):
     """A MIDI file encoded on the grid `grid` names (`musegen.music.tracker.regrid`); its report
     records that grid as "grid"."""
     # a trusted grid needs no parse of its own: the tokenizer reads the file once
-    score, beats = (None, None) if grid == "file" else regrid(load_score(path), grid)
+    score, beats = None, None
+    if grid != "file":
+        score = load_score(path)  # its errors name the file
+        try:
+            score, beats = regrid(score, grid)
+        except MidiError as exc:
+            raise MidiError(f"{printable(path)}: {exc}") from None
     on_file = beats is None or beats.source == "file"
     encoding = tokenizer.encode(path) if on_file else _encoded(tokenizer, score, path)
     return replace(encoding, report={**encoding.report, "grid": beats.record() if beats else {"source": "file"}})

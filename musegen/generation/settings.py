@@ -186,12 +186,12 @@ class SampleSettings:
         bound=TEMPO_BOUND,
     )
     grid: str = option(
-        "file",
+        "auto",
         "--grid",
-        help="Where a MIDI prompt's beats and bars are: file: its own grid (quarter notes, its time "
-        "signatures); track: found in its notes (a played or offset file), and the prompt re-timed to "
-        "them; auto: tracked where the file's grid fits its notes worse than the tracked one. What was "
-        "assumed is printed and recorded in the JSON.",
+        help="Where a MIDI prompt's beats and bars are: auto: the file's own grid where its notes sit on it "
+        "(a quantised file), else found in its notes where they fit those better (a played or offset file), "
+        "and the prompt re-timed to them; track: always found in its notes; file: its own grid (quarter notes, "
+        "its time signatures), trusted. What was assumed is printed and recorded in the JSON.",
         bound=one_of(GRIDS),
     )
     cache: float | None = model_default(

@@ -16,7 +16,8 @@ from the notes alone, in the form `beats.synchronise` takes (times in seconds, d
    the position in the bar, which may skip or repeat a beat at a cost (a bar of 2 or 6 beats),
    picks them for 3 and for 4 beats per bar; the meter whose downbeats stand out most wins.
 
-Where the file's own grid fits the onsets as well as the tracked one, `--grid auto` keeps the file.
+`--grid auto` (the default) keeps a file whose onsets sit on its own grid, and one whose grid fits
+them at least as well as the tracked one; it tracks the rest.
 """
 
 from __future__ import annotations
@@ -29,14 +30,18 @@ import symusic
 
 from ..errors import MidiError
 from .beats import synchronise
-from .constants import DEFAULT_BPM
+from .constants import DEFAULT_BPM, MAX_BARS
 from .notes import NoteTable
 
 FRAME_SECONDS = 0.02  # the envelope's resolution, at the file's median tempo
+MAX_SECONDS = 6 * 3600.0  # longer (at the median tempo) is a broken file, and its envelope would not fit in memory
 TEMPO_PRIOR_BPM = 100.0  # the centre of the prior on tempo (log-normal, an octave wide)
 TIGHTNESS = 400.0  # how much a beat interval may stray from the period (Ellis's alpha)
 METERS = (4, 3)  # beats per bar tried, in order of preference on a tie
 SKIP_COST = 8.0  # a bar of other than the meter's length, in log-odds of the downbeat cues
+# `auto` keeps a file whose onsets sit this well on its own 16ths without tracking it: it is
+# quantised (random onsets would score about 0.5), and tracking costs up to a second
+ON_GRID = 0.95
 # the log-odds of a downbeat from `bar_features` (bias first), fitted by scripts/experiments/beat_tracker.py --fit
 CUE_WEIGHTS = np.array(
     [-1.73]
@@ -85,6 +90,15 @@ def describe(record: dict[str, Any]) -> str:
 
 def as_table(piece: symusic.Score | NoteTable) -> NoteTable:
     return piece if isinstance(piece, NoteTable) else NoteTable.from_score(piece, by_role=False)
+
+
+def length_in_beats(table: NoteTable) -> float:
+    """Where the last note ends, in the file's beats; a MidiError past the longest piece (MAX_BARS
+    bars of 8 beats), whose grid would not fit in memory (a tick 2^31 at 1 tick a beat)."""
+    beats = float(table.end.max()) / table.tpq
+    if beats > 8 * MAX_BARS:
+        raise MidiError(f"its notes last {beats:,.0f} beats, more than the longest piece ({MAX_BARS:,} bars)")
+    return beats
 
 
 def seconds_of(table: NoteTable, beats: np.ndarray) -> np.ndarray:
@@ -142,6 +156,8 @@ def beat_period(env: np.ndarray, frame: float, beat_seconds: float) -> float:
     lags = np.arange(1, n)
     bpm = 60.0 / (lags * frame * beat_seconds)
     usable = (bpm >= 40) & (bpm <= 220)
+    if not usable.any():
+        raise MidiError("its notes span too short a time to find a beat in")
     score = ac[1:] * np.exp(-0.5 * np.log2(bpm / TEMPO_PRIOR_BPM) ** 2)
     own = np.abs(lags * frame - 1.0) <= frame  # the file's beat
     score = np.where(own, ac[1:] * 2.0, score)
@@ -290,15 +306,20 @@ def track_beats(piece: symusic.Score | NoteTable) -> Beats:
     table = as_table(piece)
     if len(table) < 8:
         raise MidiError("too few notes to find a beat in (8 or more needed)")
+    length = length_in_beats(table)
     onsets = table.start / table.tpq  # in the file's beats
     weights = onset_weights(table)
     qpm = float(np.median([q for _, q in table.tempos])) if table.tempos else DEFAULT_BPM
     beat_seconds = 60.0 / qpm
+    if length * beat_seconds > MAX_SECONDS:
+        raise MidiError(
+            f"its notes last {length * beat_seconds / 3600:,.1f} hours at its median tempo: too long to track"
+        )
     frame = FRAME_SECONDS / beat_seconds  # in the file's beats
     env = envelope(onsets - onsets.min(), weights, frame)
     period = beat_period(env, frame, beat_seconds)
     found = beat_frames(env, period) * frame + onsets.min()
-    beats = extend(found, 0.0, table.end.max() / table.tpq)
+    beats = extend(found, 0.0, length)
     beats = beats[beats >= 0]  # nothing before the file's start
     flags, meter = downbeats(bar_cues(table, beats))
     seconds = seconds_of(table, beats)
@@ -317,9 +338,10 @@ def file_beats(piece: symusic.Score | NoteTable) -> Beats:
     table = as_table(piece)
     if not len(table):
         raise MidiError("the file holds no notes")
-    beats = np.arange(0, int(np.ceil(table.end.max() / table.tpq)) + 2, dtype=np.float64)
+    beats = np.arange(0, int(np.ceil(length_in_beats(table))) + 2, dtype=np.float64)
     flags = np.zeros(len(beats), dtype=bool)
-    meters = table.time_signatures or [(0, 4, 4)]
+    # a signature of no beats (0/4, 4/0: a broken file) places no bar line; the tokenizer says what it makes of it
+    meters = [m for m in table.time_signatures if m[1] > 0 and m[2] > 0] or [(0, 4, 4)]
     for k, (tick, numerator, denominator) in enumerate(meters):
         stop = meters[k + 1][0] / table.tpq if k + 1 < len(meters) else beats[-1] + 1
         per_bar = numerator * 4 / denominator
@@ -369,12 +391,15 @@ GRIDS = ("auto", "track", "file")
 
 def regrid(score: symusic.Score, grid: str) -> tuple[symusic.Score, Beats | None]:
     """`score` on the grid `grid` names, and that grid: "file" keeps the file's own; "track"
-    re-times the score to the tracked beats (`beats.synchronise`); "auto" tracks and keeps the
-    file's own grid where it fits the onsets at least as well (a quantised file), or where there
-    are too few notes to track."""
+    re-times the score to the tracked beats (`beats.synchronise`); "auto" keeps the file's own
+    grid where its onsets sit on it (ON_GRID: a quantised file), else tracks and keeps the file's
+    grid where it fits the onsets at least as well as the tracked one, or where there are too few
+    notes to track."""
     if grid == "file":  # trusted as it is: nothing to measure (an absurd file is the tokenizer's to refuse)
         return score, None
     own = file_beats(score)
+    if grid == "auto" and own.confidence >= ON_GRID:
+        return score, own
     try:
         tracked = track_beats(score)
     except MidiError:

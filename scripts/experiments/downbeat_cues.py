@@ -28,17 +28,11 @@ from beat_tracker import FITTED, file_positions, fit  # noqa: E402
 
 from data_prep.common import SHARED_DATASETS  # noqa: E402
 from data_prep.pop909 import annotations, song_files  # noqa: E402
+from musegen.metrics.two_sample import roc_auc  # noqa: E402
 from musegen.music import tracker  # noqa: E402
 from musegen.music.midi import load_score  # noqa: E402
 
 COSTS = (2.0, 4.0, 8.0, 16.0)
-
-
-def auc(score: np.ndarray, label: np.ndarray) -> float:
-    rank = np.empty(len(score))
-    rank[np.argsort(score)] = np.arange(1, len(score) + 1)
-    positives = label.sum()
-    return float((rank[label].sum() - positives * (positives + 1) / 2) / (positives * (len(label) - positives)))
 
 
 def cnn_cues(train: list[tuple[np.ndarray, np.ndarray]], test: list[np.ndarray]) -> list[np.ndarray]:
@@ -115,7 +109,7 @@ def main() -> None:
                 found = tracker.Beats(seconds, tracker.bar_path(cue, 4) == 0, "annotated", 0.0, 4, 1.0)
                 ok += min(tracker.downbeat_agreement(found, seconds, downbeat)) >= 0.9
             agreeing.append(f"{ok / len(test):.1%}")
-        print(f"| {name} | {auc(np.concatenate(values), labels):.3f} | " + " | ".join(agreeing) + " |")
+        print(f"| {name} | {roc_auc(np.concatenate(values), labels):.3f} | " + " | ".join(agreeing) + " |")
     print(
         "\nThe beat the cues favour over a run of regular annotated bars (0: the annotated downbeat; 2: the half bar)\n"
     )

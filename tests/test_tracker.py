@@ -19,8 +19,6 @@ from train_fixtures import prepare_pop909
 from data_prep.pop909 import annotations
 from musegen.cli import main
 from musegen.generation.prompt import load_prompt, prompt_from_ids
-from musegen.generation.settings import SampleSettings
-from musegen.music import tracker
 from musegen.music.notes import NoteTable, Track
 from musegen.music.tracker import downbeat_agreement, file_beats, regrid, track_beats
 from musegen.tokenizers.remi import RemiTokenizer
@@ -110,45 +108,28 @@ def test_the_file_grid_keeps_the_prompt_as_it_is_and_tracking_re_times_it(pop909
     assert kept.report["grid"] == {"source": "file"}  # trusted, not measured
     tracked = load_prompt(tok, song, bars=4, grid="track")
     assert tracked.report["grid"]["source"] == "tracked" and not np.array_equal(tracked.ids, kept.ids)
-    # song 001's grid is offset from its notes (2% of them on its 16ths), so auto tracks it
-    assert load_prompt(tok, pop909_songs[0], bars=4, grid="auto").report["grid"]["source"] == "tracked"
+    # POP909's grid is offset from its notes, so auto tracks; a grid that fits its notes is kept
+    assert load_prompt(tok, song, bars=4, grid="auto").report["grid"]["source"] == "tracked"
     on_grid = played_piece(bpm=120.0, first_downbeat=1.0, bars=8, seed=1, jitter=0.0)
     assert load_prompt(tok, on_grid.midi_bytes(), grid="auto").report.get("grid") is None  # bytes: as given
     assert regrid(symusic.Score.from_midi(on_grid.midi_bytes()), "auto")[1].source == "file"
 
 
-def test_auto_keeps_a_file_whose_notes_sit_on_its_grid_without_tracking_it(pop909_songs, monkeypatch):
-    """Song 003's notes sit on its own 16ths (98%): `auto` (the default) keeps its grid and its
-    tokens, and never runs the tracker (up to a second a file); song 001's do not (2%): tracked."""
-    tok = RemiTokenizer()
-    kept, offset = pop909_songs[2], pop909_songs[0]
-    assert file_beats(symusic.Score(kept)).confidence >= 0.95 > file_beats(symusic.Score(offset)).confidence
-    assert SampleSettings().grid == "auto"
-    tracked = regrid(symusic.Score(offset), "auto")[1]
-    assert tracked.source == "tracked" and tracked.confidence > file_beats(symusic.Score(offset)).confidence
-
-    def no_tracking(_):
-        raise AssertionError("auto tracked a file that sits on its grid")
-
-    monkeypatch.setattr(tracker, "track_beats", no_tracking)
-    prompt = load_prompt(tok, kept, bars=4, grid="auto")
-    assert prompt.report["grid"]["source"] == "file" and prompt.report["grid"]["onsets_on_grid"] >= 0.95
-    assert np.array_equal(prompt.ids, prompt_from_ids(tok, tok.encode(kept).ids, bars=4).ids)
-
-
 def test_cli_sample_says_and_records_the_grid(pop909_songs, tmp_path, capsys):
     checkpoint = tiny_checkpoint("remi", tmp_path / "ckpt")
     out = tmp_path / "out"
-    for grid in ("file", "track"):
+    for grid in ("file", "track", None):  # None: the default, auto, which tracks this offset file
         args = ["sample", "-c", checkpoint, "--prompt", pop909_songs[2], "--prompt-bars", 2, "--length", 8]
+        chosen = ["--grid", grid] if grid else []
         with pytest.raises(SystemExit) as exit_:
-            main([str(a) for a in args + ["--seed", 1, "--grid", grid, "--out", out / grid]])
+            main([str(a) for a in args + ["--seed", 1, *chosen, "--out", out / str(grid)]])
         printed = capsys.readouterr()
         assert (exit_.value.code or 0) == 0, printed.err
         stem = pop909_songs[2].stem
-        summary = json.loads((out / grid / stem / f"{stem}.json").read_text())
+        summary = json.loads((out / str(grid) / stem / f"{stem}.json").read_text())
         recorded = summary["prompt_report"]["grid"]
-        assert summary["settings"]["grid"] == grid and recorded["source"] == {"file": "file", "track": "tracked"}[grid]
+        assert summary["settings"]["grid"] == (grid or "auto")
+        assert recorded["source"] == {"file": "file", "track": "tracked", None: "tracked"}[grid]
         line = next(x for x in printed.out.splitlines() if x.startswith("grid: "))
         if grid == "file":
             assert line == "grid: the file's own grid"

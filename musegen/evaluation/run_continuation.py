@@ -129,8 +129,7 @@ def split_pieces(
     """(split, piece names, their ids, unreadable pieces with why) of a prepared corpus's split,
     or of every MIDI file under a folder without a shard index (real music that is not in any
     corpus; each file put on the grid `grid` names and encoded by the model's tokenizer, named by
-    its path in the folder; `split` is then not used). A corpus's tokens are on their grid already,
-    so `track` is refused for it and `auto` keeps it."""
+    its path in the folder; `split` is then not used). A corpus is on its grid: `auto` keeps it."""
 
     folder = Path(data_dir)
     if folder.is_dir() and not (folder / INDEX).exists():

@@ -16,8 +16,8 @@ from the notes alone, in the form `beats.synchronise` takes (times in seconds, d
    the position in the bar, which may skip or repeat a beat at a cost (a bar of 2 or 6 beats),
    picks them for 3 and for 4 beats per bar; the meter whose downbeats stand out most wins.
 
-`--grid auto` (the default) keeps a file whose onsets sit on its own grid, and one whose grid fits
-them at least as well as the tracked one; it tracks the rest.
+Where the file's own grid fits the onsets as well as the tracked one, `--grid auto` (the default)
+keeps the file.
 """
 
 from __future__ import annotations
@@ -39,9 +39,6 @@ TEMPO_PRIOR_BPM = 100.0  # the centre of the prior on tempo (log-normal, an octa
 TIGHTNESS = 400.0  # how much a beat interval may stray from the period (Ellis's alpha)
 METERS = (4, 3)  # beats per bar tried, in order of preference on a tie
 SKIP_COST = 8.0  # a bar of other than the meter's length, in log-odds of the downbeat cues
-# `auto` keeps a file whose onsets sit this well on its own 16ths without tracking it: it is
-# quantised (random onsets would score about 0.5), and tracking costs up to a second
-ON_GRID = 0.95
 # the log-odds of a downbeat from `bar_features` (bias first), fitted by scripts/experiments/beat_tracker.py --fit
 CUE_WEIGHTS = np.array(
     [-1.73]
@@ -391,17 +388,15 @@ GRIDS = ("auto", "track", "file")
 
 def regrid(score: symusic.Score, grid: str) -> tuple[symusic.Score, Beats | None]:
     """`score` on the grid `grid` names, and that grid: "file" keeps the file's own; "track"
-    re-times the score to the tracked beats (`beats.synchronise`); "auto" keeps the file's own
-    grid where its onsets sit on it (ON_GRID: a quantised file), else tracks and keeps the file's
-    grid where it fits the onsets at least as well as the tracked one, or where there are too few
-    notes to track."""
+    re-times the score to the tracked beats (`beats.synchronise`); "auto" tracks and keeps the
+    file's own grid where it fits the onsets at least as well (a quantised file), or where there
+    are too few notes to track."""
     if grid == "file":  # trusted as it is: nothing to measure (an absurd file is the tokenizer's to refuse)
         return score, None
-    own = file_beats(score)
-    if grid == "auto" and own.confidence >= ON_GRID:
-        return score, own
+    table = as_table(score)
+    own = file_beats(table)
     try:
-        tracked = track_beats(score)
+        tracked = track_beats(table)
     except MidiError:
         if grid == "track":
             raise

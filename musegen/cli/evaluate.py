@@ -16,6 +16,8 @@ from .options import sampling_options
 
 # the continuation protocol's own: how much is sampled, from which seed, at which precision
 PROTOCOL_OWN = ("length", "bars", "num_samples", "seed", "prompt_bars", "prompt_from", "grammar", "precision", "grid")
+# continuation takes --grid: each file of a folder of MIDI files is a prompt
+CONTINUATION_OWN = tuple(name for name in PROTOCOL_OWN if name != "grid")
 
 evaluate_app = typer.Typer(help="Measure generated music and trained models.", no_args_is_help=True)
 
@@ -99,9 +101,7 @@ def loss(
 
 
 @evaluate_app.command("continuation")
-@sampling_options(
-    exclude=tuple(name for name in PROTOCOL_OWN if name != "grid")
-)  # a folder of MIDI files: each a prompt
+@sampling_options(exclude=CONTINUATION_OWN)
 def continuation(
     checkpoint: Path = typer.Option(..., "--checkpoint", "-c", help="Checkpoint folder, or a shipped model's name."),
     data: Path = typer.Option(

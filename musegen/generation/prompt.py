@@ -25,7 +25,7 @@ from ..music.meter import bar_start, signature_changes
 from ..music.midi import load_score
 from ..music.notes import NoteTable
 from ..music.tracker import regrid
-from ..tokenizers.base import Grammar, Tokenizer
+from ..tokenizers.base import Encoding, Grammar, Tokenizer
 
 
 @dataclass
@@ -78,7 +78,7 @@ def load_prompt(
     return replace(prompt, mirex_offset=mirex.origin_offset(notes, prompt.piece))
 
 
-def encode_on_grid(tokenizer: Tokenizer, path: Path, grid: str):
+def encode_on_grid(tokenizer: Tokenizer, path: Path, grid: str) -> Encoding:
     """A MIDI file encoded on the grid `grid` names (`musegen.music.tracker.regrid`); its report
     records that grid as "grid"."""
     # a trusted grid needs no parse of its own: the tokenizer reads the file once

@@ -188,10 +188,10 @@ class SampleSettings:
     grid: str = option(
         "auto",
         "--grid",
-        help="Where a MIDI prompt's beats and bars are: auto: the file's own grid where its notes sit on it "
-        "(a quantised file), else found in its notes where they fit those better (a played or offset file), "
-        "and the prompt re-timed to them; track: always found in its notes; file: its own grid (quarter notes, "
-        "its time signatures), trusted. What was assumed is printed and recorded in the JSON.",
+        help="Where a MIDI prompt's beats and bars are: auto: found in its notes and the prompt re-timed to them "
+        "(a played or offset file), unless the file's own grid fits its notes at least as well (a quantised "
+        "file); track: always found in its notes; file: its own grid (quarter notes, its time signatures), "
+        "trusted. What was assumed is printed and recorded in the JSON.",
         bound=one_of(GRIDS),
     )
     cache: float | None = model_default(

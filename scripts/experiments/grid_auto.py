@@ -10,14 +10,18 @@ the music: a quantised file has nearly all its onsets there, whatever its rhythm
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import symusic
 
-from data_prep.freedoom import wad_lumps
-from musegen.music import tracker
+sys.path.insert(0, str(Path(__file__).parent))
+from beat_tracker import file_positions  # noqa: E402
+
+from data_prep.freedoom import wad_lumps  # noqa: E402
+from musegen.music import tracker  # noqa: E402
 
 WADS = [Path("/usr/share/games/doom/freedoom1.wad"), Path("/usr/share/games/doom/freedoom2.wad")]
 CELLS = np.array([0, 1 / 6, 1 / 4, 1 / 3, 1 / 2, 2 / 3, 3 / 4, 5 / 6, 1])  # 16ths and triplets of a beat
@@ -46,11 +50,10 @@ def main() -> None:
             took = time.perf_counter() - began
             table = tracker.as_table(score)
             own = tracker.file_beats(table)
-            span = np.linspace(0, table.end.max() / table.tpq + 64, 200_000)
             began = time.perf_counter()
             tracked = tracker.track_beats(table)
             tracking = time.perf_counter() - began
-            tracked_beats = np.interp(tracked.seconds, tracker.seconds_of(table, span), span)
+            tracked_beats = file_positions(table, tracked.seconds)
             own_beats = np.arange(len(own.seconds), dtype=np.float64)
             rows.append(
                 (

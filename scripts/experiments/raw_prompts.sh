@@ -17,8 +17,9 @@ OUT=$RUNS/raw-prompts
 
 [ -f "$DATA/index.json" ] || "${musegen[@]}" data prepare pop909 --out "$DATA"
 mkdir -p "$RAW"
+SONGS=$("$py" -c 'from data_prep.common import SHARED_DATASETS; print(SHARED_DATASETS)')/pop909
 for name in $("$py" -c "import json, sys; print(*json.load(open(sys.argv[1]))['splits']['validation']['names'])" "$DATA/index.json"); do
-  cp "$("$py" -c 'from data_prep.common import SHARED_DATASETS; print(SHARED_DATASETS)')/pop909/$name/$name.mid" "$RAW/"
+  cp "$SONGS/$name/$name.mid" "$RAW/"
 done
 evaluate=(env OMP_NUM_THREADS=1 "${musegen[@]}" evaluate continuation -c checkpoints/pop --threads 1)
 "${evaluate[@]}" --data "$DATA" --split validation --out "$OUT/retimed"

@@ -1,7 +1,8 @@
 """Self-contained checkpoint folders, loaded without unpickling anything.
 
 A checkpoint folder holds:
-- `model.safetensors`: the weights (fp32, fp16 or bf16; cast to fp32 on load);
+- `model.safetensors`: the weights (fp32, fp16 or bf16; or int8 matrices, each row with its own
+  scale stored as `<name>@int8_scale`, vectors in fp16; cast to fp32 on load);
 - `config.json`: {"format", "version", "model": ModelConfig fields, "meta": free-form info};
 - `tokenizer.json`: the tokenizer that made the training tokens, with its representation
   version (a checkpoint of another version is refused: the model must be retrained).
@@ -30,6 +31,7 @@ from .tokenizers.base import RepresentationError, Tokenizer, load_tokenizer
 FORMAT = "musegen-checkpoint"
 VERSION = 1
 WEIGHTS, CONFIG, TOKENIZER = "model.safetensors", "config.json", "tokenizer.json"
+SCALE_SUFFIX = "@int8_scale"  # not a Python identifier, so no module's own tensor can be named so
 MAX_CONFIG_BYTES = 2**20
 
 
@@ -55,9 +57,16 @@ def save_checkpoint(
     dtype: torch.dtype = torch.float32,
 ) -> Path:
     """Write the three files, each atomically. The config is written last: it marks completeness.
-    A weight that `dtype` cannot hold (fp16 overflows past 65504) is refused, never written as inf."""
+    A weight that `dtype` cannot hold (fp16 overflows past 65504) is refused, never written as inf.
+    `torch.int8` quantises each matrix row by row (`_quantise`)."""
     folder = Path(folder)
-    tensors = {k: _cast(k, v.detach().to("cpu"), dtype) for k, v in model.state_dict().items()}
+    tensors = {}
+    for name, value in model.state_dict().items():
+        value = value.detach().to("cpu")
+        if dtype == torch.int8 and value.is_floating_point() and value.dim() == 2:
+            tensors.update(_quantise(name, value))
+        else:
+            tensors[name] = _cast(name, value, torch.float16 if dtype == torch.int8 else dtype)
     folder.mkdir(parents=True, exist_ok=True)
     with atomic_path(folder / WEIGHTS) as tmp:
         save_file(tensors, str(tmp))
@@ -78,6 +87,27 @@ def _cast(name: str, tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
             f"(largest {torch.finfo(dtype).max:.6g}); keep fp32 or use bf16"
         )
     return cast
+
+
+def _quantise(name: str, matrix: torch.Tensor) -> dict[str, torch.Tensor]:
+    """A matrix as int8 steps of its row's own scale (largest |weight| / 127), so that no weight
+    moves by more than half a step of its row; the scales stay fp32 (one number a row)."""
+    matrix = matrix.float()
+    scale = matrix.abs().amax(dim=1) / 127
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # an all-zero row stays zero
+    steps = torch.round(matrix / scale[:, None]).clamp(-127, 127).to(torch.int8)
+    return {name: steps.contiguous(), name + SCALE_SUFFIX: scale.contiguous()}
+
+
+def _dequantise(state: dict[str, torch.Tensor], weights: Path) -> dict[str, torch.Tensor]:
+    """int8 matrices back to fp32 with their scales; the header check has matched names and shapes."""
+    state = dict(state)
+    for key in [k for k in state if k.endswith(SCALE_SUFFIX)]:
+        scale, name = state.pop(key).float(), key[: -len(SCALE_SUFFIX)]
+        if state[name].dtype != torch.int8 or not (torch.isfinite(scale).all() and (scale > 0).all()):
+            raise CheckpointError(f"{printable(weights)}: {key} must scale an int8 matrix by positive numbers")
+        state[name] = state[name].float() * scale[:, None]
+    return state
 
 
 def read_checkpoint_config(folder: str | os.PathLike) -> tuple[ModelConfig, dict[str, Any]]:
@@ -134,14 +164,16 @@ def load_checkpoint(folder: str | os.PathLike, device: str | torch.device = "cpu
         expected = {k: tuple(v.shape) for k, v in MusicPerformer(config).state_dict().items()}
     _check_header(weights, expected)
     try:
-        state = load_file(str(weights))
+        state = _dequantise(load_file(str(weights)), weights)
     except (SafetensorError, OSError, ValueError) as exc:
         raise CheckpointError(f"{printable(weights)}: unreadable weights ({_first_line(exc)})") from None
+    model = MusicPerformer(config)
+    targets = model.state_dict()
     for name, tensor in state.items():
         if tensor.is_floating_point() and not torch.isfinite(tensor).all():
             raise CheckpointError(f"{printable(weights)}: {name} holds non-finite values")
-    model = MusicPerformer(config)
-    targets = model.state_dict()
+        if targets[name].is_floating_point() and not tensor.is_floating_point():
+            raise CheckpointError(f"{printable(weights)}: {name} is {tensor.dtype} without {name}{SCALE_SUFFIX}")
     model.load_state_dict({k: v.to(targets[k].dtype) for k, v in state.items()})
     return model.to(device).eval(), tokenizer, config, meta
 
@@ -169,6 +201,10 @@ def _check_header(weights: Path, expected: dict[str, tuple[int, ...]]) -> None:
             shapes = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
     except (SafetensorError, OSError, ValueError) as exc:
         raise CheckpointError(f"{printable(weights)}: unreadable weights ({_first_line(exc)})") from None
+    for key in [k for k in shapes if k.endswith(SCALE_SUFFIX)]:  # one scale a row of its matrix
+        matrix = expected.get(key[: -len(SCALE_SUFFIX)], ())
+        if len(matrix) != 2 or shapes.pop(key) != matrix[:1]:
+            raise CheckpointError(f"{printable(weights)}: {key} does not scale the rows of a matrix of the model")
     missing, unexpected = sorted(set(expected) - set(shapes)), sorted(set(shapes) - set(expected))
     if missing or unexpected:
         raise CheckpointError(

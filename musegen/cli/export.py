@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-DTYPES = ("fp32", "fp16", "bf16")
+DTYPES = ("fp32", "fp16", "bf16", "int8")
 
 
 def export(
@@ -16,7 +16,11 @@ def export(
     out: Path = typer.Option(
         ..., "--out", "-o", help="Folder to write model.safetensors, config.json, tokenizer.json."
     ),
-    dtype: str = typer.Option("fp16", help="Weight precision: fp32, fp16 or bf16 (loaded back as fp32)."),
+    dtype: str = typer.Option(
+        "fp16",
+        help="Weight precision: fp32, fp16, bf16, or int8 (each matrix row with its own scale, vectors fp16); "
+        "loaded back as fp32.",
+    ),
 ):
     """Copy a checkpoint without its optimiser state, with weights stored in a smaller precision."""
     import torch
@@ -27,7 +31,7 @@ def export(
 
     if dtype not in DTYPES:
         raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    torch_dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    torch_dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "int8": torch.int8}[dtype]
     folder = export_checkpoint(
         checkpoint, out, torch_dtype, {"exported_from": recorded_name(checkpoint), "dtype": dtype}
     )

@@ -53,6 +53,16 @@ def test_export_halves_the_weights_and_keeps_the_model(tmp_path):
     b = model.session(1, seed=0).step(ids)
     assert torch.allclose(a, b, atol=5e-2) and not torch.equal(a, b)  # fp16 rounding, same model
 
+    # exported again (fp16 to int8), it still names the training run it came from
+    again = subprocess.run(
+        [sys.executable, "-m", "musegen", "export", str(shipped), "--out", str(tmp_path / "int8"), "--dtype", "int8"],
+        capture_output=True,
+        text=True,
+    )
+    assert again.returncode == 0, again.stderr
+    meta = read_checkpoint_config(tmp_path / "int8")[1]
+    assert meta["exported_from"] == "run" and meta["dtype"] == "int8" and meta["step"] == 7
+
 
 def test_int8_export_moves_no_weight_past_half_a_step_of_its_row(tmp_path):
     tok = RemiTokenizer()

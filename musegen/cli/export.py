@@ -25,16 +25,16 @@ def export(
     """Copy a checkpoint without its optimiser state, with weights stored in a smaller precision."""
     import torch
 
-    from musegen.checkpoint import export_checkpoint
+    from musegen.checkpoint import export_checkpoint, read_checkpoint_config
     from musegen.errors import ConfigError
     from musegen.training.run_folder import recorded_name
 
     if dtype not in DTYPES:
         raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     torch_dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "int8": torch.int8}[dtype]
-    folder = export_checkpoint(
-        checkpoint, out, torch_dtype, {"exported_from": recorded_name(checkpoint), "dtype": dtype}
-    )
+    _, meta = read_checkpoint_config(checkpoint)
+    source = meta.get("exported_from", recorded_name(checkpoint))  # re-exported, it still names its run
+    folder = export_checkpoint(checkpoint, out, torch_dtype, {"exported_from": source, "dtype": dtype})
     size = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
     typer.echo(f"wrote {folder} ({size / 2**20:.1f} MiB)")
 

@@ -68,7 +68,7 @@ def test_the_largest_seed_is_accepted_and_the_patterns_after_it_wrap_around(
         ([*POP, "--bars", "1", "--top-p", "0"], "--top-p"),
         ([*POP, "--bars", "1", "--seed", "-1"], "--seed"),
         ([*POP, "--bars", "0"], "--bars"),
-        (["export", "checkpoints/pop", "--dtype", "int8"], "--dtype"),
+        (["export", "checkpoints/pop", "--dtype", "int4"], "--dtype"),
     ],
 )
 def test_an_option_out_of_its_bounds_exits_2_as_help_says(args, message, tmp_path, capsys):

@@ -142,6 +142,42 @@ class HoldTempo(Constraint):
         return last
 
 
+# The beat's subdivisions a prompt may keep, as phases in 12ths of a quarter note (the coarsest
+# that holds every onset of the prompt is kept): 16ths, triplet 8ths, both.
+SUBDIVISIONS = (frozenset({0, 3, 6, 9}), frozenset({0, 4, 8}), frozenset({0, 3, 4, 6, 8, 9}))
+
+
+@dataclass
+class KeepSubdivision(Constraint):
+    """Positions only on the subdivisions of the beat the prompt's notes use: 16ths, triplets or
+    both (`SUBDIVISIONS`), every position where the prompt uses others or has none. Why: a model
+    unsure where in the bar it is spreads its mass over all twelve positions of a beat, and 60%
+    of the song model's onsets on Freedoom's straight tunes fell off their 16ths."""
+
+    _kept: dict[int, np.ndarray | None] = field(default_factory=dict, compare=False, repr=False)
+
+    def allow(self, run: Run, row: Row, allowed: np.ndarray) -> np.ndarray:
+        off = self._off_grid(run, row)
+        if off is None or not allowed[off].any():
+            return allowed
+        narrowed = allowed.copy()
+        narrowed[off] = False
+        return narrowed if narrowed.any() else allowed
+
+    def _off_grid(self, run: Run, row: Row) -> np.ndarray | None:
+        """The position ids off the prompt's subdivision (None: none are), found once a row."""
+        if id(row) not in self._kept:
+            phases = run.tokenizer.position_phases()
+            off = None
+            if phases is not None:
+                ids, phase = phases
+                used = set(phase[np.isin(ids, row.ids[: row.base])].tolist())
+                kept = next((grid for grid in SUBDIVISIONS if used and used <= grid), None)
+                off = None if kept is None else ids[~np.isin(phase, list(kept))]
+            self._kept[id(row)] = off
+        return self._kept[id(row)]
+
+
 class HoldEnds(Constraint):
     """Before the requested length, no end token (the reference code's "no EOS before the
     length"), unless nothing else is allowed."""

@@ -32,7 +32,7 @@ from ..errors import ConfigError, NumericError
 from ..model.torch_step import PreparedWeights
 from ..tokenizers.base import Grammar, Tokenizer
 from .cache import SuffixCache
-from .constraints import Constraint, Finish, GrammarMask, HoldEnds, HoldTempo, KeptShare, Row, Run
+from .constraints import Constraint, Finish, GrammarMask, HoldEnds, HoldTempo, KeepSubdivision, KeptShare, Row, Run
 from .precision import step_choice
 from .prompt import Prompt, walked
 from .resources import DEFAULT_CPU_THREADS, check_memory, check_threads, checked_device, cpu_threads
@@ -100,7 +100,8 @@ def temper_within_families(logits: torch.Tensor, families: list[torch.Tensor], t
 
 def constraint_chain(s: SampleSettings, under_grammar: bool = False) -> tuple[Constraint, ...]:
     """The constraints a run applies, in order: the grammar's mask (unless `grammar` is off), the
-    tempo hold (unless `tempo` is "free"), the grammar's end hold and finish, the suffix cache
+    tempo hold (unless `tempo` is "free"), the prompt's subdivision of the beat (`subdivision`
+    "prompt", with the grammar), the grammar's end hold and finish, the suffix cache
     (with a weight above 0), KeptShare (with the grammar), then the settings' own
     `constraints`. The cache mixes the model's own distribution, before KeptShare moves the
     kept type's share (groove's note-offs, song's bar lines) over the mask the others leave.
@@ -113,9 +114,10 @@ def constraint_chain(s: SampleSettings, under_grammar: bool = False) -> tuple[Co
         raise ConfigError("the model was trained under the grammar (loss_over 'grammar'): sample it with the grammar")
     masks = (GrammarMask(), HoldEnds(), Finish()) if s.grammar else ()
     tempo = () if s.tempo == "free" else (HoldTempo(held_bpm(s.tempo)),)
+    subdivision = (KeepSubdivision(),) if s.grammar and s.subdivision == "prompt" else ()
     cache = (SuffixCache(s.cache),) if s.cache else ()
     share = (KeptShare(),) if s.grammar and s.keep_share and not under_grammar else ()
-    return masks[:1] + tempo + masks[1:] + cache + share + tuple(s.constraints)
+    return masks[:1] + tempo + subdivision + masks[1:] + cache + share + tuple(s.constraints)
 
 
 def generate(

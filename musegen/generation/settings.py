@@ -27,6 +27,7 @@ MAX_LENGTH = MAX_BARS * MAX_TOKENS_PER_BAR  # --length: what the longest piece c
 TEMPERATURE_SCOPES = ("token", "family")
 TEMPERATURE_RANGE = (1e-3, 100.0)  # below, logits / T overflow float32; above, every token is as likely
 TOP_P_RANGE = (1e-6, 1.0)  # below, the nucleus is the most likely token alone whatever the value
+SUBDIVISION_CHOICES = ("prompt", "any")
 TEMPO_CHOICES = ("keep", "free")  # or a tempo in BPM, given as a number
 TEMPO_RANGE = (1.0, 1000.0)  # what a tempo token can name (the REMI settings' bound)
 SEED_MAX = 2**63 - 1  # torch generators take 64 bits; folder prompts count up from the seed, modulo this
@@ -184,6 +185,14 @@ class SampleSettings:
         "free: the model changes it as it learnt to; a number: holds that tempo in BPM (the nearest the "
         "tokens can name). The groove tokens hold no tempo: their continuations always keep the prompt's.",
         bound=TEMPO_BOUND,
+    )
+    subdivision: str = option(
+        "prompt",
+        "--subdivision",
+        help="Song tokens: where in a beat notes may start. prompt: on the subdivisions the prompt's notes use "
+        "(16ths, triplets or both; every 12th of a beat where it uses others or has none); any: every 12th of a "
+        "beat the tokens hold.",
+        bound=one_of(SUBDIVISION_CHOICES),
     )
     grid: str = option(
         "auto",

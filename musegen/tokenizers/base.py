@@ -279,6 +279,12 @@ class Tokenizer(abc.ABC):
         """The tempo token nearest `bpm`, for a tokenizer that has tempo tokens."""
         raise TokenError(f"the {self.kind} tokens hold no tempo")
 
+    def position_phases(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """(ids, phases): each position token and where in its beat it falls, in 12ths of a quarter
+        note (16ths are multiples of 3, triplet 8ths of 4), for a sampler that keeps the prompt's
+        subdivision; None where the positions hold one subdivision only (REMI's 16ths)."""
+        return None
+
     @functools.cached_property
     def end_ids(self) -> tuple[int, ...]:
         """The tokens that end a piece (the sampler holds them back until the requested length).

@@ -328,6 +328,9 @@ class SongTokenizer(SongVocab, Tokenizer):
     def program_token_ids(self, program: int) -> np.ndarray:
         return np.array([i for i, (p, _) in zip(self.program_ids, self.programs) if p == program], dtype=np.int64)
 
+    def position_phases(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.position_ids, np.arange(len(self.position_ids)) % UNITS_PER_BEAT  # a Position counts units
+
     def to_bar_line(self, state, bar: int) -> list[int]:
         """A piece cut at a bar line goes on from the next Bar (its meter comes next)."""
         return [self.bar_id]

@@ -151,8 +151,9 @@ SUBDIVISIONS = (frozenset({0, 3, 6, 9}), frozenset({0, 4, 8}), frozenset({0, 3, 
 class KeepSubdivision(Constraint):
     """Positions only on the subdivisions of the beat the prompt's notes use: 16ths, triplets or
     both (`SUBDIVISIONS`), every position where the prompt uses others or has none. Why: a model
-    unsure where in the bar it is spreads its mass over all twelve positions of a beat, and 60%
-    of the song model's onsets on Freedoom's straight tunes fell off their 16ths."""
+    unsure where in the bar it is spreads its mass over all twelve positions of a beat; on
+    Freedoom's straight tunes the song model put 31% of its onsets off their 16ths (60% early in
+    its training)."""
 
     _kept: dict[int, np.ndarray | None] = field(default_factory=dict, compare=False, repr=False)
 

@@ -7,16 +7,16 @@ from __future__ import annotations
 import pytest
 from conftest import REPO
 from test_cli_hostile import run_cli
+from test_song_tokenizer import TPQ, built
 from tiny_models import tiny_model
 
 from musegen.generation.loop import generate
 from musegen.generation.prompt import load_prompt
 from musegen.generation.settings import SampleSettings
-from musegen.music.notes import NoteTable, Track
+from musegen.music.notes import Track
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-TPQ = 480
 FREEDOOM = REPO / "tests" / "data" / "multitrack" / "freedoom2_D_IN_CIT.mid"
 
 
@@ -48,9 +48,7 @@ def prompt_of(song, onsets_in_beats, tmp_path):
         for k, at in enumerate(onsets_in_beats)
     ]
     path = tmp_path / "prompt.mid"
-    path.write_bytes(
-        NoteTable.of_tracks(TPQ, [(Track("piano", 0, False), notes)], [(0, 120.0)], [(0, 4, 4)]).midi_bytes()
-    )
+    path.write_bytes(built([(Track("piano", 0, False), notes)], [(0, 4, 4)]))
     return load_prompt(song[1], path)
 
 

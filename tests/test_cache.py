@@ -98,7 +98,16 @@ def test_the_mixture_is_the_weighted_sum_over_the_allowed_ids_and_the_model_alon
 
 def test_the_weight_is_checked_and_recorded_and_zero_leaves_the_chain_as_it_was():
     chain = [type(c).__name__ for c in constraint_chain(SampleSettings(length=8, cache=0.5).resolved())]
-    assert chain == ["GrammarMask", "HoldTempo", "KeepSubdivision", "HoldEnds", "Finish", "SuffixCache", "KeptShare"]
+    assert chain == [
+        "GrammarMask",
+        "HoldTempo",
+        "KeepSubdivision",
+        "HoldEnds",
+        "Finish",
+        "SuffixCache",
+        "KeptShare",
+        "KeepTracks",
+    ]
     assert SuffixCache(0.5) in constraint_chain(SampleSettings(length=8, cache=0.5).resolved())
     assert not any(isinstance(c, SuffixCache) for c in constraint_chain(SampleSettings(length=8).resolved()))
     assert SampleSettings(length=8).resolved().cache == 0.0

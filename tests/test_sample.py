@@ -499,9 +499,17 @@ def test_a_song_sampler_ends_bars_as_often_as_the_model_says(models, prompt_file
         models,
         prompt_files,
         [(spread, 0.0), (slice(tok.bar_id, tok.bar_id + 1), math.log(len(spread) / 9))],
-        # every position allowed: the prompt's 16ths would leave Bar alone late in a bar
+        # every position allowed (the prompt's 16ths would leave Bar alone late in a bar), and no
+        # boost for a silent track (it would take from Bar)
         SampleSettings(
-            length=1500, num_samples=2, seed=2, temperature=1.0, top_p=1.0, keep_share=keep, subdivision="any"
+            length=1500,
+            num_samples=2,
+            seed=2,
+            temperature=1.0,
+            top_p=1.0,
+            keep_share=keep,
+            subdivision="any",
+            keep_tracks=0,
         ),
         kind="song",
     )

@@ -32,7 +32,18 @@ from ..errors import ConfigError, NumericError
 from ..model.torch_step import PreparedWeights
 from ..tokenizers.base import Grammar, Tokenizer
 from .cache import SuffixCache
-from .constraints import Constraint, Finish, GrammarMask, HoldEnds, HoldTempo, KeepSubdivision, KeptShare, Row, Run
+from .constraints import (
+    Constraint,
+    Finish,
+    GrammarMask,
+    HoldEnds,
+    HoldTempo,
+    KeepSubdivision,
+    KeepTracks,
+    KeptShare,
+    Row,
+    Run,
+)
 from .precision import step_choice
 from .prompt import Prompt, walked
 from .resources import DEFAULT_CPU_THREADS, check_memory, check_threads, checked_device, cpu_threads
@@ -102,8 +113,9 @@ def constraint_chain(s: SampleSettings, under_grammar: bool = False) -> tuple[Co
     """The constraints a run applies, in order: the grammar's mask (unless `grammar` is off), the
     tempo hold (unless `tempo` is "free"), the prompt's subdivision of the beat (`subdivision`
     "prompt", with the grammar), the grammar's end hold and finish, the suffix cache
-    (with a weight above 0), KeptShare (with the grammar), then the settings' own
-    `constraints`. The cache mixes the model's own distribution, before KeptShare moves the
+    (with a weight above 0), KeptShare (with the grammar), KeepTracks (`keep_tracks` above 0:
+    after KeptShare, so a silent track's boost takes from the bar line too), then the settings'
+    own `constraints`. The cache mixes the model's own distribution, before KeptShare moves the
     kept type's share (groove's note-offs, song's bar lines) over the mask the others leave.
     `under_grammar`: the model was trained under the grammar (ModelConfig.loss_over): its
     distribution over what the mask leaves is its own, so KeptShare has no share to keep, and
@@ -117,7 +129,8 @@ def constraint_chain(s: SampleSettings, under_grammar: bool = False) -> tuple[Co
     subdivision = (KeepSubdivision(),) if s.grammar and s.subdivision == "prompt" else ()
     cache = (SuffixCache(s.cache),) if s.cache else ()
     share = (KeptShare(),) if s.grammar and s.keep_share and not under_grammar else ()
-    return masks[:1] + tempo + subdivision + masks[1:] + cache + share + tuple(s.constraints)
+    tracks = (KeepTracks(s.keep_tracks),) if s.keep_tracks else ()
+    return masks[:1] + tempo + subdivision + masks[1:] + cache + share + tracks + tuple(s.constraints)
 
 
 def generate(

@@ -194,6 +194,14 @@ class SampleSettings:
         "beat the tokens hold.",
         bound=one_of(SUBDIVISION_CHOICES),
     )
+    keep_tracks: float = option(
+        2.0,
+        "--keep-tracks",
+        help="Song tokens: a track the prompt's last 2 bars play that has then been silent for a whole bar gets "
+        "this much added to its track token's logit for each further silent bar, until it plays again; 0: the "
+        "model alone.",
+        bound=within(0.0, 10.0),
+    )
     grid: str = option(
         "auto",
         "--grid",

@@ -279,6 +279,11 @@ class Tokenizer(abc.ABC):
         """The tempo token nearest `bpm`, for a tokenizer that has tempo tokens."""
         raise TokenError(f"the {self.kind} tokens hold no tempo")
 
+    def bar_and_track_ids(self) -> tuple[int, frozenset[int]] | None:
+        """(the bar-line token, the tokens that name a track), for a sampler that keeps the
+        prompt's tracks playing; None where the tokens name no tracks of their own."""
+        return None
+
     def position_phases(self) -> tuple[np.ndarray, np.ndarray] | None:
         """(ids, phases): each position token and where in its beat it falls, in 12ths of a quarter
         note (16ths are multiples of 3, triplet 8ths of 4), for a sampler that keeps the prompt's

@@ -328,6 +328,9 @@ class SongTokenizer(SongVocab, Tokenizer):
     def program_token_ids(self, program: int) -> np.ndarray:
         return np.array([i for i, (p, _) in zip(self.program_ids, self.programs) if p == program], dtype=np.int64)
 
+    def bar_and_track_ids(self) -> tuple[int, frozenset[int]]:
+        return self.bar_id, frozenset(int(i) for i in self.program_ids)
+
     def position_phases(self) -> tuple[np.ndarray, np.ndarray]:
         return self.position_ids, np.arange(len(self.position_ids)) % UNITS_PER_BEAT  # a Position counts units
 

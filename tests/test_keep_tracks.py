@@ -1,0 +1,97 @@
+"""--keep-tracks: a track the prompt's last bars play is drawn back in once it has been silent for
+a whole bar, by a boost on its track token that grows with every further silent bar."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import REPO
+from test_song_tokenizer import TPQ, built
+
+from musegen.checkpoint import load_checkpoint
+from musegen.generation.constraints import KeepTracks, Row, Run
+from musegen.generation.loop import constraint_chain, generate
+from musegen.generation.prompt import load_prompt
+from musegen.generation.settings import SampleSettings
+from musegen.music.notes import Track
+from musegen.tokenizers import tokenizer_from_dict
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+FREEDOOM = REPO / "tests" / "data" / "multitrack" / "freedoom2_D_IN_CIT.mid"
+
+
+def bar_notes(bars, pitch):
+    return [(4 * bar * TPQ, 4 * bar * TPQ + TPQ, pitch, 80) for bar in bars]
+
+
+@pytest.fixture()
+def walked(tmp_path):
+    """A 4-bar prompt (piano in every bar, bass in the last two, strings in the first only) and a
+    function that appends tokens to its row and gives the boost on each track token."""
+    tok = tokenizer_from_dict({"kind": "song"})
+    path = tmp_path / "prompt.mid"
+    tracks = [
+        (Track("piano", 0, False), bar_notes(range(4), 72)),
+        (Track("bass", 33, False), bar_notes([2, 3], 40)),
+        (Track("strings", 48, False), bar_notes([0], 60)),
+    ]
+    path.write_bytes(built(tracks, [(0, 4, 4)]))
+    prompt = load_prompt(tok, path)
+    grammar = tok.grammar()
+    row = Row(ids=list(prompt.ids), base=len(prompt.ids), base_state=None, target_bar=None)
+    run = Run(tokenizer=tok, grammar=grammar, budget=100, device=torch.device("cpu"))
+    keep = KeepTracks(boost=2.0)
+    program = {p: int(tok.program_token_ids(p)[0]) for p in (0, 33, 48)}
+
+    def boosts(*tokens: str) -> dict[int, float]:
+        row.ids += [tok.vocab.index(t) for t in tokens]
+        logits = torch.zeros(1, tok.vocab_size)
+        moved = keep.reweight(run, [row], logits, torch.ones_like(logits, dtype=torch.bool))
+        return {p: float(moved[0, i]) for p, i in program.items()}
+
+    return boosts
+
+
+PIANO_BAR = ("TimeSig_4/4", "Position_0", "Program_0", "Pitch_72", "Velocity_12", "Duration_12", "Bar_None")
+
+
+def test_a_kept_track_is_boosted_for_every_bar_past_the_first_it_misses(walked):
+    assert walked() == {0: 0.0, 33: 0.0, 48: 0.0}  # the prompt ends in bar 4
+    assert walked("Bar_None") == {0: 0.0, 33: 0.0, 48: 0.0}  # bar 5 begins
+    assert walked(*PIANO_BAR) == {0: 0.0, 33: 2.0, 48: 0.0}  # bass silent through bar 5
+    assert walked(*PIANO_BAR) == {0: 0.0, 33: 4.0, 48: 0.0}  # and 6
+    # the bass plays in bar 7: no boost while the bar lasts nor in the next ...
+    assert walked("TimeSig_4/4", "Position_0", "Program_33", "Pitch_40") == {0: 0.0, 33: 0.0, 48: 0.0}
+    # ... while the piano, silent through bar 7, is boosted in its turn
+    assert walked("Velocity_12", "Duration_12", "Bar_None") == {0: 2.0, 33: 0.0, 48: 0.0}
+    # strings, silent since the prompt's first bar, are not among the tracks kept
+    assert walked(*PIANO_BAR) == {0: 0.0, 33: 2.0, 48: 0.0}
+
+
+def test_the_chain_holds_it_by_default_and_not_at_zero():
+    assert any(isinstance(c, KeepTracks) and c.boost == 2.0 for c in constraint_chain(SampleSettings()))
+    assert not any(isinstance(c, KeepTracks) for c in constraint_chain(SampleSettings(keep_tracks=0)))
+
+
+def silent_tracks(tok, prompt, samples) -> int:
+    """(sample, track) pairs where a track of the prompt's last 2 bars plays no note after it."""
+    bars = tok.bar_starts(prompt.ids)
+    tail = {t for t in prompt.ids[bars[-3] :] if t in tok.bar_and_track_ids()[1]}
+    return sum(t not in s.ids[len(prompt.ids) :].tolist() for s in samples for t in tail)
+
+
+def test_the_song_model_keeps_a_real_tunes_tracks_playing():
+    """Freedoom's "In the City": the shipped model alone lets its fretless bass fall silent in one
+    of two continuations; kept, every track of the prompt's last bars plays on."""
+    model, tok, _, _ = load_checkpoint(REPO / "checkpoints" / "song")
+    prompt = load_prompt(tok, FREEDOOM, bars=4)
+
+    def silent(keep: float) -> int:
+        settings = SampleSettings(bars=4, num_samples=2, seed=0, keep_tracks=keep, precision="fp32")
+        samples, stats = generate(model, tok, prompt, settings, progress=False)
+        assert stats["invalid"] == 0
+        return silent_tracks(tok, prompt, samples)
+
+    assert silent(0.0) >= 1
+    assert silent(2.0) == 0

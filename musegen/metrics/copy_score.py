@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..music.constants import BEATS_PER_BAR
 from ..music.notes import NoteTable
 from .metric import Metric, Span, nan_mean
 
@@ -23,7 +22,7 @@ from .metric import Metric, Span, nan_mean
 def bar_keys(notes: NoteTable, role: str, bar: int, tpq: int) -> set[tuple[int, int]]:
     """(onset tick within the bar at `tpq` ticks a beat, pitch) of `role`'s notes starting in `bar`."""
     mine = notes.in_role(role).onsets_in(bar, 1)
-    ticks = np.rint((mine.beats(mine.start) - bar * BEATS_PER_BAR) * tpq).astype(np.int64)
+    ticks = np.rint(mine.beats(mine.start - notes.bar_tick(bar)) * tpq).astype(np.int64)
     return set(zip(ticks.tolist(), mine.pitch.tolist()))
 
 

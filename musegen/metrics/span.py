@@ -1,7 +1,8 @@
 """The metrics of a continuation span (`musegen evaluate continuation`; docs/evaluation.md).
 
-Bars are 4 beats; steps are 16th notes; *pitched* notes are the non-drum ones; a note *sounds* at
-a step or beat it overlaps for a positive time. `SpanMetrics` (needs the prompt's pitch classes):
+Bars are the piece's own (its time signatures; 4 beats without); steps are 16th notes; *pitched*
+notes are the non-drum ones; a note *sounds* at a step or beat it overlaps for a positive time.
+`SpanMetrics` (needs the prompt's pitch classes):
 - notes per bar: pitched notes with their onset in the span, divided by the span's bars;
 - mean duration: the mean duration (beats) of those notes, whole even past the span's end;
 - polyphony: the mean number of distinct pitched pitches sounding, over the span's steps where at
@@ -19,7 +20,8 @@ a step or beat it overlaps for a positive time. `SpanMetrics` (needs the prompt'
   without pitched notes;
 - scale consistency: the largest share of pitched onsets in one major or minor scale (muspy);
 - groove consistency: 1 - the mean Hamming distance between neighbouring bars' 16-step onset
-  vectors (all tracks) over 16 (muspy's `groove_consistency`, over exactly the span's bars).
+  vectors (all tracks) over 16 (muspy's `groove_consistency`, over exactly the span's bars; in
+  another meter a bar has its own number of 16ths, and a distance is over the longer bar's).
 `RoleMetrics` (needs the real piece's roles), per role: <role> notes per bar, and <role> median
 duration (beats; pitched roles). Metrics that need notes are NaN for a span without them.
 """
@@ -30,7 +32,6 @@ import math
 
 import numpy as np
 
-from ..music.constants import BEATS_PER_BAR
 from ..music.notes import NoteTable
 from .metric import Metric, Span, cosine
 
@@ -41,9 +42,9 @@ LOW_PITCH = 55  # G3: "bars with a low note" counts bars where a note below it s
 def sounding(notes: NoteTable, first_bar: int, bars: int, per_beat: int = STEPS_PER_BEAT) -> np.ndarray:
     """(steps, 128) booleans over the span's grid of `per_beat` steps a beat: which pitches sound.
     A note sounds at a step it overlaps for a positive time."""
-    steps = bars * BEATS_PER_BAR * per_beat
+    origin = notes.beats(notes.bar_tick(first_bar)) * per_beat
+    steps = round(notes.beats(notes.bar_tick(first_bar + bars)) * per_beat - origin)
     roll = np.zeros((steps, 128), dtype=bool)
-    origin = first_bar * BEATS_PER_BAR * per_beat
     first = np.floor(notes.beats(notes.start) * per_beat - origin).astype(np.int64)
     last = (
         np.ceil(notes.beats(notes.end) * per_beat - origin).astype(np.int64) - 1
@@ -67,17 +68,19 @@ def _muspy_music(notes: NoteTable):
 
 
 def groove_consistency(notes: NoteTable, first_bar: int, bars: int) -> float:
-    """1 - mean Hamming distance of neighbouring bars' binary 16-step onset vectors / 16."""
+    """1 - mean Hamming distance of neighbouring bars' binary 16-step onset vectors / 16 (in
+    other meters: the bars' own steps, over the longer bar's)."""
     if bars < 2:
         return math.nan
-    per_bar = BEATS_PER_BAR * STEPS_PER_BEAT
-    nearest = np.floor(notes.beats(notes.start) * STEPS_PER_BEAT + 0.5).astype(np.int64)
-    steps = nearest - first_bar * per_bar
-    steps = steps[(steps >= 0) & (steps < bars * per_bar)]
-    grid = np.zeros(bars * per_bar, dtype=bool)
-    grid[steps] = True
-    grid = grid.reshape(bars, per_bar)
-    return float(1 - np.count_nonzero(grid[1:] != grid[:-1]) / (per_bar * (bars - 1)))
+    step = notes.tpq / STEPS_PER_BEAT
+    nearest = np.floor(notes.start / step + 0.5) * step  # each onset on its nearest 16th
+    bar = notes.bar_of(nearest)
+    kept = (bar >= first_bar) & (bar < first_bar + bars)
+    span = range(first_bar, first_bar + bars)
+    onsets = [set(np.rint(notes.in_bar(nearest[kept & (bar == b)]) / step).tolist()) for b in span]
+    lengths = np.rint(np.diff([notes.bar_tick(b) for b in [*span, first_bar + bars]]) / step)
+    distances = [len(a ^ b) / max(la, lb) for a, b, la, lb in zip(onsets, onsets[1:], lengths, lengths[1:])]
+    return float(1 - np.mean(distances))
 
 
 def span_metrics(notes: NoteTable, first_bar: int, bars: int, prompt_classes: np.ndarray) -> dict[str, float]:
@@ -90,7 +93,7 @@ def span_metrics(notes: NoteTable, first_bar: int, bars: int, prompt_classes: np
     voices = roll.sum(1)
     heard = voices[voices > 0]
     beats = sounding(notes, first_bar, bars, per_beat=1).any(1)
-    low_bars = np.unique(onsets.beats(onsets.start[onsets.pitch < LOW_PITCH]) // BEATS_PER_BAR)
+    low_bars = np.unique(onsets.bar_of(onsets.start[onsets.pitch < LOW_PITCH]))
     durations = onsets.beats(onsets.end) - onsets.beats(onsets.start)
     classes = pitch_classes(onsets)
     music = _muspy_music(onsets) if len(onsets) else None

@@ -4,17 +4,18 @@ per-quarter metric of a continuation span.
 A *style profile* is a 2-D histogram of note statistics; two pieces are compared by the cosine
 similarity of their profiles. Times are integer ticks and every bin is computed exactly from
 them (a 1/6-beat bin is `6 * ticks // ticks_per_beat`), so notes on a triplet or 1/12-beat grid
-never slip into the bin below. Bars are 4 beats, as in the paper's data.
+never slip into the bin below. Bars are the piece's own, from its time signatures (4 beats, as
+in the paper's data, where it has none).
 
 - time-pitch (24 x 41): for each ordered pair of distinct notes (a, b) of one track with
   0 <= onset(b) - onset(a) < 4 beats: (onset difference in 1/6-beat bins) x (pitch(b) - pitch(a)
   in -20..20); notes that start together count in both orders. Only notes within 4 beats of
   each other are paired, so time and memory grow with those pairs, not with the square of the
   notes.
-- onset-duration (24 x 12): (onset mod 4 beats in 1/6-beat bins) x (duration over 0..2 beats in
+- onset-duration (24 x 12): (onset within its bar in 1/6-beat bins, modulo 4 beats) x (duration over 0..2 beats in
   1/6-beat bins; exactly 2 beats counts in the last bin, longer notes are not counted). The
   reference code took the onset in ticks here; it is in beats.
-- onset-drum (24 x 128), drums only, replacing both: (onset mod 4 beats) x (drum pitch).
+- onset-drum (24 x 128), drums only, replacing both: (onset within its bar) x (drum pitch).
 
 `StyleQuarters` scores each quarter of a span against the whole real piece, per role the real
 piece has; `musegen.evaluation.run_style` scores generated files against reference files.
@@ -26,7 +27,6 @@ import math
 
 import numpy as np
 
-from ..music.constants import BEATS_PER_BAR
 from ..music.notes import NoteTable, Track
 from .metric import Metric, Span, cosine, quarter_edges
 
@@ -122,7 +122,7 @@ def _bins(ticks: np.ndarray, tpq: int) -> np.ndarray:
 
 
 def _onset_bins(notes: NoteTable) -> np.ndarray:
-    return _bins(np.mod(notes.start, BEATS_PER_BAR * notes.tpq), notes.tpq)
+    return _bins(notes.in_bar(notes.start), notes.tpq) % TIME_BINS  # a 6/4 bar's last 2 beats wrap
 
 
 def profiles(notes: NoteTable, role: str) -> dict[str, np.ndarray]:

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..music.constants import BEATS_PER_BAR
 from ..music.notes import NoteTable
 from .metric import cosine
 
@@ -89,7 +88,7 @@ def bar_features(notes: NoteTable, first_bar: int, bars: int, prompt: Prompt) ->
     for bar in range(first_bar, first_bar + bars):
         heard = notes.onsets_in(bar, 1)
         pitched = heard.select(~drum_tracks[heard.track]) if len(heard) else heard
-        steps = (heard.beats(heard.start) - bar * BEATS_PER_BAR) * STEPS_PER_BEAT
+        steps = heard.beats(heard.start - notes.bar_tick(bar)) * STEPS_PER_BEAT
         nearest = np.rint(steps).astype(np.int64)
         positions = np.bincount(nearest % STEPS_PER_BEAT, minlength=STEPS_PER_BEAT) / max(len(heard), 1)
         classes = np.bincount(pitched.pitch % 12, minlength=12).astype(np.float64)

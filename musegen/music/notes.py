@@ -9,6 +9,7 @@ Tokenizers, metrics, render and data_prep all read pieces into this table.
 from __future__ import annotations
 
 import io
+import math
 import os
 from dataclasses import dataclass, field, replace
 
@@ -16,7 +17,7 @@ import miditoolkit
 import numpy as np
 import symusic
 
-from .constants import BEATS_PER_BAR
+from .meter import bar_at, bar_start, signature_changes
 from .midi import Parsed, Part, read_parts
 from .roles import BASS, DRUMS, TRACKS, assign_roles
 
@@ -209,7 +210,7 @@ class NoteTable:
 
     def onsets_in(self, first_bar: float, bars: float) -> NoteTable:
         """The notes whose onset lies in bars [first_bar, first_bar + bars)."""
-        lo, hi = first_bar * BEATS_PER_BAR * self.tpq, (first_bar + bars) * BEATS_PER_BAR * self.tpq
+        lo, hi = self.bar_tick(first_bar), self.bar_tick(first_bar + bars)
         return self.select((self.start >= lo) & (self.start < hi))
 
     def from_tick(self, tick: int) -> NoteTable:
@@ -235,10 +236,40 @@ class NoteTable:
         return self if end is None else self.select(self.start >= end)
 
     def first_bar(self) -> int | None:
-        return int(self.start.min() // (BEATS_PER_BAR * self.tpq)) if len(self) else None
+        return int(self.bar_of(self.start.min())) if len(self) else None
 
     def last_onset_bar(self) -> int | None:
-        return int(self.start.max() // (BEATS_PER_BAR * self.tpq)) if len(self) else None
+        return int(self.bar_of(self.start.max())) if len(self) else None
+
+    # Bars are the piece's own, counted from 0 at tick 0: each time signature starts a bar and its
+    # bars follow at its length, 4/4 before the first (as the tokenizers and `musegen.music.meter`
+    # count them); a piece without time signatures has 4-beat bars.
+
+    def bar_tick(self, bar: float) -> float:
+        """The tick where bar `bar` starts; a fractional bar lies that share into its bar."""
+        changes = signature_changes(self.time_signatures)
+        whole = math.floor(bar)
+        start = bar_start(changes, self.tpq, whole + 1)
+        if bar == whole:
+            return start
+        return start + (bar - whole) * (bar_start(changes, self.tpq, whole + 2) - start)
+
+    def bar_of(self, ticks) -> np.ndarray:
+        """The bar that holds each tick (ticks at or after 0)."""
+        ticks = np.asarray(ticks)
+        return np.searchsorted(self._bar_lines(ticks), ticks, side="right") - 1
+
+    def in_bar(self, ticks) -> np.ndarray:
+        """Each tick's distance from the line of the bar that holds it, in ticks."""
+        ticks = np.asarray(ticks)
+        lines = self._bar_lines(ticks)
+        return ticks - lines[np.searchsorted(lines, ticks, side="right") - 1]
+
+    def _bar_lines(self, ticks: np.ndarray) -> np.ndarray:
+        """The ticks of the bar lines from 0 to the last of `ticks`."""
+        changes = signature_changes(self.time_signatures)
+        last = bar_at(changes, self.tpq, int(ticks.max(initial=0)))[0]
+        return np.array([bar_start(changes, self.tpq, bar) for bar in range(1, last + 1)], dtype=np.int64)
 
 
 def _changes_from(changes: list[tuple], tick: int) -> list[tuple]:

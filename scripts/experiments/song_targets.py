@@ -10,7 +10,10 @@ them):
 - the bar lines: the meter of every continued bar against the prompt's last bar's;
 - the tempo: every tempo written after the prompt against the prompt's last one;
 - pieces in 3/4 or 6/8: the total variation between the generated and the real onsets'
-  position-in-bar histograms (12 units a quarter).
+  histograms, by position in the bar (12 units a quarter) and by beat of the bar (the meter's
+  unit: a quarter in 3/4, an 8th in 6/8); beside it, as a ceiling, the same distance from the
+  real continuation to the prompt's own bars, and as a floor, to another piece's continuation in
+  the same meter.
 Prints a Markdown table.
 """
 
@@ -56,12 +59,22 @@ def bars_of(tok, ids) -> list[dict]:
     return bars
 
 
-def histogram(bars: list[dict]) -> np.ndarray:
+def histogram(bars: list[dict], unit: int = 1) -> np.ndarray:
+    """The onsets' share at each position in the bar, counted in `unit`s of 12ths of a quarter."""
     counts = np.zeros(96)
     for bar in bars:
         for _, position, _ in bar["notes"]:
-            counts[position] += 1
+            counts[position // unit] += 1
     return counts / max(counts.sum(), 1)
+
+
+def gaps(made: list[dict], truth: list[dict], meter: tuple[int, int]) -> dict[str, float]:
+    """Total variation between two sets of bars' onset histograms, by position and by beat."""
+    beat = 48 // meter[1]  # the meter's unit in 12ths of a quarter
+    return {
+        f"{kind} TV in {meter[0]}/{meter[1]}": 0.5 * np.abs(histogram(made, unit) - histogram(truth, unit)).sum()
+        for kind, unit in (("position", 1), ("beat", beat))
+    }
 
 
 def measure(run: Path, songs: Path) -> dict:
@@ -77,6 +90,7 @@ def measure(run: Path, songs: Path) -> dict:
         real_ids = {p.stem: tok.encode(p).ids for p in find_midi_files(songs) if p.stem in evaluated}
     span = schemas.read(run / "run.json", EVALUATION_SETTINGS)["bars"]
     out = defaultdict(list)
+    continuations = defaultdict(list)  # meter -> each piece's real continued bars
     for record in records:
         real = bars_of(tok, real_ids[record["piece"]])
         start = record["span_start_bar"]
@@ -95,8 +109,17 @@ def measure(run: Path, songs: Path) -> dict:
                 out["generated notes"].append(played)
                 out["real notes"].append(wanted)
             if meter in ((3, 4), (6, 8)):
-                gap = 0.5 * np.abs(histogram(made) - histogram(truth)).sum()
-                out[f"position TV in {meter[0]}/{meter[1]}"].append(gap)
+                for key, gap in gaps(made, truth, meter).items():
+                    out[key].append(gap)
+        if meter in ((3, 4), (6, 8)):
+            own = [bar for bar in prompt[-4:] if bar["meter"] == meter]
+            for key, gap in gaps(own, truth, meter).items():
+                out[f"{key}, prompt's bars"].append(gap)
+            continuations[meter].append(truth)
+    for meter, pieces in continuations.items():
+        for i, truth in enumerate(pieces if len(pieces) > 1 else []):  # each against the one before
+            for key, gap in gaps(pieces[i - 1], truth, meter).items():
+                out[f"{key}, another piece"].append(gap)
     return out
 
 
@@ -112,7 +135,7 @@ def main() -> None:
         print(f"| {key} | {value} | {len(out[key])} |")
     ratio = sum(out["generated notes"]) / max(sum(out["real notes"]), 1)
     print(f"| notes per bar of those tracks, generated / real (pooled) | {ratio:.2f} | {len(out['real notes'])} |")
-    for key in sorted(k for k in out if k.startswith("position TV")):
+    for key in sorted(k for k in out if " TV in " in k):
         print(f"| {key} (mean) | {np.mean(out[key]):.3f} | {len(out[key])} |")
 
 

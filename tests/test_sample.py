@@ -484,17 +484,20 @@ def test_a_groove_sampler_ends_notes_as_often_as_the_model_says(models, prompt_f
         assert held > 60, held
 
 
-@pytest.mark.parametrize("keep", [True, False])
-def test_a_song_sampler_ends_bars_as_often_as_the_model_says(models, prompt_files, keep):
-    """A model that gives Bar a tenth of its mass and spreads the rest over every position and
-    pitch does not know where in the bar it is. After each note, with the share kept the sampler
-    draws Bar about a tenth of the time; with the plain mask the mass of the earlier positions and
-    lower pitches, which the canonical order forbids, goes to Bar as well, and bars end early."""
+@pytest.mark.parametrize("keep, past", [(True, False), (False, False), (True, True)])
+def test_a_song_sampler_ends_bars_as_often_as_the_model_says(models, prompt_files, keep, past):
+    """A model that gives Bar a tenth of its mass and spreads the rest over every position of a
+    4/4 bar and every pitch does not know where in the bar it is. After each note, with the share
+    kept the sampler draws Bar about a tenth of the time; with the plain mask the mass of the
+    earlier positions and lower pitches, which the canonical order forbids, goes to Bar as well,
+    and bars end early. Where the model also spreads mass over the positions past the end of the
+    bar (`past`), Bar keeps theirs too: (184/9 + 48) / (184/9 + 184) = 0.335."""
     from musegen.tokenizers.song_grammar import DURATION
 
     tok = models["song"][1]
-    spread = np.concatenate([tok.position_ids, tok.pitch_ids])
-    # p(Bar) = 184 x (1/9) / (184 x (1/9) + 184 x 1) = 1/10
+    positions = tok.position_ids if past else tok.position_ids[:48]  # the trio prompt is in 4/4
+    spread = np.concatenate([positions, tok.pitch_ids])
+    # p(Bar) = n x (1/9) / (n x (1/9) + n x 1) = 1/10 for n ids spread
     tok, prompt, samples = _constant_logit_samples(
         models,
         prompt_files,
@@ -524,7 +527,9 @@ def test_a_song_sampler_ends_bars_as_often_as_the_model_says(models, prompt_file
                 bars.append(int(sample.ids[i]) == tok.bar_id)
     assert len(bars) > 400
     share = float(np.mean(bars))
-    if keep:
+    if past:
+        assert 0.29 < share < 0.38, share
+    elif keep:
         assert 0.07 < share < 0.13, share
     else:
         assert share > 0.2, share

@@ -260,17 +260,25 @@ class Finish(Constraint):
 
 class KeptShare(Constraint):
     """The mask keeps the model's share of the tokenizer's `kept_share_type` (`keep_type_mass`):
-    groove's note-offs, song's bar lines."""
+    groove's note-offs, song's bar lines. The bar line also takes the share of the positions
+    past the bar's end (`Grammar.past_the_bar`): in a 3/4 or 6/8 bar a model that half expects a
+    fourth beat put that mass on the bar's last allowed positions (on a Freedoom tune in 6/8, 60%
+    of the onsets on the bar's last 16th)."""
 
     def reweight(self, run: Run, rows: list[Row], logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
         if run.tokenizer.kept_share_type is None:
             return logits
-        return keep_type_mass(logits, allowed, run.type_ids(run.tokenizer.kept_share_type, logits.shape[-1]))
+        kept = run.type_ids(run.tokenizer.kept_share_type, logits.shape[-1]).expand_as(allowed).clone()
+        for i, row in enumerate(rows):
+            past = run.grammar.past_the_bar(row.state) if row.state is not None else None
+            if past is not None:
+                kept[i, torch.from_numpy(past[past < kept.shape[1]]).to(kept.device)] = True
+        return keep_type_mass(logits, allowed, kept)
 
 
 def keep_type_mass(logits: torch.Tensor, allowed: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
-    """Logits whose masked softmax gives the `kept` ids (bool over the ids: one token type) the
-    probability the model gave the whole type, spread over its allowed ids as the model spreads
+    """Logits whose masked softmax gives the `kept` ids (bool over the ids, or per row: one token
+    type) the probability the model gave all of them, spread over its allowed ids as the model spreads
     it, and the other allowed ids the rest, in their own proportions. Rows where no id of the type
     is allowed, or nothing else is, come back as they are.
 

@@ -69,6 +69,11 @@ class Grammar(abc.ABC):
         nothing more)."""
         return self.allowed(state)
 
+    def past_the_bar(self, state: Any) -> np.ndarray | None:
+        """The ids that would put the next event past the end of the current bar (a position the
+        meter does not have), whose mass a sampler gives the bar line; None where there are none."""
+        return None
+
     def sampling_prefix(self, state: Any, token: int) -> list[int]:
         """Tokens a sampler writes before a drawn `token` (none by default); it writes `token`
         after them where the grammar still allows it, else draws again."""

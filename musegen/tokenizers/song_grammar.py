@@ -159,6 +159,11 @@ class SongGrammar(FramedGrammar):
             mask[heard] = kept
         return mask
 
+    def past_the_bar(self, state: SongState) -> np.ndarray | None:
+        if state.meter < 0 or state.after in (BAR, METER):
+            return None
+        return self.v.position_ids[self.v.bar_units_table[state.meter] :]
+
     def can_close(self, state: SongState) -> bool:
         return state.phase == 2 or (state.phase == 1 and state.after == DURATION)
 

@@ -70,7 +70,7 @@ def test_a_kept_track_is_boosted_for_every_bar_past_the_first_it_misses(walked):
 
 
 def test_the_chain_holds_it_by_default_and_not_at_zero():
-    assert any(isinstance(c, KeepTracks) and c.boost == 2.0 for c in constraint_chain(SampleSettings()))
+    assert any(isinstance(c, KeepTracks) and c.boost == 3.0 for c in constraint_chain(SampleSettings()))
     assert not any(isinstance(c, KeepTracks) for c in constraint_chain(SampleSettings(keep_tracks=0)))
 
 
@@ -95,4 +95,4 @@ def test_the_song_model_keeps_a_real_tunes_tracks_playing():
         return silent_tracks(tok, prompt, samples)
 
     assert silent(0.0) >= 2
-    assert silent(2.0) == 0
+    assert silent(3.0) == 0

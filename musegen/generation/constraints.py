@@ -190,7 +190,7 @@ class KeepTracks(Constraint):
     bass: instruments its training data seldom holds), where the real continuations keep every
     one of them playing."""
 
-    boost: float = 2.0
+    boost: float = 3.0
     _rows: dict[int, tuple[int, int, dict[int, int]]] = field(default_factory=dict, compare=False, repr=False)
     _marks: list = field(default_factory=list, compare=False, repr=False)  # the run's bar_and_track_ids, once
 

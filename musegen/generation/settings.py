@@ -195,7 +195,7 @@ class SampleSettings:
         bound=one_of(SUBDIVISION_CHOICES),
     )
     keep_tracks: float = option(
-        2.0,
+        3.0,
         "--keep-tracks",
         help="Song tokens: a track the prompt's last 2 bars play that has then been silent for a whole bar gets "
         "this much added to its track token's logit for each further silent bar, until it plays again; 0: the "

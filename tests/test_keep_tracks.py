@@ -77,7 +77,7 @@ def test_the_chain_holds_it_by_default_and_not_at_zero():
 def silent_tracks(tok, prompt, samples) -> int:
     """(sample, track) pairs where a track of the prompt's last 2 bars plays no note after it."""
     bars = tok.bar_starts(prompt.ids)
-    tail = {t for t in prompt.ids[bars[-3] :] if t in tok.bar_and_track_ids()[1]}
+    tail = {t for t in prompt.ids[bars[-3] :] if t in tok.bar_and_track_ids[1]}
     return sum(t not in s.ids[len(prompt.ids) :].tolist() for s in samples for t in tail)
 
 

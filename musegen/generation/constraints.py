@@ -192,12 +192,9 @@ class KeepTracks(Constraint):
 
     boost: float = 3.0
     _rows: dict[int, tuple[int, int, dict[int, int]]] = field(default_factory=dict, compare=False, repr=False)
-    _marks: list = field(default_factory=list, compare=False, repr=False)  # the run's bar_and_track_ids, once
 
     def reweight(self, run: Run, rows: list[Row], logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-        if not self._marks:
-            self._marks.append(run.tokenizer.bar_and_track_ids())
-        marks = self._marks[0]
+        marks = run.tokenizer.bar_and_track_ids
         if marks is None:
             return logits
         bias = np.zeros(tuple(logits.shape), dtype=np.float32)

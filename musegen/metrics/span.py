@@ -74,11 +74,10 @@ def groove_consistency(notes: NoteTable, first_bar: int, bars: int) -> float:
         return math.nan
     step = notes.tpq / STEPS_PER_BEAT
     nearest = np.floor(notes.start / step + 0.5) * step  # each onset on its nearest 16th
-    bar = notes.bar_of(nearest)
-    kept = (bar >= first_bar) & (bar < first_bar + bars)
-    span = range(first_bar, first_bar + bars)
-    onsets = [set(np.rint(notes.in_bar(nearest[kept & (bar == b)]) / step).tolist()) for b in span]
-    lengths = np.rint(np.diff([notes.bar_tick(b) for b in [*span, first_bar + bars]]) / step)
+    lines = np.array([notes.bar_tick(b) for b in range(first_bar, first_bar + bars + 1)])
+    bar = notes.bar_of(nearest) - first_bar  # within the span
+    onsets = [set(np.rint((nearest[bar == b] - lines[b]) / step).tolist()) for b in range(bars)]
+    lengths = np.rint(np.diff(lines) / step)
     distances = [len(a ^ b) / max(la, lb) for a, b, la, lb in zip(onsets, onsets[1:], lengths, lengths[1:])]
     return float(1 - np.mean(distances))
 

@@ -284,9 +284,11 @@ class Tokenizer(abc.ABC):
         """The tempo token nearest `bpm`, for a tokenizer that has tempo tokens."""
         raise TokenError(f"the {self.kind} tokens hold no tempo")
 
+    @functools.cached_property
     def bar_and_track_ids(self) -> tuple[int, frozenset[int]] | None:
         """(the bar-line token, the tokens that name a track), for a sampler that keeps the
-        prompt's tracks playing; None where the tokens name no tracks of their own."""
+        prompt's tracks playing; None where the tokens name no tracks of their own. Cached: the
+        sampler reads it at every step."""
         return None
 
     def position_phases(self) -> tuple[np.ndarray, np.ndarray] | None:

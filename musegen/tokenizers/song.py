@@ -26,6 +26,7 @@ Encoding, exactly or refused in one line:
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -328,6 +329,7 @@ class SongTokenizer(SongVocab, Tokenizer):
     def program_token_ids(self, program: int) -> np.ndarray:
         return np.array([i for i, (p, _) in zip(self.program_ids, self.programs) if p == program], dtype=np.int64)
 
+    @functools.cached_property
     def bar_and_track_ids(self) -> tuple[int, frozenset[int]]:
         return self.bar_id, frozenset(int(i) for i in self.program_ids)
 

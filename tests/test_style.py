@@ -217,6 +217,49 @@ def test_bass_by_program_then_by_name_then_lowest(tmp_path):
     assert run_style.read_piece(lowest)[0]["bass"].pitch.tolist() == [40] * 2
 
 
+def test_a_continuation_takes_its_roles_from_the_piece_it_continues():
+    """A sample that lets the piece's bass rest: inferred alone, its lowest guitar would be the
+    bass and be scored against the piece's bass; read beside the piece, it stays "other"."""
+    from musegen.metrics.metric import Span
+    from musegen.music.notes import NoteTable, Track
+
+    bar = 4 * TPQ
+    riff = [(k * TPQ // 2, (k + 1) * TPQ // 2, 52 + 3 * (k % 4), 90) for k in range(8)]  # a guitar 8ths riff
+    lead = [(0, 2 * TPQ, 76, 90), (2 * TPQ, 4 * TPQ, 79, 90)]
+    bass = [(0, TPQ, 33, 90), (2 * TPQ, 3 * TPQ, 40, 90)]
+
+    def bars(notes, first, last):
+        return [(s + b * bar, e + b * bar, p, v) for b in range(first, last) for s, e, p, v in notes]
+
+    guitar, synth, low = (
+        Track("Distortion Guitar", 30, False),
+        Track("Lead 2 (sawtooth)", 81, False),
+        Track("Bass", 33, False),
+    )
+    piece = NoteTable.of_tracks(TPQ, [(guitar, bars(riff, 0, 8)), (synth, bars(lead, 0, 8)), (low, bars(bass, 4, 8))])
+    piece = piece.with_roles()
+    sample = NoteTable.of_tracks(TPQ, [(guitar, bars(riff, 0, 8)), (synth, bars(lead, 0, 8))]).with_roles()
+    assert [t.role for t in piece.tracks] == ["other", "other", "bass"]
+    assert [t.role for t in sample.tracks] == ["bass", "other"]  # alone: the guitar is the lowest track
+    read = sample.with_roles_of(piece)
+    assert [t.role for t in read.tracks] == ["other", "other"]
+    assert np.array_equal(read.start, sample.start) and read.tracks[0].program == 30
+    stranger = NoteTable.of_tracks(TPQ, [(Track("Organ", 19, False), bars(lead, 0, 2))]).with_roles()
+    assert [t.role for t in stranger.with_roles_of(piece).tracks] == ["bass"]  # not in the piece: its own
+
+    reference = style.reference_profiles(piece)
+
+    def scores(notes):
+        return style.style_metrics(Span(notes, 4, 4, {"reference": reference}))["style time-pitch Q1"]
+
+    # roles sorted: bass, other. Read beside the piece, the sample's "other" is the piece's own
+    # (the same guitar and lead) and its resting bass scores 0; inferred alone, the guitar is
+    # scored against the bass (nothing alike: 0) and the lead alone against guitar and lead.
+    real = scores(piece)
+    assert real[0] > 0.5 and scores(read) == [0.0, pytest.approx(real[1])]
+    assert scores(sample)[0] == 0.0 and scores(sample)[1] < real[1] - 0.2
+
+
 # ---------------------------------------------------------------- scoring pieces
 
 

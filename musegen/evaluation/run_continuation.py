@@ -217,7 +217,7 @@ def continue_piece(
     model_values, positions, errors = [], [], 0
     for sample in samples:
         try:
-            notes = tokenizer.decode(sample.ids)
+            notes = tokenizer.decode(sample.ids).with_roles_of(piece.notes)
         except TokenError:
             errors += 1
             continue

@@ -197,6 +197,15 @@ class NoteTable:
         roles = _part_roles(Parsed("<table>", self.tpq, parts), by_role=True)
         return replace(self, tracks=[replace(t, role=role) for t, role in zip(self.tracks, roles)])
 
+    def with_roles_of(self, piece: NoteTable) -> NoteTable:
+        """The table with each track in the role that `piece`'s track of the same instrument (name,
+        program, drums) plays there; a track the piece lacks keeps its own. How a continuation is
+        read beside the piece it continues: inferred alone, a sample without the piece's bass
+        track would call its lowest guitar the bass and measure it against the piece's bass."""
+        role_in_piece = {(t.name, t.program, t.is_drum): t.role for t in piece.tracks}
+        tracks = [replace(t, role=role_in_piece.get((t.name, t.program, t.is_drum), t.role)) for t in self.tracks]
+        return replace(self, tracks=tracks)
+
     def columns(self) -> tuple[np.ndarray, ...]:
         """(start, end, pitch, velocity): a note's row as `Part.notes` holds it."""
         return self.start, self.end, self.pitch, self.velocity

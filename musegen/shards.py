@@ -12,6 +12,7 @@ A prepared folder holds:
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import os
 import re
@@ -212,10 +213,14 @@ def resolve_split(available: Sequence[str], split: str) -> str | None:
     return None
 
 
-def merge_shards(out: str | os.PathLike, folders: Sequence[str | os.PathLike]) -> dict[str, tuple[int, int]]:
+def merge_shards(
+    out: str | os.PathLike, folders: Sequence[str | os.PathLike], exclude: Sequence[str] = ()
+) -> dict[str, tuple[int, int]]:
     """One shard folder made of several prepared with the same tokenizer (to train on several
     corpora): each split joins the sources' pieces of that split, each piece named
-    `<source folder>/<piece>`; the index keeps each source's report under its folder's name.
+    `<source folder>/<piece>`, except the pieces whose name matches a pattern of `exclude`
+    (shell-style, `fnmatch`: a held-out set's pieces kept out of training); the index keeps each
+    source's report under its folder's name, and the patterns with how many pieces each left out.
     Returns {split: (pieces, tokens)}."""
     sources = [Shards(folder) for folder in folders]
     if not sources:
@@ -233,11 +238,18 @@ def merge_shards(out: str | os.PathLike, folders: Sequence[str | os.PathLike]) -
                 f"{sources[0].folder} ({sources[0].tokenizer.kind}); merge folders of one tokenizer"
             )
     splits: dict[str, list[tuple[str, np.ndarray]]] = {}
+    excluded = dict.fromkeys(exclude, 0)
     for label, source in zip(labels, sources):
         for split in source.splits:
-            pieces = zip(source.names(split), source.pieces(split))
-            splits.setdefault(split, []).extend((f"{label}/{name}", ids) for name, ids in pieces)
-    write_shards(
-        out, sources[0].tokenizer, splits, {"merged": {label: s.index["report"] for label, s in zip(labels, sources)}}
-    )
+            for name, ids in zip(source.names(split), source.pieces(split)):
+                name = f"{label}/{name}"
+                matched = [pattern for pattern in excluded if fnmatch.fnmatchcase(name, pattern)]
+                for pattern in matched:
+                    excluded[pattern] += 1
+                if not matched:
+                    splits.setdefault(split, []).append((name, ids))
+    report = {"merged": {label: s.index["report"] for label, s in zip(labels, sources)}}
+    if excluded:
+        report["excluded"] = excluded
+    write_shards(out, sources[0].tokenizer, splits, report)
     return {split: (len(pieces), sum(len(ids) for _, ids in pieces)) for split, pieces in splits.items()}

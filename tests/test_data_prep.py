@@ -357,6 +357,18 @@ def test_merge_joins_corpora_of_one_tokenizer_and_refuses_two(pop909_dir, tmp_pa
         assert all(np.array_equal(a, b) for a, (_, b) in zip(both.pieces(split), expected))
     assert set(both.index["report"]["merged"]) == {"pop909-song", "games"}
     assert "shards written to" in stdout
+    # a held-out set left out by name: every other piece stays, in order
+    held_out = both.names(both.splits[0])[0]
+    code, _, stderr = run_cli(
+        "data", "merge", songs, games, "--out", tmp_path / "kept", "--exclude", held_out, "--exclude", "games/*"
+    )
+    assert code == 0, stderr
+    kept = Shards(tmp_path / "kept")
+    for split in both.splits:
+        wanted = [n for n in both.names(split) if n != held_out and not n.startswith("games/")]
+        assert (kept.names(split) if split in kept.splits else []) == wanted  # an emptied split is not written
+    games_pieces = sum(len(Shards(games).names(split)) for split in Shards(games).splits)
+    assert kept.index["report"]["excluded"] == {held_out: 1, "games/*": games_pieces}
     code, _, stderr = run_cli("data", "merge", songs, piano, "--out", tmp_path / "mixed")
     assert code != 0 and stderr.strip().splitlines()[-1].startswith("error: ") and "another tokenizer (remi)" in stderr
     assert not (tmp_path / "mixed").exists()

@@ -63,11 +63,17 @@ def prepare(
 def merge(
     folders: list[Path] = typer.Argument(..., help="Prepared shard folders of one tokenizer."),
     out: Path = typer.Option(..., "--out", "-o", help="Folder to write the merged shards to."),
+    exclude: list[str] = typer.Option(
+        [],
+        "--exclude",
+        help="Leave out the pieces whose merged name (<folder>/<piece>) matches this shell pattern, "
+        "e.g. 'm21folk/oneills1850/*' for a held-out set; repeatable.",
+    ),
 ):
     """Merge prepared corpora of one tokenizer into one folder, to train on all of them."""
     from musegen.shards import merge_shards
 
-    for split, (pieces, tokens) in merge_shards(out, folders).items():
+    for split, (pieces, tokens) in merge_shards(out, folders, exclude).items():
         typer.echo(f"  {split}: {pieces} pieces, {tokens:,} tokens")
     typer.echo(f"shards written to {out}")
 

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from .errors import ConfigError, DataError
-from .music.roles import GM_KIT
+from .music.roles import GM_FAMILY_SIZE, GM_KIT
 from .tokenizers.base import Grammar, Tokenizer, methods_lacking
 
 SAMPLING_CHOICES = ("piece", "length")
@@ -36,10 +36,15 @@ class Augmenter:
       tokenizer decides what a shift leaves alone, e.g. drums);
     - `kit_shuffle`: with this probability, play the piece's drums on a random permutation of
       the General MIDI kit, so that which drum plays what can only be learnt from the piece
-      itself (a model must copy the prompt's kit rather than recall a style's).
+      itself (a model must copy the prompt's kit rather than recall a style's);
+    - `instrument_shuffle`: with this probability, play each pitched track on another instrument
+      of its General MIDI family (a random permutation of each family's 8 programs, one for the
+      piece), so that which instruments play is learnt from the piece itself, for every program
+      of a family and not only those the data holds (a guitar stays a guitar, in its register).
     Piece-level rewrites (bar skip, track dropout, kit) run before cropping, transposition after it,
     so the shift only has to fit the pitches of the window. The tokenizer methods each one calls
-    are declared on `Tokenizer` (`skip_bars`; `notes`, `drop_tracks`; `map_drums`; `transpose`), and a tokenizer
+    are declared on `Tokenizer` (`skip_bars`; `notes`, `drop_tracks`; `map_drums`; `map_programs`;
+    `transpose`), and a tokenizer
     that names an augmentation must provide them (`tokenizers.base.AUGMENTATION_NEEDS`).
     """
 
@@ -50,10 +55,11 @@ class Augmenter:
         max_skip_bars: int = 0,
         track_dropout: float = 0.0,
         kit_shuffle: float = 0.0,
+        instrument_shuffle: float = 0.0,
     ):
         self.tokenizer = tokenizer
         self.max_shift, self.max_skip_bars, self.track_dropout = max_shift, max_skip_bars, track_dropout
-        self.kit_shuffle = kit_shuffle
+        self.kit_shuffle, self.instrument_shuffle = kit_shuffle, instrument_shuffle
 
     @classmethod
     def for_tokenizer(cls, tokenizer: Tokenizer, **extra: float) -> "Augmenter":
@@ -80,6 +86,12 @@ class Augmenter:
             kit = np.arange(128)
             kit[GM_KIT.start : GM_KIT.stop] = rng.permutation(GM_KIT)
             ids = self.tokenizer.map_drums(ids, kit)
+        if self.instrument_shuffle > 0 and rng.random() < self.instrument_shuffle:
+            family = GM_FAMILY_SIZE * np.arange(128 // GM_FAMILY_SIZE)
+            programs = (
+                family[:, None] + rng.permuted(np.tile(np.arange(GM_FAMILY_SIZE), (len(family), 1)), axis=1)
+            ).ravel()
+            ids = self.tokenizer.map_programs(ids, programs)
         return ids
 
     def after_crop(self, ids: np.ndarray, rng: np.random.Generator) -> np.ndarray:

@@ -347,3 +347,74 @@ def test_crops_of_a_model_of_beats_carry_each_tokens_onset_and_train_it():
     model = MusicPerformer(preset("tiny", vocab_size=tok.vocab_size, positions="beats", window=8))
     model(ids[:, :-1], beats[:, :-1]).logsumexp(-1).mean().backward()
     assert model.spe.freqs.grad.abs().sum() > 0
+
+
+def _mirrored_families() -> np.ndarray:
+    """Each General MIDI family's 8 programs in reverse order: any two tracks of one family that
+    share a cell trade places in it."""
+    program = np.arange(128)
+    return 8 * (program // 8) + 7 - program % 8
+
+
+def test_map_programs_moves_every_track_with_its_notes_and_its_inverse_restores_the_ids():
+    from musegen.tokenizers import tokenizer_from_dict
+
+    tok = tokenizer_from_dict({"kind": "song"})
+    ids = tok.encode(MULTITRACK / "freedoom1_D_E2M3.mid").ids.astype(np.int64)  # guitars 26, 30, 30; leads 80, 81
+    programs = _mirrored_families()
+    moved = tok.map_programs(ids, programs)
+    assert tok.grammar().first_violation(moved) is None
+    assert len(moved) == len(ids) and not np.array_equal(moved, ids)
+    before, after = tok.decode(ids), tok.decode(moved)
+
+    def notes(table, program_of=lambda p: p):
+        rows = zip(table.start, table.end, table.pitch, table.velocity, table.track)
+        tracks = table.tracks
+        return sorted(
+            (s, e, p, v, -1 if tracks[t].is_drum else program_of(tracks[t].program), tracks[t].name.endswith(" 2"))
+            for s, e, p, v, t in (tuple(map(int, row)) for row in rows)
+        )
+
+    assert notes(after) == notes(before, lambda p: int(programs[p]))  # every note kept, on its new instrument
+    assert {t.program for t in after.tracks if not t.is_drum} == {3, 29, 25, 38, 55, 87, 86}
+    # renaming the tracks alone breaks the order of some cell's tracks: the notes had to move too
+    track = tok.program_of[ids]
+    renamed = ids.copy()
+    slot, program = np.divmod(track[track > 0] - 1, 128)
+    renamed[track > 0] = tok.program_ids[1 + slot * 128 + programs[program]]
+    assert tok.grammar().first_violation(renamed) is not None
+    assert np.array_equal(tok.map_programs(moved, np.argsort(programs)), ids)
+
+
+def test_instrument_shuffle_keeps_each_track_in_its_family_and_its_drums(tmp_path):
+    from musegen.tokenizers import tokenizer_from_dict
+
+    tok = tokenizer_from_dict({"kind": "song"})
+    ids = tok.encode(MULTITRACK / "freedoom2_D_IN_CIT.mid").ids.astype(np.int64)
+    original = tok.decode(ids)
+    aug = Augmenter.for_tokenizer(tok, instrument_shuffle=0.5)
+    assert aug.max_shift == 6  # the representation's own augmentation stays
+    kept = {t.program for t in original.tracks if not t.is_drum}
+    seen, shuffled = set(), 0
+    for seed in range(40):
+        shuffled_ids = aug.before_crop(ids, np.random.default_rng(seed))
+        assert tok.grammar().first_violation(shuffled_ids) is None
+        table = tok.decode(shuffled_ids)
+        programs = {t.program for t in table.tracks if not t.is_drum}
+        assert sorted(p // 8 for p in programs) == sorted(p // 8 for p in kept)  # the same families
+        assert len(table) == len(original) and np.array_equal(np.sort(table.pitch), np.sort(original.pitch))
+        drums = [t for t in table.tracks if t.is_drum]
+        assert len(drums) == sum(t.is_drum for t in original.tracks)
+        shuffled += programs != kept
+        seen |= programs
+    assert 10 <= shuffled <= 30 and len(seen) > 2 * len(kept)
+
+
+def test_instrument_shuffle_is_refused_where_it_cannot_apply(remi_songs):
+    tok, _ = remi_songs
+    with pytest.raises(ConfigError, match="instrument_shuffle: the remi representation cannot do this augmentation"):
+        Augmenter.for_tokenizer(tok, instrument_shuffle=0.5)
+    with pytest.raises(ConfigError, match="instrument_shuffle is an augmentation: it needs augment=true"):
+        TrainConfig(instrument_shuffle=0.5, augment=False)
+    with pytest.raises(FormatError, match=r"instrument_shuffle must be in 0..1"):
+        TrainConfig(instrument_shuffle=-0.1)

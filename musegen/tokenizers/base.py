@@ -393,6 +393,12 @@ class Tokenizer(abc.ABC):
         of 0..127), in the order the representation writes. Needed for `kit_shuffle`."""
         raise NotImplementedError(f"the {self.kind} tokenizer has no drum kit to shuffle")
 
+    def map_programs(self, ids, programs: np.ndarray) -> np.ndarray:
+        """The piece with each pitched track of General MIDI program p played on program
+        programs[p] (`programs`: a permutation of 0..127), in the order the representation
+        writes. Needed for `instrument_shuffle`."""
+        raise NotImplementedError(f"the {self.kind} tokenizer has no instruments to shuffle")
+
     def program_token_ids(self, program: int) -> np.ndarray:
         """The ids that name a track of GM `program` (every track of it), for a sampler that leaves
         that instrument to someone else (live accompaniment). Only a representation with tracks."""
@@ -422,6 +428,7 @@ AUGMENTATION_NEEDS: dict[str, tuple[str, ...]] = {
     "max_skip_bars": ("skip_bars",),
     "track_dropout": ("notes", "drop_tracks"),
     "kit_shuffle": ("map_drums",),
+    "instrument_shuffle": ("map_programs",),
 }
 
 

@@ -350,6 +350,31 @@ class SongTokenizer(SongVocab, Tokenizer):
         out[pitch >= 0] = self.pitch_ids[moved - PITCHES[0]]
         return out
 
+    def map_programs(self, ids, programs: np.ndarray) -> np.ndarray:
+        """Each Program token of program p and slot s becomes that of programs[p] and slot s
+        (drums stay); where that changes the order of a cell's tracks, their notes move with them
+        into the order `encode` writes (by track index), which the grammar asks for."""
+        ids = np.asarray(ids)
+        track = self.program_of[ids]  # index in `programs` of (program, slot); 0 is the drums
+        pitched = track > 0
+        slot, program = np.divmod(track[pitched] - 1, 128)
+        track[pitched] = 1 + slot * 128 + np.asarray(programs)[program]
+        out = ids.copy()
+        out[pitched] = self.program_ids[track[pitched]]
+        # A cell's notes run from its first Program to the next Position, Bar or end; every token
+        # of a note is one of these kinds.
+        note_kinds = (self.program_of, self.pitch_of, self.drum_of, self.velocity_of, self.duration_of)
+        in_cell = np.logical_or.reduce([kind[ids] >= 0 for kind in note_kinds])
+        cell = np.cumsum(~in_cell)
+        starts = np.flatnonzero(track >= 0)
+        unsorted = (cell[starts[1:]] == cell[starts[:-1]]) & (track[starts[1:]] < track[starts[:-1]])
+        for c in np.unique(cell[starts[1:][unsorted]]).tolist():
+            lo, hi = np.searchsorted(cell, [c, c + 1])  # the cell's opening token, then its notes
+            heads = starts[(starts > lo) & (starts < hi)]
+            groups = sorted(zip(track[heads].tolist(), heads.tolist(), [*heads[1:].tolist(), hi]))
+            out[heads[0] : hi] = np.concatenate([out[a:b] for _, a, b in groups])
+        return out
+
     def onsets(self, ids) -> np.ndarray:
         """Each token's onset in beats (quarter notes) from the first bar line: a Bar's is its bar
         line, a Position's its cell, and every other token's that of the Bar or Position before

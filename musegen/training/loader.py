@@ -37,7 +37,13 @@ def load_training_data(cfg: TrainConfig) -> TrainingData:
     valid_split = resolve_split(shards.splits, "valid")
     valid_pieces = shards.pieces(valid_split)[: cfg.valid_pieces] if valid_split else []
     # Made here, so that an augmentation the representation cannot do is refused before the run writes anything.
-    augmenter = Augmenter.for_tokenizer(shards.tokenizer, kit_shuffle=cfg.kit_shuffle) if cfg.augment else None
+    augmenter = (
+        Augmenter.for_tokenizer(
+            shards.tokenizer, kit_shuffle=cfg.kit_shuffle, instrument_shuffle=cfg.instrument_shuffle
+        )
+        if cfg.augment
+        else None
+    )
     return TrainingData(shards.tokenizer, train_pieces, valid_pieces, augmenter)
 
 

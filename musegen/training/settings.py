@@ -30,6 +30,7 @@ LIMITS: dict[str, tuple[float, float]] = {
     "lr_floor": (0.0, 1.0),
     "warmup": (0, 10**9),
     "kit_shuffle": (0.0, 1.0),
+    "instrument_shuffle": (0.0, 1.0),
     "weight_decay": (0.0, 1.0),
     "grad_clip": (0.0, 1e6),
     "ckpt_every": (1, 10**9),
@@ -65,6 +66,7 @@ class TrainConfig:
     crop: str = "auto"  # "random" | "start" | "auto": the tokenizer's `default_crop`
     augment: bool = True
     kit_shuffle: float = 0.0  # share of pieces whose drums get a random kit (groove-dur; needs augment)
+    instrument_shuffle: float = 0.0  # share of pieces played on other instruments of their families (song)
     workers: int = 2  # DataLoader worker processes (0: load in the training process)
     # optimisation
     steps: int = 10000  # optimiser updates in total
@@ -108,8 +110,9 @@ class TrainConfig:
             value = getattr(self, key)
             if not low <= value <= high:
                 raise FormatError(f"{key} must be in {format_limit(low)}..{format_limit(high)}, got {value!r}")
-        if self.kit_shuffle and not self.augment:
-            raise ConfigError("kit_shuffle is an augmentation: it needs augment=true")
+        for shuffle in ("kit_shuffle", "instrument_shuffle"):
+            if getattr(self, shuffle) and not self.augment:
+                raise ConfigError(f"{shuffle} is an augmentation: it needs augment=true")
         if not self.lr_floor <= self.lr:
             raise FormatError(f"lr_floor {self.lr_floor!r} must not exceed lr {self.lr!r}")
 

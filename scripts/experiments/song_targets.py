@@ -13,7 +13,9 @@ them):
   histograms, by position in the bar (12 units a quarter) and by beat of the bar (the meter's
   unit: a quarter in 3/4, an 8th in 6/8); beside it, as a ceiling, the same distance from the
   real continuation to the prompt's own bars, and as a floor, to another piece's continuation in
-  the same meter.
+  the same meter; and the same distances to the rest of the real piece (its bars in that meter
+  outside the continued ones), a steadier estimate of "the real piece's" histogram than 8 bars:
+  the real continuation's distance to it is the ceiling, another piece's continuation's the floor.
 Prints a Markdown table.
 """
 
@@ -111,16 +113,27 @@ def measure(run: Path, songs: Path) -> dict:
             if meter in ((3, 4), (6, 8)):
                 for key, gap in gaps(made, truth, meter).items():
                     out[key].append(gap)
+                for key, gap in gaps(made, rest_of(real, start, span, meter), meter).items():
+                    out[f"{key}, against the rest of the piece"].append(gap)
         if meter in ((3, 4), (6, 8)):
             own = [bar for bar in prompt[-4:] if bar["meter"] == meter]
             for key, gap in gaps(own, truth, meter).items():
                 out[f"{key}, prompt's bars"].append(gap)
-            continuations[meter].append(truth)
+            for key, gap in gaps(truth, rest_of(real, start, span, meter), meter).items():
+                out[f"{key}, against the rest of the piece: the real continuation"].append(gap)
+            continuations[meter].append((truth, rest_of(real, start, span, meter)))
     for meter, pieces in continuations.items():
-        for i, truth in enumerate(pieces if len(pieces) > 1 else []):  # each against the one before
-            for key, gap in gaps(pieces[i - 1], truth, meter).items():
+        for i, (truth, rest) in enumerate(pieces if len(pieces) > 1 else []):  # each against the one before
+            for key, gap in gaps(pieces[i - 1][0], truth, meter).items():
                 out[f"{key}, another piece"].append(gap)
+            for key, gap in gaps(pieces[i - 1][0], rest, meter).items():
+                out[f"{key}, against the rest of the piece: another piece"].append(gap)
     return out
+
+
+def rest_of(real: list[dict], start: int, span: int, meter: tuple[int, int]) -> list[dict]:
+    """The real piece's bars in `meter` other than the continued ones."""
+    return [bar for bar in real[:start] + real[start + span :] if bar["meter"] == meter]
 
 
 def main() -> None:

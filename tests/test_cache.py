@@ -104,6 +104,7 @@ def test_the_weight_is_checked_and_recorded_and_zero_leaves_the_chain_as_it_was(
         "KeepSubdivision",
         "HoldEnds",
         "Finish",
+        "FoldInstruments",
         "SuffixCache",
         "KeptShare",
         "KeepTracks",

@@ -276,6 +276,39 @@ class KeptShare(Constraint):
         return keep_type_mass(logits, allowed, kept)
 
 
+class FoldInstruments(Constraint):
+    """What the model gives an instrument the mask forbids goes to the allowed tracks of that
+    instrument's General MIDI family (`Tokenizer.instrument_families`), in the proportions the
+    model gives them (equally where it gives them nothing); a family with no allowed track keeps
+    its mass, for the mask to drop. Why: the band mask lets only the prompt's tracks play, and a
+    model that seldom met the prompt's instruments names others: teacher-forced on Freedoom's
+    songs, the song model's track tokens cost 6.1 nats (0.9 on its own validation songs), and its
+    samples let a slap bass playing in every bar of the prompt fall silent while it asked for
+    another bass. Before KeptShare, which then moves the bar line's share over what is left."""
+
+    def reweight(self, run: Run, rows: list[Row], logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+        families = run.tokenizer.instrument_families
+        if families is None:
+            return logits
+        ids, family = (torch.as_tensor(a, device=logits.device) for a in families)
+        keep = ids < logits.shape[-1]
+        ids, family = ids[keep], family[keep]
+        probs = logits.float().softmax(-1)
+        named, ok = probs[:, ids], allowed[:, ids].to(logits.device)
+        one_hot = torch.nn.functional.one_hot(family, 16).to(probs.dtype)  # [tracks, family]
+        forbidden = (named * ~ok) @ one_hot  # [rows, family]: mass the mask would drop
+        kept, open_tracks = (named * ok) @ one_hot, ok.to(probs.dtype) @ one_hot
+        landing = open_tracks[:, family] > 0  # the family has an allowed track
+        if not (landing & ~ok).any():
+            return logits
+        share = torch.where(
+            kept[:, family] > 0, named / kept[:, family].clamp_min(1e-38), 1 / open_tracks[:, family].clamp_min(1)
+        )
+        moved = torch.where(ok, named + forbidden[:, family] * share, torch.zeros_like(named))
+        probs[:, ids] = torch.where(landing, moved, named)
+        return probs.log().to(logits.dtype)
+
+
 def keep_type_mass(logits: torch.Tensor, allowed: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
     """Logits whose masked softmax gives the `kept` ids (bool over the ids, or per row: one token
     type) the probability the model gave all of them, spread over its allowed ids as the model spreads

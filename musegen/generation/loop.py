@@ -35,6 +35,7 @@ from .cache import SuffixCache
 from .constraints import (
     Constraint,
     Finish,
+    FoldInstruments,
     GrammarMask,
     HoldEnds,
     HoldTempo,
@@ -112,14 +113,15 @@ def temper_within_families(logits: torch.Tensor, families: list[torch.Tensor], t
 def constraint_chain(s: SampleSettings, under_grammar: bool = False) -> tuple[Constraint, ...]:
     """The constraints a run applies, in order: the grammar's mask (unless `grammar` is off), the
     tempo hold (unless `tempo` is "free"), the prompt's subdivision of the beat (`subdivision`
-    "prompt", with the grammar), the grammar's end hold and finish, the suffix cache
-    (with a weight above 0), KeptShare (with the grammar), KeepTracks (`keep_tracks` above 0:
-    after KeptShare, so a silent track's boost takes from the bar line too), then the settings'
-    own `constraints`. The cache mixes the model's own distribution, before KeptShare moves the
-    kept type's share (groove's note-offs, song's bar lines) over the mask the others leave.
+    "prompt", with the grammar), the grammar's end hold and finish, FoldInstruments (with the
+    grammar, unless `fold_instruments` is off), the suffix cache (with a weight above 0),
+    KeptShare (with the grammar), KeepTracks (`keep_tracks` above 0: after KeptShare, so a silent
+    track's boost takes from the bar line too), then the settings' own `constraints`. The cache
+    mixes the model's own distribution (instruments folded), before KeptShare moves the kept
+    type's share (groove's note-offs, song's bar lines) over the mask the others leave.
     `under_grammar`: the model was trained under the grammar (ModelConfig.loss_over): its
-    distribution over what the mask leaves is its own, so KeptShare has no share to keep, and
-    without the mask it would draw ids its training never scored."""
+    distribution over what the mask leaves is its own, so neither KeptShare nor FoldInstruments
+    has mass to move, and without the mask it would draw ids its training never scored."""
     if not all(isinstance(c, Constraint) for c in s.constraints):
         raise ConfigError("constraints must be musegen.generation.constraints.Constraint objects")
     if under_grammar and not s.grammar:
@@ -130,7 +132,8 @@ def constraint_chain(s: SampleSettings, under_grammar: bool = False) -> tuple[Co
     cache = (SuffixCache(s.cache),) if s.cache else ()
     share = (KeptShare(),) if s.grammar and s.keep_share and not under_grammar else ()
     tracks = (KeepTracks(s.keep_tracks),) if s.keep_tracks else ()
-    return masks[:1] + tempo + subdivision + masks[1:] + cache + share + tracks + tuple(s.constraints)
+    fold = (FoldInstruments(),) if s.grammar and s.fold_instruments and not under_grammar else ()
+    return masks[:1] + tempo + subdivision + masks[1:] + fold + cache + share + tracks + tuple(s.constraints)
 
 
 def generate(

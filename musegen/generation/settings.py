@@ -202,6 +202,13 @@ class SampleSettings:
         "model alone.",
         bound=within(0.0, 10.0),
     )
+    fold_instruments: bool = option(
+        True,
+        "--fold-instruments/--no-fold",
+        help="Song tokens: what the model gives an instrument the prompt lacks (which the sampler does not play) "
+        "goes to the prompt's tracks of its General MIDI family (a finger bass's to the prompt's slap bass); "
+        "--no-fold drops it, as the mask alone does.",
+    )
     grid: str = option(
         "auto",
         "--grid",

@@ -291,6 +291,13 @@ class Tokenizer(abc.ABC):
         sampler reads it at every step."""
         return None
 
+    @functools.cached_property
+    def instrument_families(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """(the tokens that name a pitched track, each one's General MIDI family 0..15), for a
+        sampler that hands an instrument the prompt lacks to the prompt's track of its family;
+        None where the tokens name no instruments. Cached: the sampler reads it at every step."""
+        return None
+
     def position_phases(self) -> tuple[np.ndarray, np.ndarray] | None:
         """(ids, phases): each position token and where in its beat it falls, in 12ths of a quarter
         note (16ths are multiples of 3, triplet 8ths of 4), for a sampler that keeps the prompt's

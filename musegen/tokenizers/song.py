@@ -40,6 +40,7 @@ from ..music.constants import DEFAULT_BPM, MAX_BARS, TICKS_PER_BEAT
 from ..music.meter import signature_changes
 from ..music.midi import read_midi, source_name
 from ..music.notes import ROLES, NoteTable, Track
+from ..music.roles import GM_FAMILY_SIZE
 from .base import Encoding, OnsetClock, Tokenizer
 from .song_grammar import SongGrammar
 from .song_vocab import (
@@ -332,6 +333,12 @@ class SongTokenizer(SongVocab, Tokenizer):
     @functools.cached_property
     def bar_and_track_ids(self) -> tuple[int, frozenset[int]]:
         return self.bar_id, frozenset(int(i) for i in self.program_ids)
+
+    @functools.cached_property
+    def instrument_families(self) -> tuple[np.ndarray, np.ndarray]:
+        pitched = np.array([program != DRUM_PROGRAM for program, _ in self.programs])
+        family = np.array([program // GM_FAMILY_SIZE for program, _ in self.programs])
+        return self.program_ids[pitched], family[pitched]
 
     def position_phases(self) -> tuple[np.ndarray, np.ndarray]:
         return self.position_ids, np.arange(len(self.position_ids)) % UNITS_PER_BEAT  # a Position counts units

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from .errors import ConfigError, DataError
-from .music.roles import GM_FAMILY_SIZE, GM_KIT
+from .music.roles import GM_FAMILIES, GM_FAMILY_SIZE, GM_KIT
 from .tokenizers.base import Grammar, Tokenizer, methods_lacking
 
 SAMPLING_CHOICES = ("piece", "length")
@@ -87,7 +87,7 @@ class Augmenter:
             kit[GM_KIT.start : GM_KIT.stop] = rng.permutation(GM_KIT)
             ids = self.tokenizer.map_drums(ids, kit)
         if self.instrument_shuffle > 0 and rng.random() < self.instrument_shuffle:
-            family = GM_FAMILY_SIZE * np.arange(128 // GM_FAMILY_SIZE)
+            family = GM_FAMILY_SIZE * np.arange(GM_FAMILIES)
             programs = (
                 family[:, None] + rng.permuted(np.tile(np.arange(GM_FAMILY_SIZE), (len(family), 1)), axis=1)
             ).ravel()

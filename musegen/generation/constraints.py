@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..music.roles import GM_FAMILIES
 from ..tokenizers.base import Grammar, Tokenizer
 
 
@@ -295,7 +296,7 @@ class FoldInstruments(Constraint):
         ids, family = ids[keep], family[keep]
         probs = logits.float().softmax(-1)
         named, ok = probs[:, ids], allowed[:, ids].to(logits.device)
-        one_hot = torch.nn.functional.one_hot(family, 16).to(probs.dtype)  # [tracks, family]
+        one_hot = torch.nn.functional.one_hot(family, GM_FAMILIES).to(probs.dtype)  # [tracks, family]
         forbidden = (named * ~ok) @ one_hot  # [rows, family]: mass the mask would drop
         kept, open_tracks = (named * ok) @ one_hot, ok.to(probs.dtype) @ one_hot
         landing = open_tracks[:, family] > 0  # the family has an allowed track

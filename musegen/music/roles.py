@@ -25,7 +25,8 @@ TRACKS = {BASS: "bass", DRUMS: "drums", OTHER: "other"}
 ROLE_NAMES = {BASS: "Bass", DRUMS: "Drums", OTHER: "Other"}  # the track names musegen writes
 BASS_PROGRAMS = range(32, 40)  # General MIDI: acoustic bass .. synth bass 2
 GM_KIT = range(35, 82)  # General MIDI percussion keys: acoustic bass drum .. open triangle
-GM_FAMILY_SIZE = 8  # General MIDI programs come in 16 families of 8 (pianos, ..., guitars, basses, ...)
+GM_FAMILY_SIZE = 8  # General MIDI programs come in families of 8 (pianos, ..., guitars, basses, ...)
+GM_FAMILIES = 128 // GM_FAMILY_SIZE
 BASS_NAME = re.compile("bass", re.IGNORECASE)
 
 # Groove2Groove's track names (Band-in-a-Box exports).

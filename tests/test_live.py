@@ -153,6 +153,28 @@ def test_an_accompaniment_plays_the_backing_band_but_never_the_players_instrumen
     assert heard <= {(t.program, t.is_drum) for t in example.tracks}
 
 
+def test_an_accompaniment_does_not_fold_the_players_instrument_into_the_band(models, monkeypatch):
+    """Folded, the mass of the player's (forbidden) piano would go to the band's instruments of
+    its family and double the player's part: an accompaniment samples without the fold, an
+    answer with it."""
+    import musegen.generation.live as live_module
+
+    model, tokenizer = models["song"]
+    asked = []
+    real_generate = live_module.generate
+
+    def spy(model, tokenizer, prompt, settings, **kwargs):
+        asked.append(settings.fold_instruments)
+        return real_generate(model, tokenizer, prompt, settings, **kwargs)
+
+    monkeypatch.setattr(live_module, "generate", spy)
+    backing = [LiveNote(k * TPQ, k * TPQ + 200, 48 + k % 5, 80, 33) for k in range(8)]  # a bass, two bars
+    live = Live(model, tokenizer, SETTINGS, bpm=110, program=0, backing=backing, backing_bars=2)
+    live.accompany()
+    live.answer(1)
+    assert SETTINGS.fold_instruments and asked == [False, True]
+
+
 def test_live_play_refuses_in_one_line_what_it_cannot_do(models):
     model, tokenizer = models["song"]
     with pytest.raises(ConfigError, match="other instruments"):

@@ -221,6 +221,9 @@ class Live:
             bars=bars,
             seed=self.settings.seed + self.answers,
             constraints=self.settings.constraints + forbid,
+            # what the model gives the player's instrument is the player's part: folded, the band's
+            # instrument of its family would double it
+            fold_instruments=self.settings.fold_instruments and not forbid,
         )
         self.answers += 1
         snapshot = self.snapshots[-1]

@@ -99,6 +99,7 @@ def measure(run: Path, songs: Path) -> dict:
         prompt, truth = real[:start], real[start : start + span]
         tail = {t for bar in prompt[-TAIL_BARS:] for t, _, _ in bar["notes"]}
         meter, tempo = prompt[-1]["meter"], prompt[-1]["tempo"]
+        rest = rest_of(real, start, span, meter)
         for sample in sorted((run / "samples").glob(f"{record['piece']}_*.mid")):
             made = bars_of(tok, tok.encode(sample).ids)[start : start + span]
             out["bars"].append(len(made))
@@ -113,15 +114,15 @@ def measure(run: Path, songs: Path) -> dict:
             if meter in ((3, 4), (6, 8)):
                 for key, gap in gaps(made, truth, meter).items():
                     out[key].append(gap)
-                for key, gap in gaps(made, rest_of(real, start, span, meter), meter).items():
+                for key, gap in gaps(made, rest, meter).items():
                     out[f"{key}, against the rest of the piece"].append(gap)
         if meter in ((3, 4), (6, 8)):
             own = [bar for bar in prompt[-4:] if bar["meter"] == meter]
             for key, gap in gaps(own, truth, meter).items():
                 out[f"{key}, prompt's bars"].append(gap)
-            for key, gap in gaps(truth, rest_of(real, start, span, meter), meter).items():
+            for key, gap in gaps(truth, rest, meter).items():
                 out[f"{key}, against the rest of the piece: the real continuation"].append(gap)
-            continuations[meter].append((truth, rest_of(real, start, span, meter)))
+            continuations[meter].append((truth, rest))
     for meter, pieces in continuations.items():
         for i, (truth, rest) in enumerate(pieces if len(pieces) > 1 else []):  # each against the one before
             for key, gap in gaps(pieces[i - 1][0], truth, meter).items():

@@ -217,6 +217,18 @@ def test_bass_by_program_then_by_name_then_lowest(tmp_path):
     assert run_style.read_piece(lowest)[0]["bass"].pitch.tolist() == [40] * 2
 
 
+def test_the_baselines_continue_a_reference_after_its_own_bars_in_its_meter(tmp_path):
+    """In 3/4 the protocol's 2-bar prompt ends at beat 6, not at the 8 beats of two 4/4 bars."""
+    path = write_midi(tmp_path / "waltz.mid", [(33, False, [(b, 1, 40 + b) for b in range(24)], "Bass")])
+    midi = miditoolkit.MidiFile(str(path))
+    midi.time_signature_changes = [miditoolkit.TimeSignature(3, 4, 0)]
+    midi.dump(str(path))
+    by_role, _ = run_style.read_piece(path)
+    segments = run_style._after_prompt(by_role, 1)
+    assert segments[0]["bass"].start.min() == 6 * TPQ
+    assert len(segments[0]["bass"]) == 24 - 6
+
+
 def test_a_continuation_takes_its_roles_from_the_piece_it_continues():
     """A sample that lets the piece's bass rest: inferred alone, its lowest guitar would be the
     bass and be scored against the piece's bass; read beside the piece, it stays "other"."""

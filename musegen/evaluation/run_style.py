@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +25,6 @@ import numpy as np
 from ..errors import ConfigError, MidiError, MusegenError
 from ..metrics.report import plot_segments, write_rows_csv
 from ..metrics.style import ROLES, STYLE_METRICS, profiles, role_notes, similarity
-from ..music.constants import BEATS_PER_BAR
 from ..music.midi import find_midi_files
 from ..music.notes import NoteTable, prompt_end
 from ..music.roles import merged_notes, read_trio
@@ -48,7 +48,8 @@ def read_piece(path: str | os.PathLike, other: str = "busiest") -> tuple[dict[st
         rows = merged_notes(parts)
         if len(rows):
             start = np.maximum(rows[:, 0], 0)  # a count-in cut may leave an onset half a grid unit early
-            by_role[role] = role_notes(role, parsed.tpq, start, rows[:, 1], rows[:, 2])
+            notes = role_notes(role, parsed.tpq, start, rows[:, 1], rows[:, 2])
+            by_role[role] = replace(notes, time_signatures=parsed.time_signatures)  # for its bar lines
     end = prompt_end(parsed.markers)
     return by_role, (None if end is None else max(end, 0))
 
@@ -151,9 +152,10 @@ def baseline_rows(references: dict[str, Path], n_segments: int = 4, other: str =
 
 
 def _after_prompt(by_role: dict[str, NoteTable], n_segments: int) -> list[dict[str, NoteTable]]:
-    """A reference played on from where the protocol's prompt ends, in segments."""
-    tpq = next(iter(by_role.values())).tpq
-    return continuation_segments(by_role, BASELINE_PROMPT_BARS * BEATS_PER_BAR * tpq, n_segments)
+    """A reference played on from where the protocol's prompt ends (its bars, in its meters), in
+    segments."""
+    prompt_end = next(iter(by_role.values())).bar_tick(BASELINE_PROMPT_BARS)
+    return continuation_segments(by_role, round(prompt_end), n_segments)
 
 
 def _style_of(name: str) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -21,10 +22,12 @@ from musegen.evaluation.run_copy import prepare
 from musegen.generation.cache import SuffixCache, cache_probs, continuations
 from musegen.generation.constraints import Row
 from musegen.generation.loop import constraint_chain, generate
+from musegen.generation.prompt import load_prompt
 from musegen.generation.settings import SampleSettings
 from musegen.metrics.copy_score import CopyScore
 from musegen.metrics.metric import Span
 from musegen.music.grooves import built_patterns
+from musegen.tokenizers import tokenizer_from_dict
 
 GROOVE_DUR = Path(__file__).resolve().parents[1] / "checkpoints" / "groove-dur"
 
@@ -67,6 +70,39 @@ def test_the_vectorised_search_agrees_with_the_definition(alphabet):
             assert got == naive_continuations(ids, shortest, longest), (ids, shortest, longest)
 
 
+def test_with_keys_tokens_of_one_key_match_and_the_tokens_themselves_are_proposed():
+    rng = np.random.default_rng(0)
+    keys = np.array([0, 1, 2, 2, 2, 3])  # 2, 3 and 4 are one key
+    for _ in range(300):
+        ids = rng.integers(0, 6, size=int(rng.integers(1, 60)))
+        keyed = naive_continuations(keys[ids].tolist(), 2, 64)  # the keys that followed ...
+        got = continuations(ids, 2, keys=keys)  # ... are the keys of the ids proposed
+        assert keys[got].tolist() == keyed
+        assert set(got.tolist()) <= set(ids.tolist())
+    assert continuations(np.array([1, 2, 5, 1, 4]), 2, keys=keys).tolist() == [5]  # "1 2" matches "1 4"
+
+
+def test_song_tokens_are_matched_through_played_velocities_and_lengths():
+    """A real multi-track tune with every velocity drawn at random, as a humanised file has them:
+    matched on every token, the cache gives the real next token 0.59 of its mass over the second
+    half (a match breaks at every velocity); matched as the song tokens say, 0.95."""
+    tok = tokenizer_from_dict({"kind": "song"})
+    ids = np.asarray(tok.encode(DATA / "multitrack" / "freedoom1_D_E1M6.mid").ids)
+    velocity = tok.velocity_of[ids] >= 0
+    ids[velocity] = np.random.default_rng(0).choice(tok.velocity_ids, velocity.sum())
+    steps = [i for i in range(len(ids) // 2, len(ids) - 1) if not velocity[i + 1]]  # velocities are noise
+
+    def mass_on_the_next(keys, shortest) -> float:
+        found = [continuations(ids[: i + 1], shortest, keys=keys) for i in steps]
+        return float(np.mean([np.mean(f == ids[i + 1]) if len(f) else 0.0 for f, i in zip(found, steps)]))
+
+    keys, shortest = tok.cache_match
+    assert shortest == 6 and set(keys[tok.velocity_ids]) == {keys[tok.velocity_ids[0]]}
+    assert mass_on_the_next(keys, shortest) > 0.9
+    assert mass_on_the_next(None, 1) < 0.65
+    assert mass_on_the_next(None, shortest) < 0.2  # exact matches of 6 tokens are rare here (0.12)
+
+
 def test_cache_probabilities_count_every_continuation_of_the_longest_match():
     ids = np.array([5, 6, 1, 5, 6, 2, 5, 6, 1, 0, 5, 6])  # "5 6" was followed by 1, 2, 1; "0 5 6" is new
     probs = cache_probs(ids, 1, width=8)
@@ -84,7 +120,8 @@ def test_the_mixture_is_the_weighted_sum_over_the_allowed_ids_and_the_model_alon
         Row([3, 4], 2, None, None),  # no earlier match: the model alone
         Row([5, 6, 1, 5, 6], 5, None, None, done=True),  # done: untouched
     ]
-    out = SuffixCache(0.3).reweight(None, rows, logits, allowed)
+    run = SimpleNamespace(tokenizer=SimpleNamespace(cache_match=(None, 1)))  # every token counts
+    out = SuffixCache(0.3).reweight(run, rows, logits, allowed)
     p = logits.softmax(-1)
     expected = 0.7 * p[0] + 0.3 * torch.tensor([0, 1.0, 0, 0, 0, 0, 0, 0])
     assert out[0].exp() == pytest.approx(expected, abs=1e-6)
@@ -93,7 +130,7 @@ def test_the_mixture_is_the_weighted_sum_over_the_allowed_ids_and_the_model_alon
         assert out[b].exp() == pytest.approx(p[b], abs=1e-6)
     only_forbidden = torch.ones(3, 8, dtype=torch.bool)
     only_forbidden[0, 1:3] = False  # nothing the cache proposes is allowed: the model alone
-    assert SuffixCache(1.0).reweight(None, rows, logits, only_forbidden)[0].exp() == pytest.approx(p[0], abs=1e-6)
+    assert SuffixCache(1.0).reweight(run, rows, logits, only_forbidden)[0].exp() == pytest.approx(p[0], abs=1e-6)
 
 
 def test_the_weight_is_checked_and_recorded_and_zero_leaves_the_chain_as_it_was():
@@ -150,6 +187,32 @@ def test_with_the_cache_the_shipped_groove_model_keeps_a_built_groove(groove_dur
     by_groove = np.reshape(cached, (-1, 2)).mean(1) - np.reshape(alone, (-1, 2)).mean(1)
     assert (by_groove > 0.05).all()
     assert max(cached) > 0.95
+
+
+def test_with_its_default_cache_the_shipped_song_model_plays_the_prompts_bars_again():
+    """Two real Freedoom tunes, a pickup bar and 4 bars in, 8 out: alone the model never plays a
+    bar of the prompt again (onsets, tracks and pitches; velocities and lengths aside); with its
+    checkpoint's default cache (0.95) most of its bars are the prompt's (the real continuations
+    repeat 2 and 4 of their 8)."""
+    model, tok, _, _ = load_checkpoint(GROOVE_DUR.parent / "song")
+    assert tok.sampling_defaults["cache"] == 0.95
+    keys, _ = tok.cache_match
+
+    def bars(ids) -> list[tuple]:
+        starts = [*tok.bar_starts(ids), len(ids)]
+        return [tuple(keys[ids[a:b]].tolist()) for a, b in zip(starts[:-1], starts[1:])]
+
+    repeats = {}
+    for name in ("freedoom1_D_E1M6", "freedoom1_D_E2M3"):
+        prompt = load_prompt(tok, DATA / "multitrack" / f"{name}.mid", bars=5)
+        heard = bars(np.asarray(prompt.ids))
+        for cache in (0.0, None):
+            settings = SampleSettings(bars=8, num_samples=2, seed=0, cache=cache, precision="fp32")
+            samples, _ = generate(model, tok, prompt, settings, progress=False)
+            repeats[name, cache] = [sum(b in heard for b in bars(np.asarray(s.ids))[len(heard) :]) for s in samples]
+    assert all(count == 0 for (_, cache), counts in repeats.items() if cache == 0.0 for count in counts)
+    cached = [count for (_, cache), counts in repeats.items() if cache is None for count in counts]
+    assert min(cached) >= 1 and sum(cached) >= 4 * 8 // 2  # half the bars of the four samples at least (19 of 32)
 
 
 def test_cli_takes_the_weight_and_refuses_nonsense_in_one_line(tmp_path, capsys):

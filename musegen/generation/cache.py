@@ -26,28 +26,30 @@ LONGEST = 64  # tokens of context matched at most: longer matches change nothing
 WINDOW = 4096  # the last tokens searched (30-60 groove bars), so every step costs the same
 
 
-def continuations(ids: np.ndarray, shortest: int, longest: int = LONGEST) -> np.ndarray:
+def continuations(ids: np.ndarray, shortest: int, longest: int = LONGEST, keys: np.ndarray | None = None) -> np.ndarray:
     """The tokens that followed each earlier occurrence of the longest suffix of `ids` (of
-    length `shortest`..`longest`) that occurs earlier; empty when none of `shortest` does.
+    length `shortest`..`longest`) that occurs earlier; empty when none of `shortest` does. With
+    `keys` (a key for each id), tokens are compared by their keys: tokens of one key match.
 
     Candidates are the positions whose token equals the last one; each is compared backwards with
     the suffix, token by token, in one array (candidates x lengths), and the longest agree."""
     ids = np.asarray(ids)
+    seen = ids if keys is None else keys[ids]
     n = len(ids)
-    ends = np.flatnonzero(ids[:-1] == ids[-1])  # an occurrence's last position; ends + 1 < n
+    ends = np.flatnonzero(seen[:-1] == seen[-1])  # an occurrence's last position; ends + 1 < n
     if not len(ends):
         return ids[:0]
     back = np.arange(min(longest, n - 1))
     at = ends[:, None] - back
-    same = (at >= 0) & (ids[np.maximum(at, 0)] == ids[n - 1 - back])
+    same = (at >= 0) & (seen[np.maximum(at, 0)] == seen[n - 1 - back])
     lengths = np.where(same.all(1), len(back), same.argmin(1))  # tokens agreeing before the first that differs
     k = lengths.max()
     return ids[ends[lengths == k] + 1] if k >= shortest else ids[:0]
 
 
-def cache_probs(ids: np.ndarray, shortest: int, width: int) -> np.ndarray | None:
+def cache_probs(ids: np.ndarray, shortest: int, width: int, keys: np.ndarray | None = None) -> np.ndarray | None:
     """p_cache over `width` ids: the continuations' frequencies; None where no match is found."""
-    found = continuations(ids, shortest)
+    found = continuations(ids, shortest, keys=keys)
     if not len(found):
         return None
     return np.bincount(found, minlength=width)[:width] / len(found)
@@ -56,19 +58,20 @@ def cache_probs(ids: np.ndarray, shortest: int, width: int) -> np.ndarray | None
 @dataclass(frozen=True)
 class SuffixCache(Constraint):
     """The model's distribution mixed with the suffix cache's at weight `weight` (0..1), before the
-    temperature. The cache searches the row's last WINDOW tokens and proposes only what the masks
-    allow (its continuations renormalised over the allowed ids); where it proposes nothing
-    allowed, the row keeps the model's distribution."""
+    temperature. The cache searches the row's last WINDOW tokens, matching them as the tokenizer
+    says (`Tokenizer.cache_match`), and proposes only what the masks allow (its continuations
+    renormalised over the allowed ids); where it proposes nothing allowed, the row keeps the
+    model's distribution."""
 
     weight: float
-    shortest: int = 1  # chosen on the validation pieces' NLL (scripts/experiments/cache_nll.py)
 
     def reweight(self, run: Run, rows: list[Row], logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
         logp = logits.float().log_softmax(-1)
         width = logits.shape[-1]
+        keys, shortest = run.tokenizer.cache_match
         cached = np.zeros((len(rows), width), dtype=np.float32)
         for b, row in enumerate(rows):
-            found = None if row.done else cache_probs(np.asarray(row.ids[-WINDOW:]), self.shortest, width)
+            found = None if row.done else cache_probs(np.asarray(row.ids[-WINDOW:]), shortest, width, keys)
             if found is not None:
                 cached[b] = found
         proposed = torch.from_numpy(cached).to(logp.device) * allowed

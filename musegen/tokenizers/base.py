@@ -298,6 +298,14 @@ class Tokenizer(abc.ABC):
         None where the tokens name no instruments. Cached: the sampler reads it at every step."""
         return None
 
+    @functools.cached_property
+    def cache_match(self) -> tuple[np.ndarray | None, int]:
+        """How the sampler's suffix cache (`generation.cache`) matches these tokens: (a key for
+        each id, compared in place of the ids; None: the ids themselves) and the shortest match it
+        trusts. By default every token counts and a match of one token will do (chosen on the
+        groove tokens' validation NLL, scripts/experiments/cache_nll.py)."""
+        return None, 1
+
     def position_phases(self) -> tuple[np.ndarray, np.ndarray] | None:
         """(ids, phases): each position token and where in its beat it falls, in 12ths of a quarter
         note (16ths are multiples of 3, triplet 8ths of 4), for a sampler that keeps the prompt's

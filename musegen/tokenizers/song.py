@@ -340,6 +340,17 @@ class SongTokenizer(SongVocab, Tokenizer):
         family = np.array([program // GM_FAMILY_SIZE for program, _ in self.programs])
         return self.program_ids[pitched], family[pitched]
 
+    @functools.cached_property
+    def cache_match(self) -> tuple[np.ndarray, int]:
+        """Velocities are matched as one key and durations as another, and a match needs 6 tokens
+        (two notes or so). Why: a played part repeats its onsets, tracks and pitches but seldom
+        its velocities and lengths, so a match on every token broke within a note or two, and a
+        match that short proposed the bar line anywhere (docs/sampling.md has the sweep)."""
+        keys = np.arange(len(self.vocab))
+        keys[self.velocity_ids] = self.velocity_ids[0]
+        keys[self.duration_ids] = self.duration_ids[0]
+        return keys, 6
+
     def position_phases(self) -> tuple[np.ndarray, np.ndarray]:
         return self.position_ids, np.arange(len(self.position_ids)) % UNITS_PER_BEAT  # a Position counts units
 

@@ -151,7 +151,13 @@ def _encode_in_pool(setup: tuple, queue: list[Item], workers: int, results: dict
         while queue or running:
             while queue and len(running) < 2 * workers:  # a few queued: workers never wait for work
                 item = queue.pop()
-                running[pool.submit(_encode_one, item)] = item
+                try:
+                    running[pool.submit(_encode_one, item)] = item
+                except BrokenProcessPool:  # a worker died since the last wait: its item is in flight
+                    queue.append(item)
+                    if not running:
+                        return []  # nothing in flight to suspect: the caller goes on in a new pool
+                    break
             done, _ = wait(running, return_when=FIRST_COMPLETED)
             broken = []
             for future in done:

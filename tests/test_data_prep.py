@@ -17,7 +17,7 @@ import pytest
 import symusic
 from conftest import pop909_files
 
-from data_prep import chorales, pop1k7
+from data_prep import chorales, common, pop1k7
 from data_prep.download import extract, fetch, zenodo_file
 from musegen.errors import DataError
 from musegen.music.beats import synchronise
@@ -372,3 +372,43 @@ def test_merge_joins_corpora_of_one_tokenizer_and_refuses_two(pop909_dir, tmp_pa
     code, _, stderr = run_cli("data", "merge", songs, piano, "--out", tmp_path / "mixed")
     assert code != 0 and stderr.strip().splitlines()[-1].startswith("error: ") and "another tokenizer (remi)" in stderr
     assert not (tmp_path / "mixed").exists()
+
+
+class PoolBrokenAtTheThirdSubmit:
+    """A stand-in for the worker pool that encodes each item at once, in this process; its third
+    submit finds the pool broken, as when a worker dies between two waits before any of its futures
+    has failed (what made a killed worker an internal error once in a while)."""
+
+    submits = 0
+
+    def __init__(self, workers, mp_context=None, initializer=None, initargs=()):
+        initializer(*initargs)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def submit(self, fn, item):
+        type(self).submits += 1
+        if type(self).submits == 3:
+            raise common.BrokenProcessPool("a worker died")
+        future = common.Future()
+        future.set_result(fn(item))
+        return future
+
+
+@pytest.mark.parametrize("workers", [1, 2])  # with nothing in flight then, and with two
+def test_a_pool_found_broken_at_submit_goes_on_without_losing_a_file(workers, monkeypatch):
+    monkeypatch.setattr(common, "ProcessPoolExecutor", PoolBrokenAtTheThirdSubmit)
+    monkeypatch.setattr(PoolBrokenAtTheThirdSubmit, "submits", 0)
+    monkeypatch.setattr(common, "_worker_tokenizer", None)  # the stand-in sets them in this process
+    monkeypatch.setattr(common, "_worker_encode", common.encode_file)
+    songs = pop909_files(4)
+    items = [common.Item(p.stem, p, p.stem) for p in songs]
+    encoded, skipped = common.encode_items(RemiTokenizer(), items, workers=workers)
+    assert [item.name for item, _, _ in encoded] == [p.stem for p in songs] and skipped == []
+    assert PoolBrokenAtTheThirdSubmit.submits == 5  # the third item submitted again
+    for (_, ids, _), song in zip(encoded, songs):
+        assert np.array_equal(ids, RemiTokenizer().encode(song).ids)

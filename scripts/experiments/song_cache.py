@@ -15,18 +15,19 @@ import numpy as np
 
 from musegen.cli import main as musegen
 from musegen.tokenizers.song import SongTokenizer
-from musegen.tokenizers.song_vocab import SongVocab
 
 MATCHES = ("pitch", "velocity", "every")
 
 
-def match_keys(match: str) -> np.ndarray:
-    vocab = SongVocab()
-    keys = np.arange(len(vocab.vocab))
-    if match in ("pitch", "velocity"):
-        keys[vocab.velocity_ids] = vocab.velocity_ids[0]
-    if match == "pitch":
-        keys[vocab.duration_ids] = vocab.duration_ids[0]
+def match_keys(match: str) -> np.ndarray | None:
+    """The keys of the sampler's own match (`SongTokenizer.cache_match`), with durations matched
+    as themselves for "velocity"; None (every id as itself) for "every"."""
+    if match == "every":
+        return None
+    tok = SongTokenizer()
+    keys = tok.cache_match[0].copy()
+    if match == "velocity":
+        keys[tok.duration_ids] = tok.duration_ids
     return keys
 
 

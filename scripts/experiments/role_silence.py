@@ -1,0 +1,69 @@
+"""How often a role that plays in the prompt is silent in a continued bar, for runs of `musegen
+evaluate continuation` on a folder of MIDI files (issue #42: "no role that plays in the prompt is
+left silent in more than 5% of the continued bars").
+
+    python scripts/experiments/role_silence.py RUN [RUN ...]
+
+Each piece is read as the run's tokenizer reads it (its tokenized bars: the roles bass, drums and
+other that the model was given); a role plays in the prompt when it has an onset in the prompt's
+bars. For each such role and sample, each continued bar counts as silent when the sample has no
+onset of that role there. The real continuation's bars are counted the same way (a song's own
+rests), so the two columns read side by side. Prints a markdown table, a row per run.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+from musegen.music.notes import NoteTable
+from musegen.tokenizers.base import load_tokenizer
+
+ROLES = ("bass", "drums", "other")
+
+
+def count(run: Path) -> tuple[Counter, Counter, Counter]:
+    """(bars counted, bars silent in the samples, bars silent in the real continuation), by role."""
+    settings = json.loads((run / "run.json").read_text())
+    data, bars, prompt_bars = Path(settings["data"]), settings["bars"], settings["prompt_bars"]
+    tokenizer = load_tokenizer(Path(settings["checkpoint"]) / "tokenizer.json")
+    counted, silent, real_silent = Counter(), Counter(), Counter()
+    for line in (run / "pieces.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        start = row["span_start_bar"]
+        real = tokenizer.decode(tokenizer.encode(data / f"{row['piece']}.mid").ids)
+        samples = sorted((run / "samples").glob(f"{row['piece']}_[0-9][0-9][0-9].mid"))
+        for role in ROLES:
+            if not len(real.in_role(role).onsets_in(start - prompt_bars, prompt_bars)):
+                continue
+            real_rests = [not len(real.in_role(role).onsets_in(bar, 1)) for bar in range(start, start + bars)]
+            for sample in samples:  # the real bars are counted once a sample, as the samples' are
+                generated = NoteTable.read(sample).with_roles_of(real).in_role(role)
+                counted[role] += bars
+                silent[role] += sum(not len(generated.onsets_in(bar, 1)) for bar in range(start, start + bars))
+                real_silent[role] += sum(real_rests)
+    return counted, silent, real_silent
+
+
+def main(runs: list[str]) -> None:
+    print("| run | " + " | ".join(f"{r}: silent bars (real)" for r in ROLES) + " | worst |")
+    print("|---" * (len(ROLES) + 2) + "|")
+    for run in map(Path, runs):
+        counted, silent, real_silent = count(run)
+        cells, worst = [], 0.0
+        for role in ROLES:
+            if not counted[role]:
+                cells.append("-")
+                continue
+            share = silent[role] / counted[role]
+            worst = max(worst, share)
+            cells.append(f"{share:.1%} ({real_silent[role] / counted[role]:.1%}; {counted[role]} bars)")
+        print(f"| {run.name} | " + " | ".join(cells) + f" | {worst:.1%} |")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    main(sys.argv[1:])

@@ -1,5 +1,5 @@
 """The sampler's suffix cache (musegen/generation/cache.py): what it proposes, the mixture it
-makes with the model, and that with it the shipped groove model keeps a groove it was given."""
+makes with the model, and what the shipped groove model keeps of a groove it was given, alone and with it."""
 
 from __future__ import annotations
 
@@ -175,18 +175,18 @@ def copy_scores(model, tokenizer, cache: float | None) -> list[float]:
     return scores
 
 
-def test_with_the_cache_the_shipped_groove_model_keeps_a_built_groove(groove_dur):
+def test_the_shipped_groove_model_keeps_a_built_groove_alone_and_with_the_cache(groove_dur):
     """The grooves built in musegen (drums, bass figure, chord rhythm; none from the corpus): the
-    model alone repeats a third of each bar (0.34 when written); with its checkpoint's default cache
-    weight (0.8) it repeats twice as much (0.67), every groove more, and one exactly."""
-    assert groove_dur[1].sampling_defaults["cache"] == 0.8
+    model alone (positions in beats and an exact window; docs/experiments/groove-musical-time)
+    repeats three quarters of each bar (0.77 when written; the previous, token-position model
+    0.34), every groove more than 0.6; with its checkpoint's default cache weight (0.95) every
+    continuation repeats its groove exactly (1.0 when written)."""
+    assert groove_dur[1].sampling_defaults["cache"] == 0.95
     alone = copy_scores(*groove_dur, cache=0.0)
     cached = copy_scores(*groove_dur, cache=None)
-    assert np.mean(alone) < 0.45
-    assert np.mean(cached) > np.mean(alone) + 0.25
-    by_groove = np.reshape(cached, (-1, 2)).mean(1) - np.reshape(alone, (-1, 2)).mean(1)
-    assert (by_groove > 0.05).all()
-    assert max(cached) > 0.95
+    assert np.mean(alone) > 0.6
+    assert (np.reshape(alone, (-1, 2)).mean(1) > 0.6).all()
+    assert np.mean(cached) > 0.9 and min(cached) > np.mean(alone)
 
 
 def test_with_its_default_cache_the_shipped_song_model_plays_the_prompts_bars_again():

@@ -13,11 +13,13 @@ rests), so the two columns read side by side. Prints a markdown table, a row per
 
 from __future__ import annotations
 
-import json
 import sys
 from collections import Counter
 from pathlib import Path
 
+from musegen import schemas
+from musegen.evaluation.compare import read_jsonl
+from musegen.evaluation.run_continuation import EVALUATION_SETTINGS, PIECE_RECORD
 from musegen.music.notes import NoteTable
 from musegen.tokenizers.base import load_tokenizer
 
@@ -26,12 +28,11 @@ ROLES = ("bass", "drums", "other")
 
 def count(run: Path) -> tuple[Counter, Counter, Counter]:
     """(bars counted, bars silent in the samples, bars silent in the real continuation), by role."""
-    settings = json.loads((run / "run.json").read_text())
+    settings = schemas.read(run / "run.json", EVALUATION_SETTINGS)
     data, bars, prompt_bars = Path(settings["data"]), settings["bars"], settings["prompt_bars"]
     tokenizer = load_tokenizer(Path(settings["checkpoint"]) / "tokenizer.json")
     counted, silent, real_silent = Counter(), Counter(), Counter()
-    for line in (run / "pieces.jsonl").read_text().splitlines():
-        row = json.loads(line)
+    for row in read_jsonl(run / "pieces.jsonl", PIECE_RECORD):
         start = row["span_start_bar"]
         real = tokenizer.decode(tokenizer.encode(data / f"{row['piece']}.mid").ids)
         samples = sorted((run / "samples").glob(f"{row['piece']}_[0-9][0-9][0-9].mid"))

@@ -25,8 +25,9 @@
 #   (`data prepare mma-groove --tokenizer groove-dur --scale 10 --loops 2000`), here:
 #     mkdir data/gpu-groove-x10 && cp data/mma-groove-dur-x10/{index,tokenizer}.json data/gpu-groove-x10/
 #     for f in data/mma-groove-dur-x10/*.npy; do xz -T2 -c "$f" > data/gpu-groove-x10/$(basename "$f").xz; done
-#   The tree that travels is limited to 64 MiB, and the two shipped 28 MiB models take most of it:
-#   move checkpoints/groove-dur* out of the tree for the call, and put them back after.
+#   The tree that travels is limited to 64 MiB; the tracked tree is about 58 MB, 52 of them the
+#   shipped checkpoints: move checkpoints/groove-dur-softmax and checkpoints/groove out of the tree
+#   for the call (with .whl and the packed corpus it is then about 46 MB), and put them back after.
 # Dry run on CPU: DRY=1 OUT=/tmp/gpu-out bash scripts/experiments/gpu_groove.sh
 # Issue #42's runs (positions in beats, a local exact window; docs/experiments/groove-musical-time):
 #   RUNS="spe beats window beats-window" DTYPE=int8 THREADS=3 WORKERS=2 BUDGET_S=490 (four int8 models

@@ -30,8 +30,7 @@ def main() -> None:
     parser.add_argument("songs", type=Path)
     args = parser.parse_args()
     torch.manual_seed(0)  # the model's SPE and feature draws
-    model, tok = load_checkpoint(args.checkpoint)[:2]
-    model.eval()
+    model, tok = load_checkpoint(args.checkpoint)[:2]  # in eval mode
     starts_at = {r["piece"]: r["span_start_bar"] for r in read_jsonl(args.run / "pieces.jsonl", PIECE_RECORD)}
     span = schemas.read(args.run / "run.json", EVALUATION_SETTINGS)["bars"]
     extra, notes_ended, bars = np.zeros(4), np.zeros(4), 0
@@ -42,8 +41,8 @@ def main() -> None:
         starts, first = tok.bar_starts(ids), starts_at[path.stem]
         ids = ids[: min(starts[first + span] if first + span < len(starts) else len(ids), MAX_LEN)]
         with torch.no_grad():
-            out = model(torch.from_numpy(ids)[None])
-        bar_p = (out[0] if isinstance(out, tuple) else out)[0].float().softmax(-1)[:, tok.bar_id].numpy()
+            logits = model(torch.from_numpy(ids)[None])[0]
+        bar_p = logits.float().softmax(-1)[:, tok.bar_id].numpy()
         position, length = 0, bar_units(4, 4)
         for i, token in enumerate(ids[:-1]):
             if tok.meter_of[token] >= 0:

@@ -36,15 +36,18 @@ def count(run: Path) -> tuple[Counter, Counter, Counter]:
         start = row["span_start_bar"]
         real = tokenizer.decode(tokenizer.encode(data / f"{row['piece']}.mid").ids)
         samples = sorted((run / "samples").glob(f"{row['piece']}_[0-9][0-9][0-9].mid"))
+        generated = [NoteTable.read(sample).with_roles_of(real) for sample in samples]
+        continued = range(start, start + bars)
         for role in ROLES:
-            if not len(real.in_role(role).onsets_in(start - prompt_bars, prompt_bars)):
+            played = real.in_role(role)
+            if not len(played.onsets_in(start - prompt_bars, prompt_bars)):
                 continue
-            real_rests = [not len(real.in_role(role).onsets_in(bar, 1)) for bar in range(start, start + bars)]
-            for sample in samples:  # the real bars are counted once a sample, as the samples' are
-                generated = NoteTable.read(sample).with_roles_of(real).in_role(role)
+            real_rests = sum(not len(played.onsets_in(bar, 1)) for bar in continued)
+            for sample in generated:  # the real bars are counted once a sample, as the samples' are
+                notes = sample.in_role(role)
                 counted[role] += bars
-                silent[role] += sum(not len(generated.onsets_in(bar, 1)) for bar in range(start, start + bars))
-                real_silent[role] += sum(real_rests)
+                silent[role] += sum(not len(notes.onsets_in(bar, 1)) for bar in continued)
+                real_silent[role] += real_rests
     return counted, silent, real_silent
 
 

@@ -32,7 +32,9 @@
 # Issue #42's runs (positions in beats, a local exact window; docs/experiments/groove-musical-time):
 #   RUNS="spe beats window beats-window" DTYPE=int8 THREADS=3 WORKERS=2 BUDGET_S=490 (four int8 models
 #   of 14.1 MiB come back where two fp16 ones did; the image lacks pretty_midi and importlib_resources
-#   too, so .whl holds them beside the wheels named above)
+#   too, so .whl holds them beside the wheels named above). Next: RUNS="finish beats-window ape-window":
+#   the shipped model trained on, beside SPE and APE at the new setup from random weights with one
+#   schedule (claim 2's comparison). Checked on the CPU with DRY=1 RUNS="finish ape-window".
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 start=$(date +%s)
@@ -85,7 +87,12 @@ WINDOW=${WINDOW:-256}
 BEATS="model.positions=beats model.positions_per_beat=16"
 declare -A EXTRA=([spe]="model.attention=performer" [softmax]="model.attention=softmax"
                   [beats]="model.attention=performer $BEATS" [window]="model.attention=performer model.window=$WINDOW"
-                  [beats-window]="model.attention=performer $BEATS model.window=$WINDOW")
+                  [beats-window]="model.attention=performer $BEATS model.window=$WINDOW"
+                  [ape-window]="model.attention=performer model.pe=ape $BEATS model.window=$WINDOW"
+                  [finish]="model.attention=performer $BEATS model.window=$WINDOW lr=1e-4 warmup=20 seed=3")
+# A run named here starts from these weights (`--init`: a fresh optimiser), not random ones.
+# finish: the shipped groove-dur, stopped at update 598 of 838 at lr 1e-4, on from there down to 0.
+declare -A INIT=([finish]=checkpoints/groove-dur)
 NAMES=${RUNS:-spe softmax}
 for name in $NAMES; do [ -n "${EXTRA[$name]:-}" ] || { echo "unknown run $name"; exit 1; }; done
 DTYPE=${DTYPE:-fp16}  # int8 for four runs: four fp16 models would not fit the 64 MiB that come back
@@ -94,9 +101,11 @@ DTYPE=${DTYPE:-fp16}  # int8 for four runs: four fp16 models would not fit the 6
 declare -A PIDS
 launch() {
   local name=$1 run=$2 steps=$3; shift 3
-  local sets=()
-  for s in "${MODEL[@]}" "${COMMON[@]}" ${EXTRA[$name]} "steps=$steps" "$@"; do sets+=(--set "$s"); done
-  OMP_NUM_THREADS=$THREADS $py -m musegen train --data "$DATA" --out "$run" --device $device "${sets[@]}" > "$run.out" 2>&1 &
+  local sets=() init=() model=("${MODEL[@]}")
+  # the model of an --init run is its checkpoint's (EXTRA may repeat it, not contradict it)
+  [ -n "${INIT[$name]:-}" ] && init=(--init "${INIT[$name]}") && model=()
+  for s in "${model[@]}" "${COMMON[@]}" ${EXTRA[$name]} "steps=$steps" "$@"; do sets+=(--set "$s"); done
+  OMP_NUM_THREADS=$THREADS $py -m musegen train --data "$DATA" --out "$run" --device $device "${init[@]}" "${sets[@]}" > "$run.out" 2>&1 &
   PIDS[$name]=$!
 }
 

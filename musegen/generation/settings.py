@@ -197,9 +197,9 @@ class SampleSettings:
     keep_tracks: float = option(
         3.0,
         "--keep-tracks",
-        help="Song tokens: a track the prompt's last 2 bars play that has then been silent for a whole bar gets "
-        "this much added to its track token's logit for each further silent bar, until it plays again; 0: the "
-        "model alone.",
+        help="Song and groove tokens: a track (a groove role) the prompt's last 2 bars play that has then been "
+        "silent for a whole bar gets this much added to the logits of its tokens for each further silent bar, "
+        "until it plays again; 0: off.",
         bound=within(0.0, 10.0),
     )
     fold_instruments: bool = option(

@@ -184,6 +184,17 @@ class OnsetClock(abc.ABC):
         """The onset of `token`, appended to the tokens advanced so far."""
 
 
+@dataclass(frozen=True)
+class TrackMarks:
+    """`Tokenizer.track_marks`: `track_of[id]` is the track the token names (any number, -1 for
+    none: song's track tokens, groove's notes of a role); bars are counted at `bar_id` tokens, or
+    without one as `beats_per_bar` beats of the onset clock (groove's fixed 4/4)."""
+
+    track_of: np.ndarray
+    bar_id: int | None = None
+    beats_per_bar: float = 4.0
+
+
 class RepresentationError(TokenError):
     """Tokens made by another version of a representation than the one this musegen reads."""
 
@@ -285,10 +296,10 @@ class Tokenizer(abc.ABC):
         raise TokenError(f"the {self.kind} tokens hold no tempo")
 
     @functools.cached_property
-    def bar_and_track_ids(self) -> tuple[int, frozenset[int]] | None:
-        """(the bar-line token, the tokens that name a track), for a sampler that keeps the
-        prompt's tracks playing; None where the tokens name no tracks of their own. Cached: the
-        sampler reads it at every step."""
+    def track_marks(self) -> TrackMarks | None:
+        """Which tokens name which track and how bars are counted, for a sampler that keeps the
+        prompt's tracks playing (`KeepTracks`); None where the tokens name no tracks. Cached:
+        the sampler reads it at every step."""
         return None
 
     @functools.cached_property

@@ -15,6 +15,7 @@ programs and tempo changes, and `decode(ids, meta)` writes them back.
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 from typing import Annotated, Any, Literal
@@ -30,7 +31,7 @@ from ..music.meter import bar_at, off_the_bar_lines, signature_changes
 from ..music.midi import Parsed, Part
 from ..music.notes import NoteTable, Track
 from ..music.roles import BASS, DRUMS, OTHER, ROLE_NAMES, TRACKS, Roles, merged_notes, read_trio
-from .base import Encoding, Tokenizer
+from .base import Encoding, Tokenizer, TrackMarks
 from .groove_events import (
     BAR_UNITS,
     PAD,
@@ -43,6 +44,7 @@ from .groove_events import (
     content_end,
     decode_events,
     pair_in_order,
+    role_marks,
     serialize,
     token_times,
     transposed,
@@ -255,6 +257,10 @@ class GrooveTokenizer(Tokenizer):
 
     def onset_clock(self) -> ShiftClock:
         return ShiftClock()
+
+    @functools.cached_property
+    def track_marks(self) -> TrackMarks:
+        return role_marks(self.vocab_size)
 
     def to_bar_line(self, state: GrooveState, bar: int) -> list[int]:
         """Appended to a piece cut where bar `bar` starts (`ids[:bar_starts[bar]]`, in grammar state

@@ -25,6 +25,7 @@ begins (`cut_notes`: its duration rounds down on the grid where rounding would o
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -34,7 +35,7 @@ import numpy as np
 from ..errors import TokenError
 from ..music.notes import NoteTable
 from ..music.roles import DRUMS, TRACKS
-from .base import Encoding, FramedGrammar, Tokenizer
+from .base import Encoding, FramedGrammar, Tokenizer, TrackMarks
 from .groove import DEFAULT_VELOCITY, GrooveTokenizer
 from .groove_events import (
     BAR_UNITS,
@@ -46,6 +47,7 @@ from .groove_events import (
     ShiftClock,
     bar_starts_at,
     content_end,
+    role_marks,
     shift_target,
     shifts_between,
     token_times,
@@ -293,6 +295,10 @@ class GrooveDurTokenizer(Tokenizer):
 
     def onset_clock(self) -> ShiftClock:
         return ShiftClock(SHIFT)
+
+    @functools.cached_property
+    def track_marks(self) -> TrackMarks:
+        return role_marks(self.vocab_size)
 
     def to_bar_line(self, state: DurState, bar: int) -> list[int]:
         """The shifts that move a piece cut where bar `bar` starts to that bar line. Its notes

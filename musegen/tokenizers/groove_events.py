@@ -31,7 +31,7 @@ import numpy as np
 from ..errors import TokenError
 from ..music.constants import BEATS_PER_BAR
 from ..music.roles import DRUMS, TRACKS
-from .base import OnsetClock
+from .base import OnsetClock, TrackMarks
 
 UNITS_PER_BEAT = 12
 MAX_SHIFT_BEATS = 2
@@ -190,6 +190,15 @@ def token_times(ids: np.ndarray) -> np.ndarray:
     last_shift = np.maximum.accumulate(np.where(shift, np.arange(len(ids)), -1))
     ticks = np.where(last_shift >= 0, units[np.maximum(last_shift, 0)] % UNITS_PER_BEAT, 0)
     return beats * UNITS_PER_BEAT + ticks
+
+
+def role_marks(vocab_size: int) -> TrackMarks:
+    """`Tokenizer.track_marks` of both groove vocabularies, whose first N_NOTES ids are the notes
+    (note-ons in groove) of bass, drums and other, 128 pitches each: a note names its role's
+    track number; bars are 4 beats of the shift clock."""
+    track_of = np.full(vocab_size, -1, dtype=np.int64)
+    track_of[:N_NOTES] = np.arange(N_NOTES) // N_PITCH + min(TRACKS)
+    return TrackMarks(track_of, beats_per_bar=BAR_UNITS / UNITS_PER_BEAT)
 
 
 class ShiftClock(OnsetClock):

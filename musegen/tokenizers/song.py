@@ -41,7 +41,7 @@ from ..music.meter import signature_changes
 from ..music.midi import read_midi, source_name
 from ..music.notes import ROLES, NoteTable, Track
 from ..music.roles import GM_FAMILY_SIZE
-from .base import Encoding, OnsetClock, Tokenizer
+from .base import Encoding, OnsetClock, Tokenizer, TrackMarks
 from .song_grammar import SongGrammar
 from .song_vocab import (
     DRUM_PROGRAM,
@@ -331,8 +331,10 @@ class SongTokenizer(SongVocab, Tokenizer):
         return np.array([i for i, (p, _) in zip(self.program_ids, self.programs) if p == program], dtype=np.int64)
 
     @functools.cached_property
-    def bar_and_track_ids(self) -> tuple[int, frozenset[int]]:
-        return self.bar_id, frozenset(int(i) for i in self.program_ids)
+    def track_marks(self) -> TrackMarks:
+        track_of = np.full(self.vocab_size, -1, dtype=np.int64)
+        track_of[self.program_ids] = self.program_ids  # a track is its track token
+        return TrackMarks(track_of, bar_id=self.bar_id)
 
     @functools.cached_property
     def instrument_families(self) -> tuple[np.ndarray, np.ndarray]:

@@ -21,7 +21,8 @@ import numpy as np
 import torch
 
 from ..music.roles import GM_FAMILIES
-from ..tokenizers.base import Grammar, OnsetClock, Tokenizer, TrackMarks
+from ..tokenizers.base import Grammar, Tokenizer
+from ..tokenizers.tracking import OnsetClock, TrackMarks
 
 
 @dataclass

@@ -24,6 +24,7 @@ from .. import schemas
 from ..errors import ConfigError, FormatError, TokenError
 from ..io import write_json
 from ..music.notes import NoteTable
+from .tracking import OnsetClock, TrackMarks
 
 
 @dataclass
@@ -173,28 +174,6 @@ class FramedGrammar(Grammar):
         return self.step_inside(state, token)
 
 
-class OnsetClock(abc.ABC):
-    """A piece's onset in beats, kept token by token (`Tokenizer.onset_clock`): the sampler holds
-    one per sample and advances it on each token written, in constant time, where `onsets` of
-    the whole sequence would cost its length at every step. It holds a few numbers, so
-    `copy.copy` forks it (one prompt, several samples)."""
-
-    @abc.abstractmethod
-    def advance(self, token: int) -> float:
-        """The onset of `token`, appended to the tokens advanced so far."""
-
-
-@dataclass(frozen=True)
-class TrackMarks:
-    """`Tokenizer.track_marks`: `track_of[id]` is the track the token names (any number, -1 for
-    none: song's track tokens, groove's notes of a role); bars are counted at `bar_id` tokens, or
-    without one as `beats_per_bar` beats of the onset clock (groove's fixed 4/4)."""
-
-    track_of: np.ndarray
-    bar_id: int | None = None
-    beats_per_bar: float = 4.0
-
-
 class RepresentationError(TokenError):
     """Tokens made by another version of a representation than the one this musegen reads."""
 
@@ -297,9 +276,8 @@ class Tokenizer(abc.ABC):
 
     @functools.cached_property
     def track_marks(self) -> TrackMarks | None:
-        """Which tokens name which track and how bars are counted, for a sampler that keeps the
-        prompt's tracks playing (`KeepTracks`); None where the tokens name no tracks. Cached:
-        the sampler reads it at every step."""
+        """Which tokens name which track and how bars are counted, for `KeepTracks`; None where
+        the tokens name no tracks. Cached: the sampler reads it at every step."""
         return None
 
     @functools.cached_property

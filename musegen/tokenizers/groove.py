@@ -31,7 +31,7 @@ from ..music.meter import bar_at, off_the_bar_lines, signature_changes
 from ..music.midi import Parsed, Part
 from ..music.notes import NoteTable, Track
 from ..music.roles import BASS, DRUMS, OTHER, ROLE_NAMES, TRACKS, Roles, merged_notes, read_trio
-from .base import Encoding, Tokenizer, TrackMarks
+from .base import Encoding, Tokenizer
 from .groove_events import (
     BAR_UNITS,
     PAD,
@@ -50,6 +50,7 @@ from .groove_events import (
     transposed,
 )
 from .groove_grammar import AFTER_EVENT, GrooveGrammar, GrooveState
+from .tracking import TrackMarks
 
 DEFAULT_VELOCITY = 100
 DEFAULT_TEMPO = 120.0

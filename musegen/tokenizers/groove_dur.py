@@ -35,7 +35,7 @@ import numpy as np
 from ..errors import TokenError
 from ..music.notes import NoteTable
 from ..music.roles import DRUMS, TRACKS
-from .base import Encoding, FramedGrammar, Tokenizer, TrackMarks
+from .base import Encoding, FramedGrammar, Tokenizer
 from .groove import DEFAULT_VELOCITY, GrooveTokenizer
 from .groove_events import (
     BAR_UNITS,
@@ -52,6 +52,7 @@ from .groove_events import (
     shifts_between,
     token_times,
 )
+from .tracking import TrackMarks
 
 DURATIONS = np.array(list(range(1, 13)) + [15, 18, 21, 24, 30, 36, 42, 48, 60, 72, 84, 96, 120, 144, 168, 192])
 # d rounds up from DURATIONS[i] to DURATIONS[i + 1] where d * d >= their product (log midpoint)

@@ -31,7 +31,7 @@ import numpy as np
 from ..errors import TokenError
 from ..music.constants import BEATS_PER_BAR
 from ..music.roles import DRUMS, TRACKS
-from .base import OnsetClock, TrackMarks
+from .tracking import OnsetClock, TrackMarks
 
 UNITS_PER_BEAT = 12
 MAX_SHIFT_BEATS = 2

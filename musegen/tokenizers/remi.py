@@ -51,10 +51,11 @@ from ..music.chords import detect_chords
 from ..music.constants import BEATS_PER_BAR, DEFAULT_BPM, MAX_BARS, TICKS_PER_BEAT
 from ..music.midi import read_midi, source_name
 from ..music.notes import NoteTable, Track
-from .base import Encoding, OnsetClock, Tokenizer
+from .base import Encoding, Tokenizer
 from .remi_bars import BarGrid
 from .remi_grammar import RemiGrammar
 from .remi_vocab import RemiSettings, RemiVocab
+from .tracking import OnsetClock
 
 
 class RemiTokenizer(RemiVocab, Tokenizer):

@@ -41,7 +41,7 @@ from ..music.meter import signature_changes
 from ..music.midi import read_midi, source_name
 from ..music.notes import ROLES, NoteTable, Track
 from ..music.roles import GM_FAMILY_SIZE
-from .base import Encoding, OnsetClock, Tokenizer, TrackMarks
+from .base import Encoding, Tokenizer
 from .song_grammar import SongGrammar
 from .song_vocab import (
     DRUM_PROGRAM,
@@ -58,6 +58,7 @@ from .song_vocab import (
     SongVocab,
     bar_units,
 )
+from .tracking import OnsetClock, TrackMarks
 
 TICKS_PER_UNIT = TICKS_PER_BEAT // UNITS_PER_BEAT
 

@@ -89,9 +89,10 @@ declare -A EXTRA=([spe]="model.attention=performer" [softmax]="model.attention=s
                   [beats]="model.attention=performer $BEATS" [window]="model.attention=performer model.window=$WINDOW"
                   [beats-window]="model.attention=performer $BEATS model.window=$WINDOW"
                   [ape-window]="model.attention=performer model.pe=ape $BEATS model.window=$WINDOW"
-                  [finish]="model.attention=performer $BEATS model.window=$WINDOW lr=1e-4 warmup=20 seed=3")
-# A run named here starts from these weights (`--init`: a fresh optimiser), not random ones.
-# finish: the shipped groove-dur, stopped at update 598 of 838 at lr 1e-4, on from there down to 0.
+                  [finish]="lr=1e-4 warmup=20 seed=3")
+# A run named here starts from these weights (`--init`: a fresh optimiser, the checkpoint's model).
+# finish: the shipped groove-dur, stopped at update 598 of 838 at lr 1e-4, on from there down to 0,
+# with the window it is read with now (512; trained with 256 until then).
 declare -A INIT=([finish]=checkpoints/groove-dur)
 NAMES=${RUNS:-spe softmax}
 for name in $NAMES; do [ -n "${EXTRA[$name]:-}" ] || { echo "unknown run $name"; exit 1; }; done

@@ -216,7 +216,7 @@ class KeepTracks(Constraint):
         """The row's reading, on from where the previous step stopped; at its first step the
         prompt's, keeping the tracks of its last bars."""
         if id(row) not in self._rows:
-            reading = TrackReading(clock=run.tokenizer.onset_clock())
+            reading = TrackReading(clock=run.tokenizer.onset_clock() if marks.bar_id is None else None)
             reading.read(marks, row.ids[: row.base])
             tail = max(reading.last.values(), default=0) - TAIL_BARS + 1
             reading.last = {t: b for t, b in reading.last.items() if b >= tail}
@@ -232,7 +232,7 @@ class TrackReading:
     """KeepTracks' reading of one row: tokens read, the current bar (counted from 0), and the bar
     each track was last heard in (of the `kept` tracks, once they are chosen)."""
 
-    clock: OnsetClock
+    clock: OnsetClock | None  # bars by the clock where the tokens have no bar line
     done: int = 0
     bar: int = 0
     last: dict[int, int] = field(default_factory=dict)
@@ -241,7 +241,7 @@ class TrackReading:
     def read(self, marks: TrackMarks, ids) -> None:
         for token in ids:
             token = int(token)
-            if marks.bar_id is None:
+            if self.clock is not None:
                 self.bar = int(self.clock.advance(token) // marks.beats_per_bar)
             elif token == marks.bar_id:
                 self.bar += 1

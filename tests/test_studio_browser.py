@@ -40,6 +40,19 @@ def wait_for(condition, timeout: float = 120, every: float = 0.05):
     raise AssertionError(f"timed out after {timeout} s")
 
 
+def newest_result(browser, marker: str) -> str:
+    """The text of the results list's first (newest) entry once it holds `marker`, read in one
+    script call: the list is redrawn when a run ends, so an element held across calls can go
+    stale between finding it and reading it."""
+    read = "const entry = document.querySelector('#results li'); return entry ? entry.innerText : ''"
+
+    def holding() -> str:
+        entry = browser.execute_script(read).strip()
+        return entry if marker in entry else ""
+
+    return wait_for(holding)
+
+
 def requested_urls(driver) -> list[str]:
     events = (json.loads(entry["message"])["message"] for entry in driver.get_log("performance"))
     return [e["params"]["request"]["url"] for e in events if e["method"] == "Network.requestWillBeSent"]
@@ -86,8 +99,8 @@ def test_the_page_generates_downloads_and_reports_a_bad_file(browser, tmp_path):
         wait_for(lambda: text("status").startswith("done"))
         cards = browser.find_elements(By.CSS_SELECTOR, ".sample")
         assert len(cards) == 2
-        listed = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#results li"))  # for a later visit
-        assert listed[0].text.endswith("tempo keep")  # the default: the prompt's tempo held
+        entry = newest_result(browser, "tempo")  # for a later visit
+        assert entry.endswith("tempo keep"), entry  # the default: the prompt's tempo held
 
         # download the MIDI file of sample 1
         cards[0].find_element(By.LINK_TEXT, "MIDI").click()
@@ -201,9 +214,9 @@ def test_an_earlier_result_names_its_model_and_seed_and_brings_back_its_form(bro
 
     open_page(browser, pop_and_groove)  # a later visit: the form as a fresh page has it
     assert shown(browser, "model") == "pop" and shown(browser, "seed") == ""
-    entry = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#results li"))[0]
-    assert " with groove: " in entry.text and "seed 7" in entry.text, entry.text
-    entry.click()
+    entry = newest_result(browser, " with groove: ")
+    assert "seed 7" in entry, entry
+    browser.find_elements(By.CSS_SELECTOR, "#results li")[0].click()
     wait_for(lambda: len(browser.find_elements(By.CSS_SELECTOR, ".sample .downloads")) == 1)
     assert shown(browser, "model") == "groove"
     assert {field: shown(browser, field) for field in form} == form
@@ -222,8 +235,7 @@ def test_stop_keeps_the_bars_drawn_so_far_as_a_result(browser, pop_and_groove):
     browser.find_element(By.ID, "stop").click()
     wait_for(lambda: text("status").startswith("stopped: "), 60)
     assert len(browser.find_elements(By.CSS_SELECTOR, ".sample .downloads")) == 1  # played and downloaded as any result
-    entry = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#results li"))[0]
-    assert "(stopped at " in entry.text, entry.text
+    newest_result(browser, "(stopped at ")
 
 
 def roll_data(browser, key: str):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from test_studio import EXAMPLE, EXAMPLES, POP, serving
-from test_studio_browser import fill, open_page, prompt_named, pytestmark, wait_for  # noqa: F401
+from test_studio_browser import fill, newest_result, open_page, prompt_named, pytestmark, wait_for  # noqa: F401
 from test_studio_extend import musegen_sample, notes, same_files
 
 from musegen.music.notes import NoteTable
@@ -61,8 +61,8 @@ def test_extend_grows_the_sample_in_its_card_as_sample_continues_its_midi(browse
     assert grown["run"] != first["run"] and len(grown["notes"]) > len(first["notes"])
     link = browser.find_elements(By.CSS_SELECTOR, ".sample")[1].find_element(By.LINK_TEXT, "MIDI")
     assert f"/files/{grown['run']}/pop_progression_001_000.mid" in link.get_attribute("href")
-    entry = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#results li"))[0]
-    assert "1 × 2 bars, seed 3" in entry.text and "(extends sample 2 of " in entry.text, entry.text
+    entry = newest_result(browser, "(extends sample 2 of ")
+    assert "1 × 2 bars, seed 3" in entry, entry
 
     folder = out / session(browser)
     sample = folder / first["run"] / "pop_progression_001.mid"
@@ -97,8 +97,7 @@ def test_the_prompt_bars_are_checked_in_the_page_and_run_as_sample_runs_them(bro
     wait_for(lambda: text(browser, "status").startswith("done"), 60)
     assert not browser.find_element(By.ID, "error").is_displayed()
     run = browser.execute_script("return state.run")
-    entry = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#results li"))[0]
-    assert "prompt bars 2–3" in entry.text, entry.text
+    newest_result(browser, "prompt bars 2–3")
     flags = ("--prompt-from", 2, "--prompt-bars", 2, "--bars", 1, "--seed", 6)
     same_files(out / session(browser) / run, musegen_sample(tmp_path / "cli", EXAMPLES / EXAMPLE, *flags))
 

@@ -201,13 +201,13 @@ class KeepTracks(Constraint):
         marks = run.tokenizer.track_marks
         if marks is None:
             return logits
-        track_of = marks.track_of[: logits.shape[-1]]
+        track_of = marks.track_of[: logits.shape[-1]]  # indices, not a mask: logits may be wider (PAD)
         bias = np.zeros(tuple(logits.shape), dtype=np.float32)
         for i, row in enumerate(rows):
             reading = self._follow(run, marks, row)
             for track, played in reading.last.items():
                 if reading.bar - played > 1:
-                    bias[i, track_of == track] = self.boost * (reading.bar - played - 1)
+                    bias[i, np.flatnonzero(track_of == track)] = self.boost * (reading.bar - played - 1)
         if not bias.any():
             return logits
         return logits + torch.from_numpy(bias).to(logits.device, logits.dtype)

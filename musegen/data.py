@@ -18,6 +18,7 @@ from .music.roles import GM_FAMILIES, GM_FAMILY_SIZE, GM_KIT
 from .tokenizers.base import Grammar, Tokenizer, methods_lacking
 
 SAMPLING_CHOICES = ("piece", "length")
+DOUBLED_BASS_INTERVALS = np.arange(3, 13)  # semitones above the bass: a minor third to an octave
 CROP_CHOICES = ("random", "start")
 
 
@@ -40,12 +41,16 @@ class Augmenter:
     - `instrument_shuffle`: with this probability, play each pitched track on another instrument
       of its General MIDI family (a random permutation of each family's 8 programs, one for the
       piece), so that which instruments play is learnt from the piece itself, for every program
-      of a family and not only those the data holds (a guitar stays a guitar, in its register).
-    Piece-level rewrites (bar skip, track dropout, kit) run before cropping, transposition after it,
-    so the shift only has to fit the pitches of the window. The tokenizer methods each one calls
-    are declared on `Tokenizer` (`skip_bars`; `notes`, `drop_tracks`; `map_drums`; `map_programs`;
-    `transpose`), and a tokenizer
-    that names an augmentation must provide them (`tokenizers.base.AUGMENTATION_NEEDS`).
+      of a family and not only those the data holds (a guitar stays a guitar, in its register);
+    - `bass_doubling`: with this probability, double every bass note of the piece at one interval
+      (DOUBLED_BASS_INTERVALS, drawn for the piece), so that a model learns from the piece itself
+      whether its bass plays single notes or two at a time (4% of the MMA training grooves
+      double it, a quarter of the test prompts do).
+    Piece-level rewrites (bar skip, track dropout, kit, instruments, doubling) run before
+    cropping, transposition after it, so the shift only has to fit the pitches of the window. The
+    tokenizer methods each one calls are declared on `Tokenizer` (`skip_bars`; `notes`,
+    `drop_tracks`; `map_drums`; `map_programs`; `double_bass`; `transpose`), and a tokenizer that
+    names an augmentation must provide them (`tokenizers.base.AUGMENTATION_NEEDS`).
     """
 
     def __init__(
@@ -56,10 +61,11 @@ class Augmenter:
         track_dropout: float = 0.0,
         kit_shuffle: float = 0.0,
         instrument_shuffle: float = 0.0,
+        bass_doubling: float = 0.0,
     ):
         self.tokenizer = tokenizer
         self.max_shift, self.max_skip_bars, self.track_dropout = max_shift, max_skip_bars, track_dropout
-        self.kit_shuffle, self.instrument_shuffle = kit_shuffle, instrument_shuffle
+        self.kit_shuffle, self.instrument_shuffle, self.bass_doubling = kit_shuffle, instrument_shuffle, bass_doubling
 
     @classmethod
     def for_tokenizer(cls, tokenizer: Tokenizer, **extra: float) -> "Augmenter":
@@ -92,6 +98,8 @@ class Augmenter:
                 family[:, None] + rng.permuted(np.tile(np.arange(GM_FAMILY_SIZE), (len(family), 1)), axis=1)
             ).ravel()
             ids = self.tokenizer.map_programs(ids, programs)
+        if self.bass_doubling > 0 and rng.random() < self.bass_doubling:
+            ids = self.tokenizer.double_bass(ids, int(rng.choice(DOUBLED_BASS_INTERVALS)))
         return ids
 
     def after_crop(self, ids: np.ndarray, rng: np.random.Generator) -> np.ndarray:

@@ -307,6 +307,44 @@ def test_kit_shuffle_keeps_each_drums_rhythm_on_a_new_gm_key(groove_dur_piece):
     assert 20 <= shuffled <= 40 and len(kits) > 15
 
 
+def _bass(notes: np.ndarray) -> set[tuple[int, int]]:
+    return {(p, o) for t, p, o, _ in notes.tolist() if t == 1}
+
+
+def test_double_bass_strikes_a_second_bass_note_above_each_one_and_leaves_the_rest():
+    tok = GrooveDurTokenizer()
+    ids = tok.encode(MULTITRACK / "freedoom1_D_E1M6.mid").ids.astype(np.int64)  # a real bass line
+    before = tok.notes(ids)
+    single = _bass(before)
+    assert len(single) > 100
+    doubled = tok.double_bass(ids, 12)
+    assert tok.grammar().first_violation(doubled) is None
+    after = tok.notes(doubled)
+    assert _bass(after) == single | {(p + 12, o) for p, o in single}
+    assert np.array_equal(after[after[:, 0] != 1], before[before[:, 0] != 1])  # drums and other untouched
+    lengths = {(p, o): off - o for t, p, o, off in after.tolist() if t == 1}
+    held = [lengths[p + 12, o] == lengths[p, o] for p, o in single if (p + 12, o) not in single]
+    assert np.mean(held) > 0.9  # held as long as the note it doubles (but where its slot's next note cuts it)
+
+
+def test_bass_doubling_doubles_about_its_share_of_pieces_each_at_one_interval(groove_dur_piece):
+    tok, ids = groove_dur_piece
+    aug = Augmenter(tok, bass_doubling=0.5)
+    original = tok.notes(ids)
+    single = _bass(original)
+    intervals = []
+    for seed in range(40):
+        notes = tok.notes(aug.before_crop(ids, np.random.default_rng(seed)))
+        assert np.array_equal(notes[notes[:, 0] != 1], original[original[:, 0] != 1])
+        added = _bass(notes) - single
+        if added:
+            steps = {p - q for p, o in added for q, o2 in single if o2 == o}
+            assert len(steps) == 1 and len(added) == len(single)  # every bass note, at one interval
+            intervals += steps
+    assert 12 <= len(intervals) <= 28
+    assert set(intervals) <= set(range(3, 13)) and len(set(intervals)) > 4
+
+
 def test_kit_shuffle_is_refused_where_it_cannot_apply(remi_songs):
     tok, _ = remi_songs
     assert Augmenter.for_tokenizer(tok, kit_shuffle=0.0).kit_shuffle == 0.0
@@ -316,6 +354,10 @@ def test_kit_shuffle_is_refused_where_it_cannot_apply(remi_songs):
         TrainConfig(kit_shuffle=0.5, augment=False)
     with pytest.raises(FormatError, match=r"kit_shuffle must be in 0..1"):
         TrainConfig(kit_shuffle=1.5)
+    with pytest.raises(ConfigError, match="bass_doubling: the remi representation cannot do this augmentation"):
+        Augmenter.for_tokenizer(tok, bass_doubling=0.5)
+    with pytest.raises(ConfigError, match="needs augment=true"):
+        TrainConfig(bass_doubling=0.5, augment=False)
 
 
 def test_crops_of_a_model_of_beats_carry_each_tokens_onset_and_train_it():

@@ -397,6 +397,11 @@ class Tokenizer(abc.ABC):
         of 0..127), in the order the representation writes. Needed for `kit_shuffle`."""
         raise NotImplementedError(f"the {self.kind} tokenizer has no drum kit to shuffle")
 
+    def double_bass(self, ids, interval: int) -> np.ndarray:
+        """The piece with each bass note doubled `interval` semitones above. Needed for
+        `bass_doubling`."""
+        raise NotImplementedError(f"the {self.kind} tokenizer has no bass to double")
+
     def map_programs(self, ids, programs: np.ndarray) -> np.ndarray:
         """The piece with each pitched track of General MIDI program p played on program
         programs[p] (`programs`: a permutation of 0..127), in the order the representation
@@ -433,6 +438,7 @@ AUGMENTATION_NEEDS: dict[str, tuple[str, ...]] = {
     "track_dropout": ("notes", "drop_tracks"),
     "kit_shuffle": ("map_drums",),
     "instrument_shuffle": ("map_programs",),
+    "bass_doubling": ("double_bass",),
 }
 
 

@@ -34,7 +34,7 @@ import numpy as np
 
 from ..errors import TokenError
 from ..music.notes import NoteTable
-from ..music.roles import DRUMS, TRACKS
+from ..music.roles import BASS, DRUMS, TRACKS
 from .base import Encoding, FramedGrammar, Tokenizer
 from .groove import DEFAULT_VELOCITY, GrooveTokenizer
 from .groove_events import (
@@ -336,6 +336,14 @@ class GrooveDurTokenizer(Tokenizer):
         drums = notes[:, 0] == DRUMS
         notes[drums, 1] = np.asarray(kit)[notes[drums, 1]]
         return serialize(notes)[0]
+
+    def double_bass(self, ids, interval: int) -> np.ndarray:
+        """The piece with a second bass note `interval` semitones above each bass note (where that
+        stays within MIDI's pitches), struck and held with it, as the bass of some grooves plays
+        in octaves or sixths; a doubled note on a bass note of its slot merges with it."""
+        notes = self.notes(ids)
+        bass = notes[(notes[:, 0] == BASS) & (notes[:, 1] + interval < N_PITCH)]
+        return serialize(np.concatenate([notes, bass + [0, interval, 0, 0]]))[0]
 
     def drop_tracks(self, ids, tracks) -> np.ndarray:
         """The piece without the notes of `tracks` (1 bass, 2 drums, 3 other)."""

@@ -39,7 +39,10 @@ def load_training_data(cfg: TrainConfig) -> TrainingData:
     # Made here, so that an augmentation the representation cannot do is refused before the run writes anything.
     augmenter = (
         Augmenter.for_tokenizer(
-            shards.tokenizer, kit_shuffle=cfg.kit_shuffle, instrument_shuffle=cfg.instrument_shuffle
+            shards.tokenizer,
+            kit_shuffle=cfg.kit_shuffle,
+            instrument_shuffle=cfg.instrument_shuffle,
+            bass_doubling=cfg.bass_doubling,
         )
         if cfg.augment
         else None

@@ -31,6 +31,7 @@ LIMITS: dict[str, tuple[float, float]] = {
     "warmup": (0, 10**9),
     "kit_shuffle": (0.0, 1.0),
     "instrument_shuffle": (0.0, 1.0),
+    "bass_doubling": (0.0, 1.0),
     "weight_decay": (0.0, 1.0),
     "grad_clip": (0.0, 1e6),
     "ckpt_every": (1, 10**9),
@@ -67,6 +68,7 @@ class TrainConfig:
     augment: bool = True
     kit_shuffle: float = 0.0  # share of pieces whose drums get a random kit (groove-dur; needs augment)
     instrument_shuffle: float = 0.0  # share of pieces played on other instruments of their families (song)
+    bass_doubling: float = 0.0  # share of pieces whose bass notes are doubled at an interval (groove-dur)
     workers: int = 2  # DataLoader worker processes (0: load in the training process)
     # optimisation
     steps: int = 10000  # optimiser updates in total
@@ -110,7 +112,7 @@ class TrainConfig:
             value = getattr(self, key)
             if not low <= value <= high:
                 raise FormatError(f"{key} must be in {format_limit(low)}..{format_limit(high)}, got {value!r}")
-        for shuffle in ("kit_shuffle", "instrument_shuffle"):
+        for shuffle in ("kit_shuffle", "instrument_shuffle", "bass_doubling"):
             if getattr(self, shuffle) and not self.augment:
                 raise ConfigError(f"{shuffle} is an augmentation: it needs augment=true")
         if not self.lr_floor <= self.lr:

@@ -35,6 +35,8 @@
 #   too, so .whl holds them beside the wheels named above). Next: RUNS="finish beats-window ape-window":
 #   the shipped model trained on, beside SPE and APE at the new setup from random weights with one
 #   schedule (claim 2's comparison). Checked on the CPU with DRY=1 RUNS="finish ape-window".
+#   BASS_DOUBLING=0.5 doubles the bass of half the pieces in every run (a CPU fine-tune with it:
+#   docs/experiments/groove-musical-time, "Where the bass goes missing"); checked with DRY=1 too.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 start=$(date +%s)
@@ -70,13 +72,16 @@ nvidia-smi -L 2>/dev/null || true
 MODEL=(model.vocab_size=439 model.n_layers=8 model.d_model=384 model.n_heads=6 model.d_ff=1536 model.n_features=128
        model.spe_realizations=64 model.spe_sines=8 model.gated=true model.redraw=every:40)
 KIT_SHUFFLE=${KIT_SHUFFLE:-0}  # 0.5: half the pieces on a shuffled drum kit (docs/experiments/groove-data, "Longer, and with a shuffled drum kit")
-COMMON=(seq_len=1024 batch_size=32 lr=3e-4 warmup=200 precision=bf16 workers=${WORKERS:-3} seed=1 log_every=10 kit_shuffle=$KIT_SHUFFLE)
+BASS_DOUBLING=${BASS_DOUBLING:-0}  # 0.5: half the pieces with their bass doubled (docs/experiments/groove-musical-time)
+COMMON=(seq_len=1024 batch_size=32 lr=3e-4 warmup=200 precision=bf16 workers=${WORKERS:-3} seed=1 log_every=10
+        kit_shuffle=$KIT_SHUFFLE bass_doubling=$BASS_DOUBLING)
 device=cuda
 THREADS=${THREADS:-4}  # per process: two runs and the tests stay within the machine's 16 cores (3 for four runs)
 if [ -n "${DRY:-}" ]; then  # the same path at toy size on the CPU
   MODEL=(model.vocab_size=439 model.n_layers=2 model.d_model=64 model.n_heads=2 model.d_ff=128 model.n_features=16
          model.spe_realizations=16 model.spe_sines=8 model.gated=true model.redraw=every:40)
-  COMMON=(seq_len=128 batch_size=2 lr=3e-4 warmup=20 precision=fp32 workers=0 seed=1 log_every=5 kit_shuffle=$KIT_SHUFFLE)
+  COMMON=(seq_len=128 batch_size=2 lr=3e-4 warmup=20 precision=fp32 workers=0 seed=1 log_every=5 kit_shuffle=$KIT_SHUFFLE
+          bass_doubling=$BASS_DOUBLING)
   device=cpu
   THREADS=1
 fi

@@ -18,8 +18,8 @@ from .music.roles import GM_FAMILIES, GM_FAMILY_SIZE, GM_KIT
 from .tokenizers.base import Grammar, Tokenizer, methods_lacking
 
 SAMPLING_CHOICES = ("piece", "length")
-DOUBLED_BASS_INTERVALS = np.arange(3, 13)  # semitones above the bass: a minor third to an octave
 CROP_CHOICES = ("random", "start")
+DOUBLED_BASS_INTERVALS = np.arange(3, 13)  # semitones above the bass (bass_doubling): a minor third to an octave
 
 
 def derive_seed(*parts: int) -> int:

@@ -198,7 +198,7 @@ def role_marks(vocab_size: int) -> TrackMarks:
     track number; bars are 4 beats of the shift clock."""
     track_of = np.full(vocab_size, -1, dtype=np.int64)
     track_of[:N_NOTES] = np.arange(N_NOTES) // N_PITCH + min(TRACKS)
-    return TrackMarks(track_of, beats_per_bar=BAR_UNITS / UNITS_PER_BEAT)
+    return TrackMarks(track_of, beats_per_bar=BEATS_PER_BAR)
 
 
 class ShiftClock(OnsetClock):

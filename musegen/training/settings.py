@@ -112,9 +112,9 @@ class TrainConfig:
             value = getattr(self, key)
             if not low <= value <= high:
                 raise FormatError(f"{key} must be in {format_limit(low)}..{format_limit(high)}, got {value!r}")
-        for shuffle in ("kit_shuffle", "instrument_shuffle", "bass_doubling"):
-            if getattr(self, shuffle) and not self.augment:
-                raise ConfigError(f"{shuffle} is an augmentation: it needs augment=true")
+        for augmentation in ("kit_shuffle", "instrument_shuffle", "bass_doubling"):
+            if getattr(self, augmentation) and not self.augment:
+                raise ConfigError(f"{augmentation} is an augmentation: it needs augment=true")
         if not self.lr_floor <= self.lr:
             raise FormatError(f"lr_floor {self.lr_floor!r} must not exceed lr {self.lr!r}")
 

@@ -375,6 +375,33 @@ def test_a_partial_last_log_line_is_dropped_on_resume(pop20, tmp_path, capsys):
     assert _losses(cut) == _losses(straight)
 
 
+def test_resume_alone_continues_with_the_runs_recorded_settings_and_reports_what_the_command_changes(
+    pop20, tmp_path, capsys
+):
+    """`--resume` as the stop message suggests it, without repeating the run's settings: the
+    tiny preset, its crop, batch and constant lr come from the run folder, so the updates are an
+    uninterrupted run's; only what the command gives (the longer schedule) changes, and is said."""
+    common = ["--data", pop20, *TINY, *CONSTANT_LR, "--set", "ckpt_every=2", "--set", "seed=3"]
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    assert _cli(["train", "--out", straight, *common, "--set", "steps=4"]) == 0
+    assert _cli(["train", "--out", stopped, *common, "--set", "steps=2"]) == 0
+    capsys.readouterr()
+    assert _cli(["train", "--data", pop20, "--out", stopped, "--set", "steps=4", "--resume"]) == 0
+    reported = [line for line in capsys.readouterr().err.splitlines() if line.startswith("resume:")]
+    assert reported == ["resume: steps: 2 -> 4 (this command's)"]
+    entries = [json.loads(line) for line in _log_lines(stopped)]
+    assert [r["changed"] for r in entries if r.get("event") == "resume"] == [["steps: 2 -> 4"]]
+    assert _losses(stopped) == _losses(straight)
+    recorded = json.loads((stopped / "train_config.json").read_text())["config"]
+    assert recorded == json.loads((straight / "train_config.json").read_text())["config"] | {"out": "stopped"}
+    # a model setting that contradicts the checkpoint is refused in one line, the folder untouched
+    before = (stopped / "train_config.json").read_bytes()
+    code = _cli(["train", "--data", pop20, "--out", stopped, "--set", "model.n_layers=3", "--resume"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code != 0 and len(err) == 1 and "contradicts the checkpoint being resumed" in err[0], err
+    assert (stopped / "train_config.json").read_bytes() == before
+
+
 # ---- starting from a checkpoint's weights (--init) -------------------------------------------------
 
 

@@ -39,7 +39,12 @@ def train(
     device: Optional[str] = typer.Option(
         None, "--device", help="auto | cpu | cuda | cuda:N (default: the config's, auto)."
     ),
-    resume: bool = typer.Option(False, "--resume", help="Continue from the run folder's latest valid checkpoint."),
+    resume: bool = typer.Option(
+        False,
+        "--resume",
+        help="Continue from the run folder's latest valid checkpoint, with the run's recorded "
+        "settings (any given here replace them, and are reported).",
+    ),
     init: Optional[Path] = typer.Option(
         None,
         "--init",
@@ -53,7 +58,7 @@ def train(
     from musegen.training.settings import build_config
     from musegen.training.trainer import train as run_training
 
-    cfg = build_config(preset, data, out, config, set_, device, init)
+    cfg = build_config(preset, data, out, config, set_, device, init, resume=resume)
     command = shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]])
     result = run_training(cfg, resume=resume, command=command)
     if os.environ.get("RANK", "0") != "0":

@@ -17,6 +17,7 @@ from ..choices import PRECISIONS
 from ..data import CROP_CHOICES, SAMPLING_CHOICES
 from ..errors import ConfigError, FormatError
 from ..model.config import ModelConfig, preset, replace_checked
+from .run_folder import RUN_CONFIG, latest_checkpoint
 
 # Inclusive bounds of the numeric settings. Values past them are typos, or runs that can only
 # diverge (lr=1e30) or never end (steps=1e12). docs/training.md lists them (a test compares).
@@ -130,20 +131,28 @@ def build_config(
     sets: Iterable[str] = (),
     device: str | None = None,
     init: str | os.PathLike | None = None,
+    resume: bool = False,
 ) -> TrainConfig:
     """The model: the preset (default "small"), the YAML file's `model:` mapping, then each
     `--set model.<field>`; with `init`, the checkpoint's model instead, which those may repeat
     but not contradict. The rest: defaults, the YAML file's top level, each `--set`, `device`.
+    With `resume`, the run folder's recorded settings come before the YAML file and the model is
+    its latest checkpoint's, so `--resume` alone continues the run as it was set.
     Settings of one layer are applied together, so settings that must agree can come in any order."""
     top, model_file = _read_config_file(config_file)
     top_sets, model_sets = _parse_sets(sets)
     model_settings = {**model_file, **model_sets}
-    if init is None:
+    recorded = recorded_settings(out) if resume else {}
+    latest = latest_checkpoint(out) if resume else None
+    if latest is not None:
+        model, name = _model_of_init(latest, preset_name, model_settings, "the checkpoint being resumed")
+    elif init is None:
         name = preset_name or "small"
         model = replace_checked(preset(name), model_settings)
     else:
         model, name = _model_of_init(Path(init), preset_name, model_settings)
-    settings = {**top, **top_sets, "preset": name, "data": str(data), "out": str(out), "init": str(init or "")}
+    names = {"preset": name, "data": str(data), "out": str(out), "init": str(init or recorded.pop("init", ""))}
+    settings = {**recorded, **top, **top_sets, **names}
     if device is not None:
         settings["device"] = device
     return replace_checked(TrainConfig(model=model), settings)
@@ -202,23 +211,55 @@ def _parse_value(obj, key: str, text: str):
         raise ConfigError(f"setting {key!r} expects {expected.__name__}, got {text!r}") from None
 
 
-def _model_of_init(init: Path, preset_name: str | None, explicit: dict[str, Any]) -> tuple[ModelConfig, str]:
-    """The `--init` checkpoint's model config and preset name; a preset or model setting that
-    differs from it is an error (the weights fix the model)."""
+class RunRecord(BaseModel):
+    """The part of a run folder's train_config.json that a resumed run reads: its settings."""
+
+    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
+    config: dict[str, JsonValue]
+
+
+RUN_RECORD = schemas.Format("run record", None, RunRecord)
+NOT_RECORDED = ("model", "preset", "data", "out")  # given again on the command line, or the checkpoint's
+
+
+def recorded_settings(out: str | os.PathLike) -> dict[str, Any]:
+    """The training settings a run folder was last run with (train_config.json), less the model
+    and the folders; settings this version no longer has are left out. Empty when the folder holds
+    no record (a run without a checkpoint: the trainer refuses to resume it)."""
+    path = Path(out) / RUN_CONFIG
+    if not path.is_file():
+        return {}
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    config = schemas.read(path, RUN_RECORD).config
+    return {k: v for k, v in config.items() if k in fields and k not in NOT_RECORDED}
+
+
+def settings_changed_on_resume(cfg: TrainConfig) -> list[str]:
+    """`key: recorded -> now` for each setting that the resuming command changes."""
+    recorded = recorded_settings(cfg.out)
+    recorded.pop("init", None)
+    return [f"{k}: {v!r} -> {getattr(cfg, k)!r}" for k, v in recorded.items() if getattr(cfg, k) != v]
+
+
+def _model_of_init(
+    init: Path, preset_name: str | None, explicit: dict[str, Any], source: str = "the --init checkpoint"
+) -> tuple[ModelConfig, str]:
+    """The checkpoint's model config and preset name; a preset or model setting that differs
+    from it is an error (the weights fix the model)."""
     model, meta = read_checkpoint_config(init)
     if preset_name is not None:
         wanted = preset(preset_name)
         differ = [k for k in wanted.to_dict() if k != "vocab_size" and getattr(wanted, k) != getattr(model, k)]
         if differ:
             raise ConfigError(
-                f"--preset {preset_name} contradicts the --init checkpoint's model ({differ[0]}: "
+                f"--preset {preset_name} contradicts {source}'s model ({differ[0]}: "
                 f"{getattr(wanted, differ[0])!r} vs {getattr(model, differ[0])!r}); leave it out"
             )
     replace_checked(model, explicit)  # unknown settings and wrong types: the usual errors
     for key, value in explicit.items():
         if getattr(model, key) != value:
             raise ConfigError(
-                f"model.{key}={value!r} contradicts the --init checkpoint's {key}="
+                f"model.{key}={value!r} contradicts {source}'s {key}="
                 f"{getattr(model, key)!r}; the model comes from the checkpoint"
             )
     meta_preset = meta.get("preset") if isinstance(meta, dict) else None

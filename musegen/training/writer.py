@@ -5,6 +5,7 @@ recorded by `recorded_name`, so the files hold no path of the machine that wrote
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from ..tokenizers.base import Tokenizer
 from .learner import Learner
 from .processes import Processes
 from .run_folder import RUN_CONFIG, RunLog, clean_leftovers, recorded_name, write_checkpoint
-from .settings import TrainConfig
+from .settings import TrainConfig, settings_changed_on_resume
 
 
 class RunWriter:
@@ -33,6 +34,9 @@ class RunWriter:
         """The first writes: the run's config, the log's start (or resume) entry, and the step-0
         checkpoint of a new run."""
         cfg, procs, resumed = self.cfg, self.procs, self.latest is not None
+        changed = settings_changed_on_resume(cfg) if resumed and procs.main else []
+        for change in changed:  # read before the record below replaces them
+            print(f"resume: {change} (this command's)", file=sys.stderr, flush=True)
         if procs.main:
             clean_leftovers(self.run_dir)
             names = {"data": recorded_name(cfg.data), "out": recorded_name(cfg.out), "init": self.init or ""}
@@ -59,6 +63,8 @@ class RunWriter:
         }
         if self.init:
             record["init"] = self.init
+        if changed:
+            record["changed"] = changed
         if self.log.dropped:
             record["log_lines_dropped"] = self.log.dropped  # cut short by a full disk or a kill
         self.log.write(record)

@@ -23,6 +23,7 @@ from musegen.errors import ConfigError, DataError, FormatError
 from musegen.evaluation.run_continuation import (
     SPAN_METRICS,
     ContinuationSettings,
+    Piece,
     ResultLog,
     evaluate_continuation,
     usable_pieces,
@@ -128,14 +129,19 @@ def test_an_empty_span_is_silent_and_has_no_pitch_statistics():
         assert math.isnan(m[name]), name
 
 
-def groove_piece(bars: int, bass_pitch: int = 36, swap: bool = False, bass_until: int | None = None):
+def groove_piece(
+    bars: int, bass_pitch: int = 36, swap: bool = False, bass_until: int | None = None, drums_from: int = 0
+):
     """Bass, drums and piano repeating a one-bar pattern for `bars` bars."""
     bass, drums, piano = [], [], []
     for b in range(bars):
         t = 4 * b
         if bass_until is None or b < bass_until:
             bass += [(t, 1.5, bass_pitch), (t + 2, 1.5, bass_pitch + 7)]
-        drums += [(t + k, 0.25, 36 if k % 2 == 0 else 38) for k in range(4)] + [(t + k / 2, 0.25, 42) for k in range(8)]
+        if b >= drums_from:
+            drums += [(t + k, 0.25, 36 if k % 2 == 0 else 38) for k in range(4)] + [
+                (t + k / 2, 0.25, 42) for k in range(8)
+            ]
         piano += [(t + (1 if swap else 0), 2, 60), (t + (1 if swap else 0), 2, 64), (t + 3, 1, 67)]
     return piece_of({(33, False): bass, (0, True): drums, (0, False): piano})
 
@@ -156,6 +162,19 @@ def test_role_and_style_metrics_on_a_repeated_groove():
     values = measure(SPAN_METRICS, Span(notes, 4, 4, context | {"reference": reference, "roles": list(reference)}))
     assert {"bass notes per bar", "style onset-drum Q4"} <= set(values)
     assert "bass notes per bar" not in measure(SPAN_METRICS, Span(notes, 4, 4, context))
+
+
+def test_a_role_the_prompt_does_not_play_is_counted_but_its_style_is_not_scored():
+    """Drums that come in after the prompt (a quiet intro) are not the prompt's to continue: a
+    continuation without them is not scored 0 on their style, and their notes per bar still count."""
+    notes = groove_piece(8, drums_from=5)
+    context = Piece("intro", np.zeros(1, dtype=np.int64), notes, span_start=4).context()
+    assert context["roles"] == ["bass", "drums", "other"] and set(context["reference"]) == {"bass", "other"}
+    values = measure(SPAN_METRICS, Span(notes, 4, 4, context))
+    assert values["drums notes per bar"] == [12 * 3 / 4] and "style onset-drum Q1" not in values
+    assert values["style onset-duration Q1"] == [pytest.approx(1.0), pytest.approx(1.0)]  # bass, other
+    played_from_the_start = Piece("band", np.zeros(1, dtype=np.int64), groove_piece(8), span_start=4).context()
+    assert set(played_from_the_start["reference"]) == {"bass", "drums", "other"}
 
 
 # ---------------------------------------------------------------- the protocol on prepared shards

@@ -112,11 +112,16 @@ class Piece:
 
     def context(self) -> dict[str, Any]:
         """What the metrics of a span continuing this piece compare with: the pitch classes of its
-        prompt bars, and for multi-track pieces its roles and their style profiles."""
-        context: dict[str, Any] = {"prompt_classes": pitch_classes(self.notes.pitched().onsets_in(0, self.span_start))}
-        if len(set(self.notes.role.tolist())) > 1:
-            context["reference"] = reference_profiles(self.notes)
-            context["roles"] = list(context["reference"])
+        prompt bars, and for multi-track pieces its roles and the style profiles of those the
+        prompt plays (a role that enters later, drums after a quiet intro, say, is not the
+        prompt's to continue, so its style is not scored; its notes per bar still are)."""
+        prompt = self.notes.onsets_in(0, self.span_start)
+        context: dict[str, Any] = {"prompt_classes": pitch_classes(prompt.pitched())}
+        roles = sorted(set(self.notes.role.tolist()))
+        if len(roles) > 1:
+            played = set(prompt.role.tolist())
+            context["roles"] = roles
+            context["reference"] = {r: p for r, p in reference_profiles(self.notes).items() if r in played}
         return context
 
 

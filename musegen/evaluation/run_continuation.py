@@ -111,17 +111,12 @@ class Piece:
     span_start: int  # bar K: the pickup bar + 1 + prompt bars
 
     def context(self) -> dict[str, Any]:
-        """What the metrics of a span continuing this piece compare with: the pitch classes of its
-        prompt bars, and for multi-track pieces its roles and the style profiles of those the
-        prompt plays (a role that enters later, drums after a quiet intro, say, is not the
-        prompt's to continue, so its style is not scored; its notes per bar still are)."""
+        """What a span continuing this piece is compared with: its prompt's pitch classes; for a
+        multi-track piece its roles, and the style profiles of those the prompt plays."""
         prompt = self.notes.onsets_in(0, self.span_start)
         context: dict[str, Any] = {"prompt_classes": pitch_classes(prompt.pitched())}
-        roles = sorted(set(self.notes.role.tolist()))
-        if len(roles) > 1:
-            played = set(prompt.role.tolist())
-            context["roles"] = roles
-            context["reference"] = {r: p for r, p in reference_profiles(self.notes).items() if r in played}
+        if len(roles := sorted(set(self.notes.role.tolist()))) > 1:
+            context.update(roles=roles, reference=reference_profiles(self.notes, played=set(prompt.role.tolist())))
         return context
 
 

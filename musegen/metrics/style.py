@@ -139,9 +139,13 @@ def similarity(generated: np.ndarray, reference: np.ndarray) -> float:
     return cosine(generated, reference) if generated.any() else 0.0
 
 
-def reference_profiles(reference: NoteTable) -> dict[str, dict[str, np.ndarray]]:
-    """The style profiles of a whole real piece, per role it has."""
-    return {role: profiles(reference.in_role(role), role) for role in sorted(set(reference.role.tolist()))}
+def reference_profiles(reference: NoteTable, played: set[str] | None = None) -> dict[str, dict[str, np.ndarray]]:
+    """The style profiles of a whole real piece, per role it has; with `played`, per role it has
+    among those (the roles its prompt plays: one that enters later is not the prompt's to continue)."""
+    roles = set(reference.role.tolist())
+    return {
+        role: profiles(reference.in_role(role), role) for role in sorted(roles if played is None else roles & played)
+    }
 
 
 def style_metrics(span: Span) -> dict[str, list[float]]:

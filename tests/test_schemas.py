@@ -449,6 +449,7 @@ CHECK_ONLY = {  # formats whose real file needs a training run: the schema alone
     },
     "train settings": {"steps": 10, "model": {"n_layers": 2}},
     "log record": {"step": 1, "loss": 5.5},
+    "run record": {"config": {"steps": 10, "seq_len": 64, "lr": 2e-4}, "command": "train", "world_size": 1},
     "piece record": {"piece": "001", "real": {}},
     "zenodo record": {"files": [{"key": "a.zip", "checksum": "md5:00", "links": {"self": "https://x"}}]},
     "mma styles": {

@@ -219,7 +219,8 @@ class RunRecord(BaseModel):
 
 
 RUN_RECORD = schemas.Format("run record", None, RunRecord)
-NOT_RECORDED = ("model", "preset", "data", "out")  # given again on the command line, or the checkpoint's
+# given again on the command line, the checkpoint's, or this machine's (a run may resume elsewhere)
+NOT_RECORDED = ("model", "preset", "data", "out", "device")
 
 
 def recorded_settings(out: str | os.PathLike) -> dict[str, Any]:

@@ -28,7 +28,7 @@ declare -A MODEL_SETTINGS=(
   [ape]="model.pe=ape"
   [ape-reference]="model.pe=ape model.ape_input=reference"
   [sine-gated]="model.pe=sine model.gated=true"
-  # issue 42: the same sineSPE over each token's onset in beats (16 units a beat, as groove-dur's)
+  # the same sineSPE over each token's onset in beats (16 units a beat, as groove-dur's)
   [sine-gated-beats]="model.pe=sine model.gated=true model.positions=beats model.positions_per_beat=16"
   [conv-gated]="model.pe=conv model.gated=true"
   [conv-ungated]="model.pe=conv model.gated=false"

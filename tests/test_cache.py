@@ -265,3 +265,31 @@ def test_a_continuation_run_records_the_cache_it_sampled_with_and_resumes_only_w
     with pytest.raises(ConfigError, match=r"holds results of other settings \(cache\)"):
         run("groove-dur", "dur", 0.0)
     assert run("groove", "groove", None)["cache"] == 0.0
+
+
+def test_sample_says_when_takes_of_one_prompt_came_out_the_same(tmp_path, capsys):
+    """O'Neill's tune no. 10 (3/4, music21's corpus), 4 bars in, 8 out, two takes: with the song
+    model's defaults (cache 0.95, top-p 0.95) the repeating tune leaves every draw to one cached
+    token, both takes are the same, and `sample` says so and what gives different ones; with
+    `--top-p 1` the model's share is drawn too and the takes differ."""
+    corpus = pytest.importorskip("music21.corpus")
+    from data_prep.scores import convert
+
+    tune = Path(corpus.__file__).parent / "oneills1850" / "0001-0050.abc"
+    _, failed = convert((tune, 10, tmp_path / "tune.mid", {"bpm": 120.0, "program": 40, "pickup": "bar"}))
+    assert failed is None
+    args = ["sample", "-c", GROOVE_DUR.parent / "song", "--prompt", tmp_path / "tune.mid", "--prompt-bars", "4"]
+    args += ["--bars", "8", "-n", "2", "--seed", "0", "--precision", "fp32"]
+    for extra, repeated in (([], 1), (["--top-p", "1"], 0)):
+        out = tmp_path / f"out{len(extra)}"
+        with pytest.raises(SystemExit) as exit_:
+            main([str(a) for a in args + extra + ["--out", out]])
+        printed = capsys.readouterr().out
+        assert (exit_.value.code or 0) == 0
+        summary = json.loads((out / "tune" / "tune.json").read_text())
+        assert summary["stats"]["repeats"] == repeated
+        takes = [(out / "tune" / record["midi"]).read_bytes() for record in summary["samples"]]
+        assert (takes[0] == takes[1]) == bool(repeated)
+        hint = "1 of 2 samples repeat an earlier one of the same prompt note for note: the suffix cache"
+        assert (hint in printed) == bool(repeated)
+        assert "--top-p 1 or a lower --cache gives different takes" in printed or not repeated

@@ -100,6 +100,19 @@ def test_a_minuet_in_three_is_found_in_three():
     assert track_beats(piece).beats_per_bar == 3
 
 
+def test_the_file_grid_names_the_meter_a_pickup_leads_into():
+    """A tune in 3/4 that opens with a one-beat pickup bar (1/4), as music21 writes O'Neill's
+    fiddle tunes: its grid has 3 beats a bar, with bar lines after the pickup every 3 beats."""
+    score = symusic.Score(480)
+    score.time_signatures.extend([symusic.TimeSignature(0, 1, 4), symusic.TimeSignature(480, 3, 4)])
+    fiddle = symusic.Track("fiddle", 40)
+    fiddle.notes.extend(symusic.Note(480 * beat, 400, 62 + beat % 5, 80) for beat in range(13))
+    score.tracks.append(fiddle)
+    grid = file_beats(score)
+    assert grid.beats_per_bar == 3
+    assert np.flatnonzero(grid.downbeat)[:5].tolist() == [0, 1, 4, 7, 10]
+
+
 def test_the_file_grid_keeps_the_prompt_as_it_is_and_tracking_re_times_it(pop909_songs):
     tok = RemiTokenizer()
     song = pop909_songs[2]

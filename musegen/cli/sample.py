@@ -76,6 +76,8 @@ def sample(
         f"top-p={used['top_p']} top-k={used['top_k']} seed={used['seed']}"
         + (f" cache={used['cache']}" if used["cache"] else "")
     )
+    if stats.get("repeats"):
+        typer.echo(repeats_hint(stats["repeats"], len(summary["samples"]), used))
     if stats["invalid"]:
         dropped = [r["dropped_tokens"] for r in summary["samples"] if "dropped_tokens" in r]
         typer.echo(
@@ -90,6 +92,18 @@ def sample(
         typer.echo(f"written to {out}/, a folder per prompt ({first}/, ...); summary {summary['file']}")
     else:
         typer.echo(f"written to {summary['folder']}/")
+
+
+def repeats_hint(repeats: int, samples: int, used: dict) -> str:
+    """What a user asking for several takes of one prompt reads when some came out the same."""
+    if used["cache"]:
+        how = (
+            f"the suffix cache (weight {used['cache']}) proposes one token where the piece repeats, and the "
+            f"nucleus (top-p {used['top_p']}) keeps it alone; --top-p 1 or a lower --cache gives different takes"
+        )
+    else:
+        how = "the model left no choice; a higher --temperature or --top-p gives different takes"
+    return f"{repeats} of {samples} samples repeat an earlier one of the same prompt note for note: {how}"
 
 
 def register(app: typer.Typer) -> None:

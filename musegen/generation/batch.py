@@ -111,7 +111,7 @@ def _sample_folder(
             "new_tokens": new_tokens,
             "tokens_per_second": round(new_tokens / max(seconds, 1e-9), 1),
             "state_bytes": max(x["state_bytes"] for x in stats),
-            **{k: sum(x[k] for x in stats) for k in ("invalid", "grammar_violations", "unfinished")},
+            **{k: sum(x[k] for x in stats) for k in ("invalid", "grammar_violations", "unfinished", "repeats")},
         },
         "samples": [r for d in sets.values() for r in d["samples"]],
     }

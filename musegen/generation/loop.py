@@ -383,7 +383,15 @@ def _stats(samples: list[Sample], elapsed: float, state_bytes: int) -> dict[str,
         "invalid": sum(not x.valid for x in samples),
         "grammar_violations": sum(x.violation is not None for x in samples),
         "unfinished": sum(x.violation is None and not x.closed for x in samples),
+        "repeats": repeats(samples),
     }
+
+
+def repeats(samples: list[Sample]) -> int:
+    """How many samples continue their prompt token for token as an earlier one does: where the
+    piece repeats, the suffix cache with a nucleus can leave every draw a single token."""
+    seen = {tuple(x.ids[x.prompt_len :].tolist()) for x in samples}
+    return len(samples) - len(seen)
 
 
 class _Onsets:

@@ -339,12 +339,15 @@ def file_beats(piece: symusic.Score | NoteTable) -> Beats:
     flags = np.zeros(len(beats), dtype=bool)
     # a signature of no beats (0/4, 4/0: a broken file) places no bar line; the tokenizer says what it makes of it
     meters = [m for m in table.time_signatures if m[1] > 0 and m[2] > 0] or [(0, 4, 4)]
+    held = {}  # beats per bar -> how many beats the file spends in that meter
     for k, (tick, numerator, denominator) in enumerate(meters):
         stop = meters[k + 1][0] / table.tpq if k + 1 < len(meters) else beats[-1] + 1
         per_bar = numerator * 4 / denominator
-        flags |= (beats >= tick / table.tpq) & (beats < stop) & np.isclose((beats - tick / table.tpq) % per_bar, 0)
+        inside = (beats >= tick / table.tpq) & (beats < stop)
+        flags |= inside & np.isclose((beats - tick / table.tpq) % per_bar, 0)
+        held[round(per_bar)] = held.get(round(per_bar), 0) + int(inside.sum())
     seconds = seconds_of(table, beats)
-    meter = round(meters[0][1] * 4 / meters[0][2])
+    meter = max(held, key=held.get)  # the file's main meter: a pickup bar of 1/4 does not name it
     return Beats(
         seconds,
         flags,

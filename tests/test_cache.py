@@ -292,4 +292,4 @@ def test_sample_says_when_takes_of_one_prompt_came_out_the_same(tmp_path, capsys
         assert (takes[0] == takes[1]) == bool(repeated)
         hint = "1 of 2 samples repeat an earlier one of the same prompt note for note: the suffix cache"
         assert (hint in printed) == bool(repeated)
-        assert "--top-p 1 or a lower --cache gives different takes" in printed or not repeated
+        assert "--top-p 1 draws the model's share too and gives different takes" in printed or not repeated

@@ -99,7 +99,8 @@ def repeats_hint(repeats: int, samples: int, used: dict) -> str:
     if used["cache"]:
         how = (
             f"the suffix cache (weight {used['cache']}) proposes one token where the piece repeats, and the "
-            f"nucleus (top-p {used['top_p']}) keeps it alone; --top-p 1 or a lower --cache gives different takes"
+            f"nucleus (top-p {used['top_p']}) keeps it alone; --top-p 1 draws the model's share too and gives "
+            "different takes, which may keep less of the prompt (docs/sampling.md)"
         )
     else:
         how = "the model left no choice; a higher --temperature or --top-p gives different takes"

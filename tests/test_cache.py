@@ -19,7 +19,7 @@ from musegen.cli import main
 from musegen.errors import ConfigError
 from musegen.evaluation.run_continuation import ContinuationSettings, evaluate_continuation
 from musegen.evaluation.run_copy import prepare
-from musegen.generation.cache import SuffixCache, cache_probs, continuations
+from musegen.generation.cache import SuffixCache, cache_probs, continuations, loop_ends
 from musegen.generation.constraints import Row
 from musegen.generation.loop import constraint_chain, generate
 from musegen.generation.prompt import load_prompt
@@ -103,6 +103,21 @@ def test_song_tokens_are_matched_through_played_velocities_and_lengths():
     assert mass_on_the_next(None, shortest) < 0.2  # exact matches of 6 tokens are rare here (0.12)
 
 
+def test_a_bar_is_not_copied_straight_after_itself_more_often_than_the_prompt_does():
+    """Bars open with token 0. After bars A B A B, a bar that begins as B did would be B again
+    right after B, which the prompt never plays: the places that would copy it are barred, and the
+    cache proposes nothing. A prompt that plays one bar twice in a row allows a second B."""
+    ids = np.array([0, 5, 6, 0, 7, 8, 0, 5, 6, 0, 7, 8, 0, 7])
+    assert cache_probs(ids, 1, 10).tolist() == [0] * 8 + [1, 0]  # unguarded: B's 8 after its 7
+    assert loop_ends(ids, 0, given=len(ids)).tolist() == [4, 10]  # the 7 of each B
+    assert cache_probs(ids, 1, 10, barred=loop_ends(ids, 0, given=len(ids))) is None
+    assert loop_ends(ids[:-1], 0, given=len(ids)).tolist() == [3, 9]  # a new bar: B's opening tokens
+    assert loop_ends(np.append(ids[:-1], 5), 0, given=len(ids)) is None  # it begins as A did: no copy of B
+    twice = np.array([0, 7, 8, 0, 7, 8, 0, 5, 6, 0, 7, 8, 0, 7])
+    assert loop_ends(twice, 0, given=9) is None  # B B in the prompt: one B may follow B
+    assert loop_ends(np.append(twice, [8, 0, 7]), 0, given=9).tolist() == [1, 4, 10, 13]  # not a third
+
+
 def test_cache_probabilities_count_every_continuation_of_the_longest_match():
     ids = np.array([5, 6, 1, 5, 6, 2, 5, 6, 1, 0, 5, 6])  # "5 6" was followed by 1, 2, 1; "0 5 6" is new
     probs = cache_probs(ids, 1, width=8)
@@ -120,7 +135,7 @@ def test_the_mixture_is_the_weighted_sum_over_the_allowed_ids_and_the_model_alon
         Row([3, 4], 2, None, None),  # no earlier match: the model alone
         Row([5, 6, 1, 5, 6], 5, None, None, done=True),  # done: untouched
     ]
-    run = SimpleNamespace(tokenizer=SimpleNamespace(cache_match=(None, 1)))  # every token counts
+    run = SimpleNamespace(tokenizer=SimpleNamespace(cache_match=(None, 1), track_marks=None))  # every token counts
     out = SuffixCache(0.3).reweight(run, rows, logits, allowed)
     p = logits.softmax(-1)
     expected = 0.7 * p[0] + 0.3 * torch.tensor([0, 1.0, 0, 0, 0, 0, 0, 0])
@@ -213,6 +228,31 @@ def test_with_its_default_cache_the_shipped_song_model_plays_the_prompts_bars_ag
     assert all(count == 0 for (_, cache), counts in repeats.items() if cache == 0.0 for count in counts)
     cached = [count for (_, cache), counts in repeats.items() if cache is None for count in counts]
     assert min(cached) >= 1 and sum(cached) >= 4 * 8 // 2  # half the bars of the four samples at least (19 of 32)
+
+
+def test_the_shipped_song_model_does_not_get_stuck_on_one_bar_of_a_fiddle_tune(tmp_path):
+    """O'Neill's tune no. 11 (3/4, music21's corpus), a pickup bar and 4 bars in, 8 out, with the
+    checkpoint's defaults: its last prompt bar ends as the bar before it did, so the cache copied
+    that bar, then its copy, to the end (8 of 8 continued bars the same). Now no continued bar is
+    the bar before it again (the prompt repeats none), and the continuation still plays the
+    prompt's bars."""
+    corpus = pytest.importorskip("music21.corpus")
+    from data_prep.scores import convert
+
+    tune = Path(corpus.__file__).parent / "oneills1850" / "0001-0050.abc"
+    _, failed = convert((tune, 11, tmp_path / "tune.mid", {"bpm": 120.0, "program": 40, "pickup": "bar"}))
+    assert failed is None
+    model, tok, _, _ = load_checkpoint(GROOVE_DUR.parent / "song")
+    keys, _ = tok.cache_match
+    prompt = load_prompt(tok, tmp_path / "tune.mid", bars=5)
+    settings = SampleSettings(bars=8, num_samples=2, seed=0, precision="fp32")
+    for sample in generate(model, tok, prompt, settings, progress=False)[0]:
+        starts = [*tok.bar_starts(sample.ids), len(sample.ids)]
+        bars = [tuple(keys[sample.ids[a:b]].tolist()) for a, b in zip(starts[:-1], starts[1:])]
+        heard, continued = bars[:5], bars[5:]
+        assert len(continued) == 8 and len(set(heard)) == 5
+        assert not any(a == b for a, b in zip(bars[4:], continued))
+        assert sum(bar in heard for bar in continued) >= 4
 
 
 def test_cli_takes_the_weight_and_refuses_nonsense_in_one_line(tmp_path, capsys):

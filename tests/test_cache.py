@@ -309,8 +309,8 @@ def test_a_continuation_run_records_the_cache_it_sampled_with_and_resumes_only_w
 
 def test_sample_says_when_takes_of_one_prompt_came_out_the_same(tmp_path, capsys):
     """O'Neill's tune no. 10 (3/4, music21's corpus), 4 bars in, 8 out, two takes: with the song
-    model's defaults (cache 0.95, top-p 0.95) the repeating tune leaves every draw to one cached
-    token, both takes are the same, and `sample` says so and what gives different ones; with
+    model's defaults (cache 0.95, top-p 0.95) the repeating tune leaves each draw the cache
+    matches to one token, both takes are the same, and `sample` says so and what gives different ones; with
     `--top-p 1` the model's share is drawn too and the takes differ."""
     corpus = pytest.importorskip("music21.corpus")
     from data_prep.scores import convert

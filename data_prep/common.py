@@ -5,11 +5,13 @@ split by group (song or style), and write shards.
 from __future__ import annotations
 
 import abc
+import ctypes
 import hashlib
 import multiprocessing as mp
 import os
 import re
 import signal
+import sys
 from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -65,8 +67,24 @@ def encode_file(tokenizer: Tokenizer, item: Item) -> Encoding:
 _worker_encode: Encoder = encode_file
 
 
-def _init_worker(tokenizer_dict: dict[str, Any], encode: Encoder) -> None:
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with(parent: int) -> None:
+    """In a forked worker: the kernel kills it when `parent` (the process that forked it) dies.
+    Why: killed outright (SIGKILL, the OOM killer), a `data prepare` left its encoding workers
+    waiting on their task pipe for ever, since each holds that pipe's write end too; a rendering
+    worker went on with its render first. Linux only; elsewhere a no-op."""
+    if not sys.platform.startswith("linux"):
+        return
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # it died before the call above took effect
+        os._exit(1)
+
+
+def _init_worker(parent: int, tokenizer_dict: dict[str, Any], encode: Encoder) -> None:
     global _worker_tokenizer, _worker_encode
+    die_with(parent)
     _worker_tokenizer = tokenizer_from_dict(tokenizer_dict)
     _worker_encode = encode
 
@@ -110,7 +128,7 @@ def encode_items(
     queue = items[::-1]  # popped from the end: input order
     with tqdm(total=len(items), desc=desc, unit="file") as progress:
         while queue:
-            setup = (tokenizer.to_dict(), encode)
+            setup = (os.getpid(), tokenizer.to_dict(), encode)
             for suspect in _encode_in_pool(setup, queue, workers, results, progress):
                 if _encode_in_pool(setup, [suspect], 1, results, progress):
                     results[suspect.name] = (
@@ -134,8 +152,8 @@ def worker_count(workers: int | None) -> int:
 
 def worker_pool(workers: int | None) -> mp.pool.Pool:
     """A pool of `workers` processes (forked where the system can: they start at once, with the
-    parent's modules already loaded)."""
-    return _fork_context().Pool(worker_count(workers))
+    parent's modules already loaded), which die with this process (`die_with`)."""
+    return _fork_context().Pool(worker_count(workers), initializer=die_with, initargs=(os.getpid(),))
 
 
 def _fork_context():
@@ -145,7 +163,7 @@ def _fork_context():
 def _encode_in_pool(setup: tuple, queue: list[Item], workers: int, results: dict[str, tuple], progress) -> list[Item]:
     """Encode items popped from `queue` into `results` until it is empty, or until a worker dies:
     then return the items that were in flight (one of them killed it), else []. `setup`: the
-    workers' (tokenizer dict, encoder)."""
+    workers' (this process's id, tokenizer dict, encoder)."""
     with ProcessPoolExecutor(workers, mp_context=_fork_context(), initializer=_init_worker, initargs=setup) as pool:
         running: dict[Future, Item] = {}
         while queue or running:

@@ -172,6 +172,51 @@ def test_data_prepare_survives_full_disk_read_only_and_kill(source, tmp_path, ca
     assert FAULTS["data prepare", "intact"] == FAULTS["data prepare", "injected"]
 
 
+WORKER_POOLS = """
+import os, sys, time
+from concurrent.futures import ProcessPoolExecutor
+from data_prep.common import _fork_context, _init_worker, encode_file, worker_pool
+from musegen.tokenizers import tokenizer_from_dict
+
+def pid(_):
+    return os.getpid()
+
+pool = worker_pool(2)
+pids = set(pool.map(pid, range(8), chunksize=1))
+setup = (os.getpid(), tokenizer_from_dict({"kind": "remi"}).to_dict(), encode_file)
+executor = ProcessPoolExecutor(2, mp_context=_fork_context(), initializer=_init_worker, initargs=setup)
+pids |= set(executor.map(pid, range(8)))
+print(*pids, flush=True)
+time.sleep(600)
+"""
+
+
+def running(pid: int) -> bool:
+    """Whether `pid` is a live process (a zombie waiting for its reaper is not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_data_prepare_workers_die_with_a_killed_parent():
+    """Both kinds of worker pool `data prepare` forks (the encoding executor, the rendering
+    pool): when their process is killed outright, its workers go too. Before, the encoding
+    workers waited on their task pipe for ever (every run of the kill test above left one)."""
+    proc = subprocess.Popen([sys.executable, "-c", WORKER_POOLS], env=env(), stdout=subprocess.PIPE, text=True)
+    try:
+        workers = [int(pid) for pid in proc.stdout.readline().split()]
+    finally:
+        proc.kill()
+        proc.wait()
+    assert len(workers) >= 2 and all(pid != proc.pid for pid in workers)
+    deadline = time.monotonic() + 60  # the kernel sends the signal at once; this only bounds a failure
+    while any(map(running, workers)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(map(running, workers)), [pid for pid in workers if running(pid)]
+
+
 # ---- training checkpoints ------------------------------------------------------------------------
 
 

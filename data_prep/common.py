@@ -75,7 +75,7 @@ def die_with(parent: int) -> None:
     Why: killed outright (SIGKILL, the OOM killer), a `data prepare` left its encoding workers
     waiting on their task pipe for ever, since each holds that pipe's write end too; a rendering
     worker went on with its render first. Linux only; elsewhere a no-op."""
-    if not sys.platform.startswith("linux"):
+    if not sys.platform.startswith("linux") or os.getpid() == parent:  # run in the parent itself: not a worker
         return
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:  # it died before the call above took effect

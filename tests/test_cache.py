@@ -230,21 +230,28 @@ def test_with_its_default_cache_the_shipped_song_model_plays_the_prompts_bars_ag
     assert min(cached) >= 1 and sum(cached) >= 4 * 8 // 2  # half the bars of the four samples at least (19 of 32)
 
 
+def oneills_tune(number: int, out: Path) -> Path:
+    """Tune `number` of O'Neill's Music of Ireland (music21's corpus) as `data prepare
+    music21-song` writes it: a fiddle, 120 BPM, its pickup a bar of its own."""
+    corpus = pytest.importorskip("music21.corpus")
+    from data_prep.scores import convert
+
+    book = Path(corpus.__file__).parent / "oneills1850" / "0001-0050.abc"
+    _, failed = convert((book, number, out, {"bpm": 120.0, "program": 40, "pickup": "bar"}))
+    assert failed is None
+    return out
+
+
 def test_the_shipped_song_model_does_not_get_stuck_on_one_bar_of_a_fiddle_tune(tmp_path):
     """O'Neill's tune no. 11 (3/4, music21's corpus), a pickup bar and 4 bars in, 8 out, with the
     checkpoint's defaults: its last prompt bar ends as the bar before it did, so the cache copied
     that bar, then its copy, to the end (8 of 8 continued bars the same). Now no continued bar is
     the bar before it again (the prompt repeats none), and the continuation still plays the
     prompt's bars."""
-    corpus = pytest.importorskip("music21.corpus")
-    from data_prep.scores import convert
-
-    tune = Path(corpus.__file__).parent / "oneills1850" / "0001-0050.abc"
-    _, failed = convert((tune, 11, tmp_path / "tune.mid", {"bpm": 120.0, "program": 40, "pickup": "bar"}))
-    assert failed is None
+    tune = oneills_tune(11, tmp_path / "tune.mid")
     model, tok, _, _ = load_checkpoint(GROOVE_DUR.parent / "song")
     keys, _ = tok.cache_match
-    prompt = load_prompt(tok, tmp_path / "tune.mid", bars=5)
+    prompt = load_prompt(tok, tune, bars=5)
     settings = SampleSettings(bars=8, num_samples=2, seed=0, precision="fp32")
     for sample in generate(model, tok, prompt, settings, progress=False)[0]:
         starts = [*tok.bar_starts(sample.ids), len(sample.ids)]
@@ -312,13 +319,8 @@ def test_sample_says_when_takes_of_one_prompt_came_out_the_same(tmp_path, capsys
     model's defaults (cache 0.95, top-p 0.95) the repeating tune leaves each draw the cache
     matches to one token, both takes are the same, and `sample` says so and what gives different ones; with
     `--top-p 1` the model's share is drawn too and the takes differ."""
-    corpus = pytest.importorskip("music21.corpus")
-    from data_prep.scores import convert
-
-    tune = Path(corpus.__file__).parent / "oneills1850" / "0001-0050.abc"
-    _, failed = convert((tune, 10, tmp_path / "tune.mid", {"bpm": 120.0, "program": 40, "pickup": "bar"}))
-    assert failed is None
-    args = ["sample", "-c", GROOVE_DUR.parent / "song", "--prompt", tmp_path / "tune.mid", "--prompt-bars", "4"]
+    tune = oneills_tune(10, tmp_path / "tune.mid")
+    args = ["sample", "-c", GROOVE_DUR.parent / "song", "--prompt", tune, "--prompt-bars", "4"]
     args += ["--bars", "8", "-n", "2", "--seed", "0", "--precision", "fp32"]
     for extra, repeated in (([], 1), (["--top-p", "1"], 0)):
         out = tmp_path / f"out{len(extra)}"

@@ -76,7 +76,7 @@ def sample(
         f"top-p={used['top_p']} top-k={used['top_k']} seed={used['seed']}"
         + (f" cache={used['cache']}" if used["cache"] else "")
     )
-    if stats.get("repeats"):
+    if stats["repeats"]:
         typer.echo(repeats_hint(stats["repeats"], len(summary["samples"]), used))
     if stats["invalid"]:
         dropped = [r["dropped_tokens"] for r in summary["samples"] if "dropped_tokens" in r]

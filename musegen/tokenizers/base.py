@@ -276,8 +276,9 @@ class Tokenizer(abc.ABC):
 
     @functools.cached_property
     def track_marks(self) -> TrackMarks | None:
-        """Which tokens name which track and how bars are counted, for `KeepTracks`; None where
-        the tokens name no tracks. Cached: the sampler reads it at every step."""
+        """Which tokens name which track and how bars are counted, for `KeepTracks` and the
+        suffix cache's bar guard (`generation.cache.loop_ends`, where bars have a token); None
+        where the tokens name no tracks. Cached: the sampler reads it at every step."""
         return None
 
     @functools.cached_property

@@ -111,11 +111,26 @@ def test_a_bar_is_not_copied_straight_after_itself_more_often_than_the_prompt_do
     assert cache_probs(ids, 1, 10).tolist() == [0] * 8 + [1, 0]  # unguarded: B's 8 after its 7
     assert loop_ends(ids, 0, given=len(ids)).tolist() == [4, 10]  # the 7 of each B
     assert cache_probs(ids, 1, 10, barred=loop_ends(ids, 0, given=len(ids))) is None
-    assert loop_ends(ids[:-1], 0, given=len(ids)).tolist() == [3, 9]  # a new bar: B's opening tokens
-    assert loop_ends(np.append(ids[:-1], 5), 0, given=len(ids)) is None  # it begins as A did: no copy of B
     twice = np.array([0, 7, 8, 0, 7, 8, 0, 5, 6, 0, 7, 8, 0, 7])
     assert loop_ends(twice, 0, given=9) is None  # B B in the prompt: one B may follow B
     assert loop_ends(np.append(twice, [8, 0, 7]), 0, given=9).tolist() == [1, 4, 10, 13]  # not a third
+
+
+def test_two_bars_are_not_played_in_turn_longer_than_the_prompt_does():
+    """Bars open with token 0. After a prompt of bars A B C D, a bar that begins as C did would
+    make C D C, two bars in turn, which the prompt never plays: C's places are barred, A's are
+    not. A prompt that plays C D C D allows the continuation C D C D, not C D C D C."""
+    a, b, c, d = [1, 2, 9], [3, 4, 9], [5, 6, 9], [7, 8, 9]
+    prompt = [0, *a, 0, *b, 0, *c, 0, *d, 0]  # ends with the next bar's token, as a prompt does
+    again = np.array([*prompt, 5])
+    assert cache_probs(again, 1, 10).tolist() == [0] * 6 + [1, 0, 0, 0]  # unguarded: C's 6 after its 5
+    assert loop_ends(again, 0, given=len(prompt)).tolist() == [9]  # the 5 of C
+    assert cache_probs(again, 1, 10, barred=loop_ends(again, 0, given=len(prompt))) is None
+    assert loop_ends(np.array([*prompt, 1]), 0, given=len(prompt)) is None  # A again
+    turns = [0, *a, 0, *c, 0, *d, 0, *c, 0, *d, 0, *b, 0]
+    assert loop_ends(np.array([*turns, *c, 0, *d, 0, *c, 0, 7]), 0, given=len(turns)) is None
+    fifth = np.array([*turns, *c, 0, *d, 0, *c, 0, *d, 0, 5])
+    assert loop_ends(fifth, 0, given=len(turns)).tolist() == [5, 13, 25, 33]
 
 
 def test_cache_probabilities_count_every_continuation_of_the_longest_match():

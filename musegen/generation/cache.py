@@ -12,10 +12,10 @@ next there. The sampler mixes that with the model, as a cache language model doe
 The mixture is a distribution of its own, so its teacher-forced NLL on real pieces says whether
 it predicts them better than the model alone (`scripts/experiments/cache_nll.py`).
 
-Where bars are marked by a token, the cache does not copy a bar straight after itself more
-times in a row than the prompt does (`loop_ends`): a bar copied once matches its own copy
-best, so the copy proposes itself again and a song got stuck on one bar for the rest of its
-continuation (docs/sampling.md).
+Where bars are marked by a token, the cache does not go on with a loop of one bar, or of two
+bars in turn, longer than the prompt does (`loop_ends`): a bar copied once matches its own copy
+best, so the copy proposes itself again, and songs got stuck on one bar or on two for the rest
+of their continuation (docs/sampling.md).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from .constraints import Constraint, Row, Run
 
 LONGEST = 64  # tokens of context matched at most: longer matches change nothing in a 2-bar loop
 WINDOW = 4096  # the last tokens searched (30-60 groove bars), so every step costs the same
+LOOP_PERIODS = (1, 2)  # loops of one bar and of two bars in turn (`loop_ends`)
 
 
 def continuations(
@@ -62,28 +63,35 @@ def continuations(
 
 
 def loop_ends(ids: np.ndarray, bar_id: int, given: int, keys: np.ndarray | None = None) -> np.ndarray | None:
-    """Where the cache may not match so as not to copy the last bar once more: while the bar
-    being written (after the last `bar_id`) is so far a copy of the bar before it, and that bar
-    already stands as many times in a row as any bar of the given tokens (`ids[:given]`, the
-    prompt) does, at least once, the positions at the same place in each earlier bar like it.
-    None where nothing is barred."""
+    """Where the cache may not match so as not to go on with a loop of bars (one bar played again
+    and again, or two in turn: the `LOOP_PERIODS`) longer than the given tokens (`ids[:given]`,
+    the prompt) do. For each period p: while the bar being written (after the last `bar_id`) is so
+    far a copy of the bar p before it, and the bars already stand in as long a run of bars each
+    equal to the one p before it as any run of the prompt's (none, for a prompt without one), the
+    positions at the same place in each earlier bar like the one copied. None where nothing is
+    barred."""
     ids = np.asarray(ids)
     seen = ids if keys is None else keys[ids]
     starts = np.flatnonzero(ids == bar_id)
-    if len(starts) < 2:
-        return None
-    writing = seen[starts[-1] + 1 :]
-    last = seen[starts[-2] + 1 : starts[-1]]
-    if len(writing) >= len(last) or not np.array_equal(writing, last[: len(writing)]):
-        return None
-    bars = [seen[a + 1 : b].tobytes() for a, b in zip(starts[:-1], starts[1:])]
-    runs = np.ones(len(bars), dtype=np.int64)  # how many times in a row each bar has stood
-    for k in range(1, len(bars)):
-        runs[k] = runs[k - 1] + 1 if bars[k] == bars[k - 1] else 1
-    in_prompt = runs[: max(int(np.searchsorted(starts, given)) - 1, 0)]  # the bars that end within the prompt
-    if runs[-1] < in_prompt.max(initial=1):
-        return None
-    return starts[:-1][[bar == bars[-1] for bar in bars]] + len(writing)
+    writing = seen[starts[-1] + 1 :] if len(starts) else seen[:0]
+    heard = max(int(np.searchsorted(starts, given)) - 1, 0)  # the bars that end within the prompt
+    bars = None
+    barred = []
+    for period in LOOP_PERIODS:
+        if len(starts) <= period:
+            continue
+        copied = seen[starts[-period - 1] + 1 : starts[-period]]
+        if len(writing) >= len(copied) or not np.array_equal(writing, copied[: len(writing)]):
+            continue
+        if bars is None:  # built only where the bar being written copies one
+            bars = [seen[a + 1 : b] for a, b in zip(starts[:-1], starts[1:])]
+        runs = np.zeros(len(bars), dtype=np.int64)  # bars in a row each equal to the one `period` before
+        for k in range(period, len(bars)):
+            runs[k] = runs[k - 1] + 1 if np.array_equal(bars[k], bars[k - period]) else 0
+        if runs[-1] >= runs[:heard].max(initial=0):
+            like = [k for k, bar in enumerate(bars) if np.array_equal(bar, copied)]
+            barred.append(starts[like] + len(writing))
+    return np.unique(np.concatenate(barred)) if barred else None
 
 
 def cache_probs(
@@ -100,8 +108,8 @@ def cache_probs(
 class SuffixCache(Constraint):
     """The model's distribution mixed with the suffix cache's at weight `weight` (0..1), before the
     temperature. The cache searches the row's last WINDOW tokens, matching them as the tokenizer
-    says (`Tokenizer.cache_match`), never so as to copy a bar once more than the prompt repeats
-    one (`loop_ends`, where the tokenizer marks bars with a token: `Tokenizer.track_marks`), and
+    says (`Tokenizer.cache_match`), never so as to go on with a loop of bars longer than the prompt
+    does (`loop_ends`, where the tokenizer marks bars with a token: `Tokenizer.track_marks`), and
     proposes only what the masks allow (its continuations renormalised over the allowed ids);
     where it proposes nothing allowed, the row keeps the model's distribution."""
 

@@ -15,7 +15,9 @@ them):
   real continuation to the prompt's own bars, and as a floor, to another piece's continuation in
   the same meter; and the same distances to the rest of the real piece (its bars in that meter
   outside the continued ones), a steadier estimate of "the real piece's" histogram than 8 bars:
-  the real continuation's distance to it is the ceiling, another piece's continuation's the floor.
+  the real continuation's distance to it is the ceiling, another piece's continuation's the floor;
+- loops: the continued bars (with a note) whose notes (track, position, pitch) are those of the
+  bar before them, or of the bar two before, against the same share in the real continuation.
 Prints a Markdown table.
 """
 
@@ -36,6 +38,7 @@ from musegen.tokenizers import tokenizer_from_dict
 from musegen.tokenizers.song_vocab import METERS, TEMPOS
 
 TAIL_BARS = 2  # the prompt's last bars whose tracks must go on
+LAGS = {1: "the bar before again", 2: "the bar two before again"}
 
 
 def bars_of(tok, ids) -> list[dict]:
@@ -100,8 +103,13 @@ def measure(run: Path, songs: Path) -> dict:
         tail = {t for bar in prompt[-TAIL_BARS:] for t, _, _ in bar["notes"]}
         meter, tempo = prompt[-1]["meter"], prompt[-1]["tempo"]
         rest = rest_of(real, start, span, meter)
+        for lag in LAGS:
+            out[f"real bars: {LAGS[lag]}"] += repeats(real, start, span, lag)
         for sample in sorted((run / "samples").glob(f"{record['piece']}_*.mid")):
-            made = bars_of(tok, tok.encode(sample).ids)[start : start + span]
+            whole = bars_of(tok, tok.encode(sample).ids)
+            made = whole[start : start + span]
+            for lag in LAGS:
+                out[f"generated bars: {LAGS[lag]}"] += repeats(whole, start, span, lag)
             out["bars"].append(len(made))
             out["bar lines in the prompt's meter"] += [bar["meter"] == meter for bar in made]
             out["tempos equal to the prompt's"] += [abs(t / tempo - 1) < 0.01 for bar in made for t in bar["tempos"]]
@@ -132,6 +140,16 @@ def measure(run: Path, songs: Path) -> dict:
     return out
 
 
+def repeats(bars: list[dict], start: int, span: int, lag: int) -> list[bool]:
+    """For each bar with a note among `bars[start : start + span]`: are its notes those of the
+    bar `lag` before it?"""
+    return [
+        sorted(bars[k]["notes"]) == sorted(bars[k - lag]["notes"])
+        for k in range(start, min(start + span, len(bars)))
+        if bars[k]["notes"] and k >= lag
+    ]
+
+
 def rest_of(real: list[dict], start: int, span: int, meter: tuple[int, int]) -> list[dict]:
     """The real piece's bars in `meter` other than the continued ones."""
     return [bar for bar in real[:start] + real[start + span :] if bar["meter"] == meter]
@@ -149,6 +167,8 @@ def main() -> None:
         print(f"| {key} | {value} | {len(out[key])} |")
     ratio = sum(out["generated notes"]) / max(sum(out["real notes"]), 1)
     print(f"| notes per bar of those tracks, generated / real (pooled) | {ratio:.2f} | {len(out['real notes'])} |")
+    for key in sorted(k for k in out if " again" in k):
+        print(f"| {key} | {np.mean(out[key]):.1%} | {len(out[key])} |")
     for key in sorted(k for k in out if " TV in " in k):
         print(f"| {key} (mean) | {np.mean(out[key]):.3f} | {len(out[key])} |")
 

@@ -22,7 +22,7 @@ from musegen.evaluation.run_copy import prepare
 from musegen.generation.cache import SuffixCache, cache_probs, continuations, loop_ends
 from musegen.generation.constraints import Row
 from musegen.generation.loop import constraint_chain, generate
-from musegen.generation.prompt import load_prompt
+from musegen.generation.prompt import load_prompt, prompt_from_ids
 from musegen.generation.settings import SampleSettings
 from musegen.metrics.copy_score import CopyScore
 from musegen.metrics.metric import Span
@@ -275,6 +275,30 @@ def test_the_shipped_song_model_does_not_get_stuck_on_one_bar_of_a_fiddle_tune(t
         assert len(continued) == 8 and len(set(heard)) == 5
         assert not any(a == b for a, b in zip(bars[4:], continued))
         assert sum(bar in heard for bar in continued) >= 4
+
+
+def test_the_shipped_song_model_does_not_alternate_two_bars_of_a_pop_song(pop909_dir):
+    """POP909's song 006 as `data prepare pop909-song` encodes it, a pickup bar and 4 bars in, 8
+    out, with the checkpoint's defaults: with a guard on one-bar loops alone, 7 of the 8 continued
+    bars of both takes were the bar two before them again (the cache alternated the prompt's last
+    two bars). Now none is (the prompt alternates none), nor the bar before, and the continuation
+    still plays bars of the prompt."""
+    from data_prep.common import Item
+    from data_prep.pop909_song import Pop909Song
+
+    model, tok, _, _ = load_checkpoint(GROOVE_DUR.parent / "song")
+    keys, _ = tok.cache_match
+    song = pop909_dir / "006" / "006.mid"
+    encoding = Pop909Song().encode(tok, Item(name="006", path=song, group="006"))
+    prompt = prompt_from_ids(tok, encoding.ids, 5, encoding.report)
+    settings = SampleSettings(bars=8, num_samples=2, seed=0, precision="fp32")
+    for sample in generate(model, tok, prompt, settings, progress=False)[0]:
+        starts = [*tok.bar_starts(sample.ids), len(sample.ids)]
+        bars = [tuple(keys[sample.ids[a:b]].tolist()) for a, b in zip(starts[:-1], starts[1:])]
+        heard, continued = bars[:5], bars[5:]
+        assert len(continued) == 8 and len(set(heard)) == 5
+        assert not any(bar in (bars[k - 1], bars[k - 2]) for k, bar in enumerate(continued, start=5))
+        assert any(bar in heard for bar in continued)
 
 
 def test_cli_takes_the_weight_and_refuses_nonsense_in_one_line(tmp_path, capsys):

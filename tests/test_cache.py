@@ -257,6 +257,19 @@ def oneills_tune(number: int, out: Path) -> Path:
     return out
 
 
+def song_takes(prompt_of) -> list[list[tuple]]:
+    """The shipped song model's two takes (8 bars, seed 0, fp32, its other defaults) of the
+    prompt `prompt_of(tokenizer)` makes, each as its bars' cache keys (onsets, tracks, pitches)."""
+    model, tok, _, _ = load_checkpoint(GROOVE_DUR.parent / "song")
+    keys, _ = tok.cache_match
+    settings = SampleSettings(bars=8, num_samples=2, seed=0, precision="fp32")
+    takes = []
+    for sample in generate(model, tok, prompt_of(tok), settings, progress=False)[0]:
+        starts = [*tok.bar_starts(sample.ids), len(sample.ids)]
+        takes.append([tuple(keys[sample.ids[a:b]].tolist()) for a, b in zip(starts[:-1], starts[1:])])
+    return takes
+
+
 def test_the_shipped_song_model_does_not_get_stuck_on_one_bar_of_a_fiddle_tune(tmp_path):
     """O'Neill's tune no. 11 (3/4, music21's corpus), a pickup bar and 4 bars in, 8 out, with the
     checkpoint's defaults: its last prompt bar ends as the bar before it did, so the cache copied
@@ -264,13 +277,7 @@ def test_the_shipped_song_model_does_not_get_stuck_on_one_bar_of_a_fiddle_tune(t
     the bar before it again (the prompt repeats none), and the continuation still plays the
     prompt's bars."""
     tune = oneills_tune(11, tmp_path / "tune.mid")
-    model, tok, _, _ = load_checkpoint(GROOVE_DUR.parent / "song")
-    keys, _ = tok.cache_match
-    prompt = load_prompt(tok, tune, bars=5)
-    settings = SampleSettings(bars=8, num_samples=2, seed=0, precision="fp32")
-    for sample in generate(model, tok, prompt, settings, progress=False)[0]:
-        starts = [*tok.bar_starts(sample.ids), len(sample.ids)]
-        bars = [tuple(keys[sample.ids[a:b]].tolist()) for a, b in zip(starts[:-1], starts[1:])]
+    for bars in song_takes(lambda tok: load_prompt(tok, tune, bars=5)):
         heard, continued = bars[:5], bars[5:]
         assert len(continued) == 8 and len(set(heard)) == 5
         assert not any(a == b for a, b in zip(bars[4:], continued))
@@ -286,15 +293,12 @@ def test_the_shipped_song_model_does_not_alternate_two_bars_of_a_pop_song(pop909
     from data_prep.common import Item
     from data_prep.pop909_song import Pop909Song
 
-    model, tok, _, _ = load_checkpoint(GROOVE_DUR.parent / "song")
-    keys, _ = tok.cache_match
-    song = pop909_dir / "006" / "006.mid"
-    encoding = Pop909Song().encode(tok, Item(name="006", path=song, group="006"))
-    prompt = prompt_from_ids(tok, encoding.ids, 5, encoding.report)
-    settings = SampleSettings(bars=8, num_samples=2, seed=0, precision="fp32")
-    for sample in generate(model, tok, prompt, settings, progress=False)[0]:
-        starts = [*tok.bar_starts(sample.ids), len(sample.ids)]
-        bars = [tuple(keys[sample.ids[a:b]].tolist()) for a, b in zip(starts[:-1], starts[1:])]
+    def prompt_of(tok):
+        song = pop909_dir / "006" / "006.mid"
+        encoding = Pop909Song().encode(tok, Item(name="006", path=song, group="006"))
+        return prompt_from_ids(tok, encoding.ids, 5, encoding.report)
+
+    for bars in song_takes(prompt_of):
         heard, continued = bars[:5], bars[5:]
         assert len(continued) == 8 and len(set(heard)) == 5
         assert not any(bar in (bars[k - 1], bars[k - 2]) for k, bar in enumerate(continued, start=5))

@@ -133,6 +133,16 @@ def test_two_bars_are_not_played_in_turn_longer_than_the_prompt_does():
     assert loop_ends(fifth, 0, given=len(turns)).tolist() == [5, 13, 25, 33]
 
 
+def test_a_phrase_of_four_bars_goes_round_once_more_than_the_prompt_plays_it():
+    """Songs repeat their phrases: after a prompt of bars A B C D, the cache may play A B C D
+    again, but not a third time round."""
+    a, b, c, d = [1, 2, 9], [3, 4, 9], [5, 6, 9], [7, 8, 9]
+    prompt = [0, *a, 0, *b, 0, *c, 0, *d, 0]
+    assert loop_ends(np.array([*prompt, 1]), 0, given=len(prompt)) is None
+    third = np.array([*prompt, *a, 0, *b, 0, *c, 0, *d, 0, 1])
+    assert loop_ends(third, 0, given=len(prompt)).tolist() == [1, 17]  # the 1 of each A
+
+
 def test_cache_probabilities_count_every_continuation_of_the_longest_match():
     ids = np.array([5, 6, 1, 5, 6, 2, 5, 6, 1, 0, 5, 6])  # "5 6" was followed by 1, 2, 1; "0 5 6" is new
     probs = cache_probs(ids, 1, width=8)
@@ -358,13 +368,15 @@ def test_a_continuation_run_records_the_cache_it_sampled_with_and_resumes_only_w
 
 
 def test_sample_says_when_takes_of_one_prompt_came_out_the_same(tmp_path, capsys):
-    """O'Neill's tune no. 10 (3/4, music21's corpus), 4 bars in, 8 out, two takes: with the song
+    """O'Neill's tune no. 10 (3/4, music21's corpus), 4 bars in, 2 out, two takes: with the song
     model's defaults (cache 0.95, top-p 0.95) the repeating tune leaves each draw the cache
-    matches to one token, both takes are the same, and `sample` says so and what gives different ones; with
-    `--top-p 1` the model's share is drawn too and the takes differ."""
+    matches to one token, both takes are the same, and `sample` says so and what gives different
+    ones; with `--top-p 1` the model's share is drawn too and the takes differ. (Over 8 bars the
+    cache's loop guard has the model draw where the tune's phrase would go round again, and the
+    takes differ.)"""
     tune = oneills_tune(10, tmp_path / "tune.mid")
     args = ["sample", "-c", GROOVE_DUR.parent / "song", "--prompt", tune, "--prompt-bars", "4"]
-    args += ["--bars", "8", "-n", "2", "--seed", "0", "--precision", "fp32"]
+    args += ["--bars", "2", "-n", "2", "--seed", "0", "--precision", "fp32"]
     for extra, repeated in (([], 1), (["--top-p", "1"], 0)):
         out = tmp_path / f"out{len(extra)}"
         with pytest.raises(SystemExit) as exit_:

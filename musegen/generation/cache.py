@@ -12,10 +12,11 @@ next there. The sampler mixes that with the model, as a cache language model doe
 The mixture is a distribution of its own, so its teacher-forced NLL on real pieces says whether
 it predicts them better than the model alone (`scripts/experiments/cache_nll.py`).
 
-Where bars are marked by a token, the cache does not go on with a loop of one bar, or of two
-bars in turn, longer than the prompt does (`loop_ends`): a bar copied once matches its own copy
-best, so the copy proposes itself again, and songs got stuck on one bar or on two for the rest
-of their continuation (docs/sampling.md).
+Where bars are marked by a token, the cache does not go on with a loop of one to four bars
+longer than the prompt does, but for a phrase of three or four bars played once more
+(`loop_ends`): a bar copied once matches its own copy best, so the copy proposes itself again,
+and songs got stuck on one bar, on two, or on their prompt's phrase for the rest of their
+continuation (docs/sampling.md).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from .constraints import Constraint, Row, Run
 
 LONGEST = 64  # tokens of context matched at most: longer matches change nothing in a 2-bar loop
 WINDOW = 4096  # the last tokens searched (30-60 groove bars), so every step costs the same
-LOOP_PERIODS = (1, 2)  # loops of one bar and of two bars in turn (`loop_ends`)
+LOOP_PERIODS = (1, 2, 3, 4)  # loops of one to four bars (`loop_ends`)
+PHRASE = 3  # a loop of this many bars or more may go round once beyond the prompt's: songs repeat phrases
 
 
 def continuations(
@@ -64,10 +66,11 @@ def continuations(
 
 def loop_ends(ids: np.ndarray, bar_id: int, given: int, keys: np.ndarray | None = None) -> np.ndarray | None:
     """Where the cache may not match so as not to go on with a loop of bars (one bar played again
-    and again, or two in turn: the `LOOP_PERIODS`) longer than the given tokens (`ids[:given]`,
-    the prompt) do. For each period p: while the bar being written (after the last `bar_id`) is so
-    far a copy of the bar p before it, and the bars already stand in as long a run of bars each
-    equal to the one p before it as any run of the prompt's (none, for a prompt without one), the
+    and again, two in turn, or a phrase of three or four: the `LOOP_PERIODS`) longer than the
+    given tokens (`ids[:given]`, the prompt) do. For each period p: while the bar being written
+    (after the last `bar_id`) is so far a copy of the bar p before it, and the bars already stand
+    in as long a run of bars each equal to the one p before it as any run of the prompt's (none,
+    for a prompt without one; p bars, once round the phrase, for p of `PHRASE` or more), the
     positions at the same place in each earlier bar like the one copied. None where nothing is
     barred."""
     ids = np.asarray(ids)
@@ -88,7 +91,7 @@ def loop_ends(ids: np.ndarray, bar_id: int, given: int, keys: np.ndarray | None 
         runs = np.zeros(len(bars), dtype=np.int64)  # bars in a row each equal to the one `period` before
         for k in range(period, len(bars)):
             runs[k] = runs[k - 1] + 1 if np.array_equal(bars[k], bars[k - period]) else 0
-        if runs[-1] >= runs[:heard].max(initial=0):
+        if runs[-1] >= runs[:heard].max(initial=period if period >= PHRASE else 0):
             like = [k for k, bar in enumerate(bars) if np.array_equal(bar, copied)]
             barred.append(starts[like] + len(writing))
     return np.unique(np.concatenate(barred)) if barred else None

@@ -17,7 +17,7 @@ them):
   outside the continued ones), a steadier estimate of "the real piece's" histogram than 8 bars:
   the real continuation's distance to it is the ceiling, another piece's continuation's the floor;
 - loops: the continued bars (with a note) whose notes (track, position, pitch) are those of the
-  bar before them, or of the bar two before, against the same share in the real continuation.
+  bar 1, 2, 4 or 8 bars before them, against the same share in the real continuation.
 Prints a Markdown table.
 """
 
@@ -38,7 +38,12 @@ from musegen.tokenizers import tokenizer_from_dict
 from musegen.tokenizers.song_vocab import METERS, TEMPOS
 
 TAIL_BARS = 2  # the prompt's last bars whose tracks must go on
-LAGS = {1: "the bar before again", 2: "the bar two before again"}
+LAGS = {
+    1: "the bar before again",
+    2: "the bar two before again",
+    4: "the bar four before again",
+    8: "the bar eight before again",
+}
 
 
 def bars_of(tok, ids) -> list[dict]:

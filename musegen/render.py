@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import struct
 import subprocess
 import tempfile
@@ -162,11 +163,14 @@ def _fluidsynth(
 ) -> tuple[int, str]:
     """Run FluidSynth within `bound`, killed when it passes it or `cancel` is set; its exit code
     and the last line it printed. Its output is read as it comes (a full pipe would stall it)."""
-    process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     said: deque[bytes] = deque(maxlen=16)  # the end of what it printed, for the error line
-    reader = threading.Thread(target=lambda: said.extend(iter(lambda: process.stderr.read1(4096), b"")), daemon=True)
-    reader.start()
+    process = reader = None
     try:
+        with _signals_held():  # Ctrl-C or SIGTERM inside Popen would leave FluidSynth unknown to `finally`
+            process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        reader = threading.Thread(target=lambda: said.extend(iter(lambda: process.stderr.read1(4096), b"")))
+        reader.daemon = True
+        reader.start()
         while True:
             try:
                 process.wait(POLL_SECONDS)
@@ -179,13 +183,40 @@ def _fluidsynth(
             if why is not None:
                 raise ResourceError(why)
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        reader.join()
-        process.stderr.close()
+        if process is not None:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+            if reader is not None:
+                reader.join()
+            process.stderr.close()
     lines = b"".join(said).decode(errors="replace").strip().splitlines()
     return process.returncode, lines[-1] if lines else ""
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM that arrive inside the block and deliver them as it ends, to the
+    handlers they had (Ctrl-C's KeyboardInterrupt, the command line's Terminated): a step that
+    must not be cut in half. Only the main thread's handlers run Python code, so elsewhere the
+    block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    previous = {
+        sig: signal.signal(sig, lambda signum, _: held.append(signum)) for sig in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for signum in held:
+            if callable(previous[signum]):
+                previous[signum](signum, None)
+            elif previous[signum] == signal.SIG_DFL:
+                os.kill(os.getpid(), signum)
 
 
 def refuse_to_replace(out: Path, source: str | os.PathLike, signature: bytes, kind: str) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
+import subprocess
 import threading
 import time
 import wave
@@ -17,7 +19,7 @@ import pytest
 import symusic
 
 from musegen import render
-from musegen.cli import main
+from musegen.cli import main, terminate
 from musegen.errors import MusegenError, ResourceError
 
 needs_fluidsynth = pytest.mark.skipif(shutil.which("fluidsynth") is None, reason="fluidsynth not installed")
@@ -187,6 +189,34 @@ def test_a_render_stops_when_cancelled_or_past_its_time(tmp_path, monkeypatch):
     monkeypatch.setattr(render, "WALL_SECONDS", -1.0)  # (its second of music is its whole allowance)
     with pytest.raises(ResourceError, match=r"/held\.mid: FluidSynth took more than 0 s; stopped$"):
         render.render_wav(midi, tmp_path / "held.wav")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["held.mid"] and not fluidsynth_children()
+
+
+@needs_fluidsynth
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_while_fluidsynth_starts_stops_it_and_leaves_no_file(tmp_path, monkeypatch, signum):
+    """SIGTERM (under the command line's handler) or Ctrl-C arriving while FluidSynth is being
+    started, before its caller holds the process: the signal still stops the render, FluidSynth
+    is killed and no temporary WAV is left (it was: the render's temporary file exists before
+    FluidSynth starts, and a signal in that moment left FluidSynth running and writing it)."""
+    midi = held_note_midi(tmp_path / "held.mid")
+    started = []
+
+    def popen_then_signal(*args, **kwargs):
+        started.append(real_popen(*args, **kwargs))
+        os.kill(os.getpid(), signum)  # Python runs the handler here, before Popen returns
+        return started[-1]
+
+    real_popen = subprocess.Popen
+    monkeypatch.setattr(render.subprocess, "Popen", popen_then_signal)
+    monkeypatch.setattr(terminate, "handler_pid", os.getpid())
+    previous = signal.signal(signal.SIGTERM, terminate.on_sigterm)
+    try:
+        with pytest.raises(terminate.Terminated if signum == signal.SIGTERM else KeyboardInterrupt):
+            render.render_wav(midi, tmp_path / "held.wav")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert started and started[0].poll() is not None  # killed and reaped
     assert sorted(p.name for p in tmp_path.iterdir()) == ["held.mid"] and not fluidsynth_children()
 
 

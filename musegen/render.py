@@ -166,11 +166,11 @@ def _fluidsynth(
     said: deque[bytes] = deque(maxlen=16)  # the end of what it printed, for the error line
     process = reader = None
     try:
-        with _signals_held():  # Ctrl-C or SIGTERM inside Popen would leave FluidSynth unknown to `finally`
+        with _signals_held():  # a Ctrl-C or SIGTERM here would leave FluidSynth or its reader unknown to `finally`
             process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        reader = threading.Thread(target=lambda: said.extend(iter(lambda: process.stderr.read1(4096), b"")))
-        reader.daemon = True
-        reader.start()
+            reader = threading.Thread(target=lambda: said.extend(iter(lambda: process.stderr.read1(4096), b"")))
+            reader.daemon = True
+            reader.start()
         while True:
             try:
                 process.wait(POLL_SECONDS)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import subprocess
 import threading
 import time
 import wave
@@ -194,21 +193,24 @@ def test_a_render_stops_when_cancelled_or_past_its_time(tmp_path, monkeypatch):
 
 @needs_fluidsynth
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_while_fluidsynth_starts_stops_it_and_leaves_no_file(tmp_path, monkeypatch, signum):
-    """SIGTERM (under the command line's handler) or Ctrl-C arriving while FluidSynth is being
-    started, before its caller holds the process: the signal still stops the render, FluidSynth
-    is killed and no temporary WAV is left (it was: the render's temporary file exists before
-    FluidSynth starts, and a signal in that moment left FluidSynth running and writing it)."""
+@pytest.mark.parametrize("step", ["Popen", "Thread"])
+def test_a_signal_while_fluidsynth_starts_stops_it_and_leaves_no_file(tmp_path, monkeypatch, signum, step):
+    """SIGTERM (under the command line's handler) or Ctrl-C arriving while FluidSynth or the
+    thread reading its output is being started, before the render holds them: the signal still
+    stops the render, FluidSynth is killed and no temporary WAV is left (it was not: the render's
+    temporary file exists before FluidSynth starts, and a signal in that moment left FluidSynth
+    running and writing it)."""
     midi = held_note_midi(tmp_path / "held.mid")
-    started = []
+    module = render.subprocess if step == "Popen" else render.threading
+    real = getattr(module, step)
+    made = []
 
-    def popen_then_signal(*args, **kwargs):
-        started.append(real_popen(*args, **kwargs))
-        os.kill(os.getpid(), signum)  # Python runs the handler here, before Popen returns
-        return started[-1]
+    def then_signal(*args, **kwargs):
+        made.append(real(*args, **kwargs))
+        os.kill(os.getpid(), signum)  # Python runs the handler here, before the object is returned
+        return made[-1]
 
-    real_popen = subprocess.Popen
-    monkeypatch.setattr(render.subprocess, "Popen", popen_then_signal)
+    monkeypatch.setattr(module, step, then_signal)
     monkeypatch.setattr(terminate, "handler_pid", os.getpid())
     previous = signal.signal(signal.SIGTERM, terminate.on_sigterm)
     try:
@@ -216,8 +218,8 @@ def test_a_signal_while_fluidsynth_starts_stops_it_and_leaves_no_file(tmp_path, 
             render.render_wav(midi, tmp_path / "held.wav")
     finally:
         signal.signal(signal.SIGTERM, previous)
-    assert started and started[0].poll() is not None  # killed and reaped
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["held.mid"] and not fluidsynth_children()
+    assert made and not fluidsynth_children()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["held.mid"]
 
 
 def test_a_piece_too_long_is_refused_before_fluidsynth_starts(tmp_path):

@@ -199,14 +199,13 @@ def _signals_held() -> Iterator[None]:
     """Hold SIGINT and SIGTERM that arrive inside the block and deliver them as it ends, to the
     handlers they had (Ctrl-C's KeyboardInterrupt, the command line's Terminated): a step that
     must not be cut in half. Only the main thread's handlers run Python code, so elsewhere the
-    block runs as it is."""
-    if threading.current_thread() is not threading.main_thread():
+    block runs as it is, and where a handler was not set from Python (it could not be put back)."""
+    sigs = (signal.SIGINT, signal.SIGTERM)
+    if threading.current_thread() is not threading.main_thread() or None in map(signal.getsignal, sigs):
         yield
         return
     held: list[int] = []
-    previous = {
-        sig: signal.signal(sig, lambda signum, _: held.append(signum)) for sig in (signal.SIGINT, signal.SIGTERM)
-    }
+    previous = {sig: signal.signal(sig, lambda signum, _: held.append(signum)) for sig in sigs}
     try:
         yield
     finally:

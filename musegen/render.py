@@ -212,10 +212,7 @@ def _signals_held() -> Iterator[None]:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         for signum in held:
-            if callable(previous[signum]):
-                previous[signum](signum, None)
-            elif previous[signum] == signal.SIG_DFL:
-                os.kill(os.getpid(), signum)
+            signal.raise_signal(signum)  # to the handler put back: it raises, ends the process or ignores it
 
 
 def refuse_to_replace(out: Path, source: str | os.PathLike, signature: bytes, kind: str) -> None:

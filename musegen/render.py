@@ -29,6 +29,7 @@ from .io import atomic_path, printable, read_head
 from .music.midi import load_score
 from .music.notes import PROMPT_END_MARKER
 from .plots import pyplot, save_png
+from .signals import StopSignalsTo
 
 INSTALL_HINT = "apt-get install fluidsynth fluid-soundfont-gm"
 SAMPLE_RATE = 44100
@@ -198,19 +199,12 @@ def _fluidsynth(
 def _signals_held() -> Iterator[None]:
     """Hold SIGINT and SIGTERM that arrive inside the block and deliver them as it ends, to the
     handlers they had (Ctrl-C's KeyboardInterrupt, the command line's Terminated): a step that
-    must not be cut in half. Only the main thread's handlers run Python code, so elsewhere the
-    block runs as it is, and where a handler was not set from Python (it could not be put back)."""
-    sigs = (signal.SIGINT, signal.SIGTERM)
-    if threading.current_thread() is not threading.main_thread() or None in map(signal.getsignal, sigs):
-        yield
-        return
+    must not be cut in half."""
     held: list[int] = []
-    previous = {sig: signal.signal(sig, lambda signum, _: held.append(signum)) for sig in sigs}
     try:
-        yield
+        with StopSignalsTo(lambda signum, _: held.append(signum)):
+            yield
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
         for signum in held:
             signal.raise_signal(signum)  # to the handler put back: it raises, ends the process or ignores it
 

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from ..device import resolve_device
+from ..signals import StopSignalsTo
 
 
 @dataclass
@@ -73,29 +72,15 @@ def ignore_interrupts(_worker_id: int) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
-class StopRequest:
+class StopRequest(StopSignalsTo):
     """SIGINT/SIGTERM set `requested`, which the loop reads between updates (never half an
     update). The first one also hands the signals back to their previous handlers, so that a
     second one stops the process at once, the usual way."""
 
     def __init__(self):
+        super().__init__(self._handle)
         self.requested = False
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> "StopRequest":
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._previous[sig] = signal.signal(sig, self._handle)
-        return self
 
     def _handle(self, signum, frame) -> None:
         self.requested = True
-        self._restore()
-
-    def _restore(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
-        self._previous = {}
-
-    def __exit__(self, *exc) -> None:
-        self._restore()
+        self.restore()

@@ -34,7 +34,7 @@ import pytest
 import symusic
 import torch
 from fuzz import log_line
-from train_fixtures import prepare_pop909
+from train_fixtures import prepare_pop909, tiny_run
 
 from musegen.checkpoint import save_checkpoint
 from musegen.model.config import preset
@@ -775,20 +775,7 @@ def test_a_killed_worker_is_skipped_and_listed_never_a_hang(workers, pop909_song
 
 # ---- training, evaluation and batch sampling inputs ----------------------------------------------------
 
-TINY = [
-    "--preset",
-    "tiny",
-    "--set",
-    "seq_len=32",
-    "--set",
-    "batch_size=2",
-    "--set",
-    "workers=0",
-    "--set",
-    "valid_every=0",
-    "--set",
-    "log_every=1",
-]
+TINY = tiny_run(log_every=1)
 
 
 @pytest.fixture(scope="module")

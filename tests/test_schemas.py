@@ -34,7 +34,7 @@ from test_extreme import musegen
 from test_fuzz import time_limit
 from test_layout import imported_modules
 from tiny_models import tiny_checkpoint
-from train_fixtures import prepare_pop909
+from train_fixtures import prepare_pop909, tiny_run
 
 from musegen import mirex, schemas
 from musegen.checkpoint import load_checkpoint
@@ -152,20 +152,7 @@ def test_a_hostile_checkpoint_is_one_line(case, checkpoint, tmp_path):
     )
 
 
-TINY = [
-    "--preset",
-    "tiny",
-    "--set",
-    "seq_len=32",
-    "--set",
-    "batch_size=2",
-    "--set",
-    "workers=0",
-    "--set",
-    "valid_every=0",
-    "--set",
-    "steps=1",
-]
+TINY = tiny_run(steps=1)
 
 
 def _huge_yaml(tmp_path: Path) -> list:

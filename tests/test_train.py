@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from train_fixtures import prepare_pop909
+from train_fixtures import prepare_pop909, tiny_run
 
 from musegen.checkpoint import load_checkpoint
 from musegen.cli import main
@@ -39,20 +39,7 @@ from musegen.training.run_folder import checkpoint_dirs, is_complete, latest_che
 from musegen.training.settings import LIMITS, TrainConfig, build_config, format_limit
 from musegen.training.trainer import Trainer, train
 
-TINY = [
-    "--preset",
-    "tiny",
-    "--set",
-    "seq_len=64",
-    "--set",
-    "batch_size=2",
-    "--set",
-    "workers=0",
-    "--set",
-    "valid_every=0",
-    "--set",
-    "log_every=1",
-]
+TINY = tiny_run(seq_len=64, log_every=1)
 CONSTANT_LR = ["--set", "warmup=0", "--set", "lr=1e-3", "--set", "lr_floor=1e-3"]
 
 

@@ -207,6 +207,12 @@ def test_meter_changes_triplets_and_tempos_are_kept_exactly(song):
     assert [song.vocab[int(encoding.ids[i + 1])] for i in bar_lines] == [f"TimeSig_{n}/{d}" for n, d in meters]
 
 
+def test_tracks_of_one_instrument_decode_as_numbered_tracks(song):
+    sections = [(Track(None, 48, False), [(k * TPQ, (k + 1) * TPQ, pitch, 80) for k in range(4)]) for pitch in (72, 48)]
+    piece = song.decode(song.encode(built(sections, [(0, 4, 4)])).ids)
+    assert [(t.name, t.program) for t in piece.tracks] == [("String Ensemble 1", 48), ("String Ensemble 1 (2)", 48)]
+
+
 def test_a_meter_or_a_cut_bar_off_the_8th_grid_is_refused_naming_the_bar(song):
     notes = [(k * TPQ, k * TPQ + TPQ, 60, 80) for k in range(12)]
     odd = built([(Track("p", 0, False), notes)], [(0, 4, 4), (4 * TPQ, 5, 16)])

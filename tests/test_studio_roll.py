@@ -117,6 +117,23 @@ def bar_steps(browser) -> list[int]:
     return [b - a for a, b in zip(lines, lines[1:])]
 
 
+def test_tracks_of_one_instrument_are_numbered_in_the_lanes_and_the_legend(browser, studio, tmp_path):
+    """Two string sections: two lanes of one name would not say which is which; the number is in
+    brackets because many General MIDI names end in a number of their own."""
+    midi = miditoolkit.MidiFile(ticks_per_beat=480)
+    for pitch in (72, 48):
+        strings = miditoolkit.Instrument(48)
+        strings.notes = [miditoolkit.Note(80, pitch + k % 3, 480 * k, 480 * k + 480) for k in range(16)]
+        midi.instruments.append(strings)
+    path = tmp_path / "two_string_sections.mid"
+    midi.dump(str(path))
+    load(browser, studio, "song", path)
+    names = [lane["name"] for lane in roll(browser, "lanes")]
+    assert names == ["String Ensemble 1 (1)", "String Ensemble 1 (2)"]
+    assert [item.text for item in browser.find_elements("css selector", "#legend .instrument")] == names
+    browser.save_screenshot(str(tmp_path / "strings.png"))
+
+
 def test_bar_lines_fall_where_the_meter_puts_them(browser, studio, tmp_path):
     beat = 480  # the song tokens' ticks per beat, as the page draws them
     waltz = built_midi(tmp_path / "waltz.mid", [(0, 3, 4)], 4)  # 4 bars: the roll opens on its first

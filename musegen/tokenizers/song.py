@@ -321,7 +321,8 @@ class SongTokenizer(SongVocab, Tokenizer):
         program, slot = self.programs[index]
         if program == DRUM_PROGRAM:
             return Track("Drums", 0, True)
-        name = pretty_midi.program_to_instrument_name(program) + (f" {slot + 1}" if slot else "")
+        # "String Ensemble 1 (2)": many GM names end in a number of their own
+        name = pretty_midi.program_to_instrument_name(program) + (f" ({slot + 1})" if slot else "")
         return Track(name, program, False)
 
     # ------------------------------------------------------------------ editing

@@ -183,9 +183,9 @@ function layLanes(notes, tracks, colors, top, bottom) {
     const [program, drum, name] = tracks[track] || [0, own[0][4], `Track ${track + 1}`];
     return { track, program, drum: Boolean(drum || own[0][4]), name, color: colors[track] || FAMILY_COLORS[0], pitches, notes: own.length };
   }).sort((a, b) => a.drum - b.drum || a.track - b.track);
-  const count = {}, nth = {}; // tracks of one instrument are told apart by number: "Acoustic Grand Piano 2"
+  const count = {}, nth = {}; // tracks of one instrument are told apart by number: "String Ensemble 1 (2)"
   for (const lane of used) count[lane.name] = (count[lane.name] || 0) + 1;
-  for (const lane of used) if (count[lane.name] > 1) lane.name += ` ${(nth[lane.name] = (nth[lane.name] || 0) + 1)}`;
+  for (const lane of used) if (count[lane.name] > 1) lane.name += ` (${(nth[lane.name] = (nth[lane.name] || 0) + 1)})`;
   for (const lane of used) {
     lane.low = lane.drum ? 0 : Math.min(lane.pitches[0] - 2, lane.pitches[lane.pitches.length - 1] - 11);
     lane.high = lane.drum ? lane.pitches.length - 1 : lane.pitches[lane.pitches.length - 1] + 2;

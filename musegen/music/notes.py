@@ -40,6 +40,12 @@ class Track:
         return "Drums" if self.is_drum else pretty_midi.program_to_instrument_name(self.program)
 
 
+def nth_track_name(name: str, k: int) -> str:
+    """The name of the k-th (from 0) of several tracks of one instrument: "Violin", "Violin (2)";
+    in brackets because many General MIDI names end in a number of their own ("String Ensemble 1")."""
+    return name if k == 0 else f"{name} ({k + 1})"
+
+
 @dataclass
 class NoteTable:
     tpq: int

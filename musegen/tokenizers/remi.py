@@ -50,7 +50,7 @@ from ..music.beats import round_half_even
 from ..music.chords import detect_chords
 from ..music.constants import BEATS_PER_BAR, DEFAULT_BPM, MAX_BARS, TICKS_PER_BEAT
 from ..music.midi import read_midi, source_name
-from ..music.notes import NoteTable, Track
+from ..music.notes import NoteTable, Track, nth_track_name
 from .base import Encoding, Tokenizer
 from .remi_bars import BarGrid
 from .remi_grammar import RemiGrammar
@@ -277,7 +277,7 @@ class RemiTokenizer(RemiVocab, Tokenizer):
         violation is a TokenError. So that the file says what the tokens say:
         - inside a cell, a note starts a tick later than the one before it where its pitch is not
           lower, which keeps the token order (encode orders by onset, then falling pitch);
-        - notes of one pitch that overlap go to separate tracks ("Piano", "Piano 2", ...): on one
+        - notes of one pitch that overlap go to separate tracks ("Piano", "Piano (2)", ...): on one
           track MIDI cannot tell which note-off ends which note;
         - a Tempo equal to the previous one is written 1 microsecond per quarter apart, since
           MIDI readers drop a tempo event that repeats the one in effect."""
@@ -286,7 +286,7 @@ class RemiTokenizer(RemiVocab, Tokenizer):
         start, end, pitch, velocity = np.array(notes, dtype=np.int64).reshape(-1, 4).T
         track = _voices(start, end, pitch)
         voices = range(max(track, default=0) + 1)
-        pianos = [Track("Piano" if k == 0 else f"Piano {k + 1}", 0, False, "other") for k in voices]
+        pianos = [Track(nth_track_name("Piano", k), 0, False, "other") for k in voices]
         written, mspq_before = [], 0
         for tick, bpm in tempos:
             mspq = round(60e6 / bpm)

@@ -39,7 +39,7 @@ from ..errors import MidiError, TokenError
 from ..music.constants import DEFAULT_BPM, MAX_BARS, TICKS_PER_BEAT
 from ..music.meter import signature_changes
 from ..music.midi import read_midi, source_name
-from ..music.notes import ROLES, NoteTable, Track
+from ..music.notes import ROLES, NoteTable, Track, nth_track_name
 from ..music.roles import GM_FAMILY_SIZE
 from .base import Encoding, Tokenizer
 from .song_grammar import SongGrammar
@@ -321,9 +321,7 @@ class SongTokenizer(SongVocab, Tokenizer):
         program, slot = self.programs[index]
         if program == DRUM_PROGRAM:
             return Track("Drums", 0, True)
-        # "String Ensemble 1 (2)": many GM names end in a number of their own
-        name = pretty_midi.program_to_instrument_name(program) + (f" ({slot + 1})" if slot else "")
-        return Track(name, program, False)
+        return Track(nth_track_name(pretty_midi.program_to_instrument_name(program), slot), program, False)
 
     # ------------------------------------------------------------------ editing
     def bar_starts(self, ids) -> list[int]:

@@ -10,9 +10,10 @@ same agreement for the file's own grid (`--grid file`) and for the best any regu
 (the annotated beats themselves, downbeats every 4 beats from the best first one), then the songs
 that do not agree and why.
 
-`--fit` instead fits the tracker's CUE_WEIGHTS, a logistic regression of the annotated downbeats
+`--fit` instead fits cue weights on POP909 alone, a logistic regression of the annotated downbeats
 on `bar_features` at the annotated beats, over every third song (those whose index is a multiple
-of 3, the ones `FITTED` names), and prints them.
+of 3, the ones `FITTED` names), and prints them: the tracker's CUE_WEIGHTS until 2026-11-30; now
+tracker_regular.py --fit adds played pieces of music21's corpus to these songs.
     python scripts/experiments/beat_tracker.py [FOLDER] [--every N] [--fit]
 """
 
@@ -47,20 +48,32 @@ def file_positions(table, seconds: np.ndarray) -> np.ndarray:
 
 
 def fit(songs: list[Path]) -> np.ndarray:
-    """Logistic regression (Newton's method, a little L2) of annotated downbeats on bar_features."""
+    """CUE_WEIGHTS fitted on the annotated downbeats of `songs`."""
+    return logistic(*song_cues(songs))
+
+
+def song_cues(songs: list[Path]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """bar_features at each song's annotated beats, and its annotated downbeats."""
     features, labels = [], []
     for song in songs:
         seconds, downbeat = annotations(song)
         table = as_table(load_score(song))
         features.append(bar_features(table, file_positions(table, seconds)))
         labels.append(downbeat)
+    return features, labels
+
+
+def logistic(features: list[np.ndarray], labels: list[np.ndarray], weights: np.ndarray | None = None) -> np.ndarray:
+    """Logistic regression (Newton's method, a little L2) of downbeats on bar_features, bias first;
+    `weights`: each beat's weight in the fit (1 by default)."""
     x = np.c_[np.ones(sum(map(len, labels))), np.vstack(features)]
     y = np.concatenate(labels).astype(np.float64)
+    s = np.ones(len(y)) if weights is None else weights
     ridge = np.diag(np.r_[0.0, np.ones(x.shape[1] - 1)])
     w = np.zeros(x.shape[1])
     for _ in range(25):
         p = 1 / (1 + np.exp(-x @ w))
-        w -= np.linalg.solve((x * (p * (1 - p))[:, None]).T @ x + ridge, x.T @ (p - y) + ridge @ w)
+        w -= np.linalg.solve((x * (s * p * (1 - p))[:, None]).T @ x + ridge, x.T @ (s * (p - y)) + ridge @ w)
     return w
 
 

@@ -9,7 +9,11 @@ up to about 10% (two slow sines on its logarithm), each onset moved by up to 30 
 grid says nothing. Each piece is tracked (`track_beats`) played, and also as written (quantised,
 its own tempo); the played file's own grid is the floor. A piece agrees as in beat_tracker.py:
 90% of its downbeats found within a 16th and 90% of the tracked ones true, over its full bars.
+`--fit` instead fits the tracker's CUE_WEIGHTS on every other piece (played) and POP909's songs
+that beat_tracker.py fits on, and prints them. `--midi DIR` keeps the pieces' MIDI files for a
+rerun (writing them takes most of the 10 minutes).
     python scripts/experiments/tracker_regular.py [--chorales N] [--quartets N] [--tunes N] [--seed S]
+                                                  [--midi DIR] [--fit]
 """
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ def regular(table: NoteTable) -> tuple[int, float] | None:
     half of the piece. None for any other piece."""
     signatures = [(tick / table.tpq, n * 4 / d, (n, d)) for tick, n, d in table.time_signatures] or [(0.0, 4.0, (4, 4))]
     end = table.end.max() / table.tpq
-    bars = []  # (start, length) in quarters
+    bars = []  # (start, length in quarters, meter)
     for k, (at, length, meter) in enumerate(signatures):
         stop = signatures[k + 1][0] if k + 1 < len(signatures) else end
         bars += [(start, length, meter) for start in np.arange(at, stop - 1e-9, length)]
@@ -99,10 +99,10 @@ def played(table: NoteTable, rng: np.random.Generator):
     at = lambda ticks: np.interp(ticks / table.tpq, quarters, seconds)  # noqa: E731
     start = at(table.start) + np.clip(rng.normal(0, 0.012, len(table)), -0.03, 0.03)
     end = np.maximum(at(table.end), start + 0.03)
+    ticks = lambda s: np.round(s * 2 * TPQ_PLAYED).astype(np.int64)  # noqa: E731 (seconds at 120 BPM)
     tracks = []
     for k, track in enumerate(table.tracks):
         mine = table.track == k
-        ticks = lambda s: np.round(s * 2 * TPQ_PLAYED).astype(np.int64)  # noqa: E731
         rows = zip(ticks(start[mine]), ticks(end[mine]), table.pitch[mine], table.velocity[mine])
         tracks.append((track, [tuple(map(int, row)) for row in rows]))
     return NoteTable.of_tracks(TPQ_PLAYED, tracks, [(0, 120.0)], [(0, 4, 4)]), lambda q: np.interp(q, quarters, seconds)

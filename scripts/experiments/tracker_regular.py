@@ -37,11 +37,11 @@ from data_prep.pop909 import song_files
 from data_prep.scores import convert
 
 sys.path.insert(0, str(Path(__file__).parent))
-from beat_tracker import FITTED, file_positions, logistic, song_cues  # noqa: E402
+from beat_tracker import FITTED, agrees, file_positions, logistic, song_cues  # noqa: E402
 from meter_set import tunes_in  # noqa: E402
 
 from musegen.music.notes import NoteTable
-from musegen.music.tracker import Beats, bar_features, downbeat_agreement, file_beats, seconds_of, track_beats
+from musegen.music.tracker import bar_features, downbeat_agreement, file_beats, seconds_of, track_beats
 
 TPQ_PLAYED = 480  # the played file: 120 BPM, so a second is 960 ticks
 METERS = {(4, 4): 4, (3, 4): 3, (2, 2): 4}  # meter -> quarter notes a bar (the tracker's beat)
@@ -115,10 +115,6 @@ def truth(table: NoteTable, per_bar: int, first: float, seconds_at) -> tuple[np.
     return seconds_at(first + beats), beats % per_bar == 0
 
 
-def agreement(found: Beats, seconds: np.ndarray, downbeat: np.ndarray) -> bool:
-    return min(downbeat_agreement(found, seconds, downbeat)) >= 0.9
-
-
 @dataclass
 class Piece:
     group: str
@@ -136,8 +132,11 @@ def load(args: argparse.Namespace, folder: Path) -> tuple[list[Piece], int]:
     them) and played; and how many were skipped."""
     out, skipped = [], 0
     listed = pieces(args.chorales, args.quartets, args.tunes)
+    # a file is named by its piece's place in the corpus: a rerun with other counts reads the right ones
+    root = Path(corpus.__file__).parent
     for k, (group, source, number, options) in enumerate(tqdm(listed, desc="pieces", unit="piece")):
-        dest, failed = convert((source, number, folder / f"{k:04d}.mid", options))
+        name = "_".join(source.relative_to(root).with_suffix("").parts) + (f"_{number}" if number else "")
+        dest, failed = convert((source, number, folder / f"{name}.mid", options))
         written = None if failed else NoteTable.read(dest, by_role=False)
         meter = regular(written) if written is not None and len(written) >= 32 else None
         if meter is None:
@@ -186,11 +185,11 @@ def main() -> None:
         for group in (piece.group, "all") + (("all, not fitted on",) if k % 2 else ()):
             rows.setdefault(group, []).append(
                 (
-                    agreement(tracked, seconds, downbeat),
+                    agrees(tracked, seconds, downbeat),
                     tracked.beats_per_bar == piece.meter[0],
                     *downbeat_agreement(tracked, seconds, downbeat),
-                    agreement(as_written, *truth(piece.written, *piece.meter, lambda q: seconds_of(piece.written, q))),
-                    agreement(file_beats(piece.performance), seconds, downbeat),
+                    agrees(as_written, *truth(piece.written, *piece.meter, lambda q: seconds_of(piece.written, q))),
+                    agrees(file_beats(piece.performance), seconds, downbeat),
                 )
             )
     print(

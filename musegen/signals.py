@@ -10,19 +10,20 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class StopSignalsTo:
-    """Inside `with`, SIGINT and SIGTERM go to `handler(signum, frame)`; `restore()` (called by the
-    handler, say) or the block's end puts back the handlers they had. Nothing is changed off the
-    main thread (only it runs Python handlers) or where a handler was not set from Python
-    (`signal.signal` could not put it back)."""
+    """Inside `with`, SIGINT and SIGTERM (or the `signals` given) go to `handler(signum, frame)`;
+    `restore()` (called by the handler, say) or the block's end puts back the handlers they had.
+    Nothing is changed off the main thread (only it runs Python handlers) or where a handler was
+    not set from Python (`signal.signal` could not put it back)."""
 
-    def __init__(self, handler):
+    def __init__(self, handler, signals: tuple[int, ...] = STOP_SIGNALS):
         self.handler = handler
+        self.signals = signals
         self._previous: dict[int, object] = {}
 
     def __enter__(self):
-        sigs_are_ours = None not in map(signal.getsignal, STOP_SIGNALS)
+        sigs_are_ours = None not in map(signal.getsignal, self.signals)
         if threading.current_thread() is threading.main_thread() and sigs_are_ours:
-            self._previous = {sig: signal.signal(sig, self.handler) for sig in STOP_SIGNALS}
+            self._previous = {sig: signal.signal(sig, self.handler) for sig in self.signals}
         return self
 
     def restore(self) -> None:

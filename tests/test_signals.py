@@ -60,3 +60,19 @@ def test_nothing_is_changed_off_the_main_thread(own_handlers):
     thread.start()
     thread.join()
     assert seen == [[stop_here, stop_here]]
+
+
+def test_the_command_line_takes_sigterm_only_and_puts_it_back(own_handlers, capsys):
+    from musegen.cli import run_command
+
+    seen = {}
+
+    def command() -> None:
+        seen.update({sig: signal.getsignal(sig) for sig in STOP_SIGNALS})
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    with pytest.raises(SystemExit) as stopped:
+        run_command(command, [])
+    assert stopped.value.code == 143 and "terminated" in capsys.readouterr().err
+    assert seen[signal.SIGINT] is stop_here and seen[signal.SIGTERM] is not stop_here  # Ctrl-C stays KeyboardInterrupt
+    assert all(signal.getsignal(sig) is stop_here for sig in STOP_SIGNALS)

@@ -11,12 +11,12 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import threading
 
 import typer
 
 from ..errors import MusegenError
 from ..io import is_disk_full, printable
+from ..signals import StopSignalsTo
 from . import terminate
 from .terminate import Terminated
 
@@ -68,26 +68,22 @@ def run_command(command, argv: list[str] | None = None) -> None:
 
 def _run(typer_app: typer.Typer, argv: list[str] | None) -> None:
     debug = os.environ.get("MUSEGEN_DEBUG") == "1"
-    in_main_thread = threading.current_thread() is threading.main_thread()
     terminate.handler_pid = os.getpid()
-    previous = signal.signal(signal.SIGTERM, terminate.on_sigterm) if in_main_thread else None
-    try:
-        typer_app(args=argv, standalone_mode=True)
-    except MusegenError as exc:
-        if debug:
-            raise
-        fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__, exc.exit_code)
-    except KeyboardInterrupt:
-        fail("interrupted", 130)
-    except Terminated:
-        fail("terminated", 143)
-    except Exception as exc:
-        if debug:
-            raise
-        fail(*_describe(exc))
-    finally:
-        if in_main_thread:
-            signal.signal(signal.SIGTERM, previous)
+    with StopSignalsTo(terminate.on_sigterm, signals=(signal.SIGTERM,)):  # Ctrl-C stays KeyboardInterrupt
+        try:
+            typer_app(args=argv, standalone_mode=True)
+        except MusegenError as exc:
+            if debug:
+                raise
+            fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__, exc.exit_code)
+        except KeyboardInterrupt:
+            fail("interrupted", 130)
+        except Terminated:
+            fail("terminated", 143)
+        except Exception as exc:
+            if debug:
+                raise
+            fail(*_describe(exc))
 
 
 def _describe(exc: Exception) -> tuple[str, int]:

@@ -6,7 +6,11 @@ its *annotated* beats, and its downbeats are the Viterbi path over them (`bar_pa
 measured on the others:
 - `linear`: the tracker's own, a logistic regression on `bar_features` (its CUE_WEIGHTS, refitted);
 - `cnn`: a small 1-D convolutional network over the same eight cues per beat, which sees about
-  ±12 beats around each beat (three layers, 32 channels), trained 10 passes with Adam.
+  ±12 beats around each beat (three layers, 32 channels), trained 10 passes with Adam;
+- `chords (annotated)`: not a cue the tracker could have, a bound on what harmony can tell: the
+  dataset's own chord annotations (`chord_midi.txt`), a logistic regression on one flag per beat,
+  a change of chord within a 16th of it;
+- `linear + chords (annotated)`: the linear cues and that flag, fitted together.
 For each: the per-beat AUC of the cue against the annotated downbeats, the songs whose downbeats
 agree (as beat_tracker.py defines it) at several costs of a bar of another length, and, within
 every run of regular (4-beat) annotated bars, which beat of the bar the cue favours (its mean
@@ -24,7 +28,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from beat_tracker import FITTED, file_positions, fit  # noqa: E402
+from beat_tracker import FITTED, file_positions, fit, logistic  # noqa: E402
 
 from data_prep.common import SHARED_DATASETS  # noqa: E402
 from data_prep.pop909 import annotations, song_files  # noqa: E402
@@ -63,6 +67,15 @@ def cnn_cues(train: list[tuple[np.ndarray, np.ndarray]], test: list[np.ndarray])
         return [net(as_input(x))[0, 0].double().numpy() for x in test]
 
 
+def chord_changes(song: Path, seconds: np.ndarray) -> np.ndarray:
+    """1.0 at each beat within a 16th of a change in the song's annotated chords (its
+    `chord_midi.txt`: start, end, name a line; a chord named as the one before is no change)."""
+    rows = [line.split() for line in (song.parent / "chord_midi.txt").read_text().splitlines() if line.strip()]
+    starts = np.array([float(row[0]) for k, row in enumerate(rows) if k == 0 or row[2] != rows[k - 1][2]])
+    sixteenth = np.gradient(seconds) / 4
+    return (np.abs(seconds[:, None] - starts[None, :]).min(axis=1) <= sixteenth).astype(np.float64)
+
+
 def favoured_beats(cue: np.ndarray, downbeat: np.ndarray) -> Counter:
     """(run length in 8-bar steps, up to 3: the beat of the bar the cue favours) over every run of
     at least 4 regular annotated bars; beat 0 is the annotated downbeat."""
@@ -88,13 +101,19 @@ def main() -> None:
     for song in songs:
         seconds, downbeat = annotations(song)
         table = tracker.as_table(load_score(song))
-        data.append((song in fitted, seconds, downbeat, tracker.bar_features(table, file_positions(table, seconds))))
-    train = [(x, d) for f, _, d, x in data if f]
+        features = tracker.bar_features(table, file_positions(table, seconds))
+        data.append((song in fitted, seconds, downbeat, np.c_[features, chord_changes(song, seconds)]))
+    train = [(x[:, :-1], d) for f, _, d, x in data if f]
     test = [(s, d, x) for f, s, d, x in data if not f]
     weights = fit(songs[FITTED])
+    fitted_cues, fitted_labels = [x for f, _, _, x in data if f], [d for f, _, d, _ in data if f]
+    chords_only = logistic([x[:, -1:] for x in fitted_cues], fitted_labels)
+    both = logistic(fitted_cues, fitted_labels)
     cues = {
-        "linear": [x @ weights[1:] + weights[0] for _, _, x in test],
-        "cnn": cnn_cues(train, [x for _, _, x in test]),
+        "linear": [x[:, :-1] @ weights[1:] + weights[0] for _, _, x in test],
+        "cnn": cnn_cues(train, [x[:, :-1] for _, _, x in test]),
+        "chords (annotated)": [x[:, -1:] @ chords_only[1:] + chords_only[0] for _, _, x in test],
+        "linear + chords (annotated)": [x @ both[1:] + both[0] for _, _, x in test],
     }
     labels = np.concatenate([d for _, d, _ in test])
     print(f"{len(test)} songs measured, {len(train)} fitted on; cues at the annotated beats\n")

@@ -22,9 +22,11 @@ from data_prep.pop909 import annotations
 from data_prep.scores import to_midi
 from musegen.cli import main
 from musegen.generation.prompt import load_prompt, prompt_from_ids
+from musegen.music.midi import load_score
 from musegen.music.notes import NoteTable, Track
 from musegen.music.tracker import downbeat_agreement, file_beats, regrid, track_beats
 from musegen.tokenizers.remi import RemiTokenizer
+from musegen.tokenizers.song import SongTokenizer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -101,6 +103,82 @@ def test_a_minuet_in_three_is_found_in_three():
     assert minuet.recurse().getElementsByClass("TimeSignature")[0].ratioString == "3/4"
     piece = NoteTable.read(music21.midi.translate.music21ObjectToMidiFile(minuet).writestr())
     assert track_beats(piece).beats_per_bar == 3
+
+
+def played_minuet(tmp_path: Path) -> tuple[Path, np.ndarray]:
+    """Lady Coventry's Minuet played at 100 BPM from 0.77 s, onsets off by up to 10 ms, on a file
+    at 120 BPM (4/4); with its notes' onsets in the quarter notes of the written piece."""
+    minuet = music21.corpus.parse("airdsAirs/book5.abc", number=868)
+    written = NoteTable.read(music21.midi.translate.music21ObjectToMidiFile(minuet).writestr())
+    seconds = lambda ticks: 0.77 + ticks / written.tpq * 0.6  # noqa: E731
+    ticks = lambda s: np.round(np.asarray(s) * 960).astype(np.int64).tolist()  # noqa: E731
+    start = seconds(written.start) + np.random.default_rng(0).uniform(-0.01, 0.01, len(written))
+    notes = zip(ticks(start), ticks(seconds(written.end)), written.pitch.tolist(), written.velocity.tolist())
+    path = tmp_path / "minuet.mid"
+    path.write_bytes(NoteTable.of_tracks(480, [(Track("fiddle", 40, False), list(notes))]).midi_bytes())
+    return path, written.start / written.tpq
+
+
+def test_a_played_minuet_keeps_its_three_beats_or_is_put_in_four_without_stretching_a_beat(tmp_path):
+    """Tracked in 3, a waltz is re-timed in 3/4 bars for a representation with meters (the song
+    tokens); for one of 4/4 bars only (REMI, the groove tokens) it is tracked in bars of 4, each
+    beat still a quarter note (it used to be re-timed with every 3-beat bar stretched over a 4/4
+    bar, its notes a third longer and off the grid)."""
+    path, quarters = played_minuet(tmp_path)
+    score = load_score(path)
+    with_meters, found = regrid(score, "track", meters=True)
+    assert found.beats_per_bar == 3
+    assert {ts.numerator for ts in with_meters.time_signatures[1:]} == {3}  # after the pickup bar
+    in_four, found = regrid(score, "track")
+    assert found.beats_per_bar == 4 and [(ts.numerator, ts.denominator) for ts in in_four.time_signatures] == [(4, 4)]
+    for retimed in (with_meters, in_four):
+        onsets = np.sort(NoteTable.from_score(retimed).start) / retimed.ticks_per_quarter
+        # every note where the written piece puts it, give or take the 10 ms of play (1/60 of a beat)
+        assert np.abs((onsets - onsets[0]) - (quarters - quarters[0])).max() < 0.05
+    song = load_prompt(SongTokenizer(), path, grid="track")
+    assert song.report["meters"][-1] == "3/4" and song.report["grid"]["beats_per_bar"] == 3
+    remi = load_prompt(RemiTokenizer(), path, grid="track")
+    assert remi.report["grid"]["beats_per_bar"] == 4
+
+
+def played_in_five(path: Path, numerator: int) -> np.ndarray:
+    """A riff in 5/4 (bass on beats 1 and 4, a chord a bar, 8th notes above) played at 104 BPM from
+    0.9 s, onsets off by up to 15 ms, written to `path` on a file at 120 BPM whose time signature
+    is `numerator`/4; its true downbeats in seconds."""
+    rng = np.random.default_rng(5)
+    beat, first, bars = 60 / 104, 0.9, 16
+    notes = []  # (track, start in beats, length in beats, pitch, velocity)
+    for bar in range(bars):
+        root, at = (48, 53, 55, 50)[bar % 4], 5 * bar
+        notes += [(0, at, 2.5, root, 100), (0, at + 3, 1.5, root + 7, 85)]
+        notes += [(1, at, 3, root + 12 + step, 70) for step in (0, 4, 7)]
+        notes += [(1, at + 3, 2, root + 12 + step, 60) for step in (0, 4, 7)]
+        lead = [(int(rng.choice([67, 69, 72, 74, 76])), int(rng.integers(60, 76))) for _ in range(10)]
+        notes += [(2, at + k / 2, 0.5, pitch, velocity) for k, (pitch, velocity) in enumerate(lead)]
+    to_tick = lambda b: int(round((first + b * beat + rng.uniform(-0.015, 0.015)) * 960))  # noqa: E731
+    tracks = [(Track(name, program, False), []) for name, program in (("bass", 33), ("keys", 0), ("lead", 73))]
+    for track, start, length, pitch, velocity in notes:
+        on = to_tick(start)
+        tracks[track][1].append((on, on + int(length * beat * 900), pitch, velocity))
+    path.write_bytes(NoteTable.of_tracks(480, tracks, [(0, 120.0)], [(0, numerator, 4)]).midi_bytes())
+    return first + 5 * beat * np.arange(bars)
+
+
+def test_a_played_file_that_names_its_meter_is_tracked_in_it(tmp_path):
+    """The tracker alone finds 3 or 4 beats a bar; a file that names a meter of quarter notes
+    (its 5/4 here, the file's grid off the music) is tracked in it for the song tokens, and says
+    so. A file that says 4/4, as most played files do, leaves the meter to the notes."""
+    five = played_in_five(tmp_path / "five.mid", 5)
+    _, found = regrid(load_score(tmp_path / "five.mid"), "track", meters=True)
+    assert (found.beats_per_bar, found.meter_from) == (5, "file")
+    mine = found.seconds[found.downbeat]
+    assert np.mean(np.abs(five[:, None] - mine[None, :]).min(1) <= 0.04) >= 0.9
+    prompt = load_prompt(SongTokenizer(), tmp_path / "five.mid", grid="track")
+    assert prompt.report["meters"][-1] == "5/4" and prompt.report["grid"]["meter_from"] == "file"
+    assert load_prompt(RemiTokenizer(), tmp_path / "five.mid", grid="track").report["grid"]["beats_per_bar"] == 4
+    played_in_five(tmp_path / "four.mid", 4)
+    _, found = regrid(load_score(tmp_path / "four.mid"), "track", meters=True)
+    assert found.beats_per_bar in (3, 4) and found.meter_from == "notes"
 
 
 # twelve of Bach's chorales in music21's corpus past the first 120, which tracker_regular.py fits on

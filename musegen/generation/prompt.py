@@ -86,7 +86,7 @@ def encode_on_grid(tokenizer: Tokenizer, path: Path, grid: str) -> Encoding:
     if grid != "file":
         score = load_score(path)  # its errors name the file
         try:
-            score, beats = regrid(score, grid)
+            score, beats = regrid(score, grid, tokenizer.holds_meters)
         except MidiError as exc:
             raise MidiError(f"{printable(path)}: {exc}") from None
     on_file = beats is None or beats.source == "file"

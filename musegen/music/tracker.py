@@ -14,7 +14,9 @@ from the notes alone, in the form `beats.synchronise` takes (times in seconds, d
 4. the downbeats by where the bars' cues fall: harmony changing (the pitch classes of the two
    beats after against the two before), bass notes, long notes and accents. A Viterbi path over
    the position in the bar, which may skip or repeat a beat at a cost (a bar of 2 or 6 beats),
-   picks them for 3 and for 4 beats per bar; the meter whose downbeats stand out most wins.
+   picks them for 3 and for 4 beats per bar; the meter whose downbeats stand out most wins
+   (`regrid` tries only 4 for a representation of 4/4 bars, and only the file's own meter where
+   the file names one other than 4/4: `named_meter`).
 
 Where the file's own grid fits the onsets as well as the tracked one, `--grid auto` (the default)
 keeps the file.
@@ -22,7 +24,7 @@ keeps the file.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -60,6 +62,7 @@ class Beats:
     bpm: float
     beats_per_bar: int
     confidence: float  # the weighted share of onsets within a 32nd of the grid's 16ths
+    meter_from: str = "notes"  # what set beats_per_bar: "notes", or "file" (its time signature)
 
     @property
     def first_downbeat(self) -> float:
@@ -73,6 +76,7 @@ class Beats:
             "beats_per_bar": self.beats_per_bar,
             "first_downbeat_seconds": round(self.first_downbeat, 3),
             "onsets_on_grid": round(self.confidence, 3),
+            "meter_from": self.meter_from,
         }
 
 
@@ -81,8 +85,9 @@ def describe(record: dict[str, Any]) -> str:
     where = "tracked beats" if record["source"] == "tracked" else "the file's own grid"
     if "bpm" not in record:  # the file's grid, trusted without measuring it
         return f"grid: {where}"
+    meter = " (the file's time signature)" if record.get("meter_from") == "file" else ""
     return (
-        f"grid: {where}, {record['bpm']:.1f} BPM, {record['beats_per_bar']} beats per bar, first downbeat at "
+        f"grid: {where}, {record['bpm']:.1f} BPM, {record['beats_per_bar']} beats per bar{meter}, first downbeat at "
         f"{record['first_downbeat_seconds']:.2f} s, {record['onsets_on_grid']:.0%} of onsets on its 16ths"
     )
 
@@ -285,11 +290,11 @@ def bar_path(cue: np.ndarray, meter: int) -> np.ndarray:
     return position
 
 
-def downbeats(cue: np.ndarray) -> tuple[np.ndarray, int]:
-    """(downbeat flags, beats per bar): the meter whose downbeats' cue stands out most from the
-    other beats'."""
+def downbeats(cue: np.ndarray, meters: tuple[int, ...] = METERS) -> tuple[np.ndarray, int]:
+    """(downbeat flags, beats per bar): of `meters`, the one whose downbeats' cue stands out most
+    from the other beats'."""
     best = None
-    for meter in METERS:
+    for meter in meters:
         flags = bar_path(cue, meter) == 0
         contrast = cue[flags].mean() - cue[~flags].mean() if flags.any() and (~flags).any() else -np.inf
         if best is None or contrast > best[0] + 1e-9:
@@ -300,8 +305,9 @@ def downbeats(cue: np.ndarray) -> tuple[np.ndarray, int]:
 # ---- the two grids -------------------------------------------------------------------------------
 
 
-def track_beats(piece: symusic.Score | NoteTable) -> Beats:
-    """The beats and downbeats the notes imply (see the module's docstring)."""
+def track_beats(piece: symusic.Score | NoteTable, meters: tuple[int, ...] = METERS) -> Beats:
+    """The beats and downbeats the notes imply (see the module's docstring), in bars of one of
+    `meters` beats (or of another length where the cues say the bar phase moves)."""
     table = as_table(piece)
     if len(table) < 8:
         raise MidiError("too few notes to find a beat in (8 or more needed)")
@@ -320,7 +326,7 @@ def track_beats(piece: symusic.Score | NoteTable) -> Beats:
     found = beat_frames(env, period) * frame + onsets.min()
     beats = extend(found, 0.0, length)
     beats = beats[beats >= 0]  # nothing before the file's start
-    flags, meter = downbeats(bar_cues(table, beats))
+    flags, meter = downbeats(bar_cues(table, beats), meters)
     seconds = seconds_of(table, beats)
     return Beats(
         seconds,
@@ -391,21 +397,54 @@ def downbeat_agreement(found: Beats, seconds: np.ndarray, downbeat: np.ndarray) 
 GRIDS = ("auto", "track", "file")
 
 
-def regrid(score: symusic.Score, grid: str) -> tuple[symusic.Score, Beats | None]:
+def named_meter(table: NoteTable) -> int | None:
+    """The beats a bar of the meter the file spends most of its length in, where that is a meter
+    of quarter or half notes other than 4 quarters (2/4, 3/4, 5/4, 6/4, 3/2: counted in quarters);
+    else None: 4/4 or no time signature (what most played files say, whatever they hold), or a
+    meter of 8th notes (6/8, 7/8), whose beat the tracker may hear as the 8th or a dotted quarter."""
+    signatures = [m for m in table.time_signatures if m[1] > 0 and m[2] > 0]
+    held: dict[tuple[int, int], float] = {}
+    for k, (tick, numerator, denominator) in enumerate(signatures):
+        stop = signatures[k + 1][0] if k + 1 < len(signatures) else max(int(table.end.max()), tick)
+        held[(numerator, denominator)] = held.get((numerator, denominator), 0) + stop - tick
+    if not held:
+        return None
+    numerator, denominator = max(held, key=held.get)
+    quarters = numerator * 4 / denominator
+    return int(quarters) if denominator in (2, 4) and quarters in (2, 3, 5, 6, 7, 8) else None
+
+
+def regular_bars(beats: Beats) -> Beats:
+    """`beats` with a downbeat every `beats_per_bar` beats, on the phase that holds most of its own
+    downbeats: what a representation of one bar length can take of a path whose bar phase moves."""
+    k = np.arange(len(beats.downbeat))
+    phase = np.bincount(k[beats.downbeat] % beats.beats_per_bar, minlength=beats.beats_per_bar).argmax()
+    return replace(beats, downbeat=k % beats.beats_per_bar == phase)
+
+
+def regrid(score: symusic.Score, grid: str, meters: bool = False) -> tuple[symusic.Score, Beats | None]:
     """`score` on the grid `grid` names, and that grid: "file" keeps the file's own; "track"
-    re-times the score to the tracked beats (`beats.synchronise`); "auto" tracks and keeps the
-    file's own grid where it fits the onsets at least as well (a quantised file), or where there
-    are too few notes to track."""
+    re-times the score to the tracked beats (`beats.synchronise`), each beat a quarter note;
+    "auto" tracks and keeps the file's own grid where it fits the onsets at least as well (a
+    quantised file), or where there are too few notes to track. With `meters` (a representation
+    with time signatures) the tracked bars are kept as found: in the meter the file names
+    (`named_meter`), else 3 beats a bar or 4, and any bar of another length between; without,
+    the bars are 4/4 from start to end (never a 3-beat bar stretched over four)."""
     if grid == "file":  # trusted as it is: nothing to measure (an absurd file is the tokenizer's to refuse)
         return score, None
     table = as_table(score)
     own = file_beats(table)
+    named = named_meter(table) if meters else None
     try:
-        tracked = track_beats(table)
+        tracked = track_beats(table, (named,) if named else METERS if meters else (4,))
     except MidiError:
         if grid == "track":
             raise
         return score, own
     if grid == "auto" and own.confidence >= tracked.confidence:
         return score, own
+    if meters:
+        tracked = replace(tracked, meter_from="file") if named else tracked
+        return synchronise(score, tracked.seconds, tracked.downbeat, meters=True), tracked
+    tracked = regular_bars(tracked)
     return synchronise(score, tracked.seconds, tracked.downbeat), tracked

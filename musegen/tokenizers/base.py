@@ -223,6 +223,9 @@ class Tokenizer(abc.ABC):
     # Cells per quarter note where every onset lies, in every bar (a bar line is a cell's start);
     # None where time is not such a grid. Live play (generation.live) places a player's notes on it.
     onset_grid: ClassVar[int | None] = None
+    # Whether its bars may have any length its vocabulary names, changing where the file's time
+    # signatures do; False: 4/4 bars only (a tracked grid then keeps 4 beats a bar: regrid).
+    holds_meters: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

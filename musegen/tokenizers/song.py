@@ -133,6 +133,7 @@ class SongTokenizer(SongVocab, Tokenizer):
     roles = ROLES  # as the style metrics map a song's tracks (`NoteTable.with_roles`)
     sampling_defaults = {"temperature": 1.0, "top_p": 0.95}
     onset_grid = UNITS_PER_BEAT
+    holds_meters = True
 
     @property
     def pad_id(self) -> int:

@@ -21,6 +21,7 @@ from train_fixtures import prepare_pop909
 from data_prep.pop909 import annotations
 from data_prep.scores import to_midi
 from musegen.cli import main
+from musegen.errors import MidiError
 from musegen.generation.prompt import load_prompt, prompt_from_ids
 from musegen.music.midi import load_score
 from musegen.music.notes import NoteTable, Track
@@ -167,7 +168,8 @@ def played_in_five(path: Path, numerator: int) -> np.ndarray:
 def test_a_played_file_that_names_its_meter_is_tracked_in_it(tmp_path):
     """The tracker alone finds 3 or 4 beats a bar; a file that names a meter of quarter notes
     (its 5/4 here, the file's grid off the music) is tracked in it for the song tokens, and says
-    so. A file that says 4/4, as most played files do, leaves the meter to the notes."""
+    so; a representation of 4/4 bars refuses it, as it refuses the file on its own grid. A file that
+    says 4/4, as most played files do, leaves the meter to the notes."""
     five = played_in_five(tmp_path / "five.mid", 5)
     _, found = regrid(load_score(tmp_path / "five.mid"), "track", meters=True)
     assert (found.beats_per_bar, found.meter_from) == (5, "file")
@@ -175,7 +177,8 @@ def test_a_played_file_that_names_its_meter_is_tracked_in_it(tmp_path):
     assert np.mean(np.abs(five[:, None] - mine[None, :]).min(1) <= 0.04) >= 0.9
     prompt = load_prompt(SongTokenizer(), tmp_path / "five.mid", grid="track")
     assert prompt.report["meters"][-1] == "5/4" and prompt.report["grid"]["meter_from"] == "file"
-    assert load_prompt(RemiTokenizer(), tmp_path / "five.mid", grid="track").report["grid"]["beats_per_bar"] == 4
+    with pytest.raises(MidiError, match="bar 1: time signature 5/4"):  # never stretched or cut into 4/4
+        load_prompt(RemiTokenizer(), tmp_path / "five.mid", grid="track")
     played_in_five(tmp_path / "four.mid", 4)
     _, found = regrid(load_score(tmp_path / "four.mid"), "track", meters=True)
     assert found.beats_per_bar in (3, 4) and found.meter_from == "notes"

@@ -346,24 +346,38 @@ def file_beats(piece: symusic.Score | NoteTable) -> Beats:
     beats = np.arange(0, int(np.ceil(length_in_beats(table))) + 2, dtype=np.float64)
     flags = np.zeros(len(beats), dtype=bool)
     # a signature of no beats (0/4, 4/0: a broken file) places no bar line; the tokenizer says what it makes of it
-    meters = [m for m in table.time_signatures if m[1] > 0 and m[2] > 0] or [(0, 4, 4)]
-    held = {}  # beats per bar -> how many beats the file spends in that meter
+    meters = signatures(table) or [(0, 4, 4)]
     for k, (tick, numerator, denominator) in enumerate(meters):
         stop = meters[k + 1][0] / table.tpq if k + 1 < len(meters) else beats[-1] + 1
-        per_bar = numerator * 4 / denominator
         inside = (beats >= tick / table.tpq) & (beats < stop)
-        flags |= inside & np.isclose((beats - tick / table.tpq) % per_bar, 0)
-        held[round(per_bar)] = held.get(round(per_bar), 0) + int(inside.sum())
+        flags |= inside & np.isclose((beats - tick / table.tpq) % (numerator * 4 / denominator), 0)
     seconds = seconds_of(table, beats)
-    meter = max(held, key=held.get)  # the file's main meter: a pickup bar of 1/4 does not name it
+    numerator, denominator = main_signature(table) or (4, 4)
     return Beats(
         seconds,
         flags,
         "file",
         mean_bpm(seconds),
-        meter,
+        round(numerator * 4 / denominator),
         grid_fit(table.start / table.tpq, onset_weights(table), beats),
     )
+
+
+def signatures(table: NoteTable) -> list[tuple[int, int, int]]:
+    """The file's time signatures (tick, numerator, denominator), less any of no beats (0/4, 4/0:
+    a broken file; they place no bar line, and the tokenizer says what it makes of them)."""
+    return [m for m in table.time_signatures if m[1] > 0 and m[2] > 0]
+
+
+def main_signature(table: NoteTable) -> tuple[int, int] | None:
+    """(numerator, denominator) of the time signature the file spends most of its length in (a
+    pickup bar of 1/4 does not name it); None without one."""
+    held: dict[tuple[int, int], int] = {}
+    meters = signatures(table)
+    for k, (tick, numerator, denominator) in enumerate(meters):
+        stop = meters[k + 1][0] if k + 1 < len(meters) else max(int(table.end.max()), tick)
+        held[(numerator, denominator)] = held.get((numerator, denominator), 0) + stop - tick
+    return max(held, key=held.get) if held else None
 
 
 # ---- measuring -----------------------------------------------------------------------------------
@@ -395,6 +409,8 @@ def downbeat_agreement(found: Beats, seconds: np.ndarray, downbeat: np.ndarray) 
 # ---- choosing ------------------------------------------------------------------------------------
 
 GRIDS = ("auto", "track", "file")
+# the time signatures a representation of 4/4 bars takes as 4/4 (REMI re-bars 1/4 and 2/4)
+FOUR_FOUR = {(4, 4), (2, 4), (2, 2), (1, 4)}
 
 
 def named_meter(table: NoteTable) -> int | None:
@@ -402,14 +418,7 @@ def named_meter(table: NoteTable) -> int | None:
     of quarter or half notes other than 4 quarters (2/4, 3/4, 5/4, 6/4, 3/2: counted in quarters);
     else None: 4/4 or no time signature (what most played files say, whatever they hold), or a
     meter of 8th notes (6/8, 7/8), whose beat the tracker may hear as the 8th or a dotted quarter."""
-    signatures = [m for m in table.time_signatures if m[1] > 0 and m[2] > 0]
-    held: dict[tuple[int, int], float] = {}
-    for k, (tick, numerator, denominator) in enumerate(signatures):
-        stop = signatures[k + 1][0] if k + 1 < len(signatures) else max(int(table.end.max()), tick)
-        held[(numerator, denominator)] = held.get((numerator, denominator), 0) + stop - tick
-    if not held:
-        return None
-    numerator, denominator = max(held, key=held.get)
+    numerator, denominator = main_signature(table) or (4, 4)
     quarters = numerator * 4 / denominator
     return int(quarters) if denominator in (2, 4) and quarters in (2, 3, 5, 6, 7, 8) else None
 
@@ -429,11 +438,14 @@ def regrid(score: symusic.Score, grid: str, meters: bool = False) -> tuple[symus
     quantised file), or where there are too few notes to track. With `meters` (a representation
     with time signatures) the tracked bars are kept as found: in the meter the file names
     (`named_meter`), else 3 beats a bar or 4, and any bar of another length between; without,
-    the bars are 4/4 from start to end (never a 3-beat bar stretched over four)."""
+    the bars are 4/4 from start to end (never a 3-beat bar stretched over four), and a file in
+    another meter keeps its own grid, for the tokenizer to refuse in one line that names the bar."""
     if grid == "file":  # trusted as it is: nothing to measure (an absurd file is the tokenizer's to refuse)
         return score, None
     table = as_table(score)
     own = file_beats(table)
+    if not meters and (main_signature(table) or (4, 4)) not in FOUR_FOUR:
+        return score, own
     named = named_meter(table) if meters else None
     try:
         tracked = track_beats(table, (named,) if named else METERS if meters else (4,))

@@ -46,7 +46,7 @@ def main() -> None:
             except Exception:  # noqa: BLE001 - not a MIDI lump (MUS music, graphics, ...)
                 continue
             began = time.perf_counter()
-            _, chosen = tracker.regrid(score, "auto")
+            _, chosen = tracker.regrid(score, "auto", meters=True)  # as for the song tokens
             took = time.perf_counter() - began
             table = tracker.as_table(score)
             own = tracker.file_beats(table)

@@ -7,7 +7,9 @@ one meter of 3 or 4 quarter notes a bar (4/4, 3/4, 2/2; a pickup bar allowed), w
 up to about 10% (two slow sines on its logarithm), each onset moved by up to 30 ms (a normal of
 12 ms, clipped), the first note 0.3 to 2 s in, and the file written at 120 BPM so that its own
 grid says nothing. Each piece is tracked (`track_beats`) played, and also as written (quantised,
-its own tempo); the played file's own grid is the floor. A piece agrees as in beat_tracker.py:
+its own tempo); the played file's own grid is the floor. And played once more as if its file
+named its meter, as `regrid` tracks it for the song tokens: a 3/4 piece in bars of 3 only, a 4/4
+or 2/2 one as before (a file that says 4/4 leaves the meter to the notes). A piece agrees as in beat_tracker.py:
 90% of its downbeats found within a 16th and 90% of the tracked ones true, over its full bars.
 `--fit` instead fits the tracker's CUE_WEIGHTS on every other piece (played) and POP909's songs
 that beat_tracker.py fits on, and prints them. `--midi DIR` keeps the pieces' MIDI files for a
@@ -181,6 +183,7 @@ def main() -> None:
     for k, piece in enumerate(every):
         seconds, downbeat = piece.truth()
         tracked = track_beats(piece.performance)
+        named = track_beats(piece.performance, (3,)) if piece.meter[0] == 3 else tracked
         as_written = track_beats(piece.written)
         for group in (piece.group, "all") + (("all, not fitted on",) if k % 2 else ()):
             rows.setdefault(group, []).append(
@@ -190,18 +193,19 @@ def main() -> None:
                     *downbeat_agreement(tracked, seconds, downbeat),
                     agrees(as_written, *truth(piece.written, *piece.meter, lambda q: seconds_of(piece.written, q))),
                     agrees(file_beats(piece.performance), seconds, downbeat),
+                    agrees(named, seconds, downbeat),
                 )
             )
     print(
         "| pieces | n | played: downbeats agree | meter found | recall / precision | as written: agree | "
-        "played, the file's own grid |"
+        "played, the file's own grid | played, the file naming its meter |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for group, found in rows.items():
         a = np.array(found, dtype=np.float64)
         print(
             f"| {group} | {len(a)} | **{a[:, 0].mean():.1%}** | {a[:, 1].mean():.1%} | {a[:, 2].mean():.3f} / "
-            f"{a[:, 3].mean():.3f} | {a[:, 4].mean():.1%} | {a[:, 5].mean():.1%} |"
+            f"{a[:, 3].mean():.3f} | {a[:, 4].mean():.1%} | {a[:, 5].mean():.1%} | {a[:, 6].mean():.1%} |"
         )
     print(
         f"\n{skipped} pieces skipped (not in one meter of {', '.join(f'{n}/{d}' for n, d in METERS)}, "

@@ -243,7 +243,7 @@ def test_the_file_grid_names_the_meter_a_pickup_leads_into():
     fiddle.notes.extend(symusic.Note(480 * beat, 400, 62 + beat % 5, 80) for beat in range(13))
     score.tracks.append(fiddle)
     grid = file_beats(score)
-    assert grid.beats_per_bar == 3
+    assert grid.beats_per_bar == 3 and grid.meter_from == "file"
     assert np.flatnonzero(grid.downbeat)[:5].tolist() == [0, 1, 4, 7, 10]
 
 

@@ -62,7 +62,7 @@ class Beats:
     bpm: float
     beats_per_bar: int
     confidence: float  # the weighted share of onsets within a 32nd of the grid's 16ths
-    meter_from: str = "notes"  # what set beats_per_bar: "notes", or "file" (its time signature)
+    meter_from: str = "notes"  # what set beats_per_bar: the "notes", or the "file"'s time signatures
 
     @property
     def first_downbeat(self) -> float:
@@ -85,7 +85,8 @@ def describe(record: dict[str, Any]) -> str:
     where = "tracked beats" if record["source"] == "tracked" else "the file's own grid"
     if "bpm" not in record:  # the file's grid, trusted without measuring it
         return f"grid: {where}"
-    meter = " (the file's time signature)" if record.get("meter_from") == "file" else ""
+    named = record["source"] == "tracked" and record.get("meter_from") == "file"
+    meter = " (the file's time signature)" if named else ""
     return (
         f"grid: {where}, {record['bpm']:.1f} BPM, {record['beats_per_bar']} beats per bar{meter}, first downbeat at "
         f"{record['first_downbeat_seconds']:.2f} s, {record['onsets_on_grid']:.0%} of onsets on its 16ths"
@@ -360,6 +361,7 @@ def file_beats(piece: symusic.Score | NoteTable) -> Beats:
         mean_bpm(seconds),
         round(numerator * 4 / denominator),
         grid_fit(table.start / table.tpq, onset_weights(table), beats),
+        meter_from="file",
     )
 
 

@@ -8,9 +8,10 @@ up to about 10% (two slow sines on its logarithm), each onset moved by up to 30 
 12 ms, clipped), the first note 0.3 to 2 s in, and the file written at 120 BPM so that its own
 grid says nothing. Each piece is tracked (`track_beats`) played, and also as written (quantised,
 its own tempo); the played file's own grid is the floor. And played once more as if its file
-named its meter, as `regrid` tracks it for the song tokens: a 3/4 piece in bars of 3 only, a 4/4
-or 2/2 one as before (a file that says 4/4 leaves the meter to the notes). A piece agrees as in beat_tracker.py:
-90% of its downbeats found within a 16th and 90% of the tracked ones true, over its full bars.
+named its meter, as `regrid` tracks it for the song tokens: a 3/4 piece in bars of 3 only, a
+4/4 or 2/2 one as before (a file that says 4/4 leaves the meter to the notes). A piece agrees as
+in beat_tracker.py: 90% of its downbeats found within a 16th and 90% of the tracked ones true,
+over its full bars.
 `--fit` instead fits the tracker's CUE_WEIGHTS on every other piece (played) and POP909's songs
 that beat_tracker.py fits on, and prints them. `--midi DIR` keeps the pieces' MIDI files for a
 rerun (writing them takes most of the 10 minutes).

@@ -215,7 +215,9 @@ class SampleSettings:
         help="Where a MIDI prompt's beats and bars are: auto: found in its notes and the prompt re-timed to them "
         "(a played or offset file), unless the file's own grid fits its notes at least as well (a quantised "
         "file); track: always found in its notes; file: its own grid (quarter notes, its time signatures), "
-        "trusted. What was assumed is printed and recorded in the JSON.",
+        "trusted. Found beats become quarter notes; the song tokens keep the bars found (in the meter the file "
+        "names, where not 4/4), the other representations get 4/4 bars. What was assumed is printed and "
+        "recorded in the JSON.",
         bound=one_of(GRIDS),
     )
     cache: float | None = model_default(

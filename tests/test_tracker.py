@@ -142,6 +142,20 @@ def test_a_played_minuet_keeps_its_three_beats_or_is_put_in_four_without_stretch
     assert remi.report["grid"]["beats_per_bar"] == 4
 
 
+def test_sample_continues_a_played_minuet_in_three_with_the_song_model(tmp_path, capsys):
+    """From the command line, with the shipped song model: the played minuet (its file says
+    nothing of 3/4) is found in 3, re-timed, and continued in 3/4 bars."""
+    path, _ = played_minuet(tmp_path)
+    args = ["sample", "-c", "song", "--prompt", str(path), "--bars", "4", "--seed", "0", "--out", str(tmp_path / "out")]
+    with pytest.raises(SystemExit) as exit_:
+        main([*args, "--grid", "track"])
+    assert (exit_.value.code or 0) == 0, capsys.readouterr().err
+    assert "3 beats per bar" in capsys.readouterr().out
+    sample = NoteTable.read(tmp_path / "out" / "minuet" / "minuet_000.mid")
+    assert {(numerator, denominator) for _, numerator, denominator in sample.time_signatures} == {(3, 4)}
+    assert len(sample) > len(NoteTable.read(path))  # the prompt, and notes after it
+
+
 def played_in_five(path: Path, numerator: int) -> np.ndarray:
     """A riff in 5/4 (bass on beats 1 and 4, a chord a bar, 8th notes above) played at 104 BPM from
     0.9 s, onsets off by up to 15 ms, written to `path` on a file at 120 BPM whose time signature

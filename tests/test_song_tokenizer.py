@@ -273,6 +273,34 @@ def test_the_sampler_keeps_the_meter_the_band_and_the_bar(song, tmp_path):
     assert song.vocab[song.tempo_token(96)] == "Tempo_96.63"
 
 
+@pytest.mark.parametrize(
+    "meters, held",
+    [
+        ([(4, 4), (4, 4), (2, 4)], (4, 4)),  # a lone 2-beat bar closing a phrase: back to 4/4
+        ([(4, 4), (3, 4), (3, 4)], (3, 4)),  # a change that has held for two bars is the meter
+        ([(1, 4), (3, 4), (3, 4), (6, 4)], (3, 4)),  # a pickup, then 3/4, then one bar of 6/4
+        ([(4, 4), (2, 4)], (2, 4)),  # no two bars alike yet: the last bar's
+        ([(6, 8)], (6, 8)),
+    ],
+)
+def test_the_sampler_keeps_the_meter_of_the_last_two_bars_alike(song, meters, held):
+    """After a prompt whose bars are in `meters` (a note on each beat), the only TimeSig the
+    sampler may write, bar after bar."""
+    grammar = song.grammar()
+    starts = np.cumsum([0] + [n * 4 * TPQ // d for n, d in meters])
+    notes = [(int(t), int(t) + TPQ // 2, 60, 80) for a, b in zip(starts, starts[1:]) for t in range(a, b, TPQ // 2)]
+    piece = built([(Track("piano", 0, False), notes)], [(int(s), n, d) for s, (n, d) in zip(starts, meters)])
+    state = grammar.states(list(song.encode(piece).ids[:-1]))[-1]
+    for _ in range(2):  # the meter it holds does not move as it writes its own bars
+        state = grammar.step(state, song.bar_id)
+        assert names(song, np.flatnonzero(grammar.sampling_mask(state))) == [f"TimeSig_{held[0]}/{held[1]}"]
+        while True:  # a bar of one note: the first token the sampler may write, then the bar line
+            allowed = np.flatnonzero(grammar.sampling_mask(state))
+            if song.bar_id in allowed:
+                break
+            state = grammar.step(state, int(allowed[0]))
+
+
 def test_onsets_count_beats_through_meter_changes(song):
     """A model whose positions are beats reads each token's onset: bars as long as their meter."""
     meters = [(3, 4), (6, 8), (5, 4)]

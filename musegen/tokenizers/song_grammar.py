@@ -10,9 +10,11 @@ Positions rise inside a bar and stay inside its meter, so no note starts past a 
 meter does not have. In a cell the Program tokens rise and, after each, the pitches rise; a
 Tempo is written only where it changes, and a track's note of a pitch ends by the next one
 (a MIDI file cannot nest them). The first bar holds a note, and so does the last (End
-follows a note). A sampler (`sampling_mask`) also keeps the meter of the bar before and, after
-the first bar, plays only the tracks already heard: a continuation goes on with the prompt's
-band, in its meter. It writes no empty bar and no Tempo without a note after it, so each bar it
+follows a note). A sampler (`sampling_mask`) also keeps the meter (`held_meter`: that of the
+last two bars in a row that shared one, so that a lone bar of 2 beats closing a phrase of 4/4
+does not set the meter of all that follows; the bar before's, until two have) and, after the
+first bar, plays only the tracks already heard: a continuation goes on with the prompt's band,
+in its meter. It writes no empty bar and no Tempo without a note after it, so each bar it
 writes ends on a note, where the piece may end.
 """
 
@@ -36,6 +38,7 @@ class SongState:
     after: int = OPEN  # the kind of the last token
     bar: int = -1  # index of the current bar
     meter: int = -1  # index in METERS of the current bar's meter (the last bar's, after a Bar)
+    run_meter: int = -1  # the meter of the last two bars in a row that had the same one; -1 before
     position: int = -1  # the current cell's onset in units
     tempo: int = -1  # the tempo in effect (index in TEMPOS); -1 until the opening's Tempo
     program: int = -1  # the current track (index in SongVocab.programs)
@@ -44,6 +47,12 @@ class SongState:
     heard: frozenset = frozenset()  # the tracks (indices in SongVocab.programs) that have played
     bar_start: int = 0  # the current bar's line, in units from the first
     sounding: dict = field(default_factory=dict)  # (track, pitch) -> the unit its note ends at
+
+
+def held_meter(state: SongState) -> int:
+    """The meter a continuation from `state` keeps (index in METERS; -1 before any bar): that of
+    the last two bars in a row that shared one, else the last bar's."""
+    return state.run_meter if state.run_meter >= 0 else state.meter
 
 
 class SongGrammar(FramedGrammar):
@@ -123,7 +132,9 @@ class SongGrammar(FramedGrammar):
             start = state.bar_start + (int(v.bar_units_table[state.meter]) if state.bar >= 0 else 0)
             return replace(state, after=BAR, bar=state.bar + 1, position=-1, bar_notes=False, bar_start=start)
         if v.meter_of[token] >= 0:
-            return replace(state, after=METER, meter=int(v.meter_of[token]))
+            meter = int(v.meter_of[token])
+            run_meter = meter if meter == state.meter else state.run_meter  # state.meter: the bar before's
+            return replace(state, after=METER, meter=meter, run_meter=run_meter)
         if v.position_of[token] >= 0:
             position = int(v.position_of[token])
             time = state.bar_start + position
@@ -148,7 +159,7 @@ class SongGrammar(FramedGrammar):
             return mask
         if state.after == BAR and state.meter >= 0:  # the meter goes on
             mask[self.v.meter_ids] = False
-            mask[self.v.meter_ids[state.meter]] = True
+            mask[self.v.meter_ids[held_meter(state)]] = True
         if state.after in (METER, TEMPO):  # no empty bar, no Tempo without a note: every bar can end the piece
             mask[self.v.bar_id] = False
             mask[self.v.position_ids] &= state.after == METER

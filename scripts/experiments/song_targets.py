@@ -7,7 +7,8 @@ For each piece and sample, against the same bars of the real piece (both as the 
 them):
 - every track that plays in the prompt's last 2 bars: does it go on (a note in the continued
   bars), with its program, and its notes per bar pooled over tracks against the real bars';
-- the bar lines: the meter of every continued bar against the prompt's last bar's;
+- the bar lines: the meter of every continued bar against the meter the sampler keeps after the
+  prompt (`song_grammar.held_meter`: that of its last two bars alike, else its last bar's);
 - the tempo: every tempo written after the prompt against the prompt's last one;
 - pieces in 3/4 or 6/8: the total variation between the generated and the real onsets'
   histograms, by position in the bar (12 units a quarter) and by beat of the bar (the meter's
@@ -35,6 +36,7 @@ from musegen.evaluation.run_continuation import EVALUATION_SETTINGS, PIECE_RECOR
 from musegen.music.midi import find_midi_files
 from musegen.shards import Shards
 from musegen.tokenizers import tokenizer_from_dict
+from musegen.tokenizers.song_grammar import held_meter
 from musegen.tokenizers.song_vocab import METERS, TEMPOS
 
 TAIL_BARS = 2  # the prompt's last bars whose tracks must go on
@@ -67,6 +69,12 @@ def bars_of(tok, ids) -> list[dict]:
         if bars:
             bars[-1]["tempo"] = tempo
     return bars
+
+
+def prompt_meter(tok, ids, bars: int) -> tuple[int, int]:
+    """The meter the sampler keeps after the first `bars` bars of a song token sequence."""
+    cut = np.flatnonzero(np.asarray(ids) == tok.bar_id)[bars]
+    return METERS[held_meter(tok.grammar().states([int(t) for t in ids[:cut]])[-1])]
 
 
 def histogram(bars: list[dict], unit: int = 1) -> np.ndarray:
@@ -106,7 +114,7 @@ def measure(run: Path, songs: Path) -> dict:
         start = record["span_start_bar"]
         prompt, truth = real[:start], real[start : start + span]
         tail = {t for bar in prompt[-TAIL_BARS:] for t, _, _ in bar["notes"]}
-        meter, tempo = prompt[-1]["meter"], prompt[-1]["tempo"]
+        meter, tempo = prompt_meter(tok, real_ids[record["piece"]], start), prompt[-1]["tempo"]
         rest = rest_of(real, start, span, meter)
         for lag in LAGS:
             out[f"real bars: {LAGS[lag]}"] += repeats(real, start, span, lag)

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from beat_tracker import FITTED, file_positions, fit, logistic  # noqa: E402
+from beat_tracker import FITTED, file_positions, logistic  # noqa: E402
 
 from data_prep.common import SHARED_DATASETS  # noqa: E402
 from data_prep.pop909 import annotations, song_files  # noqa: E402
@@ -103,10 +103,10 @@ def main() -> None:
         table = tracker.as_table(load_score(song))
         features = tracker.bar_features(table, file_positions(table, seconds))
         data.append((song in fitted, seconds, downbeat, np.c_[features, chord_changes(song, seconds)]))
-    train = [(x[:, :-1], d) for f, _, d, x in data if f]
-    test = [(s, d, x) for f, s, d, x in data if not f]
-    weights = fit(songs[FITTED])
     fitted_cues, fitted_labels = [x for f, _, _, x in data if f], [d for f, _, d, _ in data if f]
+    train = [(x[:, :-1], d) for x, d in zip(fitted_cues, fitted_labels)]
+    test = [(s, d, x) for f, s, d, x in data if not f]
+    weights = logistic([x for x, _ in train], fitted_labels)  # the tracker's own cues, as beat_tracker.py fits them
     chords_only = logistic([x[:, -1:] for x in fitted_cues], fitted_labels)
     both = logistic(fitted_cues, fitted_labels)
     cues = {

@@ -415,12 +415,12 @@ GRIDS = ("auto", "track", "file")
 FOUR_FOUR = {(4, 4), (2, 4), (2, 2), (1, 4)}
 
 
-def named_meter(table: NoteTable) -> int | None:
-    """The beats a bar of the meter the file spends most of its length in, where that is a meter
-    of quarter or half notes other than 4 quarters (2/4, 3/4, 5/4, 6/4, 3/2: counted in quarters);
-    else None: 4/4 or no time signature (what most played files say, whatever they hold), or a
+def named_meter(signature: tuple[int, int]) -> int | None:
+    """The beats a bar a file's main time signature (`main_signature`, 4/4 without one) names,
+    where it is a meter of quarter or half notes other than 4 quarters (2/4, 3/4, 5/4, 6/4, 3/2:
+    counted in quarters); else None: 4/4 (what most played files say, whatever they hold), or a
     meter of 8th notes (6/8, 7/8), whose beat the tracker may hear as the 8th or a dotted quarter."""
-    numerator, denominator = main_signature(table) or (4, 4)
+    numerator, denominator = signature
     quarters = numerator * 4 / denominator
     return int(quarters) if denominator in (2, 4) and quarters in (2, 3, 5, 6, 7, 8) else None
 
@@ -446,9 +446,10 @@ def regrid(score: symusic.Score, grid: str, meters: bool = False) -> tuple[symus
         return score, None
     table = as_table(score)
     own = file_beats(table)
-    if not meters and (main_signature(table) or (4, 4)) not in FOUR_FOUR:
+    signature = main_signature(table) or (4, 4)
+    if not meters and signature not in FOUR_FOUR:
         return score, own
-    named = named_meter(table) if meters else None
+    named = named_meter(signature) if meters else None
     try:
         tracked = track_beats(table, (named,) if named else METERS if meters else (4,))
     except MidiError:

@@ -57,11 +57,20 @@ def test_pop909_downbeats_are_found_without_the_annotations(pop909_songs):
     assert agreeing >= 5 and file_agreeing <= 1
 
 
-def played_piece(bpm: float, first_downbeat: float, bars: int, seed: int, jitter: float = 0.02) -> NoteTable:
-    """Four bars of a pop accompaniment, repeated: a bass note on each downbeat and beat 3, a
-    chord on each beat, an eighth-note melody; its chords change every bar. Played at `bpm` from
-    `first_downbeat` seconds after a pickup beat, onsets jittered by up to `jitter` seconds,
-    velocities by 10, written at MIDI's default 120 BPM, so that its own grid is not the music's."""
+def played_piece(
+    bpm: float,
+    first_downbeat: float,
+    bars: int,
+    seed: int,
+    jitter: float = 0.02,
+    beats_per_bar: int = 4,
+    signature: tuple[int, int] | None = None,
+) -> NoteTable:
+    """Four bars of a pop accompaniment, repeated: a bass note on each downbeat and half way
+    through the bar (beat 3 of 4), a chord on each beat, an eighth-note melody; its chords change
+    every bar. Played at `bpm` from `first_downbeat` seconds after a pickup beat, onsets jittered
+    by up to `jitter` seconds, velocities by 10, written at MIDI's default 120 BPM, so that its
+    own grid is not the music's, with the time signature `signature` (none by default)."""
     rng = np.random.default_rng(seed)
     beat = 60.0 / bpm
     roots = [48, 53, 55, 45]  # C F G A
@@ -75,15 +84,26 @@ def played_piece(bpm: float, first_downbeat: float, bars: int, seed: int, jitter
     play(-1, 0.5, 72, 70)  # the pickup
     for bar in range(bars):
         root = roots[bar % 4]
-        for b in range(4):
-            at = bar * 4 + b
-            if b in (0, 2):
+        for b in range(beats_per_bar):
+            at = bar * beats_per_bar + b
+            if b in (0, beats_per_bar // 2):
                 play(at, 2.0, root - 12, 100 if b == 0 else 80)
             for interval in (12, 16, 19):
                 play(at, 0.9, root + interval, 60)
             play(at, 0.5, root + 24 + (b * 2) % 7, 75)
             play(at + 0.5, 0.5, root + 28 - b, 55)
-    return NoteTable.of_tracks(480, [(Track("piano", 0, False), notes)])
+    signatures = [(0, *signature)] if signature else []
+    return NoteTable.of_tracks(480, [(Track("piano", 0, False), notes)], time_signatures=signatures)
+
+
+def perform(written: NoteTable, seconds_at, jitter: float, rng: np.random.Generator, track: Track) -> NoteTable:
+    """`written` played on `track`: each note from `seconds_at` its time in quarters, its onset off
+    by up to `jitter` seconds, at least 30 ms long, on a file at 120 BPM (960 ticks a second)."""
+    start = seconds_at(written.start / written.tpq) + rng.uniform(-jitter, jitter, len(written))
+    end = np.maximum(seconds_at(written.end / written.tpq), start + 0.03)
+    ticks = lambda s: np.round(s * 960).astype(np.int64).tolist()  # noqa: E731
+    notes = list(zip(ticks(start), ticks(end), written.pitch.tolist(), written.velocity.tolist()))
+    return NoteTable.of_tracks(480, [(track, notes)])
 
 
 def test_a_played_piece_is_tracked_to_its_tempo_and_first_downbeat():
@@ -111,12 +131,9 @@ def played_minuet(tmp_path: Path) -> tuple[Path, np.ndarray]:
     at 120 BPM (4/4); with its notes' onsets in the quarter notes of the written piece."""
     minuet = music21.corpus.parse("airdsAirs/book5.abc", number=868)
     written = NoteTable.read(music21.midi.translate.music21ObjectToMidiFile(minuet).writestr())
-    seconds = lambda ticks: 0.77 + ticks / written.tpq * 0.6  # noqa: E731
-    ticks = lambda s: np.round(np.asarray(s) * 960).astype(np.int64).tolist()  # noqa: E731
-    start = seconds(written.start) + np.random.default_rng(0).uniform(-0.01, 0.01, len(written))
-    notes = zip(ticks(start), ticks(seconds(written.end)), written.pitch.tolist(), written.velocity.tolist())
+    played = perform(written, lambda q: 0.77 + q * 0.6, 0.01, np.random.default_rng(0), Track("fiddle", 40, False))
     path = tmp_path / "minuet.mid"
-    path.write_bytes(NoteTable.of_tracks(480, [(Track("fiddle", 40, False), list(notes))]).midi_bytes())
+    path.write_bytes(played.midi_bytes())
     return path, written.start / written.tpq
 
 
@@ -156,35 +173,14 @@ def test_sample_continues_a_played_minuet_in_three_with_the_song_model(tmp_path,
     assert len(sample) > len(NoteTable.read(path))  # the prompt, and notes after it
 
 
-def played_in_five(path: Path, numerator: int) -> np.ndarray:
-    """A riff in 5/4 (bass on beats 1 and 4, a chord a bar, 8th notes above) played at 104 BPM from
-    0.9 s, onsets off by up to 15 ms, written to `path` on a file at 120 BPM whose time signature
-    is `numerator`/4; its true downbeats in seconds."""
-    rng = np.random.default_rng(5)
-    beat, first, bars = 60 / 104, 0.9, 16
-    notes = []  # (track, start in beats, length in beats, pitch, velocity)
-    for bar in range(bars):
-        root, at = (48, 53, 55, 50)[bar % 4], 5 * bar
-        notes += [(0, at, 2.5, root, 100), (0, at + 3, 1.5, root + 7, 85)]
-        notes += [(1, at, 3, root + 12 + step, 70) for step in (0, 4, 7)]
-        notes += [(1, at + 3, 2, root + 12 + step, 60) for step in (0, 4, 7)]
-        lead = [(int(rng.choice([67, 69, 72, 74, 76])), int(rng.integers(60, 76))) for _ in range(10)]
-        notes += [(2, at + k / 2, 0.5, pitch, velocity) for k, (pitch, velocity) in enumerate(lead)]
-    to_tick = lambda b: int(round((first + b * beat + rng.uniform(-0.015, 0.015)) * 960))  # noqa: E731
-    tracks = [(Track(name, program, False), []) for name, program in (("bass", 33), ("keys", 0), ("lead", 73))]
-    for track, start, length, pitch, velocity in notes:
-        on = to_tick(start)
-        tracks[track][1].append((on, on + int(length * beat * 900), pitch, velocity))
-    path.write_bytes(NoteTable.of_tracks(480, tracks, [(0, 120.0)], [(0, numerator, 4)]).midi_bytes())
-    return first + 5 * beat * np.arange(bars)
-
-
 def test_a_played_file_that_names_its_meter_is_tracked_in_it(tmp_path):
     """The tracker alone finds 3 or 4 beats a bar; a file that names a meter of quarter notes
     (its 5/4 here, the file's grid off the music) is tracked in it for the song tokens, and says
     so; a representation of 4/4 bars refuses it, as it refuses the file on its own grid. A file that
     says 4/4, as most played files do, leaves the meter to the notes."""
-    five = played_in_five(tmp_path / "five.mid", 5)
+    riff = dict(bpm=104.0, first_downbeat=0.9, bars=16, seed=5, beats_per_bar=5)
+    (tmp_path / "five.mid").write_bytes(played_piece(**riff, signature=(5, 4)).midi_bytes())
+    five = 0.9 + 5 * 60 / 104 * np.arange(16)  # the true downbeats
     _, found = regrid(load_score(tmp_path / "five.mid"), "track", meters=True)
     assert (found.beats_per_bar, found.meter_from) == (5, "file")
     mine = found.seconds[found.downbeat]
@@ -193,7 +189,7 @@ def test_a_played_file_that_names_its_meter_is_tracked_in_it(tmp_path):
     assert prompt.report["meters"][-1] == "5/4" and prompt.report["grid"]["meter_from"] == "file"
     with pytest.raises(MidiError, match="bar 1: time signature 5/4"):  # never stretched or cut into 4/4
         load_prompt(RemiTokenizer(), tmp_path / "five.mid", grid="track")
-    played_in_five(tmp_path / "four.mid", 4)
+    (tmp_path / "four.mid").write_bytes(played_piece(**riff, signature=(4, 4)).midi_bytes())
     _, found = regrid(load_score(tmp_path / "four.mid"), "track", meters=True)
     assert found.beats_per_bar in (3, 4) and found.meter_from == "notes"
 
@@ -220,18 +216,7 @@ def played_chorale(name: str, seed: int) -> tuple[NoteTable, np.ndarray, np.ndar
     quarters = np.arange(0, table.end.max() / table.tpq + 2, 1 / 24)
     bpm = rng.uniform(70, 110) * np.exp(0.06 * np.sin(2 * np.pi * quarters / 48 + rng.uniform(0, 6.3)))
     seconds = 1.1 + np.r_[0, np.cumsum(60 / bpm[:-1] / 24)]
-    at = lambda ticks: np.interp(ticks / table.tpq, quarters, seconds)  # noqa: E731
-    start = at(table.start) + rng.uniform(-0.015, 0.015, len(table))
-    ticks = lambda s: np.round(s * 960).astype(np.int64)  # noqa: E731 (120 BPM at 480 a quarter)
-    notes = list(
-        zip(
-            ticks(start).tolist(),
-            ticks(np.maximum(at(table.end), start + 0.03)).tolist(),
-            table.pitch.tolist(),
-            table.velocity.tolist(),
-        )
-    )
-    played = NoteTable.of_tracks(480, [(Track("choir", 52, False), notes)])
+    played = perform(table, lambda q: np.interp(q, quarters, seconds), 0.015, rng, Track("choir", 52, False))
     first = per_bar if table.start.min() > 0 else 0  # the padded pickup bar is not counted
     beats = np.arange(first, int(np.ceil(table.end.max() / table.tpq)) + 1)
     return played, np.interp(beats, quarters, seconds), (beats - first) % per_bar == 0

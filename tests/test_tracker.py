@@ -23,9 +23,10 @@ from data_prep.scores import to_midi
 from musegen.cli import main
 from musegen.errors import MidiError
 from musegen.generation.prompt import load_prompt, prompt_from_ids
+from musegen.music.meter import bar_start, signature_changes
 from musegen.music.midi import load_score
 from musegen.music.notes import NoteTable, Track
-from musegen.music.tracker import downbeat_agreement, file_beats, regrid, track_beats
+from musegen.music.tracker import downbeat_agreement, file_beats, file_signature, regrid, track_beats
 from musegen.tokenizers.remi import RemiTokenizer
 from musegen.tokenizers.song import SongTokenizer
 
@@ -244,6 +245,30 @@ def test_the_file_grid_names_the_meter_a_pickup_leads_into():
     grid = file_beats(score)
     assert grid.beats_per_bar == 3 and grid.meter_from == "file"
     assert np.flatnonzero(grid.downbeat)[:5].tolist() == [0, 1, 4, 7, 10]
+
+
+@pytest.mark.parametrize(
+    "signatures, meter",
+    [
+        (((960, 3, 4),), (3, 4)),  # the first signature late: 4/4 stands before it, as in MIDI
+        (((0, 2, 4), (0, 3, 4)), (3, 4)),  # two at one tick: the last one read wins
+        (((0, 3, 4), (2880, 0, 4)), (3, 4)),  # a signature of no beats places no bar line
+        (((0, 1, 4), (480, 6, 8), (3360, 3, 4), (4320, 6, 8)), (6, 8)),  # a 3/4 bar cut short
+    ],
+)
+def test_the_file_grid_has_the_bar_lines_and_meter_the_tokenizers_read(signatures, meter):
+    """The file grid (beats and bars for `--grid file`) and the tokenizers read a file's time
+    signatures by one rule (`signature_changes`): same bar lines, same main meter."""
+    score = symusic.Score(480)
+    score.time_signatures.extend(symusic.TimeSignature(*change) for change in signatures)
+    piano = symusic.Track("piano", 0)
+    piano.notes.extend(symusic.Note(480 * beat, 400, 60 + beat % 7, 80) for beat in range(24))
+    score.tracks.append(piano)
+    grid = file_beats(score)
+    changes = [c for c in signature_changes(NoteTable.from_score(score).time_signatures) if c[1] and c[2]]
+    bar_lines = [bar_start(changes, 480, bar) / 480 for bar in range(1, 9)]
+    assert np.flatnonzero(grid.downbeat)[:8].tolist() == bar_lines
+    assert file_signature(NoteTable.from_score(score)) == meter
 
 
 def test_the_file_grid_keeps_the_prompt_as_it_is_and_tracking_re_times_it(pop909_songs):

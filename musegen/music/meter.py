@@ -15,6 +15,18 @@ def signature_changes(time_signatures) -> list[tuple[int, int, int]]:
     return [(tick, n, d) for tick, (n, d) in sorted(at.items())]
 
 
+def main_signature(changes: list[tuple[int, int, int]], end: int) -> tuple[int, int]:
+    """(numerator, denominator) of the change that holds the most ticks up to `end` (a pickup
+    bar of 1/4 does not name the file's meter); a signature of no beats (0/4, 4/0: a broken file)
+    names nothing, and 4/4 stands where nothing else is named."""
+    held: dict[tuple[int, int], int] = {}
+    for k, (tick, numerator, denominator) in enumerate(changes):
+        stop = changes[k + 1][0] if k + 1 < len(changes) else max(end, tick)
+        if numerator > 0 and denominator > 0:
+            held[(numerator, denominator)] = held.get((numerator, denominator), 0) + stop - tick
+    return max(held, key=held.get) if held else (4, 4)
+
+
 def bar_at(changes: list[tuple[int, int, int]], tpq: int, tick: int) -> tuple[int, str]:
     """The file's bar (counted from 1) that holds `tick`, and its meter ("2/4"): each time signature
     starts a bar, and its bars follow at its length."""

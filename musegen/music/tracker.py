@@ -33,6 +33,7 @@ import symusic
 from ..errors import MidiError
 from .beats import synchronise
 from .constants import DEFAULT_BPM, MAX_BARS
+from .meter import main_signature, signature_changes
 from .notes import NoteTable
 
 FRAME_SECONDS = 0.02  # the envelope's resolution, at the file's median tempo
@@ -353,7 +354,7 @@ def file_beats(piece: symusic.Score | NoteTable) -> Beats:
         inside = (beats >= tick / table.tpq) & (beats < stop)
         flags |= inside & np.isclose((beats - tick / table.tpq) % (numerator * 4 / denominator), 0)
     seconds = seconds_of(table, beats)
-    numerator, denominator = main_signature(table) or (4, 4)
+    numerator, denominator = file_signature(table)
     return Beats(
         seconds,
         flags,
@@ -365,21 +366,16 @@ def file_beats(piece: symusic.Score | NoteTable) -> Beats:
     )
 
 
+def file_signature(table: NoteTable) -> tuple[int, int]:
+    """The time signature the file spends most of its notes' length in (4/4 without one)."""
+    return main_signature(signature_changes(table.time_signatures), int(table.end.max()) if len(table) else 0)
+
+
 def signatures(table: NoteTable) -> list[tuple[int, int, int]]:
-    """The file's time signatures (tick, numerator, denominator), less any of no beats (0/4, 4/0:
-    a broken file; they place no bar line, and the tokenizer says what it makes of them)."""
-    return [m for m in table.time_signatures if m[1] > 0 and m[2] > 0]
-
-
-def main_signature(table: NoteTable) -> tuple[int, int] | None:
-    """(numerator, denominator) of the time signature the file spends most of its length in (a
-    pickup bar of 1/4 does not name it); None without one."""
-    held: dict[tuple[int, int], int] = {}
-    meters = signatures(table)
-    for k, (tick, numerator, denominator) in enumerate(meters):
-        stop = meters[k + 1][0] if k + 1 < len(meters) else max(int(table.end.max()), tick)
-        held[(numerator, denominator)] = held.get((numerator, denominator), 0) + stop - tick
-    return max(held, key=held.get) if held else None
+    """The file's time signature changes as its tokenizers read them (`signature_changes`), less
+    any of no beats (0/4, 4/0: a broken file; they place no bar line, and the tokenizer says what
+    it makes of them)."""
+    return [m for m in signature_changes(table.time_signatures) if m[1] > 0 and m[2] > 0]
 
 
 # ---- measuring -----------------------------------------------------------------------------------
@@ -416,7 +412,7 @@ FOUR_FOUR = {(4, 4), (2, 4), (2, 2), (1, 4)}
 
 
 def named_meter(signature: tuple[int, int]) -> int | None:
-    """The beats a bar a file's main time signature (`main_signature`, 4/4 without one) names,
+    """The beats a bar a file's main time signature (`file_signature`) names,
     where it is a meter of quarter or half notes other than 4 quarters (2/4, 3/4, 5/4, 6/4, 3/2:
     counted in quarters); else None: 4/4 (what most played files say, whatever they hold), or a
     meter of 8th notes (6/8, 7/8), whose beat the tracker may hear as the 8th or a dotted quarter."""
@@ -446,7 +442,7 @@ def regrid(score: symusic.Score, grid: str, meters: bool = False) -> tuple[symus
         return score, None
     table = as_table(score)
     own = file_beats(table)
-    signature = main_signature(table) or (4, 4)
+    signature = file_signature(table)
     if not meters and signature not in FOUR_FOUR:
         return score, own
     named = named_meter(signature) if meters else None

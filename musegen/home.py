@@ -8,7 +8,7 @@ looked for in this order:
 3. `<prefix>/share/musegen/checkpoints`, where `pip install .` puts them (pyproject.toml: data-files),
    for this interpreter's prefix (a virtual environment's, or the system's) and then the user's
    (`pip install --user`: ~/.local/share/musegen/checkpoints on Linux).
-Nothing is downloaded: the models travel in the package (the wheel is about 67 MB).
+Nothing is downloaded: the models travel in the package (the wheel is about 47 MB).
 """
 
 from __future__ import annotations

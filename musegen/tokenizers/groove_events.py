@@ -64,10 +64,6 @@ def note_on_id(track: int, pitch: int) -> int:
     return NOTE_ON + (track - 1) * N_PITCH + pitch
 
 
-def note_off_id(track: int, pitch: int) -> int:
-    return NOTE_OFF + (track - 1) * N_PITCH + pitch
-
-
 def shift_id(beats: int, tick: int) -> int:
     """The token of time_shift(beats, tick)."""
     return TIME_SHIFT + beats * UNITS_PER_BEAT + tick - 1

@@ -116,6 +116,7 @@ def measure(run: Path, songs: Path) -> dict:
         tail = {t for bar in prompt[-TAIL_BARS:] for t, _, _ in bar["notes"]}
         meter, tempo = prompt_meter(tok, real_ids[record["piece"]], start), prompt[-1]["tempo"]
         rest = rest_of(real, start, span, meter)
+        in_meter = [bar for bar in real if bar["meter"] == meter]  # the "real piece", continued bars too
         for lag in LAGS:
             out[f"real bars: {LAGS[lag]}"] += repeats(real, start, span, lag)
         for sample in sorted((run / "samples").glob(f"{record['piece']}_*.mid")):
@@ -137,19 +138,23 @@ def measure(run: Path, songs: Path) -> dict:
                     out[key].append(gap)
                 for key, gap in gaps(made, rest, meter).items():
                     out[f"{key}, against the rest of the piece"].append(gap)
+                for key, gap in gaps(made, in_meter, meter).items():
+                    out[f"{key}, against the whole piece"].append(gap)
         if meter in ((3, 4), (6, 8)):
             own = [bar for bar in prompt[-4:] if bar["meter"] == meter]
             for key, gap in gaps(own, truth, meter).items():
                 out[f"{key}, prompt's bars"].append(gap)
             for key, gap in gaps(truth, rest, meter).items():
                 out[f"{key}, against the rest of the piece: the real continuation"].append(gap)
-            continuations[meter].append((truth, rest))
+            continuations[meter].append((truth, rest, in_meter))
     for meter, pieces in continuations.items():
-        for i, (truth, rest) in enumerate(pieces if len(pieces) > 1 else []):  # each against the one before
+        for i, (truth, rest, in_meter) in enumerate(pieces if len(pieces) > 1 else []):  # each against the one before
             for key, gap in gaps(pieces[i - 1][0], truth, meter).items():
                 out[f"{key}, another piece"].append(gap)
             for key, gap in gaps(pieces[i - 1][0], rest, meter).items():
                 out[f"{key}, against the rest of the piece: another piece"].append(gap)
+            for key, gap in gaps(pieces[i - 1][0], in_meter, meter).items():
+                out[f"{key}, against the whole piece: another piece"].append(gap)
     return out
 
 

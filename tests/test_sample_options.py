@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from musegen.checkpoint import load_checkpoint
 from musegen.cli import app
-from musegen.cli.options import sampling_options
+from musegen.cli.options import help_text, sampling_options
 from musegen.errors import CheckpointError, ConfigError
 from musegen.generation.settings import SampleSettings, option, options, within
 from musegen.tokenizers.remi import RemiTokenizer
@@ -77,6 +77,21 @@ def test_every_declared_option_is_a_flag_of_sample():
         for flag in how.flags:
             for part in flag.split("/"):
                 assert part in shown, (name, part)
+
+
+def test_the_help_names_the_shipped_models_own_defaults(tmp_path, monkeypatch):
+    """`--cache` defaults to 0 by representation, but the shipped song model names 0.95: the help
+    says so, as each shipped config has it, and a config it cannot read leaves the help whole."""
+    song = load_checkpoint("song")[1]
+    shown = help_text("cache", options()["cache"])
+    assert f"song {SampleSettings(bars=1).resolved(song).cache:g}" in shown and "the shipped" in shown
+    tiny_checkpoint("groove-dur", tmp_path / "checkpoints" / "tuned", {"sampling": {"cache": 0.5}})
+    (tmp_path / "checkpoints" / "broken").mkdir()
+    (tmp_path / "checkpoints" / "broken" / "config.json").write_text("{not json")
+    monkeypatch.setenv("MUSEGEN_HOME", str(tmp_path))
+    shown = help_text("cache", options()["cache"])
+    assert shown.endswith("a checkpoint may name its own: the shipped tuned 0.5).")
+    assert "the shipped" not in help_text("top_p", options()["top_p"])
 
 
 def test_a_checkpoint_names_its_own_defaults_over_its_tokenizers(tmp_path):

@@ -5,10 +5,12 @@
 from __future__ import annotations
 
 import inspect
+import json
 from typing import Any, Callable, Optional, get_type_hints
 
 import typer
 
+from .. import home
 from ..generation.settings import Option, SampleSettings, options
 from ..tokenizers import Tokenizer
 
@@ -43,8 +45,27 @@ def help_text(name: str, how: Option) -> str:
         text += f" {how.bound.text[0].upper()}{how.bound.text[1:]}."
     if how.per_model:
         by_kind = ", ".join(f"{kind} {_shown(c.sampling_defaults.get(name, how.fallback))}" for kind, c in _kinds())
-        text += f" Default: the model's (by representation: {by_kind}; a checkpoint may name its own)."
+        shipped = _shipped_defaults(name)
+        own = f": the shipped {shipped}" if shipped else ""
+        text += f" Default: the model's (by representation: {by_kind}; a checkpoint may name its own{own})."
     return text
+
+
+def _shipped_defaults(name: str) -> str:
+    """The shipped models that name their own default for option `name` ("song 0.95"), from their
+    config.json; one that cannot be read is left out (help must not fail on a stray MUSEGEN_HOME)."""
+    named = []
+    try:
+        models = home.models()
+    except OSError:
+        return ""
+    for model, folder in models.items():
+        try:
+            value = json.loads((folder / "config.json").read_bytes())["meta"]["sampling"][name]
+        except (OSError, ValueError, LookupError, TypeError):
+            continue
+        named.append(f"{model} {_shown(value)}")
+    return ", ".join(named)
 
 
 def _kinds() -> list[tuple[str, type[Tokenizer]]]:

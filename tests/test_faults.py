@@ -19,13 +19,14 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from functools import partial
 from pathlib import Path
 
 import pytest
 import symusic
 import torch
 from fuzz import log_line, trio_midi
-from train_fixtures import prepare_pop909
+from train_fixtures import prepare_pop909, tiny_run
 
 from musegen import io as musegen_io
 from musegen.checkpoint import load_checkpoint, save_checkpoint
@@ -39,7 +40,6 @@ from musegen.tokenizers import tokenizer_from_dict
 from musegen.training.run_folder import checkpoint_dirs, is_complete, latest_checkpoint
 
 FAULTS = Counter()  # (area, "injected" | "intact") -> count
-TINY_RUN = ["seq_len=32", "batch_size=2", "workers=0", "valid_every=0", "log_every=1", "ckpt_every=1", "keep=2"]
 KILLS = int(os.environ.get("MUSEGEN_FAULT_KILLS", 2))  # per area; the slow suite raises it
 
 
@@ -52,6 +52,11 @@ def summary():
             f"faults {area}: injected {FAULTS[area, 'injected']}, "
             f"complete earlier output intact after {FAULTS[area, 'intact']}"
         )
+
+
+def tiny_training(data, run, steps: int) -> list:
+    """`musegen train` arguments for a tiny run that logs and checkpoints every step, keeping 2."""
+    return ["train", "--data", data, "--out", run, *tiny_run(log_every=1, ckpt_every=1, keep=2, steps=steps)]
 
 
 def musegen_cmd(*args) -> list[str]:
@@ -235,16 +240,7 @@ def complete_checkpoints_load(run: Path) -> bool:
 
 def test_training_survives_full_disk_read_only_and_kill(data, tmp_path, capsys, monkeypatch):
     run = tmp_path / "run"
-    train_args = lambda steps: [
-        "train",
-        "--data",
-        data,
-        "--out",
-        run,
-        "--preset",
-        "tiny",  # noqa: E731
-        *[x for s in TINY_RUN + [f"steps={steps}"] for x in ("--set", s)],
-    ]
+    train_args = partial(tiny_training, data, run)
     assert cli(train_args(1), capsys)[0] == 0
     # a checkpoint makes ~5 fsyncs (weights, tokenizer, config, folder, parent); hit each in turn
     for n in range(1, 7):
@@ -313,16 +309,7 @@ def test_training_survives_a_full_disk_at_the_real_writes(data, tmp_path, capsys
     from musegen.training import run_folder
 
     run = tmp_path / "run"
-    train_args = lambda steps: [
-        "train",
-        "--data",
-        data,
-        "--out",
-        run,
-        "--preset",
-        "tiny",  # noqa: E731
-        *[x for s in TINY_RUN + [f"steps={steps}"] for x in ("--set", s)],
-    ]
+    train_args = partial(tiny_training, data, run)
     assert cli(train_args(2), capsys)[0] == 0
     faults = {
         "log line": lambda m: FullDiskWrites(m, "log.jsonl", after=2),

@@ -25,6 +25,7 @@ from test_fuzz import time_limit
 from tiny_models import tiny_checkpoint, tiny_model
 
 from musegen.cli import main
+from musegen.cli.sample import reading_share
 from musegen.errors import ConfigError, MidiError
 from musegen.generation.constraints import Constraint, keep_type_mass
 from musegen.generation.loop import filter_logits, generate, temper_within_families
@@ -597,6 +598,7 @@ def test_cli_sample_with_prompt_writes_midi_wav_json_and_pianoroll(checkpoints, 
     summary = json.loads((out / f"{pop909_songs[0].stem}.json").read_text())
     assert summary["settings"]["seed"] == 5 and summary["settings"]["temperature"] == 1.2
     assert summary["settings"]["top_p"] == 0.9 and summary["tokenizer"] == "remi"
+    assert 0 < summary["stats"]["prompt_seconds"] <= summary["stats"]["seconds"]  # reading the prompt is part of it
     tok = tokenizer_from_dict({"kind": "remi"})
     prompt = load_prompt(tok, pop909_songs[0], bars=2, grid=summary["settings"]["grid"])  # as the run read it
     prompt_notes = note_set(tok.decode(with_ending(tok.grammar(), prompt.ids)))
@@ -614,6 +616,11 @@ def test_cli_sample_with_prompt_writes_midi_wav_json_and_pianoroll(checkpoints, 
             seconds = w.getnframes() / w.getframerate()
             loud = np.abs(np.frombuffer(w.readframes(w.getnframes()), dtype=np.int16)).max()
         assert music_end <= seconds <= music_end + 1.5 and loud > 1000
+
+
+def test_the_summary_line_says_how_long_reading_the_prompt_took_where_it_is_long():
+    assert reading_share({"prompt_seconds": 4.46, "seconds": 5.6}) == ", 4.5 s of it reading the prompt"
+    assert reading_share({"prompt_seconds": 0.3, "seconds": 5.6}) == ""
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -882,6 +889,8 @@ def test_cli_prompt_folder_continues_each_file_and_skips_bad_ones(checkpoints, p
     assert batch["continued"] == 2 and list(batch["skipped"]) == ["a/broken.mid"]
     seeds = [json.loads((tmp_path / "out" / sub / "0" / "0.json").read_text())["settings"]["seed"] for sub in "ab"]
     assert seeds == [3, 5]  # prompt i of the sorted list gets seed + i (a/broken.mid is i = 1)
+    sets = [json.loads((tmp_path / "out" / sub / "0" / "0.json").read_text())["stats"] for sub in "ab"]
+    assert batch["stats"]["prompt_seconds"] == pytest.approx(sum(s["prompt_seconds"] for s in sets), abs=2e-3)
     # The style evaluation pairs each continuation with the prompt file it came from.
     from musegen.evaluation.run_style import evaluate_style
 

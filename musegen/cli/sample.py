@@ -72,7 +72,8 @@ def sample(
     used, stats = summary["settings"], summary["stats"]
     typer.echo(
         f"{len(summary['samples'])} samples, {stats['new_tokens']} tokens in {stats['seconds']} s "
-        f"({stats['tokens_per_second']} tokens/s); T={used['temperature']} by {used['temperature_by']} "
+        f"({stats['tokens_per_second']} tokens/s{reading_share(stats)}); "
+        f"T={used['temperature']} by {used['temperature_by']} "
         f"top-p={used['top_p']} top-k={used['top_k']} seed={used['seed']}"
         + (f" cache={used['cache']}" if used["cache"] else "")
     )
@@ -92,6 +93,13 @@ def sample(
         typer.echo(f"written to {out}/, a folder per prompt ({first}/, ...); summary {summary['file']}")
     else:
         typer.echo(f"written to {summary['folder']}/")
+
+
+def reading_share(stats: dict) -> str:
+    """The time spent reading the prompt, where it is a second or more: a long file's prompt can
+    take most of the run, which the tokens per second alone would blame on the drawing."""
+    reading = stats.get("prompt_seconds", 0)
+    return f", {reading:.1f} s of it reading the prompt" if reading >= 1 else ""
 
 
 def repeats_hint(repeats: int, samples: int, used: dict) -> str:

@@ -108,6 +108,7 @@ def _sample_folder(
         "settings": settings.record(),
         "stats": {
             "seconds": round(seconds, 3),
+            "prompt_seconds": round(sum(x["prompt_seconds"] for x in stats), 3),
             "new_tokens": new_tokens,
             "tokens_per_second": round(new_tokens / max(seconds, 1e-9), 1),
             "state_bytes": max(x["state_bytes"] for x in stats),

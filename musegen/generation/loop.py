@@ -305,6 +305,7 @@ def _generate(
             logits = _ingest(session, start_ids, len(rows), device, on_ingest, prompt_onsets)
         else:
             session, logits = resumed.session, resumed.logits
+        reading = time.perf_counter() - started  # the prompt's share of the time (a long file's is most of it)
         for _ in range(budget + FINISH_LIMIT):
             active = [row for row in rows if not row.done]
             if not active:
@@ -329,7 +330,7 @@ def _generate(
         Sample(np.array(r.ids, dtype=np.int64), len(prompt.ids), r.new, r.closed and r.violation is None, r.violation)
         for r in rows
     ]
-    return samples, {**_stats(samples, elapsed, state_bytes), "precision": choice.record()}
+    return samples, {**_stats(samples, elapsed, reading, state_bytes), "precision": choice.record()}
 
 
 def _draw(
@@ -373,10 +374,11 @@ def _logit_kinds(logits: torch.Tensor) -> str:
     return " and ".join(kinds) or "all masked"
 
 
-def _stats(samples: list[Sample], elapsed: float, state_bytes: int) -> dict[str, Any]:
+def _stats(samples: list[Sample], elapsed: float, reading: float, state_bytes: int) -> dict[str, Any]:
     new = sum(x.new_tokens for x in samples)
     return {
         "seconds": round(elapsed, 3),
+        "prompt_seconds": round(reading, 3),  # of `seconds`
         "new_tokens": int(new),
         "tokens_per_second": round(new / max(elapsed, 1e-9), 1),
         "state_bytes": int(state_bytes),  # per sample, at the end: what each step reads and updates

@@ -16,9 +16,9 @@ def signature_changes(time_signatures) -> list[tuple[int, int, int]]:
 
 
 def main_signature(changes: list[tuple[int, int, int]], end: int) -> tuple[int, int]:
-    """(numerator, denominator) of the change that holds the most ticks up to `end` (a pickup
-    bar of 1/4 does not name the file's meter); a signature of no beats (0/4, 4/0: a broken file)
-    names nothing, and 4/4 stands where nothing else is named."""
+    """(numerator, denominator) of the signature that holds the most ticks up to `end`, all its
+    changes summed (a pickup bar of 1/4 does not name the file's meter); a signature of no beats
+    (0/4, 4/0: a broken file) names nothing, and 4/4 stands where nothing else is named."""
     held: dict[tuple[int, int], int] = {}
     for k, (tick, numerator, denominator) in enumerate(changes):
         stop = changes[k + 1][0] if k + 1 < len(changes) else max(end, tick)

@@ -598,7 +598,7 @@ def test_cli_sample_with_prompt_writes_midi_wav_json_and_pianoroll(checkpoints, 
     summary = json.loads((out / f"{pop909_songs[0].stem}.json").read_text())
     assert summary["settings"]["seed"] == 5 and summary["settings"]["temperature"] == 1.2
     assert summary["settings"]["top_p"] == 0.9 and summary["tokenizer"] == "remi"
-    assert 0 < summary["stats"]["prompt_seconds"] <= summary["stats"]["seconds"]  # reading the prompt is part of it
+    assert 0 <= summary["stats"]["prompt_seconds"] <= summary["stats"]["seconds"]  # reading the prompt is part of it
     tok = tokenizer_from_dict({"kind": "remi"})
     prompt = load_prompt(tok, pop909_songs[0], bars=2, grid=summary["settings"]["grid"])  # as the run read it
     prompt_notes = note_set(tok.decode(with_ending(tok.grammar(), prompt.ids)))

@@ -14,38 +14,22 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import BaseModel, JsonValue, ValidationError
+from pydantic import ValidationError
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from . import home, schemas
-from .errors import CheckpointError, ConfigError, FormatError, InputFileError, MusegenError
+from .checkpoint_format import CONFIG, FORMAT, TOKENIZER, VERSION, WEIGHTS, read_config, sampling_defaults
+from .errors import CheckpointError, ConfigError, FormatError, MusegenError
 from .io import atomic_path, printable, read_head, write_json
 from .model.config import ModelConfig
 from .model.transformer import MusicPerformer
 from .tokenizers.base import RepresentationError, Tokenizer, load_tokenizer
 
-FORMAT = "musegen-checkpoint"
-VERSION = 1
-WEIGHTS, CONFIG, TOKENIZER = "model.safetensors", "config.json", "tokenizer.json"
 SCALE_SUFFIX = "@int8_scale"  # not a Python identifier, so no module's own tensor can be named so
-MAX_CONFIG_BYTES = 2**20
-
-
-class CheckpointConfig(BaseModel):
-    """A checkpoint's config.json. `model` is the ModelConfig itself, bounds included."""
-
-    model_config = schemas.STRICT
-    format: Literal["musegen-checkpoint"]
-    version: Literal[1]
-    model: dict[str, JsonValue]  # checked by ModelConfig (`_model_config`), which knows its defaults
-    meta: dict[str, JsonValue] = {}
-
-
-CHECKPOINT_CONFIG = schemas.Format("checkpoint config", VERSION, CheckpointConfig)
 
 
 def save_checkpoint(
@@ -116,14 +100,8 @@ def read_checkpoint_config(folder: str | os.PathLike) -> tuple[ModelConfig, dict
     folder = home.checkpoint(folder)
     if not folder.is_dir():
         raise CheckpointError(f"{printable(folder)}: checkpoint folder not found")
-    path = folder / CONFIG
-    if not path.exists() and not path.is_symlink():
-        raise CheckpointError(f"{printable(folder)}: missing {CONFIG}")
-    try:
-        data = schemas.read(path, CHECKPOINT_CONFIG, MAX_CONFIG_BYTES)
-    except InputFileError as exc:
-        raise CheckpointError(str(exc)) from None
-    return _model_config(data.model, path), data.meta
+    data = read_config(folder)
+    return _model_config(data.model, folder / CONFIG), data.meta
 
 
 def _model_config(settings: dict[str, Any], where: str | os.PathLike) -> ModelConfig:
@@ -154,7 +132,7 @@ def load_checkpoint(folder: str | os.PathLike, device: str | torch.device = "cpu
         raise
     except MusegenError as exc:
         raise CheckpointError(f"{folder}: bad tokenizer ({exc})") from None
-    tokenizer.sampling_defaults = {**tokenizer.sampling_defaults, **_sampling_defaults(meta, folder)}
+    tokenizer.sampling_defaults = {**tokenizer.sampling_defaults, **sampling_defaults(meta, folder)}
     if tokenizer.vocab_size != config.vocab_size:
         raise CheckpointError(
             f"{folder}: tokenizer has {tokenizer.vocab_size} tokens but the model {config.vocab_size}"
@@ -176,18 +154,6 @@ def load_checkpoint(folder: str | os.PathLike, device: str | torch.device = "cpu
             raise CheckpointError(f"{printable(weights)}: {name} is {tensor.dtype} without {name}{SCALE_SUFFIX}")
     model.load_state_dict({k: v.to(targets[k].dtype) for k, v in state.items()})
     return model.to(device).eval(), tokenizer, config, meta
-
-
-def _sampling_defaults(meta: dict[str, Any], folder: Path) -> dict[str, Any]:
-    """The sampling defaults this checkpoint names in its meta ("sampling": {"cache": 0.8}), over its
-    tokenizer's: a default tuned for one model belongs to the model. Their bounds are checked where
-    they are used (SampleSettings.resolved)."""
-    sampling = meta.get("sampling", {})
-    if not isinstance(sampling, dict) or not all(
-        isinstance(v, (int, float, str)) and not isinstance(v, bool) for v in sampling.values()
-    ):
-        raise CheckpointError(f"{printable(folder / CONFIG)}: meta.sampling must map option names to numbers or text")
-    return sampling
 
 
 def _check_header(weights: Path, expected: dict[str, tuple[int, ...]]) -> None:

@@ -5,12 +5,13 @@
 from __future__ import annotations
 
 import inspect
-import json
 from typing import Any, Callable, Optional, get_type_hints
 
 import typer
 
 from .. import home
+from ..checkpoint_format import read_config, sampling_defaults
+from ..errors import MusegenError
 from ..generation.settings import Option, SampleSettings, options
 from ..tokenizers import Tokenizer
 
@@ -52,19 +53,20 @@ def help_text(name: str, how: Option) -> str:
 
 
 def _shipped_defaults(name: str) -> str:
-    """The shipped models that name their own default for option `name` ("song 0.95"), from their
-    config.json; one that cannot be read is left out (help must not fail on a stray MUSEGEN_HOME)."""
+    """The shipped models that name their own default for option `name` ("song 0.95"), as their
+    config.json says; one that cannot be read is left out (help must not fail on a stray MUSEGEN_HOME)."""
     named = []
     try:
         models = home.models()
-    except OSError:
+    except OSError:  # an unreadable MUSEGEN_HOME: the commands that load a model say so
         return ""
     for model, folder in models.items():
         try:
-            value = json.loads((folder / "config.json").read_bytes())["meta"]["sampling"][name]
-        except (OSError, ValueError, LookupError, TypeError):
+            own = sampling_defaults(read_config(folder).meta, folder)
+        except MusegenError:
             continue
-        named.append(f"{model} {_shown(value)}")
+        if name in own:
+            named.append(f"{model} {_shown(own[name])}")
     return ", ".join(named)
 
 

@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from musegen import schemas
-from musegen.checkpoint import CHECKPOINT_CONFIG
+from musegen.checkpoint_format import CHECKPOINT_CONFIG
 from musegen.io import write_json
 from musegen.model.config import ModelConfig
 from musegen.model.transformer import MusicPerformer

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from musegen import schemas
-from musegen.checkpoint import CHECKPOINT_CONFIG
+from musegen.checkpoint_format import CHECKPOINT_CONFIG
 
 source, out = Path(sys.argv[1]), Path(sys.argv[2])
 heads, harmonics = int(sys.argv[3]), int(sys.argv[4])

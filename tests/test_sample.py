@@ -27,12 +27,14 @@ from tiny_models import tiny_checkpoint, tiny_model
 from musegen.cli import main
 from musegen.cli.sample import reading_share
 from musegen.errors import ConfigError, MidiError
+from musegen.generation import loop
 from musegen.generation.constraints import Constraint, keep_type_mass
 from musegen.generation.loop import filter_logits, generate, temper_within_families
 from musegen.generation.outputs import with_prompt_end, write_samples
 from musegen.generation.prompt import Prompt, load_prompt, prompt_from_ids, with_ending
 from musegen.generation.settings import SampleSettings
 from musegen.model.torch_step import PreparedWeights
+from musegen.model.transformer import Session
 from musegen.music.notes import NoteTable
 from musegen.render import PROMPT_END_MARKER
 from musegen.tokenizers import Tokenizer, tokenizer_from_dict
@@ -616,6 +618,50 @@ def test_cli_sample_with_prompt_writes_midi_wav_json_and_pianoroll(checkpoints, 
             seconds = w.getnframes() / w.getframerate()
             loud = np.abs(np.frombuffer(w.readframes(w.getnframes()), dtype=np.int16)).max()
         assert music_end <= seconds <= music_end + 1.5 and loud > 1000
+
+
+def test_a_window_restarts_the_model_on_the_samples_own_last_tokens(models, monkeypatch):
+    """With --window 64 the model never reads more than 64 tokens: a 150-token prompt is read from
+    its last 32, and each time the session is full a fresh one reads the sample's last 32 tokens
+    (the one just drawn included), so each session's stream is a slice of the sample itself."""
+    model, tok = models["remi"]
+    prompt = load_prompt(tok, PROMPTS["remi"])
+    sessions, reads = [], {}
+    make_session, step = model.session, Session.step
+
+    def recorded_session(*args, **kwargs):
+        sessions.append(make_session(*args, **kwargs))
+        return sessions[-1]
+
+    def recorded_step(self, tokens, beats=None):
+        reads.setdefault(id(self), []).append(tokens if tokens.dim() == 2 else tokens[:, None])
+        return step(self, tokens, beats)
+
+    monkeypatch.setattr(loop, "check_memory", lambda *args: None)  # its probe session is not the sampler's
+    monkeypatch.setattr(model, "session", recorded_session)
+    monkeypatch.setattr(Session, "step", recorded_step)
+    settings = SampleSettings(length=300, window=64, num_samples=2, seed=3, precision="fp32")
+    samples, stats = generate(model, tok, prompt, settings, progress=False)
+    assert stats["invalid"] == 0 and len(prompt.ids) > 64 and len(sessions) >= 6
+    streams = [torch.cat(reads[id(session)], 1).numpy() for session in sessions]
+    assert max(stream.shape[1] for stream in streams) == 64
+    start = len(prompt.ids) - 32
+    for stream in streams:
+        for row, sample in enumerate(samples):
+            end = min(start + stream.shape[1], len(sample.ids) - 8)  # a row's last tokens close it
+            assert np.array_equal(stream[row, : end - start], sample.ids[start:end])
+        start += stream.shape[1] - 31  # the next reads the last 32: the 31 before the drawn one, and it
+
+
+def test_a_window_longer_than_the_piece_changes_nothing_and_a_model_of_beats_refuses_it(models):
+    model, tok = models["remi"]
+    prompt = load_prompt(tok, PROMPTS["remi"])
+    settings = SampleSettings(length=96, seed=5, precision="fp32")
+    drawn = lambda window: generate(model, tok, prompt, replace(settings, window=window), progress=False)[0][0].ids
+    assert drawn(10_000).tolist() == drawn(0).tolist()
+    beats, tok = tiny_model("remi", positions="beats")
+    with pytest.raises(ConfigError, match="--window is for models whose positions are tokens"):
+        generate(beats, tok, prompt, SampleSettings(length=8, window=64, seed=1), progress=False)
 
 
 def test_the_summary_line_says_how_long_reading_the_prompt_took_where_it_is_long():

@@ -278,6 +278,8 @@ def _generate(
     prompt = walked(tokenizer, prompt)
     start_ids, start_state = _start(grammar, prompt, s.seed)
     onsets = _Onsets(tokenizer, start_ids, s.num_samples) if model.config.positions == "beats" else None
+    if s.window and onsets is not None:
+        raise ConfigError("--window is for models whose positions are tokens; this one's are beats")
     budget = s.length if s.length else s.bars * MAX_TOKENS_PER_BAR
     model.config.check_length(len(start_ids) + (s.length or 0), "the prompt plus --length")
     check_memory(model, s.num_samples, len(start_ids) + budget + FINISH_LIMIT, device, weights)
@@ -302,9 +304,11 @@ def _generate(
         if resumed is None:
             session = model.session(len(rows), choice.path, seed=s.seed, weights=weights)
             prompt_onsets = None if onsets is None else onsets.prompt
-            logits = _ingest(session, start_ids, len(rows), device, on_ingest, prompt_onsets)
+            read = start_ids if not s.window or len(start_ids) <= s.window else start_ids[-(s.window // 2 or 1) :]
+            logits = _ingest(session, read, len(rows), device, on_ingest, prompt_onsets)
         else:
             session, logits = resumed.session, resumed.logits
+        restarts = 0
         reading = time.perf_counter() - started  # the prompt's share of the time (a long file's is most of it)
         for _ in range(budget + FINISH_LIMIT):
             active = [row for row in rows if not row.done]
@@ -322,6 +326,11 @@ def _generate(
                 on_step([row.ids for row in rows])
             if limit is not None and session.position >= limit and all(r.done or r.new >= budget for r in rows):
                 break  # only notes to finish are left, past the last position: they stay unfinished
+            if s.window and session.position >= s.window:  # a fresh session on the last half, this token included
+                restarts += 1
+                session = model.session(len(rows), choice.path, seed=s.seed + restarts, weights=weights)
+                logits = _ingest(session, _tails(rows, s.window // 2 or 1), len(rows), device)
+                continue
             beats = None if onsets is None else onsets.now(device)
             logits = session.step(tokens.to(device), beats)  # past the last position: a ConfigError
         state_bytes = session.state_bytes // len(rows)
@@ -414,12 +423,18 @@ class _Onsets:
         return torch.tensor(self.last, dtype=torch.float64, device=device)
 
 
+def _tails(rows: list[Row], keep: int) -> list[list[int]]:
+    """Each row's last `keep` tokens: what a fresh session reads in place of the whole piece. A row
+    that is done may have fewer (what it is fed is ignored): its first token fills them up."""
+    return [([row.ids[0]] * keep + row.ids)[-keep:] for row in rows]
+
+
 def _ingest(
-    model, prompt_ids: list[int], batch: int, device, between=None, onsets: list[float] | None = None, chunk: int = 512
+    model, prompt_ids: list, batch: int, device, between=None, onsets: list[float] | None = None, chunk: int = 512
 ) -> torch.Tensor:
-    """Feed the prompt to the streaming model in parallel chunks; the logits after its last token.
-    `between` is called before each chunk (generate's `on_ingest`); `onsets`: each prompt
-    token's onset, for a model whose positions are beats."""
+    """Feed the prompt (one for every row, or a list of each row's) to the streaming model in
+    parallel chunks; the logits after its last token. `between` is called before each chunk
+    (generate's `on_ingest`); `onsets`: each prompt token's onset, for a model whose positions are beats."""
     ids = torch.tensor(prompt_ids, dtype=torch.long, device=device).expand(batch, -1)
     beats = None if onsets is None else torch.tensor(onsets, dtype=torch.float64, device=device).expand(batch, -1)
     for t0 in range(0, len(prompt_ids), chunk):

@@ -228,6 +228,15 @@ class SampleSettings:
         (0.0, 1.0),
         fallback=0.0,
     )
+    window: int = option(
+        0,
+        "--window",
+        help="The most tokens the model reads at once: when it has read this many, it starts again on the "
+        "last half of them (the prompt too; the suffix cache, the grammar and the output keep the whole "
+        "piece). Past its training length a model predicts worse (docs/sampling.md). 0: it reads it all. "
+        "For models whose positions are tokens.",
+        bound=within(0, MAX_LENGTH),
+    )
     # musegen.generation.constraints.Constraint objects, applied after the grammar's in this order
     # (not an option; typed loosely so that declaring the options needs no torch: the command
     # line builds its help from them)

@@ -620,10 +620,12 @@ def test_cli_sample_with_prompt_writes_midi_wav_json_and_pianoroll(checkpoints, 
         assert music_end <= seconds <= music_end + 1.5 and loud > 1000
 
 
-def test_a_window_restarts_the_model_on_the_samples_own_last_tokens(models, monkeypatch):
-    """With --window 64 the model never reads more than 64 tokens: a 150-token prompt is read from
-    its last 32, and each time the session is full a fresh one reads the sample's last 32 tokens
-    (the one just drawn included), so each session's stream is a slice of the sample itself."""
+@pytest.mark.parametrize("window, length", [(64, 300), (1100, 1500)])
+def test_a_window_restarts_the_model_on_the_samples_own_last_tokens(models, monkeypatch, window, length):
+    """With --window W the model never reads more than W tokens: a prompt longer than W is read
+    from its last W/2, and each time the session is full a fresh one reads the sample's last W/2
+    tokens (the one just drawn included; 550 of them take two ingest chunks), so each session's
+    stream is a slice of the sample itself."""
     model, tok = models["remi"]
     prompt = load_prompt(tok, PROMPTS["remi"])
     sessions, reads = [], {}
@@ -640,17 +642,17 @@ def test_a_window_restarts_the_model_on_the_samples_own_last_tokens(models, monk
     monkeypatch.setattr(loop, "check_memory", lambda *args: None)  # its probe session is not the sampler's
     monkeypatch.setattr(model, "session", recorded_session)
     monkeypatch.setattr(Session, "step", recorded_step)
-    settings = SampleSettings(length=300, window=64, num_samples=2, seed=3, precision="fp32")
+    settings = SampleSettings(length=length, window=window, num_samples=2, seed=3, precision="fp32")
     samples, stats = generate(model, tok, prompt, settings, progress=False)
-    assert stats["invalid"] == 0 and len(prompt.ids) > 64 and len(sessions) >= 6
+    keep = window // 2
     streams = [torch.cat(reads[id(session)], 1).numpy() for session in sessions]
-    assert max(stream.shape[1] for stream in streams) == 64
-    start = len(prompt.ids) - 32
+    assert stats["invalid"] == 0 and len(streams) >= 2 and max(stream.shape[1] for stream in streams) == window
+    start = len(prompt.ids) - keep if len(prompt.ids) > window else 0
     for stream in streams:
         for row, sample in enumerate(samples):
             end = min(start + stream.shape[1], len(sample.ids) - 8)  # a row's last tokens close it
             assert np.array_equal(stream[row, : end - start], sample.ids[start:end])
-        start += stream.shape[1] - 31  # the next reads the last 32: the 31 before the drawn one, and it
+        start += stream.shape[1] - (keep - 1)  # the next reads the last `keep`: those before the drawn one, and it
 
 
 def test_a_window_longer_than_the_piece_changes_nothing_and_a_model_of_beats_refuses_it(models):

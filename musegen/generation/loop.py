@@ -437,7 +437,7 @@ def _ingest(
     (generate's `on_ingest`); `onsets`: each prompt token's onset, for a model whose positions are beats."""
     ids = torch.tensor(prompt_ids, dtype=torch.long, device=device).expand(batch, -1)
     beats = None if onsets is None else torch.tensor(onsets, dtype=torch.float64, device=device).expand(batch, -1)
-    for t0 in range(0, len(prompt_ids), chunk):
+    for t0 in range(0, ids.shape[1], chunk):
         if between is not None:
             between()
         logits = model.step(ids[:, t0 : t0 + chunk], None if beats is None else beats[:, t0 : t0 + chunk])

@@ -70,13 +70,7 @@ def sample(
         if "grid" in summary["prompt_report"]:
             typer.echo(describe(summary["prompt_report"]["grid"]))
     used, stats = summary["settings"], summary["stats"]
-    typer.echo(
-        f"{len(summary['samples'])} samples, {stats['new_tokens']} tokens in {stats['seconds']} s "
-        f"({stats['tokens_per_second']} tokens/s{reading_share(stats)}); "
-        f"T={used['temperature']} by {used['temperature_by']} "
-        f"top-p={used['top_p']} top-k={used['top_k']} seed={used['seed']}"
-        + (f" cache={used['cache']}" if used["cache"] else "")
-    )
+    typer.echo(run_line(len(summary["samples"]), stats, used))
     if stats["repeats"]:
         typer.echo(repeats_hint(stats["repeats"], len(summary["samples"]), used))
     if stats["invalid"]:
@@ -93,6 +87,17 @@ def sample(
         typer.echo(f"written to {out}/, a folder per prompt ({first}/, ...); summary {summary['file']}")
     else:
         typer.echo(f"written to {summary['folder']}/")
+
+
+def run_line(samples: int, stats: dict, used: dict) -> str:
+    """What the run drew, how fast, and with which settings, in one line."""
+    return (
+        f"{samples} samples, {stats['new_tokens']} tokens in {stats['seconds']} s "
+        f"({stats['tokens_per_second']} tokens/s{reading_share(stats)}); "
+        f"T={used['temperature']} by {used['temperature_by']} "
+        f"top-p={used['top_p']} top-k={used['top_k']} seed={used['seed']}"
+        + (f" cache={used['cache']}" if used["cache"] else "")
+    )
 
 
 def reading_share(stats: dict) -> str:

@@ -22,6 +22,7 @@ import copy
 import math
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable
 
 import numpy as np
@@ -301,14 +302,13 @@ def _generate(
     choice = step_choice(s.precision, model, len(rows))  # timed before the clock starts, where not cached
     started = time.perf_counter()
     with bar, torch.inference_mode():  # (the bar is cleared on errors too)
+        keep, restarts = s.window // 2 or 1, 0  # what a fresh session reads of a piece longer than the window
+        opened = partial(_opened, model, choice.path, weights, len(rows), device)
         if resumed is None:
-            session = model.session(len(rows), choice.path, seed=s.seed, weights=weights)
-            prompt_onsets = None if onsets is None else onsets.prompt
-            read = start_ids if not s.window or len(start_ids) <= s.window else start_ids[-(s.window // 2 or 1) :]
-            logits = _ingest(session, read, len(rows), device, on_ingest, prompt_onsets)
+            read = start_ids[-keep:] if s.window and len(start_ids) > s.window else start_ids
+            session, logits = opened(s.seed, read, on_ingest, None if onsets is None else onsets.prompt)
         else:
             session, logits = resumed.session, resumed.logits
-        restarts = 0
         reading = time.perf_counter() - started  # the prompt's share of the time (a long file's is most of it)
         for _ in range(budget + FINISH_LIMIT):
             active = [row for row in rows if not row.done]
@@ -328,8 +328,7 @@ def _generate(
                 break  # only notes to finish are left, past the last position: they stay unfinished
             if s.window and session.position >= s.window:  # a fresh session on the last half, this token included
                 restarts += 1
-                session = model.session(len(rows), choice.path, seed=s.seed + restarts, weights=weights)
-                logits = _ingest(session, _tails(rows, s.window // 2 or 1), len(rows), device)
+                session, logits = opened(s.seed + restarts, _tails(rows, keep))
                 continue
             beats = None if onsets is None else onsets.now(device)
             logits = session.step(tokens.to(device), beats)  # past the last position: a ConfigError
@@ -421,6 +420,13 @@ class _Onsets:
 
     def now(self, device) -> torch.Tensor:
         return torch.tensor(self.last, dtype=torch.float64, device=device)
+
+
+def _opened(model, path: str, weights, batch: int, device, seed: int, ids: list, between=None, onsets=None):
+    """A new streaming session on step path `path` that has read `ids` (as `_ingest` takes them),
+    and its logits after them."""
+    session = model.session(batch, path, seed=seed, weights=weights)
+    return session, _ingest(session, ids, batch, device, between, onsets)
 
 
 def _tails(rows: list[Row], keep: int) -> list[list[int]]:
